@@ -1,0 +1,3 @@
+"""Post-segmentation alias analysis. Not built yet (see the README's status table)."""
+
+__all__: list[str] = []

@@ -1,0 +1,247 @@
+"""Capture a torch function or module as a FusionGraph, through torch.export.
+
+    fn / module --torch.export (non-strict)--> ExportedProgram --core ATen decompositions-->
+    fx graph --fx_import.convert_graph--> FusionGraph (metas recomputed from the real inputs)
+
+Note [what export loses]: an exported program is functional, so it cannot say that an output
+was a view of an input in the original program (``y = x[0]; x.add_(1); return y`` exports as
+``select(add(x, 1), 0)``, while eager returns a view of ``x``). So capture also runs the original
+program once on FakeTensor copies of the inputs (no compute, no memory) and records which outputs
+share a storage with an input or an earlier output, and the layout eager gives them.
+
+Note [inputs that share a storage]: export misreads ``f(x, x)`` and ``f(base, base[:2])``. Capture
+detects the overlap, exports on distinct copies (same layouts, fresh storages) and records the
+shared storage in ``GraphInput.storage``. A program that mutates such an input is refused for now:
+its functional graph would lose the order of the writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+from torch.utils import _pytree as pytree
+
+from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
+from .ir import FusionGraph, GraphInput, Mutation, TensorMeta, ValueRef
+from .meta import propagate_metas
+
+__all__ = ["bind_inputs", "capture"]
+
+_ROLE = {
+    InputKind.PARAMETER: "parameter",
+    InputKind.BUFFER: "buffer",
+    InputKind.CONSTANT_TENSOR: "constant",
+    InputKind.USER_INPUT: "user",
+}
+_MUTATION = {OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION, OutputKind.PARAMETER_MUTATION}
+
+
+class _Program(torch.nn.Module):
+    """Wraps a function, with its non-tensor arguments bound, as a module taking only tensors."""
+
+    def __init__(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.fn = fn
+        self.args = list(args)
+        self.kwargs = dict(kwargs)
+        self.tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        args = list(self.args)
+        for i, t in zip(self.tensor_pos, tensors):
+            args[i] = t
+        return self.fn(*args, **self.kwargs)
+
+
+def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
+    """Same sizes, strides and offset as ``t``, in a storage of its own."""
+    extent = TensorMeta.from_tensor(t).storage_extent
+    base = torch.empty(max(extent, 1), dtype=t.dtype, device=t.device)
+    out = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    if t.device.type != "meta" and not isinstance(t, FakeTensor):
+        out.copy_(t)
+    return out
+
+
+def _param_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str | None]:
+    """The parameter name of each tensor argument (None where the signature does not say)."""
+    try:
+        params = list(inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn).parameters.values())
+    except (TypeError, ValueError):
+        return [None] * len(args)
+    names: list[str | None] = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            p = params[i] if i < len(params) and params[i].kind != inspect.Parameter.VAR_POSITIONAL else None
+            names.append(p.name if p is not None and p.name.isidentifier() else None)
+    return names
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(module.named_buffers(remove_duplicate=False))
+    return state
+
+
+def capture(
+    fn_or_module: Callable[..., Any] | torch.nn.Module,
+    example_inputs: Sequence[Any],
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    decompositions: Mapping[Any, Callable[..., Any]] | None = None,
+) -> FusionGraph:
+    """Capture ``fn_or_module(*example_inputs, **example_kwargs)`` as a FusionGraph.
+
+    Tensor arguments become graph inputs (then parameters, buffers and lifted constants, in
+    torch.export's order, with their names as ``target``); non-tensor arguments are bound as
+    constants. Inputs may be real, meta or FakeTensors (with meta or fake parameters), so full
+    size configs can be captured without their memory.
+    """
+    kwargs = dict(example_kwargs or {})
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            raise CaptureError(f"example_kwargs[{k!r}]: pass tensor arguments positionally")
+    if isinstance(fn_or_module, torch.nn.Module) and all(isinstance(a, torch.Tensor) for a in example_inputs):
+        program: torch.nn.Module = fn_or_module
+        call_kwargs = kwargs
+    else:
+        program = _Program(fn_or_module, example_inputs, kwargs)
+        call_kwargs = {}
+    user = [a for a in example_inputs if isinstance(a, torch.Tensor)]
+    graph_name = name or getattr(fn_or_module, "__name__", type(fn_or_module).__name__)
+
+    shared = len(set(storage_ids(user))) != len(user)
+    export_args = tuple(_fresh_copy(t) for t in user) if shared else tuple(user)
+    try:
+        ep = torch.export.export(program, export_args, kwargs=call_kwargs, strict=False)
+        ep = ep.run_decompositions(decompositions) if decompositions is not None else ep.run_decompositions()
+    except Exception as e:  # noqa: BLE001 - export's errors are long; keep the first line, chain it
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CaptureError(f"torch.export failed on {graph_name}: {first}") from e
+
+    state = _state(program)
+    sig = ep.graph_signature
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    graph_tensors: list[torch.Tensor] = []
+    inputs_spec: list[tuple[str, str, str | None]] = []  # (value name, role, target)
+    bound: dict[Any, Any] = {}
+    user_iter = iter(user)
+    for spec, ph in zip(sig.input_specs, placeholders):
+        if spec.kind == InputKind.USER_INPUT:
+            if not isinstance(spec.arg, TensorArgument):
+                bound[ph] = getattr(spec.arg, "value", None)
+                continue
+            graph_tensors.append(next(user_iter))
+            inputs_spec.append((ph.name, "user", None))
+        elif spec.kind in _ROLE:
+            t = state.get(spec.target)
+            if t is None:
+                t = ep.constants.get(spec.target) if spec.kind != InputKind.PARAMETER else None
+            if t is None:
+                t = ep.state_dict[spec.target]
+            graph_tensors.append(t)
+            inputs_spec.append((ph.name, _ROLE[spec.kind], spec.target))
+        else:
+            raise CaptureError(f"input {ph.name!r}: unsupported export input kind {spec.kind.name}")
+    storage = storage_ids(graph_tensors)
+    inputs = tuple(
+        GraphInput(vname, TensorMeta.from_tensor(t), role, target, storage[i])  # type: ignore[arg-type]
+        for i, ((vname, role, target), t) in enumerate(zip(inputs_spec, graph_tensors))
+    )
+    target_index = {inp.target: i for i, inp in enumerate(inputs) if inp.target is not None}
+
+    # User inputs are named after the function's parameters where that clashes with nothing.
+    taken = {n.name for n in ep.graph.nodes}
+    renamed: dict[str, str] = {}
+    for (vname, role, _), pname in zip((s for s in inputs_spec if s[1] == "user"), _param_names(fn_or_module, example_inputs)):
+        if pname and pname not in taken:
+            renamed[vname] = pname
+            taken.add(pname)
+    inputs = tuple(dataclasses.replace(inp, name=renamed.get(inp.name, inp.name)) for inp in inputs)
+    index_of = {inp.name: i for i, inp in enumerate(inputs)}
+    index_of.update({old: index_of[new] for old, new in renamed.items()})
+    placeholder_args = {ph: ValueRef(renamed.get(ph.name, ph.name)) for ph in placeholders if ph not in bound}
+    placeholder_args.update(bound)
+    conv = convert_graph(ep.graph_module, placeholder_args)
+    mutations: list[Mutation] = []
+    user_outputs: list[str] = []
+    for i, (spec, out) in enumerate(zip(sig.output_specs, conv.outputs)):
+        if spec.kind in _MUTATION:
+            idx = target_index.get(spec.target, index_of.get(spec.target))
+            if idx is None or not isinstance(out, ValueRef):
+                raise CaptureError(f"output {i}: mutation of {spec.target!r}, which is not an input")
+            if shared and any(inputs[j].storage == inputs[idx].storage for j in range(len(inputs)) if j != idx):
+                raise CaptureError(
+                    f"input {inputs[idx].name!r} shares a storage with another input and is mutated: not supported yet"
+                )
+            mutations.append(Mutation(idx, out.name))
+        elif spec.kind == OutputKind.USER_OUTPUT:
+            if isinstance(out, ValueRef):
+                user_outputs.append(out.name)
+        else:
+            raise CaptureError(f"output {i}: unsupported export output kind {spec.kind.name}")
+
+    eager_outputs, eager_inputs = _run_on_fakes(program, user, call_kwargs, inputs_spec, graph_tensors)
+    if len(eager_outputs) != len(user_outputs):
+        raise CaptureError(
+            f"eager returned {len(eager_outputs)} tensors but the exported graph {len(user_outputs)}"
+        )
+    graph = FusionGraph(
+        inputs=inputs,
+        nodes=tuple(conv.nodes),
+        outputs=tuple(user_outputs),
+        output_aliases=tuple(observed_aliases(eager_inputs, eager_outputs)),
+        mutations=tuple(sorted(mutations, key=lambda m: m.input)),
+        name=graph_name,
+    )
+    return propagate_metas(graph)
+
+
+def _run_on_fakes(
+    program: torch.nn.Module,
+    user: Sequence[torch.Tensor],
+    kwargs: Mapping[str, Any],
+    inputs_spec: Sequence[tuple[str, str, str | None]],
+    graph_tensors: Sequence[torch.Tensor],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Run the original program on FakeTensor copies; return its tensor outputs and the fakes
+    standing for each graph input (so storages can be compared)."""
+    existing = next((t.fake_mode for t in (*user, *graph_tensors) if isinstance(t, FakeTensor)), None)
+    mode = existing or FakeTensorMode(allow_non_fake_inputs=False)
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        return t if isinstance(t, FakeTensor) else mode.from_tensor(t)
+
+    fake_user = [fake(t) for t in user]
+    fake_state = {k: fake(v) for k, v in _state(program).items()}
+    with mode:
+        out = torch.func.functional_call(program, fake_state, tuple(fake_user), dict(kwargs))
+    user_iter = iter(fake_user)
+    fake_inputs = [next(user_iter) if role == "user" else fake(t) for (_, role, _), t in zip(inputs_spec, graph_tensors)]
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)], fake_inputs
+
+
+def bind_inputs(graph: FusionGraph, module: torch.nn.Module | None, user_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The full input list of a captured graph: the user's tensors, then the module's
+    parameters and buffers looked up by ``target``."""
+    user_iter = iter(user_inputs)
+    state = _state(module) if module is not None else {}
+    out = []
+    for inp in graph.inputs:
+        if inp.role == "user":
+            t = next(user_iter, None)
+            if t is None:
+                raise CaptureError(f"graph {graph.name!r} needs more user inputs than the {len(user_inputs)} given")
+        else:
+            t = state.get(inp.target or "")
+            if t is None:
+                raise CaptureError(f"input {inp.name!r}: no {inp.role} {inp.target!r} in the module")
+        out.append(t)
+    return out

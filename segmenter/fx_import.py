@@ -1,0 +1,287 @@
+"""fx GraphModule -> FusionGraph.
+
+Two callers: ``capture`` (a torch.export program, whose signature names parameters, buffers and
+input mutations) and ``from_fx`` (a GraphModule whose nodes carry FakeTensor ``meta['val']``, as
+AOTAutograd hands one to a torch.compile backend).
+
+Note [input mutation from fx]: AOTAutograd reports input mutation in one of two forms:
+  1. a ``copy_(placeholder, new_value)`` epilogue inside the graph (keep_input_mutations=True);
+  2. the new value as an extra graph output (the caller says which: ``input_updates``).
+Both become ``Mutation(input, value)``. A graph that mutates anything else (an intermediate, or
+an input before later reads of it) is first functionalized by retracing it with
+``make_fx(functionalize(gm))``, which leaves only form 1.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
+
+from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .ops import NOT_COMPUTE, op_info, op_name
+
+__all__ = ["CaptureError", "from_fx", "storage_ids"]
+
+
+class CaptureError(GraphError):
+    """A program that cannot be turned into a FusionGraph; the message says which node and why."""
+
+
+_LITERALS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+@dataclass
+class _Converted:
+    nodes: list[Node]
+    env: dict[fx.Node, Arg]
+    outputs: list[Arg]
+
+
+def storage_ids(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """For each tensor, the index of the first tensor sharing its storage (real or fake)."""
+    first: dict[StorageWeakRef, int] = {}
+    return [first.setdefault(StorageWeakRef(t.untyped_storage()), i) for i, t in enumerate(tensors)]
+
+
+def _meta_of(val: object, where: str) -> TensorMeta:
+    if not isinstance(val, torch.Tensor):
+        raise CaptureError(f"{where}: expected a tensor value, got {type(val).__name__}")
+    if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+        raise CaptureError(f"{where}: symbolic shape {tuple(val.shape)}; pass concrete example inputs")
+    return TensorMeta.from_tensor(val)
+
+
+def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _Converted:
+    """Turn the call_function nodes of ``gm`` into IR nodes.
+
+    ``placeholders`` maps each placeholder to what it stands for: a ValueRef to a graph input,
+    or a literal (a specialized int argument). ``copy_`` onto a placeholder is left in the node
+    list as ``aten.copy_.default`` for the caller to turn into a Mutation.
+    """
+    env: dict[fx.Node, Arg] = dict(placeholders)
+    nodes: list[Node] = []
+    outputs: list[Arg] = []
+
+    def arg(a: object, where: str) -> Arg:
+        if isinstance(a, fx.Node):
+            if a not in env:
+                raise CaptureError(f"{where}: uses {a.name!r}, which is not a value of the graph")
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return tuple(arg(x, f"{where}[{i}]") for i, x in enumerate(a))
+        if isinstance(a, _LITERALS):
+            return a
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise CaptureError(f"{where}: symbolic value {a}; pass concrete example inputs")
+        raise CaptureError(f"{where}: unsupported argument of type {type(a).__name__}")
+
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "output":
+            outputs = list(pytree.tree_leaves(arg(n.args[0], "output")))
+            continue
+        if n.op == "get_attr":
+            raise CaptureError(f"node {n.name!r}: get_attr {n.target!r}; lift constants to inputs first")
+        if n.op != "call_function":
+            raise CaptureError(
+                f"node {n.name!r}: {n.op} {n.target!r} is not ATen-level; capture with "
+                "segmenter.capture or hand over an AOTAutograd graph"
+            )
+        name = op_name(n.target)
+        if n.target is operator.getitem:
+            parent, index = n.args
+            produced = env.get(parent)
+            if not isinstance(produced, tuple):
+                raise CaptureError(f"node {n.name!r}: getitem of {parent.name!r}, which is not a tuple")
+            env[n] = produced[index]
+            continue
+        if name in NOT_COMPUTE:
+            continue
+        info = op_info(name)
+        if not info.known:
+            warnings.warn(f"op {name} (node {n.name!r}) is not in the op table: it will run as OPAQUE", stacklevel=2)
+        val = n.meta.get("val")
+        args = tuple(arg(a, f"node {n.name!r} args[{i}]") for i, a in enumerate(n.args))
+        kwargs = tuple((k, arg(v, f"node {n.name!r} kwargs[{k!r}]")) for k, v in n.kwargs.items())
+        if isinstance(val, (list, tuple)):
+            outs = _tuple_outputs(n, val)
+            metas = tuple(None if o is None else _meta_of(v, f"node {n.name!r}[{i}]") for i, (o, v) in enumerate(zip(outs, val)))
+            env[n] = tuple(None if o is None else ValueRef(o) for o in outs)
+        elif val is None and info.mutates:
+            outs, metas = (None,), (None,)
+        else:
+            outs, metas = (n.name,), (_meta_of(val, f"node {n.name!r}"),)
+            env[n] = ValueRef(n.name)
+        nodes.append(Node(n.name, name, args, kwargs, outs, metas))
+    return _Converted(nodes, env, outputs)
+
+
+def _tuple_outputs(n: fx.Node, val: Sequence[object]) -> tuple[str | None, ...]:
+    """Names for a multi-output node: each used element is named after its getitem user."""
+    names: list[str | None] = [None] * len(val)
+    for user in n.users:
+        if user.target is operator.getitem and names[user.args[1]] is None:
+            names[user.args[1]] = user.name
+    return tuple(
+        None if name is None or not isinstance(v, torch.Tensor) else name for name, v in zip(names, val)
+    )
+
+
+def split_epilogue(conv: _Converted, input_index: Mapping[str, int]) -> tuple[list[Node], list[Mutation], dict[str, str]]:
+    """Turn ``copy_(input, value)`` nodes into Mutations.
+
+    Returns the remaining nodes, the mutations, and a renaming of copy_ results to the value
+    written (the result of ``copy_`` is the input itself, holding the new value).
+    """
+    kept: list[Node] = []
+    mutations: dict[int, Mutation] = {}
+    renamed: dict[str, str] = {}
+    for node in conv.nodes:
+        if node.op != "aten.copy_.default":
+            if op_info(node.op).mutates:
+                raise CaptureError(f"node {node.name!r}: in-place {node.op} left after functionalization")
+            kept.append(node)
+            continue
+        dst, src = node.args[0], node.args[1]
+        if not (isinstance(dst, ValueRef) and dst.name in input_index and isinstance(src, ValueRef)):
+            raise CaptureError(f"node {node.name!r}: copy_ into {dst} is not an input write-back")
+        mutations[input_index[dst.name]] = Mutation(input_index[dst.name], src.name)
+        renamed[node.name] = src.name
+    return kept, sorted(mutations.values(), key=lambda m: m.input), renamed
+
+
+def needs_functionalization(gm: fx.GraphModule) -> bool:
+    """True unless the only mutation is a copy_ epilogue onto placeholders after their last read."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    written: set[fx.Node] = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        name = op_name(n.target)
+        if name == "aten.copy_.default":
+            dst = n.args[0]
+            if dst.op != "placeholder" or dst in written:
+                return True
+            if any(order[u] > order[n] and u.op != "output" for u in dst.users):
+                return True
+            written.add(dst)
+        elif op_info(name).mutates:
+            return True
+        val = n.meta.get("val")
+        for v in pytree.tree_leaves(val):
+            if isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape):
+                return True
+    return False
+
+
+def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.func import functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fn = functionalize(gm, remove="mutations")
+    fakes = [t for t in example_inputs if isinstance(t, FakeTensor)]
+    if fakes:
+        with fakes[0].fake_mode:
+            return make_fx(fn, tracing_mode="real")(*example_inputs)
+    mode = FakeTensorMode()
+    fake_args = [mode.from_tensor(t) for t in example_inputs]
+    with mode:
+        return make_fx(fn, tracing_mode="real")(*fake_args)
+
+
+def from_fx(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    input_updates: Mapping[int, int] | None = None,
+    name: str = "graph",
+) -> FusionGraph:
+    """A FusionGraph from an ATen-level GraphModule (e.g. what AOTAutograd gives a backend).
+
+    ``example_inputs`` are the placeholders' tensors (real or fake) in order; their layouts and
+    which of them share a storage are recorded. ``input_updates`` maps graph-output positions to
+    the input each one is the new value of (AOTAutograd's "mutated inputs as extra outputs").
+    Outputs that are views of inputs or of earlier outputs are read from the FakeTensors'
+    storages.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise CaptureError(f"graph has {len(placeholders)} placeholders but {len(example_inputs)} example inputs")
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor):
+            raise CaptureError(f"example_inputs[{i}]: expected a tensor, got {type(t).__name__}")
+    if needs_functionalization(gm):
+        if len(set(storage_ids(example_inputs))) != len(example_inputs):
+            raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
+        gm = _retrace(gm, example_inputs)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    storage = storage_ids(example_inputs)
+    inputs = tuple(
+        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}"), storage=storage[i])
+        for i, (ph, t) in enumerate(zip(placeholders, example_inputs))
+    )
+    conv = convert_graph(gm, {ph: ValueRef(ph.name) for ph in placeholders})
+    nodes, mutations, renamed = split_epilogue(conv, {ph.name: i for i, ph in enumerate(placeholders)})
+    outputs = [_value_name(a, renamed, f"output {i}") for i, a in enumerate(conv.outputs)]
+    updates = dict(input_updates or {})
+    for pos, idx in updates.items():
+        if not 0 <= pos < len(outputs) or not 0 <= idx < len(inputs):
+            raise CaptureError(f"input_updates: output {pos} -> input {idx} is out of range")
+        mutations.append(Mutation(idx, outputs[pos]))
+    keep = [i for i in range(len(outputs)) if i not in updates]
+    fake_in, fake_out = _run_on_fakes(gm, example_inputs)
+    aliases = observed_aliases(fake_in, [fake_out[i] for i in keep])
+    return FusionGraph(
+        inputs=inputs,
+        nodes=tuple(nodes),
+        outputs=tuple(outputs[i] for i in keep),
+        output_aliases=tuple(aliases),
+        mutations=tuple(sorted(mutations, key=lambda m: m.input)),
+        name=name,
+    )
+
+
+def _run_on_fakes(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> tuple[list[object], list[object]]:
+    """Run the fx program itself on FakeTensor copies of the inputs (storages shared as in the
+    caller's), so output aliasing is read from what the program does, not from ``meta['val']``
+    snapshots (which need not share storages)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or FakeTensorMode()
+    fakes = [t if isinstance(t, FakeTensor) else mode.from_tensor(t) for t in example_inputs]
+    with mode:
+        out = fx.Interpreter(gm).run(*fakes)
+    return list(fakes), list(pytree.tree_leaves(out))
+
+
+def _value_name(a: Arg, renamed: Mapping[str, str], where: str) -> str:
+    if not isinstance(a, ValueRef):
+        raise CaptureError(f"{where}: graph outputs must be tensors, got {a!r}")
+    return renamed.get(a.name, a.name)
+
+
+def observed_aliases(inputs: Sequence[object], outputs: Sequence[object]) -> list[Alias | None]:
+    """Which outputs share a storage with an input (first such input) or an earlier output."""
+    by_storage: dict[StorageWeakRef, Alias] = {}
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor):
+            by_storage.setdefault(StorageWeakRef(t.untyped_storage()), Alias("input", i))
+    result: list[Alias | None] = []
+    for j, t in enumerate(outputs):
+        if not isinstance(t, torch.Tensor):
+            result.append(None)
+            continue
+        key = StorageWeakRef(t.untyped_storage())
+        alias = by_storage.get(key)
+        result.append(None if alias is None else Alias(alias.source, alias.index, TensorMeta.from_tensor(t)))
+        by_storage.setdefault(key, Alias("output", j))
+    return result

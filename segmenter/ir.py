@@ -1,0 +1,395 @@
+"""The FusionGraph IR: small, typed, frozen.
+
+A FusionGraph is a functional program over tensors at ATen level:
+
+    inputs (GraphInput) --> nodes (Node, topologically ordered) --> outputs (value names)
+
+plus what the *original* (possibly mutating, possibly aliasing) program did that a functional
+graph cannot say by itself:
+
+* ``output_aliases[i]``: graph output ``i`` was, in the original program, a view of graph input
+  ``k`` (``Alias("input", k)``) or of an earlier output ``k`` (``Alias("output", k)``);
+* ``mutations``: input ``k`` ends holding the value ``v`` (the write-back epilogue);
+* ``GraphInput.storage``: inputs with the same storage id share one storage in the caller.
+
+Every value carries a TensorMeta (shape, stride, storage offset, dtype, device). Passes never
+mutate a graph; they build a new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal, Union
+
+import torch
+
+__all__ = [
+    "Alias",
+    "Arg",
+    "FusionGraph",
+    "GraphError",
+    "GraphInput",
+    "Mutation",
+    "Node",
+    "TensorMeta",
+    "ValueRef",
+    "iter_value_refs",
+]
+
+
+class GraphError(ValueError):
+    """A FusionGraph that breaks an invariant; the message names the node and field."""
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Layout of one tensor value: sizes, strides and offset in elements of its storage."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    dtype: torch.dtype
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != len(self.stride):
+            raise GraphError(f"shape {self.shape} and stride {self.stride} differ in rank")
+        if any(s < 0 for s in self.shape):
+            raise GraphError(f"negative size in shape {self.shape}")
+        if self.storage_offset < 0:
+            raise GraphError(f"negative storage_offset {self.storage_offset}")
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor, device: str | None = None) -> TensorMeta:
+        return cls(
+            tuple(int(s) for s in t.shape),
+            tuple(int(s) for s in t.stride()),
+            int(t.storage_offset()),
+            t.dtype,
+            device or str(t.device),
+        )
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype, device="meta").element_size()
+
+    @property
+    def storage_extent(self) -> int:
+        """Elements of storage needed to hold this view: last reachable element + 1."""
+        if self.numel == 0:
+            return self.storage_offset
+        return self.storage_offset + 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.stride))
+
+    @property
+    def distinct_elements(self) -> int:
+        """Elements actually stored (a stride-0 dim counts once)."""
+        if self.numel == 0:
+            return 0
+        return math.prod(n for n, s in zip(self.shape, self.stride) if s != 0)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the distinct storage elements this value covers."""
+        return self.distinct_elements * self.itemsize
+
+    def same_layout(self, other: TensorMeta) -> bool:
+        """Equal up to what cannot be observed: the strides of size-1 dims, and the offset of
+        an empty tensor (torch's meta and real kernels may disagree there)."""
+        if (self.shape, self.dtype, self.device) != (other.shape, other.dtype, other.device):
+            return False
+        if self.numel == 0:
+            return True
+        return self.storage_offset == other.storage_offset and all(
+            a == b for n, a, b in zip(self.shape, self.stride, other.stride) if n > 1
+        )
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for n, s in reversed(list(zip(self.shape, self.stride))):
+            if n != 1 and s != expected:
+                return False
+            expected *= n
+        return True
+
+    def __str__(self) -> str:
+        dt = str(self.dtype).removeprefix("torch.")
+        layout = "" if self.is_contiguous() and self.storage_offset == 0 else f" stride={list(self.stride)}"
+        if self.storage_offset:
+            layout += f" offset={self.storage_offset}"
+        return f"{dt}{list(self.shape)}{layout}"
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """A use of a tensor value inside a node's arguments."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"%{self.name}"
+
+
+# Arguments are literals (int, float, bool, None, str, torch.dtype/device/layout/memory_format),
+# value references, or tuples of those.
+Arg = Union[
+    None, bool, int, float, str, ValueRef, torch.dtype, torch.device, torch.layout,
+    torch.memory_format, tuple,
+]
+
+
+def iter_value_refs(arg: object) -> Iterator[ValueRef]:
+    if isinstance(arg, ValueRef):
+        yield arg
+    elif isinstance(arg, tuple):
+        for a in arg:
+            yield from iter_value_refs(a)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One ATen op. ``outputs[i]`` names the i-th returned tensor (None where nothing uses it)."""
+
+    name: str
+    op: str
+    args: tuple[Arg, ...]
+    kwargs: tuple[tuple[str, Arg], ...]
+    outputs: tuple[str | None, ...]
+    metas: tuple[TensorMeta | None, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.outputs) != len(self.metas):
+            raise GraphError(f"node {self.name!r}: {len(self.outputs)} outputs but {len(self.metas)} metas")
+        for out, meta in zip(self.outputs, self.metas):
+            if out is not None and meta is None:
+                raise GraphError(f"node {self.name!r}: output {out!r} has no meta")
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Names of the values this node reads, in argument order, without repeats."""
+        seen: dict[str, None] = {}
+        for a in (*self.args, *(v for _, v in self.kwargs)):
+            for ref in iter_value_refs(a):
+                seen.setdefault(ref.name, None)
+        return tuple(seen)
+
+    @property
+    def kwargs_dict(self) -> dict[str, Arg]:
+        return dict(self.kwargs)
+
+    def __str__(self) -> str:
+        outs = ", ".join(f"%{o}" if o else "_" for o in self.outputs)
+        args = [_fmt_arg(a) for a in self.args] + [f"{k}={_fmt_arg(v)}" for k, v in self.kwargs]
+        return f"{outs} = {self.op}({', '.join(args)})"
+
+
+def _fmt_arg(a: object) -> str:
+    if isinstance(a, tuple):
+        return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
+    if isinstance(a, torch.dtype):
+        return str(a).removeprefix("torch.")
+    return str(a)
+
+
+InputRole = Literal["user", "parameter", "buffer", "constant"]
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """A graph input. ``storage``: inputs with equal ids share one storage in the caller."""
+
+    name: str
+    meta: TensorMeta
+    role: InputRole = "user"
+    target: str | None = None
+    storage: int = -1  # -1: its own storage (the FusionGraph fills in its index)
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Graph output was a view of graph input ``index`` or of the earlier output ``index``.
+
+    ``layout`` is the view's layout in the original program (absolute storage offset), which the
+    functional value need not have: ``y = x[1]; x.add_(1); return y`` computes ``select(x + 1, 1)``
+    but must hand back a view of ``x`` at ``x``'s offsets.
+    """
+
+    source: Literal["input", "output"]
+    index: int
+    layout: TensorMeta | None = None
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """Graph input ``input`` ends the program holding value ``value``."""
+
+    input: int
+    value: str
+
+
+@dataclass(frozen=True)
+class FusionGraph:
+    inputs: tuple[GraphInput, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]
+    output_aliases: tuple[Alias | None, ...] = ()
+    mutations: tuple[Mutation, ...] = ()
+    name: str = "graph"
+
+    def __post_init__(self) -> None:
+        if not self.output_aliases:
+            object.__setattr__(self, "output_aliases", (None,) * len(self.outputs))
+        fixed = tuple(
+            dataclasses.replace(inp, storage=i) if inp.storage < 0 else inp
+            for i, inp in enumerate(self.inputs)
+        )
+        object.__setattr__(self, "inputs", fixed)
+        self._validate()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @cached_property
+    def metas(self) -> dict[str, TensorMeta]:
+        """Meta of every value (inputs and node outputs) by name."""
+        out = {inp.name: inp.meta for inp in self.inputs}
+        for node in self.nodes:
+            for name, meta in zip(node.outputs, node.metas):
+                if name is not None and meta is not None:
+                    out[name] = meta
+        return out
+
+    @cached_property
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o is not None}
+
+    @cached_property
+    def users(self) -> dict[str, tuple[Node, ...]]:
+        acc: dict[str, list[Node]] = {name: [] for name in self.metas}
+        for n in self.nodes:
+            for v in n.inputs:
+                acc[v].append(n)
+        return {k: tuple(v) for k, v in acc.items()}
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    @property
+    def mutated_inputs(self) -> tuple[int, ...]:
+        return tuple(m.input for m in self.mutations)
+
+    def storage_groups(self) -> list[tuple[int, ...]]:
+        """Groups of input indices that share a storage (only groups of two or more)."""
+        groups: dict[int, list[int]] = {}
+        for i, inp in enumerate(self.inputs):
+            groups.setdefault(inp.storage, []).append(i)
+        return [tuple(g) for g in groups.values() if len(g) > 1]
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        from .ops import op_info  # local: ops imports ir
+
+        if not self.outputs:
+            raise GraphError(f"graph {self.name!r} has no outputs")
+        defined: dict[str, str] = {}
+        for i, inp in enumerate(self.inputs):
+            if inp.name in defined:
+                raise GraphError(f"inputs[{i}]: duplicate value name {inp.name!r}")
+            defined[inp.name] = f"inputs[{i}]"
+        all_defs = {o: n.name for n in self.nodes for o in n.outputs if o is not None}
+        node_names: set[str] = set()
+        for k, node in enumerate(self.nodes):
+            if node.name in node_names:
+                raise GraphError(f"nodes[{k}]: duplicate node name {node.name!r}")
+            node_names.add(node.name)
+            for v in node.inputs:
+                if v not in defined:
+                    if v in all_defs:
+                        raise GraphError(
+                            f"nodes[{k}] ({node.name!r}) uses %{v} before node {all_defs[v]!r} defines it"
+                            " (nodes out of topological order, or a cycle)"
+                        )
+                    raise GraphError(f"nodes[{k}] ({node.name!r}) uses undefined value %{v}")
+            info = op_info(node.op)
+            if info.mutates:
+                raise GraphError(
+                    f"nodes[{k}] ({node.name!r}): in-place op {node.op} in a FusionGraph; "
+                    "graphs are functional (functionalize on the way in)"
+                )
+            for o in node.outputs:
+                if o is None:
+                    continue
+                if o in defined:
+                    raise GraphError(f"nodes[{k}] ({node.name!r}): value %{o} defined twice")
+                defined[o] = f"nodes[{k}]"
+        for i, o in enumerate(self.outputs):
+            if o not in defined:
+                raise GraphError(f"outputs[{i}]: undefined value %{o}")
+        if len(self.output_aliases) != len(self.outputs):
+            raise GraphError(
+                f"output_aliases has {len(self.output_aliases)} entries for {len(self.outputs)} outputs"
+            )
+        for i, a in enumerate(self.output_aliases):
+            if a is None:
+                continue
+            if a.source == "input" and not 0 <= a.index < len(self.inputs):
+                raise GraphError(f"output_aliases[{i}]: no input {a.index}")
+            if a.source == "output" and not 0 <= a.index < i:
+                raise GraphError(f"output_aliases[{i}]: output {a.index} is not an earlier output")
+            if a.source not in ("input", "output"):
+                raise GraphError(f"output_aliases[{i}]: source must be 'input' or 'output', not {a.source!r}")
+        seen_inputs: set[int] = set()
+        for i, m in enumerate(self.mutations):
+            if not 0 <= m.input < len(self.inputs):
+                raise GraphError(f"mutations[{i}]: no input {m.input}")
+            if m.input in seen_inputs:
+                raise GraphError(f"mutations[{i}]: input {m.input} is written back twice")
+            seen_inputs.add(m.input)
+            if m.value not in defined:
+                raise GraphError(f"mutations[{i}]: undefined value %{m.value}")
+            dst, src = self.inputs[m.input].meta, self.metas[m.value]
+            if dst.shape != src.shape or dst.dtype != src.dtype:
+                raise GraphError(
+                    f"mutations[{i}]: value %{m.value} ({src}) cannot be written into input "
+                    f"{self.inputs[m.input].name!r} ({dst})"
+                )
+
+    # -- display ---------------------------------------------------------------------------
+
+    def __str__(self) -> str:
+        from .ops import op_info
+
+        lines = [f"graph {self.name}("]
+        for inp in self.inputs:
+            extra = f" {inp.role}" + (f" {inp.target}" if inp.target else "")
+            shared = [j.name for j in self.inputs if j.storage == inp.storage and j is not inp]
+            if shared:
+                extra += f" shares storage with {', '.join(shared)}"
+            lines.append(f"    %{inp.name}: {inp.meta}{extra}")
+        lines.append("):")
+        for node in self.nodes:
+            metas = ", ".join(str(m) for m in node.metas if m is not None)
+            lines.append(f"    {node}  # {op_info(node.op).kind.name} -> {metas}")
+        for m in self.mutations:
+            lines.append(f"    write-back: {self.inputs[m.input].name} <- %{m.value}")
+        outs = []
+        for o, a in zip(self.outputs, self.output_aliases):
+            note = ""
+            if a is not None:
+                tgt = self.inputs[a.index].name if a.source == "input" else f"output {a.index}"
+                note = f" (view of {tgt})"
+            outs.append(f"%{o}{note}")
+        lines.append(f"    return {', '.join(outs)}")
+        return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""Run a FusionGraph node by node with torch: the semantics every later stage must keep.
+
+This is the meaning of a FusionGraph, written once: compute the functional values, write each
+mutated input's final value into it, and hand back each output either as a fresh tensor or, where
+the original program returned a view (``output_aliases``), as a view of the same storage with
+the original layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .ir import FusionGraph, GraphError, TensorMeta
+from .meta import run_node
+
+__all__ = ["check_inputs", "clone_inputs", "evaluate", "run_graph"]
+
+
+def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
+    """Refuse inputs that do not match the graph's signature (never misread them)."""
+    if len(inputs) != len(graph.inputs):
+        raise GraphError(f"graph {graph.name!r} takes {len(graph.inputs)} inputs, got {len(inputs)}")
+    for spec, t in zip(graph.inputs, inputs):
+        if not isinstance(t, torch.Tensor):
+            raise GraphError(f"input {spec.name!r}: expected a tensor, got {type(t).__name__}")
+        got = TensorMeta.from_tensor(t)
+        want = spec.meta
+        if (got.shape, got.stride, got.storage_offset, got.dtype) != (
+            want.shape, want.stride, want.storage_offset, want.dtype,
+        ) or torch.device(got.device).type != torch.device(want.device).type:
+            raise GraphError(f"input {spec.name!r}: expected {want} on {want.device}, got {got} on {got.device}")
+    seen: dict[object, int] = {}
+    for i, t in enumerate(inputs):
+        key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+        first = seen.setdefault(key, graph.inputs[i].storage)
+        if first != graph.inputs[i].storage and t.numel():
+            raise GraphError(f"input {graph.inputs[i].name!r} shares a storage the graph does not expect it to")
+
+
+def evaluate(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every value of the graph, computed functionally (no write-back, no aliasing restored)."""
+    env: dict[str, torch.Tensor] = dict(zip(graph.input_names, inputs))
+    for node in graph.nodes:
+        for name, val in zip(node.outputs, run_node(node, env)):
+            if name is not None:
+                env[name] = val
+    return env
+
+
+def clone_inputs(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies with the same sizes, strides and offsets, sharing storage exactly where the
+    originals do (so ``f(x, x)`` stays ``f(y, y)``)."""
+    copies: dict[int, torch.Tensor] = {}
+    out = []
+    for t in tensors:
+        key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+        store = copies.get(key)
+        if store is None:
+            store = torch.empty(0, dtype=torch.uint8, device=t.device)
+            store.set_(t.untyped_storage().clone() if t.device.type != "meta" else t.untyped_storage())
+            copies[key] = store
+        out.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            store.untyped_storage(), t.storage_offset(), t.shape, t.stride()))
+    return out
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
+def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run the graph as the original program would: mutations land, views stay views."""
+    check_inputs(graph, inputs)
+    env = evaluate(graph, inputs)
+    input_storages = {t.untyped_storage().data_ptr() for t in inputs}
+
+    def detached(t: torch.Tensor) -> torch.Tensor:
+        # Functional values may still be views of inputs; copy them before any write-back.
+        return _fresh(t) if t.untyped_storage().data_ptr() in input_storages else t
+
+    finals = {m.input: detached(env[m.value]) for m in graph.mutations}
+    fresh = [None if a is not None else detached(env[o]) for o, a in zip(graph.outputs, graph.output_aliases)]
+    for i, val in finals.items():
+        inputs[i].copy_(val)
+    result: list[torch.Tensor] = []
+    for name, alias, val in zip(graph.outputs, graph.output_aliases, fresh):
+        if alias is None:
+            result.append(val)
+            continue
+        # A view in the original program: the same storage, with the original's layout.
+        base = inputs[alias.index] if alias.source == "input" else result[alias.index]
+        layout = alias.layout or graph.metas[name]
+        result.append(base.as_strided(layout.shape, layout.stride, layout.storage_offset))
+    return result

@@ -1,0 +1,27 @@
+from setuptools import setup
+
+setup(
+    name="fusion-segmenter",
+    version="0.1.0",
+    description="A fusion segmenter with post-segmentation alias analysis, for PyTorch graphs",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["segmenter", "alias", "runtime", "perf"],
+    install_requires=[
+        # CPU machines: install torch==2.13.0 first (a CPU wheel); an open range on a machine
+        # without torch would pull a multi-GB CUDA build.
+        "torch>=2.10",
+        "pandas",
+    ],
+    extras_require={
+        "test": ["pytest", "hypothesis", "transformers"],
+        "cuda": ["cupy-cuda13x"],
+        # nvFuser wheels exist only for CPython 3.10 and 3.12.
+        "nvfuser": [
+            "nvfuser-cu130-torch210==0.2.35.dev20260215; "
+            "python_version == '3.10' or python_version == '3.12'",
+        ],
+    },
+    entry_points={"console_scripts": ["fuseg = perf.cli:main"]},
+)

@@ -1,0 +1,51 @@
+"""Checks against eager PyTorch: values, layouts, aliasing, and mutated inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from segmenter import FusionGraph, TensorMeta
+from segmenter.capture import bind_inputs
+from segmenter.reference import clone_inputs, run_graph
+
+
+def storage_of(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def alias_pattern(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[tuple]:
+    """For each output: which inputs and which earlier outputs share its storage."""
+    pattern = []
+    for j, o in enumerate(outputs):
+        ins = tuple(i for i, t in enumerate(inputs) if storage_of(t) == storage_of(o))
+        outs = tuple(k for k in range(j) if storage_of(outputs[k]) == storage_of(o))
+        pattern.append((ins, outs))
+    return pattern
+
+
+def layout(t: torch.Tensor) -> tuple:
+    m = TensorMeta.from_tensor(t)
+    return m.shape, m.stride, m.storage_offset, m.dtype
+
+
+def assert_matches_eager(
+    fn: Callable[..., Any], user_inputs: Sequence[torch.Tensor], graph: FusionGraph,
+    module: torch.nn.Module | None = None, atol: float = 1e-5, rtol: float = 1e-5,
+) -> None:
+    """Run eager and the graph on identical copies; compare everything observable."""
+    eager_in = clone_inputs(user_inputs)
+    graph_user = clone_inputs(user_inputs)
+    eager_out = [t for t in pytree.tree_leaves(fn(*eager_in)) if isinstance(t, torch.Tensor)]
+    full = bind_inputs(graph, module, graph_user)
+    graph_out = run_graph(graph, full)
+    assert len(eager_out) == len(graph_out)
+    for j, (e, g) in enumerate(zip(eager_out, graph_out)):
+        assert layout(e) == layout(g), f"output {j}: eager {layout(e)} graph {layout(g)}"
+        torch.testing.assert_close(g, e, atol=atol, rtol=rtol, msg=f"output {j} values")
+    assert alias_pattern(eager_in, eager_out) == alias_pattern(graph_user, graph_out)
+    for i, (e, g) in enumerate(zip(eager_in, graph_user)):
+        torch.testing.assert_close(g, e, atol=atol, rtol=rtol, msg=f"input {i} after the call")
