@@ -1,11 +1,18 @@
-"""Fusion graphs: the IR, the op table, capture from PyTorch, and JSON in/out."""
+"""Fusion graphs: the IR, the op table, capture from PyTorch, JSON in/out, and segmentation."""
 
+from .from_torch import capture
+from .fx_import import CaptureError, from_fx
 from .ir import Alias, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
 from .ops import OPAQUE_OPS, OpInfo, OpKind, op_info
+from .options import SegmenterOptions
+from .partition import segment
+from .segments import Boundary, Segment, SegmentedFusion, SegmentKind
 
 __all__ = [
     "OPAQUE_OPS",
     "Alias",
+    "Boundary",
+    "CaptureError",
     "FusionGraph",
     "GraphError",
     "GraphInput",
@@ -13,7 +20,14 @@ __all__ = [
     "Node",
     "OpInfo",
     "OpKind",
+    "Segment",
+    "SegmentKind",
+    "SegmentedFusion",
+    "SegmenterOptions",
     "TensorMeta",
     "ValueRef",
+    "capture",
+    "from_fx",
     "op_info",
+    "segment",
 ]

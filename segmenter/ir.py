@@ -77,29 +77,29 @@ class TensorMeta:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
+    @cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype, device="meta").element_size()
+        return self.dtype.itemsize
 
-    @property
+    @cached_property
     def storage_extent(self) -> int:
         """Elements of storage needed to hold this view: last reachable element + 1."""
         if self.numel == 0:
             return self.storage_offset
         return self.storage_offset + 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.stride))
 
-    @property
+    @cached_property
     def distinct_elements(self) -> int:
         """Elements actually stored (a stride-0 dim counts once)."""
         if self.numel == 0:
             return 0
         return math.prod(n for n, s in zip(self.shape, self.stride) if s != 0)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Bytes of the distinct storage elements this value covers."""
         return self.distinct_elements * self.itemsize
@@ -175,7 +175,7 @@ class Node:
             if out is not None and meta is None:
                 raise GraphError(f"node {self.name!r}: output {out!r} has no meta")
 
-    @property
+    @cached_property
     def inputs(self) -> tuple[str, ...]:
         """Names of the values this node reads, in argument order, without repeats."""
         seen: dict[str, None] = {}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from segmenter import OPAQUE_OPS, Alias, FusionGraph, OpKind, TensorMeta, op_info
-from segmenter.capture import bind_inputs, capture
+from segmenter.from_torch import bind_inputs, capture
 from segmenter.fx_import import CaptureError
 from segmenter.reference import clone_inputs, evaluate
 from perf import zoo

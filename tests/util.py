@@ -9,7 +9,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from segmenter import FusionGraph, TensorMeta
-from segmenter.capture import bind_inputs
+from segmenter.from_torch import bind_inputs
 from segmenter.reference import clone_inputs, run_graph
 
 

@@ -1,0 +1,370 @@
+"""Greedy segmentation: union-find over producer/consumer groups, never creating a cycle.
+
+Note [merge order]: every node starts as its own group. Each round lists the producer ->
+consumer group pairs with the bytes of the values flowing between them (what a merge saves:
+those values need not be written and read back), and tries them biggest first, ties broken by
+position in the graph, so the result is deterministic. A merge happens when the kinds' rule
+(``rules.combine``) accepts the merged group and no path leaves the producer group and comes
+back into the consumer through a third group (that would be a cycle between segments). Rounds
+repeat until one merges nothing, since a merge refused early may become legal once its
+neighbours have merged. Then independent pointwise groups that read a common input over the
+same iteration space merge horizontally (q, k and v of a RoPE block) when that cannot raise peak
+memory.
+
+Note [cycle check cost]: the check is a depth-first search from the producer group's consumers,
+pruned at every group that starts after the consumer group ends (nodes are in topological order,
+so such a group cannot reach it). On transformer-like graphs the search stays within a layer,
+so segmentation time grows about linearly with graph size (figures in perf/ and the README).
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .ir import FusionGraph
+from .ops import OpKind
+from .options import SegmenterOptions
+from .rules import NodeTraits, Traits, combine, node_traits, traits_of
+from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, footprint
+
+__all__ = ["segment"]
+
+
+@dataclass
+class _Group:
+    nodes: list[int]
+    min_idx: int
+    max_idx: int
+    outputs: list[str]  # values made here and needed elsewhere (or graph outputs)
+    consumers: list[int]  # node indices outside the group that read its values
+    traits: Traits
+    numels: set[int] = field(default_factory=set)  # element counts of its computing nodes
+    version: int = 0  # bumped on every merge: a refusal between unchanged groups stays valid
+
+
+class _Partition:
+    def __init__(self, graph: FusionGraph, options: SegmenterOptions) -> None:
+        self.graph = graph
+        self.options = options
+        nodes = graph.nodes
+        self.producer: dict[str, int] = {o: i for i, n in enumerate(nodes) for o in n.outputs if o is not None}
+        self.value_users: dict[str, list[int]] = defaultdict(list)
+        for j, n in enumerate(nodes):
+            for v in n.inputs:
+                self.value_users[v].append(j)
+        self.external = set(graph.outputs) | {m.value for m in graph.mutations}
+        self.traits: list[NodeTraits] = [node_traits(graph, n) for n in nodes]
+        self.parent = list(range(len(nodes)))
+        self.groups: dict[int, _Group] = {}
+        metas = graph.metas
+        users, external = self.value_users, self.external
+        #: element count of each value made by a non-view op (the ones that constrain kernels)
+        self.out_numel: dict[str, int] = {}
+        for i, n in enumerate(nodes):
+            nt = self.traits[i]
+            made = [o for o in n.outputs if o is not None]
+            outs = [o for o in made if o in users or o in external]
+            cons = sorted({u for o in made for u in users.get(o, ())})
+            numels = set()
+            if nt.kind != OpKind.VIEW:
+                for o in made:
+                    self.out_numel[o] = metas[o].numel
+                if nt.kind != OpKind.OPAQUE and made:
+                    numels.add(metas[made[0]].numel)
+            self.groups[i] = _Group([i], i, i, outs, cons, traits_of(graph, n, nt), numels)
+        self.refusals: list[tuple[int, int, str]] = []
+        self.refused: dict[tuple[int, int], tuple[int, int]] = {}
+        self.merges = 0
+        # Every producer -> consumer edge once per (value, consumer), with the value's bytes.
+        self.edges: list[tuple[int, int, str, int]] = [
+            (self.producer[v], j, v, metas[v].nbytes)
+            for j, n in enumerate(nodes) for v in n.inputs if v in self.producer
+        ]
+
+    # -- union-find ------------------------------------------------------------------------
+
+    def find(self, i: int) -> int:
+        parent = self.parent
+        root = i
+        while parent[root] != root:
+            root = parent[root]
+        while parent[i] != root:
+            parent[i], i = root, parent[i]
+        return root
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def merged_outputs(self, ra: int, rb: int) -> list[str]:
+        out = []
+        find, external, users = self.find, self.external, self.value_users
+        for v in (*self.groups[ra].outputs, *self.groups[rb].outputs):
+            if v in external:
+                out.append(v)
+                continue
+            for u in users[v]:
+                r = find(u)
+                if r != ra and r != rb:
+                    out.append(v)
+                    break
+        return out
+
+    def path_through_third(self, ra: int, rb: int) -> int | None:
+        """A group on a path ra -> g -> ... -> rb (g not rb), if any: merging would make a cycle."""
+        limit = self.groups[rb].max_idx
+        seen = {ra, rb}
+        stack = [g for g in {self.find(c) for c in self.groups[ra].consumers} if g not in seen]
+        first_hop: dict[int, int] = {g: g for g in stack}
+        while stack:
+            g = stack.pop()
+            if g in seen:
+                continue
+            seen.add(g)
+            if self.groups[g].min_idx >= limit:
+                continue
+            for c in self.groups[g].consumers:
+                h = self.find(c)
+                if h == rb:
+                    return first_hop[g]
+                if h not in seen:
+                    first_hop.setdefault(h, first_hop[g])
+                    stack.append(h)
+        return None
+
+    def why_not(self, ra: int, rb: int, vertical: bool = True) -> str | tuple[Traits, list[str]]:
+        """The merged traits and outputs, or the reason the two groups cannot merge."""
+        a, b = self.groups[ra], self.groups[rb]
+        outputs = self.merged_outputs(ra, rb)
+        nodes = self.graph.nodes
+        numel = self.out_numel
+        out_numels = {numel[v] for v in outputs if v in numel}
+        full_size = a.traits.domain is not None and a.traits.domain.full in b.numels
+        decision = combine(a.traits, b.traits, out_numels, vertical and full_size, self.options)
+        if isinstance(decision, str):
+            return decision
+        third = self.path_through_third(ra, rb)
+        if third is None and not vertical:
+            third = self.path_through_third(rb, ra)
+        if third is not None:
+            return f"merging would create a cycle through the segment holding {nodes[third].name!r}"
+        return decision, outputs
+
+    def merge(self, ra: int, rb: int, traits: Traits, outputs: list[str]) -> None:
+        a, b = self.groups[ra], self.groups[rb]
+        keep, drop = (ra, rb) if len(a.nodes) >= len(b.nodes) else (rb, ra)
+        consumers = [c for c in dict.fromkeys((*a.consumers, *b.consumers)) if self.find(c) not in (ra, rb)]
+        g = self.groups[keep]
+        g.nodes.extend(self.groups[drop].nodes)
+        g.min_idx, g.max_idx = min(a.min_idx, b.min_idx), max(a.max_idx, b.max_idx)
+        g.outputs, g.consumers = outputs, consumers
+        g.traits = traits
+        g.numels = a.numels | b.numels
+        g.version = a.version + b.version + 1
+        self.parent[drop] = keep
+        del self.groups[drop]
+        self.merges += 1
+
+    def out_of_fuel(self) -> bool:
+        return self.options.fuel is not None and self.merges >= self.options.fuel
+
+    # -- rounds ----------------------------------------------------------------------------
+
+    def vertical_round(self) -> bool:
+        pairs: dict[tuple[int, int], list[int]] = {}
+        counted: set[tuple[int, int, str]] = set()
+        find = self.find
+        for i, j, v, nbytes in self.edges:
+            ra, rb = find(i), find(j)
+            if ra == rb or (ra, rb, v) in counted:
+                continue
+            counted.add((ra, rb, v))
+            entry = pairs.get((ra, rb))
+            if entry is None:
+                pairs[(ra, rb)] = [nbytes, j]
+            else:
+                entry[0] += nbytes
+        merged = False
+        for (ra0, rb0), _ in sorted(pairs.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0])):
+            if self.out_of_fuel():
+                break
+            ra, rb = self.find(ra0), self.find(rb0)
+            if ra == rb:
+                continue
+            # Legality depends only on the two groups (their members decide which values
+            # stay outputs) and on paths between them, which merges never remove.
+            stamp = (self.groups[ra].version, self.groups[rb].version)
+            if self.refused.get((ra, rb)) == stamp:
+                continue
+            decision = self.why_not(ra, rb)
+            if isinstance(decision, str):
+                self.refusals.append((ra, rb, decision))
+                self.refused[(ra, rb)] = stamp
+                continue
+            self.merge(ra, rb, *decision)
+            merged = True
+        find = self.find
+        self.edges = [e for e in self.edges if find(e[0]) != find(e[1])]
+        return merged
+
+    def horizontal_round(self) -> bool:
+        """Pointwise groups reading a common input over one iteration space become one launch,
+        when every output of both is read only after both have run (peak memory cannot rise)."""
+        by_input: dict[str, list[int]] = defaultdict(list)
+        for r, g in self.groups.items():
+            if g.traits.kind() == SegmentKind.POINTWISE and g.traits.computes:
+                for v in dict.fromkeys(x for i in g.nodes for x in self.graph.nodes[i].inputs):
+                    by_input[v].append(r)
+        merged = False
+        for v in sorted(by_input, key=lambda v: min(by_input[v])):
+            roots = sorted(set(by_input[v]))
+            for i in range(1, len(roots)):
+                if self.out_of_fuel():
+                    return merged
+                ra, rb = self.find(roots[0]), self.find(roots[i])
+                if ra == rb or not self.outputs_read_late(ra, rb):
+                    continue
+                decision = self.why_not(ra, rb, vertical=False)
+                if isinstance(decision, str):
+                    self.refusals.append((ra, rb, decision))
+                    continue
+                self.merge(ra, rb, *decision)
+                merged = True
+        return merged
+
+    def outputs_read_late(self, ra: int, rb: int) -> bool:
+        end = max(self.groups[ra].max_idx, self.groups[rb].max_idx)
+        return all(
+            v in self.external or min(self.value_users[v]) > end
+            for r in (ra, rb) for v in self.groups[r].outputs
+        )
+
+    # -- result ----------------------------------------------------------------------------
+
+    def result(self) -> SegmentedFusion:
+        order = self.execution_order()
+        segs = tuple(self.build_segment(k, r) for k, r in enumerate(order))
+        return SegmentedFusion(self.graph, segs, self.boundaries(order), self.merges)
+
+    def execution_order(self) -> list[int]:
+        preds: dict[int, set[int]] = {r: set() for r in self.groups}
+        for r, g in self.groups.items():
+            for c in g.consumers:
+                h = self.find(c)
+                if h != r:
+                    preds[h].add(r)
+        succs: dict[int, list[int]] = defaultdict(list)
+        for h, ps in preds.items():
+            for p in ps:
+                succs[p].append(h)
+        indeg = {r: len(ps) for r, ps in preds.items()}
+        heap = [(self.groups[r].min_idx, r) for r, d in indeg.items() if d == 0]
+        heapq.heapify(heap)
+        order = []
+        while heap:
+            _, r = heapq.heappop(heap)
+            order.append(r)
+            for h in succs[r]:
+                indeg[h] -= 1
+                if indeg[h] == 0:
+                    heapq.heappush(heap, (self.groups[h].min_idx, h))
+        if len(order) != len(self.groups):  # pragma: no cover - the merge rule forbids it
+            raise AssertionError("segment graph has a cycle")
+        return order
+
+    def build_segment(self, index: int, root: int) -> Segment:
+        graph, metas = self.graph, self.graph.metas
+        g = self.groups[root]
+        idxs = sorted(g.nodes)
+        nodes = tuple(graph.nodes[i] for i in idxs)
+        inside = {o for n in nodes for o in n.outputs if o is not None}
+        inputs = list(dict.fromkeys(v for n in nodes for v in n.inputs if v not in inside))
+        outputs = [o for n in nodes for o in n.outputs if o is not None and o in set(g.outputs)]
+        local_users: dict[str, list[int]] = defaultdict(list)
+        for i in idxs:
+            for v in graph.nodes[i].inputs:
+                local_users[v].append(i)
+        out_set = set(outputs)
+        read = sum(footprint(self.read_metas(v, local_users, out_set), metas[v]) for v in inputs)
+        written = sum(metas[v].nbytes for v in outputs)
+        return Segment(index, self.exact_kind(g, idxs), nodes, tuple(inputs), tuple(outputs), read, written)
+
+    def read_metas(self, v: str, local_users: dict[str, list[int]], outputs: set[str]) -> list:
+        """Layouts through which a segment reads input ``v``: the ends of its view chains."""
+        metas, graph = self.graph.metas, self.graph
+        found, stack, seen = [], [v], set()
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            users = local_users.get(x, ())
+            if x in outputs or any(self.traits[u].kind != OpKind.VIEW for u in users):
+                if x == v:
+                    return []  # read whole
+                found.append(metas[x])
+            for u in users:
+                if self.traits[u].kind == OpKind.VIEW:
+                    stack.extend(o for o in graph.nodes[u].outputs if o is not None)
+        return found
+
+    def exact_kind(self, g: _Group, idxs: list[int]) -> SegmentKind:
+        kind = g.traits.kind()
+        if kind != SegmentKind.REDUCTION:
+            return kind
+        # NORMALIZATION iff a full-size computing node depends on a reduction inside the segment.
+        full = g.traits.domain.full
+        tainted: set[str] = set()
+        for i in idxs:
+            node = self.graph.nodes[i]
+            nt = self.traits[i]
+            from_reduction = any(v in tainted for v in node.inputs)
+            if from_reduction and nt.kind not in (OpKind.VIEW, OpKind.REDUCTION) and node.outputs[0] \
+                    and self.graph.metas[node.outputs[0]].numel == full:
+                return SegmentKind.NORMALIZATION
+            if nt.kind == OpKind.REDUCTION or from_reduction:
+                tainted.update(o for o in node.outputs if o is not None)
+        return kind
+
+    def boundaries(self, order: list[int]) -> tuple[Boundary, ...]:
+        seg_of = {r: k for k, r in enumerate(order)}
+        reasons: dict[tuple[int, int], str] = {}
+        for ra, rb, why in self.refusals:
+            reasons[(self.find(ra), self.find(rb))] = why
+        out = []
+        for r in order:
+            for v in self.groups[r].outputs:
+                for c in sorted({self.find(u) for u in self.value_users.get(v, ())} - {r}, key=seg_of.get):
+                    why = reasons.get((r, c)) or (
+                        "not tried: out of fuel" if self.out_of_fuel() else "no merge was tried across this edge"
+                    )
+                    out.append(Boundary(v, seg_of[r], seg_of[c], why))
+        return tuple(out)
+
+
+def segment(graph: FusionGraph, options: SegmenterOptions | None = None) -> SegmentedFusion:
+    """Cut ``graph`` into segments that one kernel each can run (see Note [merge order])."""
+    # The pass makes a few objects per node and frees none of them until it returns; the
+    # cyclic collector would rescan them all again and again (on 100k nodes, a third of the time).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _segment(graph, options or SegmenterOptions())
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _segment(graph: FusionGraph, options: SegmenterOptions) -> SegmentedFusion:
+    part = _Partition(graph, options)
+    rounds = 0
+    while rounds < part.options.max_rounds and not part.out_of_fuel():
+        rounds += 1
+        if part.vertical_round():
+            continue
+        # Vertical merging is stuck; a horizontal merge may unblock it (a producer whose
+        # consumers must all join it before its outputs agree on one iteration space).
+        if not part.options.allow_horizontal or not part.horizontal_round():
+            break
+    return part.result()
