@@ -60,11 +60,11 @@ def synthetic_transformer(n_nodes: int, block: FusionGraph | None = None) -> Fus
         values = {o: f"{o}__{k}" for n in block.nodes for o in n.outputs if o is not None}
         values[hidden_in] = prev
 
-        def ren(a: object) -> object:
+        def ren(a: object, values: dict[str, str] = values) -> object:
             if isinstance(a, ValueRef):
                 return ValueRef(values.get(a.name, a.name))
             if isinstance(a, tuple):
-                return tuple(ren(x) for x in a)
+                return tuple(ren(x, values) for x in a)
             return a
 
         for n in block.nodes:

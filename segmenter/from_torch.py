@@ -160,7 +160,7 @@ def capture(
     # User inputs are named after the function's parameters where that clashes with nothing.
     taken = {n.name for n in ep.graph.nodes}
     renamed: dict[str, str] = {}
-    for (vname, role, _), pname in zip((s for s in inputs_spec if s[1] == "user"), _param_names(fn_or_module, example_inputs)):
+    for (vname, _role, _), pname in zip((s for s in inputs_spec if s[1] == "user"), _param_names(fn_or_module, example_inputs)):
         if pname and pname not in taken:
             renamed[vname] = pname
             taken.add(pname)

@@ -143,7 +143,7 @@ class ValueRef:
 
 # Arguments are literals (int, float, bool, None, str, torch.dtype/device/layout/memory_format),
 # value references, or tuples of those.
-Arg = Union[
+Arg = Union[  # noqa: UP007 - a runtime alias; | on torch types needs 3.10+ objects
     None, bool, int, float, str, ValueRef, torch.dtype, torch.device, torch.layout,
     torch.memory_format, tuple,
 ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -185,7 +185,7 @@ def op_name(target: object) -> str:
     return f"{module}.{getattr(target, '__name__', repr(target))}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def resolve_op(name: str) -> torch._ops.OpOverload | None:
     """``aten.add.Tensor`` -> torch.ops.aten.add.Tensor, or None if torch has no such op."""
     parts = name.split(".")
@@ -198,7 +198,7 @@ def resolve_op(name: str) -> torch._ops.OpOverload | None:
         return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def op_info(name: str) -> OpInfo:
     """Classify an op by name. Unknown ops are OPAQUE with ``known=False``, never an error."""
     if name in OPAQUE_OPS:

@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
+from perf import zoo
 from segmenter import OPAQUE_OPS, Alias, FusionGraph, OpKind, TensorMeta, op_info
 from segmenter.from_torch import bind_inputs, capture
 from segmenter.fx_import import CaptureError
 from segmenter.reference import clone_inputs, evaluate
-from perf import zoo
 
 from .util import assert_matches_eager, layout
 

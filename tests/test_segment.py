@@ -19,7 +19,7 @@ from segmenter.partition import segment
 from segmenter.rules import node_traits
 from segmenter.segments import SegmentedFusion, SegmentKind
 
-P, R, N, M, O = (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION,
+P, R, N, M, OP = (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION,
                  SegmentKind.MATMUL, SegmentKind.OPAQUE)
 
 
@@ -85,7 +85,7 @@ TABLE = [
     ("reduction-of-a-reduction", _reduce_then_reduce, lambda: [torch.randn(4, 8)], [R, R]),
     ("reduction-with-prologue-and-epilogue", _sum_with_epilogue, lambda: [torch.randn(4, 8)], [R]),
     ("linear-3d-is-one-matmul", _lin, lambda: [torch.randn(2, 3, 8)], [M]),
-    ("opaque-cuts", _opaque_cut, lambda: [torch.randn(4, 8)], [P, O, P]),
+    ("opaque-cuts", _opaque_cut, lambda: [torch.randn(4, 8)], [P, OP, P]),
     ("cat-of-slices-joins", _cat_slices, lambda: [torch.randn(4, 8)], [P]),
     ("pad-joins", _pad, lambda: [torch.randn(4, 8)], [P]),
     ("diamond-through-matmul", _diamond, lambda: [torch.randn(8, 8), torch.randn(8, 8)], [P, M, P]),
@@ -174,7 +174,7 @@ def check_segmentation(sf: SegmentedFusion) -> None:
         for v in s.inputs:  # produced by an earlier segment, or a graph input
             assert v in graph.input_names or made_by[v] < s.index, (v, s.index)
         kinds = [op_info(n.op).kind for n in s.nodes]
-        if s.kind == O:
+        if s.kind == OP:
             assert len(s.nodes) == 1 and kinds == [OpKind.OPAQUE]
             continue
         assert OpKind.OPAQUE not in kinds

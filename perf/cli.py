@@ -1,0 +1,97 @@
+"""The ``fuseg`` command line.
+
+    fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal]
+    fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
+    fuseg examples                       list the built-in examples
+
+TARGET is a JSON graph file, a built-in example name, or ``package.module:factory`` (a function
+of no arguments returning ``(fn_or_module, example_inputs)``). Errors are one line on stderr and
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+
+from segmenter import FusionGraph, GraphError, OpKind, SegmenterOptions, op_info, segment
+from segmenter.explain import describe_segments, segmentation_to_dict
+from segmenter.serialize import dump, graph_to_dict
+
+from . import zoo
+from .targets import TargetError, load_target
+
+__all__ = ["main"]
+
+
+def describe_ops(graph: FusionGraph) -> str:
+    """Op kinds in the graph and the ops that will run on torch, with why."""
+    kinds = Counter(op_info(n.op).kind for n in graph.nodes)
+    lines = ["op kinds: " + ", ".join(f"{k.name}={kinds[k]}" for k in OpKind if kinds[k])]
+    opaque = Counter(n.op for n in graph.nodes if op_info(n.op).kind == OpKind.OPAQUE)
+    for op, count in sorted(opaque.items()):
+        info = op_info(op)
+        note = info.reason if info.known else "UNKNOWN op: not in the op table, runs on torch"
+        lines.append(f"  OPAQUE {op} x{count}: {note}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fuseg", description="fusion-segmenter: cut fusion graphs into one-kernel segments")
+    sub = p.add_subparsers(dest="command", required=True)
+    target_help = "a JSON graph file, a built-in example name (fuseg examples), or package.module:factory"
+    seg = sub.add_parser("segment", help="segment a graph and list the segments")
+    seg.add_argument("target", help=target_help)
+    seg.add_argument("--explain", action="store_true", help="inputs, outputs, bytes of each segment and why each boundary is there")
+    seg.add_argument("--json", action="store_true", help="machine-readable: the graph and its segmentation")
+    seg.add_argument("--graph", action="store_true", help="also print the graph node by node")
+    seg.add_argument("--max-ops", type=int, default=None, help="most ops per segment (1: cut at every op)")
+    seg.add_argument("--no-horizontal", action="store_true", help="no horizontal merging")
+    exp = sub.add_parser("export", help="write a target's graph as JSON")
+    exp.add_argument("target", help=target_help)
+    exp.add_argument("-o", "--out", required=True, help="output file")
+    sub.add_parser("examples", help="list the built-in examples")
+    return p
+
+
+def _error(message: str) -> int:
+    print(f"fuseg: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "examples":
+        for e in zoo.ZOO.values():
+            print(f"{e.name:14s} B={e.batch:<3d} T={e.seq:<5d} {str(e.dtype).removeprefix('torch.'):9s} {e.description}")
+        return 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation noise
+            graph = load_target(args.target)
+        if args.command == "export":
+            dump(graph, args.out)
+            print(f"wrote {args.out}: {len(graph.nodes)} nodes", file=sys.stderr)
+            return 0
+        if args.max_ops is not None and args.max_ops < 1:
+            return _error("--max-ops must be at least 1")
+        options = SegmenterOptions(max_ops_per_segment=args.max_ops, allow_horizontal=not args.no_horizontal)
+        sf = segment(graph, options)
+    except (GraphError, TargetError, OSError) as e:
+        return _error(str(e))
+    if args.json:
+        print(json.dumps({"graph": graph_to_dict(graph), "segmentation": segmentation_to_dict(sf)}, indent=1))
+        return 0
+    if args.graph:
+        print(graph, end="\n\n")
+    print(describe_segments(sf, explain=args.explain))
+    print(describe_ops(graph))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

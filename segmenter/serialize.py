@@ -1,0 +1,305 @@
+"""FusionGraph <-> JSON, with a versioned schema, so another fuser can hand us a graph.
+
+Schema "fusion-segmenter/graph", version 1::
+
+    {"schema": "fusion-segmenter/graph", "version": 1, "name": str,
+     "inputs":  [{"name": str, "meta": META, "role": "user"|"parameter"|"buffer"|"constant",
+                  "target": str|null, "storage": int}],
+     "nodes":   [{"name": str, "op": "aten.add.Tensor", "args": [ARG...], "kwargs": {str: ARG},
+                  "outputs": [str|null...], "metas": [META|null...]}],
+     "outputs": [str...],
+     "output_aliases": [null | {"source": "input"|"output", "index": int, "layout": META|null}...],
+     "mutations": [{"input": int, "value": str}...]}
+
+    META = {"shape": [int], "stride": [int], "storage_offset": int, "dtype": "float32", "device": "cpu"}
+    ARG  = int | float | bool | null | str | [ARG...]
+         | {"value": name}            a tensor value
+         | {"dtype": "bfloat16"} | {"device": "cuda:0"} | {"layout": "strided"}
+         | {"memory_format": "contiguous_format"} | {"float": "inf"|"-inf"|"nan"}
+
+Inputs with the same ``storage`` share one storage in the caller. Nodes may come in any order;
+they are sorted topologically, and a cycle is an error naming its nodes. Every error names the
+field that is wrong (``nodes[3] ("add_1").args[0]: ...``); nothing half-loaded survives. An op
+unknown to the op table loads with a warning and runs as OPAQUE.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .ops import op_info
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "load", "to_json"]
+
+SCHEMA = "fusion-segmenter/graph"
+SCHEMA_VERSION = 1
+MAX_DIM = 2**48
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_LAYOUTS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.layout)}
+_FORMATS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.memory_format)}
+_ROLES = ("user", "parameter", "buffer", "constant")
+
+
+class GraphFormatError(GraphError):
+    """A graph file that cannot be loaded; the message names the field that is wrong."""
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+def _meta_out(m: TensorMeta | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {"shape": list(m.shape), "stride": list(m.stride), "storage_offset": m.storage_offset,
+            "dtype": str(m.dtype).removeprefix("torch."), "device": m.device}
+
+
+def _arg_out(a: Arg) -> Any:
+    if isinstance(a, ValueRef):
+        return {"value": a.name}
+    if isinstance(a, tuple):
+        return [_arg_out(x) for x in a]
+    if isinstance(a, torch.dtype):
+        return {"dtype": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    if isinstance(a, torch.layout):
+        return {"layout": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": str(a).removeprefix("torch.")}
+    if isinstance(a, float) and not math.isfinite(a):
+        return {"float": "nan" if math.isnan(a) else ("inf" if a > 0 else "-inf")}
+    return a
+
+
+def graph_to_dict(g: FusionGraph) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA, "version": SCHEMA_VERSION, "name": g.name,
+        "inputs": [{"name": i.name, "meta": _meta_out(i.meta), "role": i.role, "target": i.target,
+                    "storage": i.storage} for i in g.inputs],
+        "nodes": [{"name": n.name, "op": n.op, "args": [_arg_out(a) for a in n.args],
+                   "kwargs": {k: _arg_out(v) for k, v in n.kwargs}, "outputs": list(n.outputs),
+                   "metas": [_meta_out(m) for m in n.metas]} for n in g.nodes],
+        "outputs": list(g.outputs),
+        "output_aliases": [None if a is None else {"source": a.source, "index": a.index, "layout": _meta_out(a.layout)}
+                           for a in g.output_aliases],
+        "mutations": [{"input": m.input, "value": m.value} for m in g.mutations],
+    }
+
+
+def to_json(g: FusionGraph, indent: int | None = None) -> str:
+    return json.dumps(graph_to_dict(g), indent=indent, allow_nan=False)
+
+
+def dump(g: FusionGraph, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(to_json(g, indent=1) + "\n")
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+def _need(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(d, dict):
+        raise GraphFormatError(f"{where}: expected an object, got {type(d).__name__}")
+    if key not in d:
+        raise GraphFormatError(f"{where}.{key}: missing")
+    v = d[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+        names = "/".join(k.__name__ for k in kinds)
+        raise GraphFormatError(f"{where}.{key}: expected {names}, got {type(v).__name__}")
+    return v
+
+
+def _ints(v: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise GraphFormatError(f"{where}: expected a list of integers")
+    return tuple(v)
+
+
+def _meta_in(d: Any, where: str) -> TensorMeta:
+    shape = _ints(_need(d, "shape", list, where), f"{where}.shape")
+    stride = _ints(_need(d, "stride", list, where), f"{where}.stride")
+    offset = _need(d, "storage_offset", int, where)
+    dtype_name = _need(d, "dtype", str, where)
+    device = _need(d, "device", str, where)
+    if dtype_name not in _DTYPES:
+        raise GraphFormatError(f"{where}.dtype: unknown dtype {dtype_name!r}")
+    if any(abs(x) > MAX_DIM for x in (*shape, *stride, offset)):
+        raise GraphFormatError(f"{where}: huge dimension (over 2**48) in shape/stride/offset")
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise GraphFormatError(f"{where}.device: unknown device {device!r}") from None
+    try:
+        return TensorMeta(shape, stride, offset, _DTYPES[dtype_name], device)
+    except GraphError as e:
+        raise GraphFormatError(f"{where}: {e}") from None
+
+
+def _arg_in(a: Any, where: str) -> Arg:
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    if isinstance(a, list):
+        return tuple(_arg_in(x, f"{where}[{i}]") for i, x in enumerate(a))
+    if isinstance(a, dict) and len(a) == 1:
+        (key, val), = a.items()
+        if key == "value" and isinstance(val, str):
+            return ValueRef(val)
+        table = {"dtype": _DTYPES, "layout": _LAYOUTS, "memory_format": _FORMATS}.get(key)
+        if table is not None and val in table:
+            return table[val]
+        if key == "device" and isinstance(val, str):
+            try:
+                return torch.device(val)
+            except RuntimeError:
+                pass
+        if key == "float" and val in ("inf", "-inf", "nan"):
+            return float(val)
+        raise GraphFormatError(f"{where}: bad {key!r} argument {val!r}")
+    raise GraphFormatError(f"{where}: unsupported argument {json.dumps(a)[:60]}")
+
+
+def _node_in(d: Any, k: int) -> Node:
+    where = f"nodes[{k}]"
+    name = _need(d, "name", str, where)
+    where = f'nodes[{k}] ("{name}")'
+    op = _need(d, "op", str, where)
+    args = tuple(_arg_in(a, f"{where}.args[{i}]") for i, a in enumerate(_need(d, "args", list, where)))
+    kwargs = tuple((key, _arg_in(v, f"{where}.kwargs.{key}")) for key, v in _need(d, "kwargs", dict, where).items())
+    outputs = _need(d, "outputs", list, where)
+    metas = _need(d, "metas", list, where)
+    if not all(o is None or isinstance(o, str) for o in outputs):
+        raise GraphFormatError(f"{where}.outputs: expected names or null")
+    if len(metas) != len(outputs):
+        raise GraphFormatError(f"{where}.metas: {len(metas)} metas for {len(outputs)} outputs")
+    metas_in = tuple(None if m is None else _meta_in(m, f"{where}.metas[{i}]") for i, m in enumerate(metas))
+    try:
+        return Node(name, op, args, kwargs, tuple(outputs), metas_in)
+    except GraphError as e:
+        raise GraphFormatError(f"{where}: {e}") from None
+
+
+def _topological(nodes: list[Node], defined_outside: set[str]) -> list[Node]:
+    """Kahn's algorithm, stable: file order wherever the dependencies allow it."""
+    maker: dict[str, int] = {}
+    for k, n in enumerate(nodes):
+        for o in n.outputs:
+            if o is None:
+                continue
+            if o in maker or o in defined_outside:
+                first = f"nodes[{maker[o]}]" if o in maker else "an input"
+                raise GraphFormatError(f'nodes[{k}] ("{n.name}").outputs: value {o!r} defined twice (also by {first})')
+            maker[o] = k
+    for k, n in enumerate(nodes):
+        for i, a in enumerate(n.args):
+            for v in _refs(a):
+                if v not in maker and v not in defined_outside:
+                    raise GraphFormatError(f'nodes[{k}] ("{n.name}").args[{i}]: undefined value {v!r}')
+        for key, a in n.kwargs:
+            for v in _refs(a):
+                if v not in maker and v not in defined_outside:
+                    raise GraphFormatError(f'nodes[{k}] ("{n.name}").kwargs.{key}: undefined value {v!r}')
+    deps = [{maker[v] for v in n.inputs if v in maker} for n in nodes]
+    users: list[list[int]] = [[] for _ in nodes]
+    for k, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(k)
+    missing = [len(ds) for ds in deps]
+    ready = [k for k, m in enumerate(missing) if m == 0]  # a heap: lowest file position first
+    order: list[int] = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for u in users[k]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) < len(nodes):
+        stuck = [k for k in range(len(nodes)) if missing[k] > 0]
+        raise GraphFormatError(f"cycle between nodes {_cycle(stuck, deps, nodes)}")
+    return [nodes[k] for k in order]
+
+
+def _cycle(stuck: list[int], deps: list[set[int]], nodes: list[Node]) -> str:
+    left = set(stuck)
+    k, path = stuck[0], []
+    while k not in path:
+        path.append(k)
+        k = min(d for d in deps[k] if d in left)
+    cyc = path[path.index(k):] + [k]
+    return " -> ".join(repr(nodes[i].name) for i in reversed(cyc))
+
+
+def _refs(a: Arg) -> list[str]:
+    if isinstance(a, ValueRef):
+        return [a.name]
+    if isinstance(a, tuple):
+        return [v for x in a for v in _refs(x)]
+    return []
+
+
+def graph_from_dict(d: Any) -> FusionGraph:
+    if not isinstance(d, dict):
+        raise GraphFormatError(f"top level: expected an object, got {type(d).__name__}")
+    if d.get("schema") != SCHEMA:
+        raise GraphFormatError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}")
+    if d.get("version") != SCHEMA_VERSION:
+        raise GraphFormatError(f"version: {d.get('version')!r} is not supported (supported: {SCHEMA_VERSION})")
+    name = _need(d, "name", str, "graph")
+    inputs = []
+    for i, raw in enumerate(_need(d, "inputs", list, "graph")):
+        where = f"inputs[{i}]"
+        role = _need(raw, "role", str, where)
+        if role not in _ROLES:
+            raise GraphFormatError(f"{where}.role: {role!r} is not one of {', '.join(_ROLES)}")
+        target = raw.get("target")
+        if target is not None and not isinstance(target, str):
+            raise GraphFormatError(f"{where}.target: expected a string or null")
+        inputs.append(GraphInput(_need(raw, "name", str, where), _meta_in(_need(raw, "meta", dict, where), f"{where}.meta"),
+                                 role, target, _need(raw, "storage", int, where)))  # type: ignore[arg-type]
+    nodes = [_node_in(n, k) for k, n in enumerate(_need(d, "nodes", list, "graph"))]
+    outputs = _need(d, "outputs", list, "graph")
+    if not all(isinstance(o, str) for o in outputs):
+        raise GraphFormatError("outputs: expected a list of value names")
+    aliases = []
+    for i, a in enumerate(d.get("output_aliases") or [None] * len(outputs)):
+        if a is None:
+            aliases.append(None)
+            continue
+        source = _need(a, "source", str, f"output_aliases[{i}]")
+        if source not in ("input", "output"):
+            raise GraphFormatError(f"output_aliases[{i}].source: {source!r} is not 'input' or 'output'")
+        layout = a.get("layout")
+        aliases.append(Alias(source, _need(a, "index", int, f"output_aliases[{i}]"),  # type: ignore[arg-type]
+                             None if layout is None else _meta_in(layout, f"output_aliases[{i}].layout")))
+    mutations = [Mutation(_need(m, "input", int, f"mutations[{i}]"), _need(m, "value", str, f"mutations[{i}]"))
+                 for i, m in enumerate(d.get("mutations") or [])]
+    ordered = _topological(nodes, {i.name for i in inputs})
+    for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
+        warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
+    try:
+        return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name)
+    except GraphFormatError:
+        raise
+    except GraphError as e:
+        raise GraphFormatError(str(e)) from None
+
+
+def from_json(text: str) -> FusionGraph:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GraphFormatError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    return graph_from_dict(data)
+
+
+def load(path: str) -> FusionGraph:
+    with open(path, encoding="utf-8") as f:
+        return from_json(f.read())
