@@ -1,3 +1,37 @@
-"""Post-segmentation alias analysis. Not built yet (see the README's status table)."""
+"""Post-segmentation alias analysis: views become metadata ops, kernels read strided inputs.
 
-__all__: list[str] = []
+    apply_aliases(segmented, mode="post") -> SegmentedFusion   (its .alias_report says what was done)
+    check(original, rewritten) -> list of violated invariants (empty: all hold)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from segmenter import SegmentedFusion
+
+from .analysis import SegmentAliases, analyze_segment, is_true_view
+from .check import check
+from .report import AliasReport
+from .rewrite import SegmentReport, rewrite
+
+__all__ = ["MODES", "AliasReport", "SegmentAliases", "SegmentReport", "analyze_segment", "apply_aliases", "check",
+           "is_true_view"]
+
+MODES = ("post", "pre", "off")
+
+
+def apply_aliases(segmented: SegmentedFusion, mode: Literal["post", "pre", "off"] = "post") -> SegmentedFusion:
+    """Run the alias pass in ``mode`` over a segmentation straight from ``segmenter.segment``.
+
+    Idempotent: applying the same mode to its own result changes nothing.
+    """
+    if mode not in MODES:
+        raise ValueError(f"alias mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if segmented.alias_mode not in (None, mode):
+        raise ValueError(f"this segmentation already went through the {segmented.alias_mode!r} alias pass")
+    out, reports = rewrite(segmented, mode)
+    stats_before, stats_after = segmented.stats(), out.stats()
+    report = AliasReport(mode, tuple(reports), stats_before["kernels"], stats_after["kernels"], stats_after["metadata"])
+    object.__setattr__(out, "alias_report", report)
+    return out

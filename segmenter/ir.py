@@ -270,6 +270,11 @@ class FusionGraph:
         return out
 
     @cached_property
+    def node_index(self) -> dict[str, int]:
+        """Position of each node (by name) in the graph's order."""
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o is not None}
 

@@ -28,7 +28,7 @@ from .ir import FusionGraph
 from .ops import OpKind
 from .options import SegmenterOptions
 from .rules import NodeTraits, Traits, combine, node_traits, traits_of
-from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, footprint
+from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, build_segment
 
 __all__ = ["segment"]
 
@@ -274,40 +274,10 @@ class _Partition:
         return order
 
     def build_segment(self, index: int, root: int) -> Segment:
-        graph, metas = self.graph, self.graph.metas
         g = self.groups[root]
         idxs = sorted(g.nodes)
-        nodes = tuple(graph.nodes[i] for i in idxs)
-        inside = {o for n in nodes for o in n.outputs if o is not None}
-        inputs = list(dict.fromkeys(v for n in nodes for v in n.inputs if v not in inside))
-        outputs = [o for n in nodes for o in n.outputs if o is not None and o in set(g.outputs)]
-        local_users: dict[str, list[int]] = defaultdict(list)
-        for i in idxs:
-            for v in graph.nodes[i].inputs:
-                local_users[v].append(i)
-        out_set = set(outputs)
-        read = sum(footprint(self.read_metas(v, local_users, out_set), metas[v]) for v in inputs)
-        written = sum(metas[v].nbytes for v in outputs)
-        return Segment(index, self.exact_kind(g, idxs), nodes, tuple(inputs), tuple(outputs), read, written)
-
-    def read_metas(self, v: str, local_users: dict[str, list[int]], outputs: set[str]) -> list:
-        """Layouts through which a segment reads input ``v``: the ends of its view chains."""
-        metas, graph = self.graph.metas, self.graph
-        found, stack, seen = [], [v], set()
-        while stack:
-            x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
-            users = local_users.get(x, ())
-            if x in outputs or any(self.traits[u].kind != OpKind.VIEW for u in users):
-                if x == v:
-                    return []  # read whole
-                found.append(metas[x])
-            for u in users:
-                if self.traits[u].kind == OpKind.VIEW:
-                    stack.extend(o for o in graph.nodes[u].outputs if o is not None)
-        return found
+        nodes = [self.graph.nodes[i] for i in idxs]
+        return build_segment(self.graph, index, self.exact_kind(g, idxs), nodes)
 
     def exact_kind(self, g: _Group, idxs: list[int]) -> SegmentKind:
         kind = g.traits.kind()

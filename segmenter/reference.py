@@ -15,7 +15,7 @@ import torch
 from .ir import FusionGraph, GraphError, TensorMeta
 from .meta import run_node
 
-__all__ = ["check_inputs", "clone_inputs", "evaluate", "run_graph"]
+__all__ = ["check_inputs", "clone_inputs", "evaluate", "finish", "run_graph"]
 
 
 def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
@@ -74,7 +74,13 @@ def _fresh(t: torch.Tensor) -> torch.Tensor:
 def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run the graph as the original program would: mutations land, views stay views."""
     check_inputs(graph, inputs)
-    env = evaluate(graph, inputs)
+    return finish(graph, inputs, evaluate(graph, inputs))
+
+
+def finish(graph: FusionGraph, inputs: Sequence[torch.Tensor], env: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Write mutated inputs' final values into them and hand back the outputs: a view of the
+    same storage, with the original layout, where the original program returned a view; a
+    tensor sharing no storage with an input or another output everywhere else."""
     input_storages = {t.untyped_storage().data_ptr() for t in inputs}
 
     def detached(t: torch.Tensor) -> torch.Tensor:
@@ -82,7 +88,17 @@ def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.
         return _fresh(t) if t.untyped_storage().data_ptr() in input_storages else t
 
     finals = {m.input: detached(env[m.value]) for m in graph.mutations}
-    fresh = [None if a is not None else detached(env[o]) for o, a in zip(graph.outputs, graph.output_aliases)]
+    fresh: list[torch.Tensor | None] = []
+    taken: set[int] = set()
+    for o, a in zip(graph.outputs, graph.output_aliases):
+        if a is not None:
+            fresh.append(None)
+            continue
+        t = detached(env[o])
+        if t.untyped_storage().data_ptr() in taken and t.numel():
+            t = _fresh(t)  # a plan may have made two outputs views of one buffer; the original did not
+        taken.add(t.untyped_storage().data_ptr())
+        fresh.append(t)
     for i, val in finals.items():
         inputs[i].copy_(val)
     result: list[torch.Tensor] = []

@@ -72,6 +72,8 @@ class SegmentedFusion:
     segments: tuple[Segment, ...]
     boundaries: tuple[Boundary, ...] = ()
     merges: int = 0
+    #: The alias pass that produced this ("post", "pre", "off"); None straight out of the segmenter.
+    alias_mode: str | None = None
     #: Filled in by the alias pass (alias.apply_aliases); None straight out of the segmenter.
     alias_report: object | None = field(default=None, compare=False)
 
@@ -95,9 +97,26 @@ class SegmentedFusion:
 
 
 def bytes_floor(sf: SegmentedFusion) -> int:
+    """Graph inputs whose data some op reads (not only views of them), plus graph outputs that
+    are not views of inputs. A property of the graph: the same for every plan of it."""
+    from .ops import OpKind, op_info  # local: ops is below segments in the import order
+
     g = sf.graph
-    read_by_launch = {v for s in sf.segments if s.launches_kernel for v in s.inputs}
-    floor = sum(inp.meta.nbytes for inp in g.inputs if inp.name in read_by_launch)
+    root: dict[str, str] = {}
+    read: set[str] = set()
+    for node in g.nodes:
+        is_view = op_info(node.op).kind == OpKind.VIEW
+        for v in node.inputs:
+            base = root.get(v, v)
+            if is_view:
+                for o in node.outputs:
+                    if o is not None:
+                        root[o] = base
+            else:
+                read.add(base)
+    for m in g.mutations:
+        read.add(root.get(m.value, m.value))
+    floor = sum(inp.meta.nbytes for inp in g.inputs if inp.name in read)
     seen: set[str] = set()
     for name, alias in zip(g.outputs, g.output_aliases):
         if (alias is None or alias.source != "input") and name not in seen and name not in g.input_names:
@@ -109,3 +128,62 @@ def bytes_floor(sf: SegmentedFusion) -> int:
 def footprint(metas: list[TensorMeta], whole: TensorMeta) -> int:
     """Bytes a segment reads of one input: what its view chains touch, at most the whole value."""
     return min(whole.nbytes, sum(m.nbytes for m in metas)) if metas else whole.nbytes
+
+
+def contiguous_nbytes(m: TensorMeta) -> int:
+    """Bytes of a value once made contiguous (every element written, stride-0 dims included)."""
+    return m.numel * m.itemsize
+
+
+def build_segment(
+    graph: FusionGraph, index: int, kind: SegmentKind, nodes: list[Node] | tuple[Node, ...],
+    materialized: frozenset[str] = frozenset(),
+) -> Segment:
+    """A segment over ``nodes`` (any order; kept in graph order), with its inputs, outputs and
+    modeled bytes. Values in ``materialized`` cross segment boundaries as contiguous copies
+    (the "pre" and "off" alias modes): they are read and written whole."""
+    from .ops import OpKind, op_info  # local: ops is below segments in the import order
+
+    position = graph.node_index
+    nodes = tuple(sorted(nodes, key=lambda n: position[n.name]))
+    names = {n.name for n in nodes}
+    inside = {o for n in nodes for o in n.outputs if o is not None}
+    inputs = list(dict.fromkeys(v for n in nodes for v in n.inputs if v not in inside))
+    external = set(graph.outputs) | {m.value for m in graph.mutations}
+    outputs = [
+        o for n in nodes for o in n.outputs
+        if o is not None and (o in external or any(u.name not in names for u in graph.users.get(o, ())))
+    ]
+    metas = graph.metas
+    if kind == SegmentKind.METADATA:
+        return Segment(index, kind, nodes, tuple(inputs), tuple(outputs), 0, 0)
+    local_users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for v in n.inputs:
+            local_users.setdefault(v, []).append(n)
+    out_set = set(outputs)
+
+    def read_metas(v: str) -> list[TensorMeta]:
+        found: list[TensorMeta] = []
+        stack, seen = [v], set()
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            users = local_users.get(x, ())
+            views = [u for u in users if op_info(u.op).kind == OpKind.VIEW]
+            if x in out_set or len(views) < len(users):
+                if x == v:
+                    return []  # read whole
+                found.append(metas[x])
+            stack.extend(o for u in views for o in u.outputs if o is not None)
+        return found
+
+    def read(v: str) -> int:
+        if v in materialized:
+            return contiguous_nbytes(metas[v])
+        return footprint(read_metas(v), metas[v])
+
+    written = sum(contiguous_nbytes(metas[v]) if v in materialized else metas[v].nbytes for v in outputs)
+    return Segment(index, kind, nodes, tuple(inputs), tuple(outputs), sum(read(v) for v in inputs), written)

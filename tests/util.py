@@ -35,13 +35,16 @@ def layout(t: torch.Tensor) -> tuple:
 def assert_matches_eager(
     fn: Callable[..., Any], user_inputs: Sequence[torch.Tensor], graph: FusionGraph,
     module: torch.nn.Module | None = None, atol: float = 1e-5, rtol: float = 1e-5,
+    program: Callable[..., list[torch.Tensor]] | None = None,
 ) -> None:
-    """Run eager and the graph on identical copies; compare everything observable."""
+    """Run eager and the graph (or a compiled ``program`` of it) on identical copies; compare
+    everything observable: values, dtypes, shapes, strides, offsets, which outputs share storage
+    with which inputs and outputs, and the inputs' values afterwards."""
     eager_in = clone_inputs(user_inputs)
     graph_user = clone_inputs(user_inputs)
     eager_out = [t for t in pytree.tree_leaves(fn(*eager_in)) if isinstance(t, torch.Tensor)]
     full = bind_inputs(graph, module, graph_user)
-    graph_out = run_graph(graph, full)
+    graph_out = program(*full) if program is not None else run_graph(graph, full)
     assert len(eager_out) == len(graph_out)
     for j, (e, g) in enumerate(zip(eager_out, graph_out)):
         assert layout(e) == layout(g), f"output {j}: eager {layout(e)} graph {layout(g)}"

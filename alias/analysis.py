@@ -1,0 +1,76 @@
+"""Alias analysis of one segment: which values are views, and of what.
+
+Answers questions; changes nothing (the rewrite is alias/rewrite.py).
+
+Note [views from metas]: every value's TensorMeta was computed by torch's own meta functions on
+FakeTensors whose storages are shared exactly as at run time (segmenter.meta), so a VIEW op's
+output meta *is* its layout in its root's storage, absolute offset included. An op counts as a
+view only when torch guarantees one: ATen view ops always alias (``view`` errors rather than
+copy); ``reshape`` aliases only when a view is possible, which the layout algebra decides.
+Conservative: anything else is not an alias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
+
+__all__ = ["SegmentAliases", "analyze_segment", "is_true_view"]
+
+# View ops that may copy, by op: decided by the layout algebra from the input's layout.
+_MAYBE_COPY = frozenset({"aten.reshape.default"})
+
+
+def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
+    """Whether ``node`` returns views of its (first) tensor input, with the reason if not."""
+    info = op_info(node.op)
+    if info.kind != OpKind.VIEW:
+        return False, f"{node.op} computes a new tensor"
+    if not node.inputs:
+        return False, f"{node.op} has no tensor input"
+    if node.op in _MAYBE_COPY:
+        try:
+            from .layout import Layout, NeedsCopy, apply_view_op
+        except ImportError:  # pragma: no cover - the algebra is part of this package
+            return False, "reshape: no layout algebra to decide"
+        src = graph.metas[node.inputs[0]]
+        result = apply_view_op(Layout.from_meta(src), node.op, node.args[1:], dict(node.kwargs))
+        if isinstance(result, NeedsCopy):
+            return False, f"reshape needs a copy: {result.reason}"
+    return True, ""
+
+
+@dataclass
+class SegmentAliases:
+    """What one segment's values are views of."""
+
+    #: value -> its root: the segment input or the value computed in the segment it views.
+    root: dict[str, str] = field(default_factory=dict)
+    #: why a VIEW-kind node was not treated as a view (by node name).
+    not_views: dict[str, str] = field(default_factory=dict)
+
+    def view_of_input(self, seg: Segment, v: str) -> bool:
+        return self.root.get(v, v) in seg.inputs and v in self.root
+
+    def view_of_computed(self, seg: Segment, v: str) -> bool:
+        return v in self.root and self.root[v] not in seg.inputs
+
+    def layout(self, graph: FusionGraph, v: str) -> TensorMeta:
+        return graph.metas[v]
+
+
+def analyze_segment(graph: FusionGraph, seg: Segment) -> SegmentAliases:
+    facts = SegmentAliases()
+    for node in seg.nodes:
+        ok, why = is_true_view(graph, node)
+        if not ok:
+            if op_info(node.op).kind == OpKind.VIEW:
+                facts.not_views[node.name] = why
+            continue
+        src = node.inputs[0]
+        base = facts.root.get(src, src)
+        for o in node.outputs:
+            if o is not None:
+                facts.root[o] = base
+    return facts

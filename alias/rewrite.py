@@ -1,0 +1,162 @@
+"""The alias rewrites: post (per segment, after the cut), pre (graph outputs only), off.
+
+Note [metadata segments]: a segment's outputs fall in three groups (alias/analysis.py):
+  views of the segment's inputs   -> a METADATA segment before the kernel (no launch);
+  views of a value it computes    -> the kernel writes that value; a METADATA segment after it
+                                     makes the views ((a + 1).expand(4, n) stays stride 0);
+  everything else                 -> the kernel.
+A segment left with no computed output becomes METADATA as a whole: the lone slice of nvFuser
+#2577 launches nothing. Kernel inputs that are views are read strided in place: the runtime hands
+the kernel the view itself.
+
+Note [outputs that must stay copies]: a rewrite may not make a graph output alias an input or
+another output unless the original program did (Inductor's rule; seeds/003). So a graph output
+becomes metadata only where the original program returned a view (``output_aliases``), or where
+it is the only graph output viewing a value that nothing else sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from segmenter import FusionGraph, Node, OpKind, Segment, SegmentedFusion, SegmentKind, op_info
+from segmenter.segments import build_segment
+
+from .analysis import SegmentAliases, analyze_segment
+
+__all__ = ["SegmentReport", "rewrite"]
+
+
+@dataclass(frozen=True)
+class SegmentReport:
+    """What the pass found in one segment of the input (by its index there)."""
+
+    segment: int
+    kind: SegmentKind
+    became: tuple[SegmentKind, ...]  # kinds of the segments it was split into
+    views_of_inputs: tuple[tuple[str, str], ...]  # (value, root) turned into metadata
+    views_of_outputs: tuple[tuple[str, str], ...]  # (value, computed root) as metadata after the kernel
+    kept_in_kernel: tuple[tuple[str, str], ...]  # (value, why it could not be a view)
+
+
+def _ancestors(targets: list[str], made_by: dict[str, Node]) -> set[str]:
+    """Names of the nodes inside the segment needed to compute ``targets``."""
+    need: set[str] = set()
+    stack = [made_by[t] for t in targets if t in made_by]
+    while stack:
+        n = stack.pop()
+        if n.name in need:
+            continue
+        need.add(n.name)
+        stack.extend(made_by[v] for v in n.inputs if v in made_by)
+    return need
+
+
+class _Rewriter:
+    def __init__(self, sf: SegmentedFusion, mode: str) -> None:
+        self.sf, self.mode, self.graph = sf, mode, sf.graph
+        g = self.graph
+        self.output_alias = {}
+        for name, alias in zip(g.outputs, g.output_aliases):
+            self.output_alias.setdefault(name, alias)
+        self.mutation_values = {m.value for m in g.mutations}
+        self.graph_inputs = set(g.input_names)
+        self.global_root = self._global_roots()
+        self.family_outputs: dict[str, int] = {}
+        for v in set(g.outputs):
+            base = self.global_root.get(v, v)
+            self.family_outputs[base] = self.family_outputs.get(base, 0) + 1
+
+    def _global_roots(self) -> dict[str, str]:
+        roots: dict[str, str] = {}
+        for node in self.graph.nodes:
+            if op_info(node.op).kind == OpKind.VIEW and node.inputs and node.op != "aten.reshape.default":
+                base = roots.get(node.inputs[0], node.inputs[0])
+                for o in node.outputs:
+                    if o is not None:
+                        roots[o] = base
+        return roots
+
+    def metadata_allowed(self, seg: Segment, facts: SegmentAliases, v: str) -> str | None:
+        """None if output ``v`` of ``seg`` may be produced as a view; else why not."""
+        if self.mode == "off":
+            return "alias mode off"
+        is_output = v in self.output_alias
+        if self.mode == "pre":
+            if not is_output:
+                return "pre: only graph outputs that are views of graph inputs become metadata"
+            if self.global_root.get(v) not in self.graph_inputs or self.output_alias[v] is None:
+                return "pre: not a view of a graph input in the original program"
+            return None
+        if not is_output or self.output_alias[v] is not None:
+            return None
+        # A graph output that was a copy: a view only of a buffer no one else can see.
+        base = self.global_root.get(v, v)
+        if base in self.graph_inputs:
+            return "a graph output that was a copy in the original program stays a copy"
+        if base in self.output_alias or base in self.mutation_values or self.family_outputs.get(base, 0) > 1:
+            return "its storage would be shared with another output: it stays a copy"
+        return None
+
+    def split(self, seg: Segment) -> tuple[list[tuple[SegmentKind, list[Node]]], SegmentReport]:
+        facts = analyze_segment(self.graph, seg)
+        made_by = {o: n for n in seg.nodes for o in n.outputs if o is not None}
+        vin, vcomp, kept = [], [], []
+        computed = []
+        for v in seg.outputs:
+            if v not in facts.root:
+                computed.append(v)
+                continue
+            why = self.metadata_allowed(seg, facts, v)
+            if why is not None:
+                kept.append((v, why))
+                computed.append(v)
+            elif facts.view_of_input(seg, v):
+                vin.append(v)
+            else:
+                vcomp.append(v)
+        kernel_targets = computed + [facts.root[v] for v in vcomp]
+        k_nodes = _ancestors(kernel_targets, made_by)
+        k_nodes |= {n.name for n in seg.nodes if op_info(n.op).kind != OpKind.VIEW}
+        in_nodes = _ancestors(vin, made_by)
+        k_nodes -= in_nodes  # the kernel reads these views strided, as inputs
+        out_nodes = _ancestors(vcomp, made_by) - k_nodes - in_nodes
+        for n in seg.nodes:  # views nothing needs: with whichever side they hang from
+            if n.name not in k_nodes | in_nodes | out_nodes:
+                (in_nodes if facts.view_of_input(seg, n.outputs[0] or "") else k_nodes).add(n.name)
+        by_name = {n.name: n for n in seg.nodes}
+        parts: list[tuple[SegmentKind, list[Node]]] = []
+        for kind, names in ((SegmentKind.METADATA, in_nodes), (seg.kind, k_nodes), (SegmentKind.METADATA, out_nodes)):
+            if names:
+                parts.append((kind, [by_name[x] for x in names]))
+        report = SegmentReport(
+            seg.index, seg.kind, tuple(k for k, _ in parts),
+            tuple((v, facts.root[v]) for v in vin), tuple((v, facts.root[v]) for v in vcomp),
+            tuple(kept) + tuple((name, why) for name, why in facts.not_views.items()),
+        )
+        return parts, report
+
+
+def rewrite(sf: SegmentedFusion, mode: str) -> tuple[SegmentedFusion, list[SegmentReport]]:
+    r = _Rewriter(sf, mode)
+    parts: list[tuple[SegmentKind, list[Node]]] = []
+    reports: list[SegmentReport] = []
+    for seg in sf.segments:
+        if seg.kind in (SegmentKind.OPAQUE, SegmentKind.METADATA) or mode == "off":
+            parts.append((seg.kind, list(seg.nodes)))
+            continue
+        split, report = r.split(seg)
+        parts.extend(split)
+        reports.append(report)
+    graph: FusionGraph = sf.graph
+    materialized: frozenset[str] = frozenset()
+    if mode in ("pre", "off"):
+        # Today's fusers: every value passed between launches is a contiguous buffer.
+        made = {o: k for k, (kind, nodes) in enumerate(parts) for n in nodes for o in n.outputs if o is not None}
+        used_elsewhere = {
+            v for k, (kind, nodes) in enumerate(parts) for n in nodes for v in n.inputs
+            if v in made and made[v] != k
+        }
+        materialized = frozenset(v for v in used_elsewhere if parts[made[v]][0] != SegmentKind.METADATA)
+    segments = tuple(build_segment(graph, i, kind, nodes, materialized) for i, (kind, nodes) in enumerate(parts))
+    return SegmentedFusion(graph, segments, sf.boundaries, sf.merges, alias_mode=mode), reports

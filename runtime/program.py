@@ -1,0 +1,145 @@
+"""A compiled program: a flat list of launches over a plan from the segmenter and alias pass.
+
+    launches:  METADATA  -> views made with as_strided on the storage they view (no kernel)
+               kernels   -> the backend's callable for the segment (torch: its ops in order)
+               OPAQUE    -> the op on torch
+Everything that can be decided at compile time is: which op runs, which values each launch
+reads, which values die after it (freed right after their last use; a view keeps its base alive
+for as long as it lives), and, in the "pre"/"off" modes, which values cross a launch boundary as
+contiguous copies, as today's fusers make them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind, TensorMeta
+from segmenter.meta import run_node
+from segmenter.reference import check_inputs, finish
+
+__all__ = ["CompiledProgram", "Launch", "compile_program"]
+
+Env = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Launch:
+    segment: int
+    kind: SegmentKind
+    backend: str  # "metadata", "torch", ...
+    run: Callable[[Env], None]
+    frees: tuple[str, ...]  # values dead after this launch
+
+
+def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
+    """Each output as one as_strided over the tensor its view chain starts from."""
+    made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
+    plans = []
+    for o in seg.outputs:
+        src = o
+        while src in made:
+            src = made[src].inputs[0]
+        want, have = graph.metas[o], graph.metas[src]
+        if want.dtype != have.dtype:  # view(dtype) somewhere in the chain: replay the ops
+            plans.append((o, None, None))
+            continue
+        plans.append((o, src, (want.shape, want.stride, want.storage_offset - have.storage_offset)))
+    nodes = seg.nodes
+
+    def run(env: Env) -> None:
+        replayed = False
+        for o, src, layout in plans:
+            if src is None:
+                if not replayed:
+                    for node in nodes:
+                        for name, val in zip(node.outputs, run_node(node, env)):
+                            if name is not None:
+                                env[name] = val
+                    replayed = True
+                continue
+            t = env[src]
+            shape, stride, delta = layout
+            env[o] = t.as_strided(shape, stride, t.storage_offset() + delta)
+
+    return run
+
+
+def _torch_launch(graph: FusionGraph, seg: Segment, materialize: frozenset[str]) -> Callable[[Env], None]:
+    nodes = seg.nodes
+    outputs = seg.outputs
+    metas: dict[str, TensorMeta] = {o: graph.metas[o] for o in outputs}
+    inputs = seg.inputs
+
+    def run(env: Env) -> None:
+        local = {v: env[v] for v in inputs}
+        for node in nodes:
+            for name, val in zip(node.outputs, run_node(node, local)):
+                if name is not None:
+                    local[name] = val
+        in_storages = {local[v].untyped_storage().data_ptr() for v in inputs}
+        for o in outputs:
+            t = local[o]
+            if o in materialize:
+                t = t.contiguous() if t.untyped_storage().data_ptr() not in in_storages else t.clone(
+                    memory_format=torch.contiguous_format)
+            elif t.untyped_storage().data_ptr() in in_storages and seg.kind != SegmentKind.OPAQUE:
+                # A launch writes its outputs: a view it would hand back is copied, with its layout.
+                m = metas[o]
+                t = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
+            env[o] = t
+
+    return run
+
+
+class CompiledProgram:
+    """Call it like the graph: ``program(*inputs) -> list of outputs``."""
+
+    def __init__(self, plan: SegmentedFusion, backend: str = "auto") -> None:
+        if backend not in ("auto", "torch"):
+            raise ValueError(f"backend {backend!r} is not available yet (available: auto, torch)")
+        self.plan = plan
+        self.graph = graph = plan.graph
+        self.fallbacks: list[str] = []
+        if backend == "auto":
+            self.fallbacks.append("auto: only the torch backend exists yet; every kernel runs on torch")
+        keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names)
+        last_use: dict[str, int] = {}
+        for seg in plan.segments:
+            for v in seg.inputs:
+                last_use[v] = seg.index
+        materialize = frozenset()
+        if plan.alias_mode in ("pre", "off"):
+            made = {o: s.index for s in plan.segments for o in s.outputs}
+            materialize = frozenset(
+                v for s in plan.segments for v in s.inputs
+                if v in made and plan.segments[made[v]].kind != SegmentKind.METADATA and v not in keep
+            )
+        launches = []
+        for seg in plan.segments:
+            frees = tuple(v for v, k in last_use.items() if k == seg.index and v not in keep)
+            if seg.kind == SegmentKind.METADATA:
+                launches.append(Launch(seg.index, seg.kind, "metadata", _metadata_launch(graph, seg), frees))
+            else:
+                launches.append(Launch(seg.index, seg.kind, "torch", _torch_launch(graph, seg, materialize), frees))
+        self.launches = tuple(launches)
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        graph = self.graph
+        check_inputs(graph, inputs)
+        env: Env = dict(zip(graph.input_names, inputs))
+        for launch in self.launches:
+            launch.run(env)
+            for v in launch.frees:
+                del env[v]
+        return finish(graph, list(inputs), env)
+
+
+def compile_program(plan: SegmentedFusion, backend: str = "auto") -> CompiledProgram:
+    return CompiledProgram(plan, backend)
+
+
+def run(plan: SegmentedFusion, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return CompiledProgram(plan)(*inputs)
