@@ -82,16 +82,21 @@ def _torch_launch(graph: FusionGraph, seg: Segment, materialize: frozenset[str])
         in_storages = {local[v].untyped_storage().data_ptr() for v in inputs}
         for o in outputs:
             t = local[o]
+            m = metas[o]
             if o in materialize:
                 t = t.contiguous() if t.untyped_storage().data_ptr() not in in_storages else t.clone(
                     memory_format=torch.contiguous_format)
-            elif t.untyped_storage().data_ptr() in in_storages and seg.kind != SegmentKind.OPAQUE:
-                # A launch writes its outputs: a view it would hand back is copied, with its layout.
-                m = metas[o]
+            elif (t.untyped_storage().data_ptr() in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m):
+                # A launch writes its outputs, in the layout the plan was compiled for (graph
+                # outputs keep eager's strides even where a contiguous copy fed the kernel).
                 t = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
             env[o] = t
 
     return run
+
+
+def _same_strides(t: torch.Tensor, m: TensorMeta) -> bool:
+    return tuple(t.shape) == m.shape and all(a == b for n, a, b in zip(m.shape, t.stride(), m.stride) if n > 1)
 
 
 class CompiledProgram:

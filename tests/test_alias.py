@@ -1,0 +1,192 @@
+"""The alias pass: tables of programs with the kernels, metadata ops and aliasing each mode gives,
+run through the runtime against eager in every mode."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import runtime
+from alias import MODES, apply_aliases, check
+from perf import zoo
+from segmenter import SegmentedFusion, SegmenterOptions, SegmentKind, capture, segment
+from segmenter.from_torch import bind_inputs
+
+from .util import assert_matches_eager
+
+ONE_OP = SegmenterOptions(max_ops_per_segment=1)
+
+
+def _plan(fn, inputs, mode: str, options: SegmenterOptions | None = None) -> tuple[SegmentedFusion, SegmentedFusion]:
+    sf = segment(capture(fn, inputs), options)
+    plan = apply_aliases(sf, mode)
+    assert check(sf, plan) == []
+    return sf, plan
+
+
+def _expanded_view_output(a):
+    return (a + 1).expand(4, a.shape[0])
+
+
+def _strided_read(x):
+    return x[1:].t() * 2
+
+
+def _mutate_through_view(a):
+    b = a * 2
+    c = b[:]
+    c.tanh_()
+    return a * b
+
+
+def _mutate_input_and_view(x):
+    x.add_(1).sin_().mul_(5)
+    return x.sum()
+
+
+# name, program, inputs, options, {mode: (kernels, metadata)}
+TABLE = [
+    ("clone-stays-a-copy", lambda x: x.clone(), lambda: [torch.randn(4, 6)], None,
+     {"off": (1, 0), "pre": (1, 0), "post": (1, 0)}),
+    ("view-of-input-is-metadata", lambda x: x.view(-1), lambda: [torch.randn(4, 6)], None,
+     {"off": (1, 0), "pre": (0, 1), "post": (0, 1)}),
+    ("slice-t-read-strided", _strided_read, lambda: [torch.randn(5, 6)], ONE_OP,
+     {"off": (3, 0), "pre": (3, 0), "post": (1, 2)}),
+    ("reshape-of-expand-is-a-copy", lambda x: x.unsqueeze(0).expand(3, 2, 4).reshape(-1) + 1,
+     lambda: [torch.randn(2, 4)], ONE_OP, {"off": (5, 0), "pre": (5, 0), "post": (2, 3)}),
+    ("expanded-output-stays-stride-0", _expanded_view_output, lambda: [torch.randn(6)], None,
+     {"off": (1, 0), "pre": (1, 0), "post": (1, 1)}),
+    ("mutation-through-a-view-of-an-intermediate", _mutate_through_view, lambda: [torch.randn(3, 4)], None,
+     {"off": (1, 0), "pre": (1, 0), "post": (1, 0)}),
+    ("inplace-chain-on-input", _mutate_input_and_view, lambda: [torch.randn(8)], None,
+     {"off": (1, 0), "pre": (1, 0), "post": (1, 0)}),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name,fn,make_inputs,options,expected", TABLE, ids=[t[0] for t in TABLE])
+def test_alias_table(name, fn, make_inputs, options, expected, mode) -> None:
+    torch.manual_seed(0)
+    inputs = make_inputs()
+    sf, plan = _plan(fn, inputs, mode, options)
+    stats = plan.stats()
+    assert (stats["kernels"], stats["metadata"]) == expected[mode], str(plan.alias_report)
+    assert all(s.bytes_moved == 0 for s in plan.segments if s.kind == SegmentKind.METADATA)
+    assert_matches_eager(fn, inputs, plan.graph, program=runtime.compile(plan))
+
+
+def test_expanded_output_is_a_view_of_the_kernel_buffer() -> None:
+    _, plan = _plan(_expanded_view_output, [torch.randn(6)], "post")
+    out = runtime.compile(plan)(torch.randn(6))[0]
+    assert out.stride() == (0, 1)
+    kernel = next(s for s in plan.segments if s.kind == SegmentKind.POINTWISE)
+    assert kernel.bytes_written == 6 * 4  # a + 1, not the 4 x 6 expansion
+
+
+def test_strided_kernel_input_is_not_materialized() -> None:
+    _, plan = _plan(_strided_read, [torch.randn(5, 6)], "post", ONE_OP)
+    kernel = next(s for s in plan.segments if s.kind == SegmentKind.POINTWISE)
+    (v,) = kernel.inputs
+    meta = plan.graph.metas[v]
+    assert meta.stride == (1, 6) and meta.storage_offset == 6  # x[1:].t(), read in place
+    assert kernel.bytes_read == 4 * 4 * 6
+
+
+def test_seed_rope_with_a_cut_at_every_op() -> None:
+    """NVIDIA/Fuser#2577: no kernel for a segment that only slices or views."""
+    fn, inputs = zoo.get("rope-seed").factory()
+    graph = capture(fn, inputs)
+    sf = segment(graph, ONE_OP)
+    plans = {mode: apply_aliases(sf, mode) for mode in MODES}
+    for plan in plans.values():
+        assert check(sf, plan) == []
+    post = plans["post"]
+    view_only = [s for s in sf.segments if all(n.op.split(".")[1] in {
+        "view", "permute", "split_with_sizes", "expand", "slice", "_unsafe_view"} for n in s.nodes)]
+    assert view_only, "the forced cut must leave view-only segments"
+    kinds = {s.nodes[0].name: s.kind for s in post.segments}
+    assert all(kinds[s.nodes[0].name] == SegmentKind.METADATA for s in view_only)
+    assert post.stats()["kernels"] == sf.stats()["kernels"] - len(view_only)
+    assert plans["pre"].stats()["kernels"] == sf.stats()["kernels"]  # what today's fusers pay
+    assert post.stats()["bytes_moved"] < plans["pre"].stats()["bytes_moved"]
+    for mode in MODES:
+        assert_matches_eager(fn, inputs, graph, program=runtime.compile(plans[mode]))
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "bert-tiny"])
+def test_transformers_in_every_mode(name: str) -> None:
+    model, inputs = zoo.get(name).factory()
+    graph = capture(model, inputs)
+    sf = segment(graph)
+    for mode in MODES:
+        plan = apply_aliases(sf, mode)
+        assert check(sf, plan) == []
+        with torch.no_grad():
+            assert_matches_eager(model, inputs, graph, module=model, program=runtime.compile(plan), atol=1e-4, rtol=1e-4)
+
+
+def test_batch_norm_running_stats_through_the_runtime() -> None:
+    bn = torch.nn.BatchNorm1d(4).train()
+    x = torch.randn(8, 4)
+    graph = capture(copy.deepcopy(bn), [x])
+    eager_bn, ours = copy.deepcopy(bn), copy.deepcopy(bn)
+    expected = eager_bn(x)
+    plan = apply_aliases(segment(graph), "post")
+    (got,) = runtime.compile(plan)(*bind_inputs(graph, ours, [x]))
+    torch.testing.assert_close(got, expected)
+    for name, buf in eager_bn.named_buffers():
+        torch.testing.assert_close(ours.get_buffer(name), buf, msg=name)
+
+
+def test_idempotent() -> None:
+    fn, inputs = zoo.get("rope-seed").factory()
+    sf = segment(capture(fn, inputs), ONE_OP)
+    for mode in MODES:
+        once = apply_aliases(sf, mode)
+        assert apply_aliases(once, mode) == once
+
+
+def test_modes_do_not_mix() -> None:
+    sf = segment(capture(lambda x: x.view(-1), [torch.randn(3, 2)]))
+    with pytest.raises(ValueError, match="already went through"):
+        apply_aliases(apply_aliases(sf, "post"), "pre")
+    with pytest.raises(ValueError, match="must be one of"):
+        apply_aliases(sf, "sideways")  # type: ignore[arg-type]
+
+
+# -- the checker rejects planted violations ---------------------------------------------------------
+
+def _retag(plan: SegmentedFusion, index: int, kind: SegmentKind) -> SegmentedFusion:
+    segs = list(plan.segments)
+    segs[index] = dataclasses.replace(segs[index], kind=kind)
+    return dataclasses.replace(plan, segments=tuple(segs))
+
+
+def test_checker_rejects_a_clone_output_aliasing_its_input() -> None:
+    sf, plan = _plan(lambda x: x.clone(), [torch.randn(3)], "post")
+    bad = _retag(plan, 0, SegmentKind.METADATA)
+    problems = check(sf, bad)
+    assert any("not a view" in p for p in problems)
+
+
+def test_checker_rejects_a_view_output_that_would_alias_an_input() -> None:
+    sf, plan = _plan(lambda x: x.t().contiguous().view(-1), [torch.randn(3, 2)], "post", ONE_OP)
+    bad_graph = dataclasses.replace(plan.graph, nodes=plan.graph.nodes)
+    bad = dataclasses.replace(plan, graph=bad_graph)
+    bad = _retag(bad, [s.kind for s in bad.segments].index(SegmentKind.POINTWISE), SegmentKind.METADATA)
+    assert any("alias an input" in p or "not a view" in p for p in check(sf, bad))
+
+
+def test_checker_rejects_a_missing_write_back() -> None:
+    sf, plan = _plan(_mutate_input_and_view, [torch.randn(4)], "post")
+    bad = dataclasses.replace(plan, graph=dataclasses.replace(plan.graph, mutations=()))
+    assert any("write-backs differ" in p for p in check(sf, bad))
+
+
+def test_checker_rejects_a_materialized_view_output() -> None:
+    sf, plan = _plan(lambda x: x.view(-1), [torch.randn(3, 2)], "post")
+    bad = dataclasses.replace(plan, graph=dataclasses.replace(plan.graph, output_aliases=(None,)))
+    assert any("output aliasing differs" in p for p in check(sf, bad))
