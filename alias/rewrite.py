@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from segmenter import FusionGraph, Node, OpKind, Segment, SegmentedFusion, SegmentKind, op_info
+from segmenter import Boundary, FusionGraph, Node, OpKind, Segment, SegmentedFusion, SegmentKind, op_info
 from segmenter.segments import build_segment
 
 from .analysis import SegmentAliases, analyze_segment
@@ -159,4 +159,23 @@ def rewrite(sf: SegmentedFusion, mode: str) -> tuple[SegmentedFusion, list[Segme
         }
         materialized = frozenset(v for v in used_elsewhere if parts[made[v]][0] != SegmentKind.METADATA)
     segments = tuple(build_segment(graph, i, kind, nodes, materialized) for i, (kind, nodes) in enumerate(parts))
-    return SegmentedFusion(graph, segments, sf.boundaries, sf.merges, alias_mode=mode), reports
+    return SegmentedFusion(graph, segments, _boundaries(sf, segments), sf.merges, alias_mode=mode), reports
+
+
+def _boundaries(before: SegmentedFusion, segments: tuple[Segment, ...]) -> tuple[Boundary, ...]:
+    """The cuts of the new plan, each with the segmenter's reason, or the alias pass's own."""
+    old_seg = before.segment_of()
+    reasons = {(b.value, b.consumer): b.reason for b in before.boundaries}
+    made = {o: s.index for s in segments for o in s.outputs}
+    out = []
+    for s in segments:
+        origin = old_seg[s.nodes[0].name]
+        for v in s.inputs:
+            if v not in made:
+                continue
+            why = reasons.get((v, origin))
+            if why is None:
+                kind = segments[made[v]].kind if segments[made[v]].kind == SegmentKind.METADATA else s.kind
+                why = f"split by the alias pass: the {kind.name} part runs apart (a view needs no kernel)"
+            out.append(Boundary(v, made[v], s.index, why))
+    return tuple(out)

@@ -1,6 +1,6 @@
 """The ``fuseg`` command line.
 
-    fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal]
+    fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal] [--alias MODE]
     fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
     fuseg examples                       list the built-in examples
 
@@ -18,6 +18,7 @@ import warnings
 from collections import Counter
 from collections.abc import Sequence
 
+from alias import apply_aliases
 from segmenter import FusionGraph, GraphError, OpKind, SegmenterOptions, op_info, segment
 from segmenter.explain import describe_segments, segmentation_to_dict
 from segmenter.serialize import dump, graph_to_dict
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     seg.add_argument("--graph", action="store_true", help="also print the graph node by node")
     seg.add_argument("--max-ops", type=int, default=None, help="most ops per segment (1: cut at every op)")
     seg.add_argument("--no-horizontal", action="store_true", help="no horizontal merging")
+    seg.add_argument("--alias", choices=("post", "pre", "off"), default="post",
+                     help="alias pass: post (after the cut, default), pre (graph outputs only, as fusers do today), off")
     exp = sub.add_parser("export", help="write a target's graph as JSON")
     exp.add_argument("target", help=target_help)
     exp.add_argument("-o", "--out", required=True, help="output file")
@@ -80,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_ops is not None and args.max_ops < 1:
             return _error("--max-ops must be at least 1")
         options = SegmenterOptions(max_ops_per_segment=args.max_ops, allow_horizontal=not args.no_horizontal)
-        sf = segment(graph, options)
+        sf = apply_aliases(segment(graph, options), args.alias)
     except (GraphError, TargetError, OSError) as e:
         return _error(str(e))
     if args.json:
@@ -89,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.graph:
         print(graph, end="\n\n")
     print(describe_segments(sf, explain=args.explain))
+    if args.explain:
+        print(sf.alias_report)
     print(describe_ops(graph))
     return 0
 

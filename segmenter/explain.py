@@ -42,6 +42,7 @@ def segmentation_to_dict(sf: SegmentedFusion) -> dict[str, Any]:
     """The segmentation by node and value names, to pair with the graph's own JSON."""
     return {
         "graph": sf.graph.name,
+        "alias_mode": sf.alias_mode,
         "stats": sf.stats(),
         "segments": [
             {

@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
 from .ops import NOT_COMPUTE, op_info, op_name
 
-__all__ = ["CaptureError", "from_fx", "storage_ids"]
+__all__ = ["CaptureError", "eliminate_dead_nodes", "from_fx", "storage_ids"]
 
 
 class CaptureError(GraphError):
@@ -219,6 +219,7 @@ def from_fx(
     for i, t in enumerate(example_inputs):
         if not isinstance(t, torch.Tensor):
             raise CaptureError(f"example_inputs[{i}]: expected a tensor, got {type(t).__name__}")
+    original = gm  # aliasing is observed on the program as given, before functionalization
     if needs_functionalization(gm):
         if len(set(storage_ids(example_inputs))) != len(example_inputs):
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
@@ -238,16 +239,28 @@ def from_fx(
             raise CaptureError(f"input_updates: output {pos} -> input {idx} is out of range")
         mutations.append(Mutation(idx, outputs[pos]))
     keep = [i for i in range(len(outputs)) if i not in updates]
-    fake_in, fake_out = _run_on_fakes(gm, example_inputs)
+    fake_in, fake_out = _run_on_fakes(original, example_inputs)
     aliases = observed_aliases(fake_in, [fake_out[i] for i in keep])
+    live = set(outputs) | {m.value for m in mutations}
     return FusionGraph(
         inputs=inputs,
-        nodes=tuple(nodes),
+        nodes=tuple(eliminate_dead_nodes(nodes, live)),
         outputs=tuple(outputs[i] for i in keep),
         output_aliases=tuple(aliases),
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=name,
     )
+
+
+def eliminate_dead_nodes(nodes: Sequence[Node], live: set[str]) -> list[Node]:
+    """Drop nodes none of whose outputs is used (a functional graph has no other effects)."""
+    needed = set(live)
+    kept: list[Node] = []
+    for node in reversed(nodes):
+        if any(o is not None and o in needed for o in node.outputs):
+            kept.append(node)
+            needed.update(node.inputs)
+    return kept[::-1]
 
 
 def _run_on_fakes(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> tuple[list[object], list[object]]:

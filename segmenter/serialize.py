@@ -20,7 +20,9 @@ Schema "fusion-segmenter/graph", version 1::
 Inputs with the same ``storage`` share one storage in the caller. Nodes may come in any order;
 they are sorted topologically, and a cycle is an error naming its nodes. Every error names the
 field that is wrong (``nodes[3] ("add_1").args[0]: ...``); nothing half-loaded survives. An op
-unknown to the op table loads with a warning and runs as OPAQUE.
+unknown to the op table loads with a warning and runs as OPAQUE. A graph may hold in-place
+nodes (``aten.add_.Tensor``): it is functionalized on the way in (segmenter/functionalize.py), and
+its output aliasing and write-backs are then read from what its in-place ops do.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .functionalize import functionalize
 from .ops import op_info
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "load", "to_json"]
@@ -285,6 +288,11 @@ def graph_from_dict(d: Any) -> FusionGraph:
     for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
         warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
     try:
+        if any(op_info(n.op).mutates for n in ordered):
+            if any(a is not None for a in aliases) or mutations:
+                raise GraphFormatError("a graph with in-place nodes must not also list output_aliases or mutations: "
+                                       "they are read from its in-place ops")
+            return functionalize(name, inputs, ordered, outputs)
         return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name)
     except GraphFormatError:
         raise
