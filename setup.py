@@ -23,5 +23,8 @@ setup(
             "python_version == '3.10' or python_version == '3.12'",
         ],
     },
-    entry_points={"console_scripts": ["fuseg = perf.cli:main"]},
+    entry_points={
+        "console_scripts": ["fuseg = perf.cli:main"],
+        "torch_dynamo_backends": ["fuseg = runtime.dynamo:fuseg_backend"],
+    },
 )

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from segmenter import FusionGraph, SegmentedFusion, SegmentKind
+from segmenter.meta import meta_mismatches
 
 from .analysis import is_true_view
 
@@ -35,11 +36,12 @@ def storage_roots(sf: SegmentedFusion) -> dict[str, tuple[str, object]]:
     return roots
 
 
-def check(original: SegmentedFusion | FusionGraph, rewritten: SegmentedFusion) -> list[str]:
-    """The invariants ``rewritten`` breaks (empty: none)."""
+def check(original: SegmentedFusion | FusionGraph, rewritten: SegmentedFusion, metas: bool = True) -> list[str]:
+    """The invariants ``rewritten`` breaks (empty: none). With ``metas``, also that every value's
+    recorded layout is what FakeTensor propagation computes (segmenter.meta)."""
     orig = original.graph if isinstance(original, SegmentedFusion) else original
     g = rewritten.graph
-    problems: list[str] = []
+    problems: list[str] = meta_mismatches(g) if metas else []
     seen: dict[str, int] = {}
     made: dict[str, int] = {}
     for seg in rewritten.segments:

@@ -193,7 +193,7 @@ def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.G
         with fakes[0].fake_mode:
             return make_fx(fn, tracing_mode="real")(*example_inputs)
     mode = FakeTensorMode()
-    fake_args = [mode.from_tensor(t) for t in example_inputs]
+    fake_args = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     with mode:
         return make_fx(fn, tracing_mode="real")(*fake_args)
 
@@ -217,21 +217,27 @@ def from_fx(
     if len(placeholders) != len(example_inputs):
         raise CaptureError(f"graph has {len(placeholders)} placeholders but {len(example_inputs)} example inputs")
     for i, t in enumerate(example_inputs):
-        if not isinstance(t, torch.Tensor):
-            raise CaptureError(f"example_inputs[{i}]: expected a tensor, got {type(t).__name__}")
+        if not isinstance(t, (torch.Tensor, int, float, bool)):
+            raise CaptureError(f"example_inputs[{i}]: expected a tensor or a number, got {type(t).__name__}")
+    # Numbers (the sizes dynamo passes for symbolic shapes) are bound: the graph is specialized.
+    tensor_pos = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)]
+    tensors = [example_inputs[i] for i in tensor_pos]
     original = gm  # aliasing is observed on the program as given, before functionalization
-    if needs_functionalization(gm):
-        if len(set(storage_ids(example_inputs))) != len(example_inputs):
+    if needs_functionalization(gm) or len(tensors) != len(example_inputs):
+        if needs_functionalization(gm) and len(set(storage_ids(tensors))) != len(tensors):
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
         gm = _retrace(gm, example_inputs)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    storage = storage_ids(example_inputs)
+    storage = storage_ids(tensors)
+    tensor_phs = [placeholders[i] for i in tensor_pos]
     inputs = tuple(
-        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}"), storage=storage[i])
-        for i, (ph, t) in enumerate(zip(placeholders, example_inputs))
+        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}"), storage=storage[k])
+        for k, (ph, t) in enumerate(zip(tensor_phs, tensors))
     )
-    conv = convert_graph(gm, {ph: ValueRef(ph.name) for ph in placeholders})
-    nodes, mutations, renamed = split_epilogue(conv, {ph.name: i for i, ph in enumerate(placeholders)})
+    bound: dict[fx.Node, Arg] = {ph: ValueRef(ph.name) for ph in tensor_phs}
+    bound.update({placeholders[i]: example_inputs[i] for i in range(len(placeholders)) if i not in tensor_pos})
+    conv = convert_graph(gm, bound)
+    nodes, mutations, renamed = split_epilogue(conv, {ph.name: k for k, ph in enumerate(tensor_phs)})
     outputs = [_value_name(a, renamed, f"output {i}") for i, a in enumerate(conv.outputs)]
     updates = dict(input_updates or {})
     for pos, idx in updates.items():
@@ -240,7 +246,7 @@ def from_fx(
         mutations.append(Mutation(idx, outputs[pos]))
     keep = [i for i in range(len(outputs)) if i not in updates]
     fake_in, fake_out = _run_on_fakes(original, example_inputs)
-    aliases = observed_aliases(fake_in, [fake_out[i] for i in keep])
+    aliases = observed_aliases([fake_in[i] for i in tensor_pos], [fake_out[i] for i in keep])
     live = set(outputs) | {m.value for m in mutations}
     return FusionGraph(
         inputs=inputs,
@@ -270,7 +276,8 @@ def _run_on_fakes(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or FakeTensorMode()
-    fakes = [t if isinstance(t, FakeTensor) else mode.from_tensor(t) for t in example_inputs]
+    fakes = [t if isinstance(t, FakeTensor) or not isinstance(t, torch.Tensor) else mode.from_tensor(t)
+             for t in example_inputs]
     with mode:
         out = fx.Interpreter(gm).run(*fakes)
     return list(fakes), list(pytree.tree_leaves(out))

@@ -95,7 +95,12 @@ OPAQUE_OPS: dict[str, str] = {
     "aten._scaled_dot_product_flash_attention.default": "attention kernel",
     "aten._scaled_dot_product_efficient_attention.default": "attention kernel",
     "aten._scaled_dot_product_cudnn_attention.default": "attention kernel",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": "attention kernel",
+    "aten._scaled_dot_product_flash_attention_backward.default": "attention kernel",
+    "aten._scaled_dot_product_efficient_attention_backward.default": "attention kernel",
     "aten.scaled_dot_product_attention.default": "attention kernel",
+    "aten.native_layer_norm_backward.default": "layer-norm backward: reductions over different dims",
+    "aten.native_group_norm_backward.default": "group-norm backward: reductions over different dims",
     # sort/scan-like
     "aten.cumsum.default": "scan",
     "aten.cumprod.default": "scan",
@@ -150,6 +155,7 @@ _register(
     "aten.arange.start", "aten.arange.start_step", "aten.iota.default", "aten.flip.default",
     "aten.roll.default", "aten.repeat.default", "aten.triu.default", "aten.tril.default",
     "aten.slice_scatter.default", "aten.select_scatter.default", "aten.diagonal_scatter.default",
+    "aten.slice_backward.default", "aten.select_backward.default",
     "aten.permute_copy.default", "aten.view_copy.default", "aten.slice_copy.Tensor",
     "aten.stack.default",
 )
@@ -160,6 +166,7 @@ _register(
     "aten._native_batch_norm_legit_no_training.default", "aten._native_batch_norm_legit.no_stats",
     "aten.max.dim", "aten.min.dim", "aten.argmax.default", "aten.argmin.default",
     "aten.logsumexp.default", "aten.linalg_vector_norm.default",
+    "aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default",
 )
 _register(
     OpKind.MATMUL,
@@ -172,6 +179,7 @@ _NORMALIZATION = frozenset({
     "aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default",
     "aten.native_group_norm.default", "aten._native_batch_norm_legit_functional.default",
     "aten._native_batch_norm_legit_no_training.default", "aten._native_batch_norm_legit.no_stats",
+    "aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default",
 })
 
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
 from .functionalize import functionalize
+from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
 from .ops import op_info
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "load", "to_json"]

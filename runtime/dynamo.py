@@ -1,0 +1,76 @@
+"""``torch.compile(model, backend="fuseg")``: our segmentation stage behind AOTAutograd.
+
+AOTAutograd hands us functional ATen graphs (forward, and backward when training), with input
+mutation as a ``copy_`` epilogue (inference) or as extra outputs it writes back itself
+(training). Each graph is compiled on its first call with the real inputs, so graphs with
+symbolic sizes are specialized to the concrete shapes, and cached by the inputs' signature
+(shapes, strides, offsets, dtypes, devices, which inputs share storage): another signature
+compiles again, never misreads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from alias import apply_aliases
+from segmenter import SegmenterOptions, from_fx, segment
+from segmenter.fx_import import storage_ids
+
+from .program import CompiledProgram
+
+__all__ = ["FusegCompiler", "fuseg_backend"]
+
+
+def _signature(args: Sequence[Any]) -> tuple:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return tuple(
+        (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device) if isinstance(a, torch.Tensor) else repr(a)
+        for a in args
+    ) + (tuple(storage_ids(tensors)),)
+
+
+class FusegCompiler:
+    """The compiler AOTAutograd calls for each graph; the returned callable compiles lazily."""
+
+    def __init__(self, mode: str = "post", options: SegmenterOptions | None = None) -> None:
+        self.mode = mode
+        self.options = options or SegmenterOptions()
+        self.compiled: list[CompiledProgram] = []  # every program built, for inspection and tests
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        outs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+        present = [o is not None for o in outs]
+        if not all(present):  # backward graphs return None for inputs that need no gradient
+            out_node.args = (tuple(o for o in outs if o is not None),)
+            gm.recompile()
+        cache: dict[tuple, CompiledProgram] = {}
+
+        def run(*args: Any) -> tuple[Any, ...]:
+            key = _signature(args)
+            program = cache.get(key)
+            if program is None:
+                graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}")
+                program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode))
+                cache[key] = program
+                self.compiled.append(program)
+            results = iter(program(*(a for a in args if isinstance(a, torch.Tensor))))
+            return tuple(next(results) if p else None for p in present)
+
+        return run
+
+
+def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
+    """The dynamo backend registered as "fuseg" (setup.py's ``torch_dynamo_backends`` entry point).
+
+    ``torch.compile(model, backend="fuseg", options={"alias_mode": "pre"})`` picks the alias mode.
+    """
+    from torch._dynamo.backends.common import aot_autograd
+
+    compiler = FusegCompiler(mode=options.get("alias_mode", "post"))
+    backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, keep_inference_input_mutations=True)
+    return backend(gm, example_inputs)
