@@ -50,7 +50,11 @@ class FusegCompiler:
             gm.recompile()
         cache: dict[tuple, CompiledProgram] = {}
 
-        def run(*args: Any) -> tuple[Any, ...]:
+        def run(boxed: list[Any]) -> tuple[Any, ...]:
+            # Boxed convention: we own the argument list and clear it, so AOTAutograd's inputs
+            # (saved activations, in backward) can be freed as soon as our launches are done with them.
+            args = list(boxed)
+            boxed.clear()
             key = _signature(args)
             program = cache.get(key)
             if program is None:
@@ -58,9 +62,12 @@ class FusegCompiler:
                 program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode))
                 cache[key] = program
                 self.compiled.append(program)
-            results = iter(program(*(a for a in args if isinstance(a, torch.Tensor))))
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            del args
+            results = iter(program(*tensors))
             return tuple(next(results) if p else None for p in present)
 
+        run._boxed_call = True  # type: ignore[attr-defined]
         return run
 
 
