@@ -72,13 +72,22 @@ def _torch_launch(graph: FusionGraph, seg: Segment, materialize: frozenset[str])
     outputs = seg.outputs
     metas: dict[str, TensorMeta] = {o: graph.metas[o] for o in outputs}
     inputs = seg.inputs
+    # Intermediates die at their last use inside the segment, as they would in eager.
+    last: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for v in node.inputs:
+            last[v] = k
+    keep = set(outputs) | set(inputs)
+    dies = [tuple(v for v in node.inputs if last[v] == k and v not in keep) for k, node in enumerate(nodes)]
 
     def run(env: Env) -> None:
         local = {v: env[v] for v in inputs}
-        for node in nodes:
+        for node, dead in zip(nodes, dies):
             for name, val in zip(node.outputs, run_node(node, local)):
                 if name is not None:
                     local[name] = val
+            for v in dead:
+                del local[v]
         in_storages = {local[v].untyped_storage().data_ptr() for v in inputs}
         for o in outputs:
             t = local[o]

@@ -1,0 +1,89 @@
+"""The runtime: launches, frees, signature checks, and peak memory against eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import runtime
+from alias import MODES, apply_aliases
+from perf import zoo
+from runtime.memory import PeakTracker, modeled_peak
+from segmenter import GraphError, SegmentKind, capture, segment
+from segmenter.from_torch import bind_inputs
+from segmenter.reference import clone_inputs
+
+
+def _program(fn, inputs, mode="post"):
+    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), mode))
+
+
+@pytest.mark.parametrize("name", ["rope-seed", "mlp", "llama-tiny", "gpt2-tiny", "bert-tiny"])
+def test_peak_memory_never_above_eager(name: str) -> None:
+    fn, inputs = zoo.get(name).factory()
+    graph = capture(fn, inputs)
+    module = fn if isinstance(fn, torch.nn.Module) else None
+    with torch.no_grad():
+        with PeakTracker() as eager:
+            out = fn(*clone_inputs(inputs))
+            del out
+        for mode in MODES:
+            program = runtime.compile(apply_aliases(segment(graph), mode))
+            full = bind_inputs(graph, module, clone_inputs(inputs))
+            with PeakTracker() as ours:
+                out = program(*full)
+                del out
+            assert 0 < ours.peak <= eager.peak, (mode, ours.peak, eager.peak)
+            assert 0 < modeled_peak(program) <= eager.peak
+
+
+def test_intermediates_are_freed_after_last_use() -> None:
+    def chain(x):
+        return torch.cumsum(x.exp(), 0).sin() * 2
+
+    x = torch.randn(4, 8)
+    program = _program(chain, [x])
+    assert any(launch.frees for launch in program.launches)
+    with PeakTracker() as t:
+        program(x)
+    assert t.peak <= 2 * x.numel() * 4
+
+
+def test_metadata_segments_launch_nothing() -> None:
+    program = _program(lambda x: x[1:].t() * 2, [torch.randn(5, 6)])
+    backends = {launch.kind: launch.backend for launch in program.launches}
+    assert backends.get(SegmentKind.METADATA, "metadata") == "metadata"
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (lambda x: torch.randn(5, 7), r"expected float32\[5, 6\]"),
+        (lambda x: torch.randn(6, 5).t(), "stride"),
+        (lambda x: x.double(), "float64"),
+        (lambda x: torch.randn(30)[:30].view(5, 6), None),  # same layout, another storage: accepted
+    ],
+)
+def test_inputs_are_checked_against_the_signature(bad, message) -> None:
+    x = torch.randn(5, 6)
+    program = _program(lambda x: x * 2, [x])
+    y = bad(x)
+    if message is None:
+        torch.testing.assert_close(program(y)[0], y * 2)
+        return
+    with pytest.raises(GraphError, match=message):
+        program(y)
+
+
+def test_unexpected_shared_storage_is_refused() -> None:
+    x, y = torch.randn(4), torch.randn(4)
+    program = _program(lambda a, b: a + b, [x, y])
+    with pytest.raises(GraphError, match="shares a storage"):
+        program(x, x)
+
+
+def test_backend_choice() -> None:
+    program = _program(lambda x: x * 2, [torch.randn(3)])
+    assert program.fallbacks and "torch" in program.fallbacks[0]
+    with pytest.raises(ValueError, match="not available"):
+        runtime.compile(program.plan, backend="cupy")
