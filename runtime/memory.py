@@ -71,7 +71,11 @@ def modeled_peak(program: CompiledProgram) -> int:
     holders: dict[str, int] = {}
     size: dict[str, int] = {}
     current = peak = 0
-    for launch, seg in zip(program.launches, plan.segments):
+    last_use: dict[str, int] = {}
+    for seg in plan.segments:
+        for v in seg.inputs:
+            last_use[v] = seg.index
+    for seg in plan.segments:
         for v in seg.outputs:
             if seg.kind == SegmentKind.METADATA:
                 made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
@@ -87,7 +91,7 @@ def modeled_peak(program: CompiledProgram) -> int:
                 storage_of[v] = root
                 holders[root] = holders.get(root, 0) + 1
         peak = max(peak, current)
-        for v in launch.frees:
+        for v in (v for v, k in last_use.items() if k == seg.index):
             root = storage_of.get(v)
             if root is None or v in keep:
                 continue

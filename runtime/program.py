@@ -67,7 +67,9 @@ def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
     return run
 
 
-def _torch_launch(graph: FusionGraph, seg: Segment, materialize: frozenset[str]) -> Callable[[Env], None]:
+def _torch_launch(
+    graph: FusionGraph, seg: Segment, materialize: frozenset[str], dying: tuple[str, ...] = ()
+) -> Callable[[Env], None]:
     nodes = seg.nodes
     outputs = seg.outputs
     metas: dict[str, TensorMeta] = {o: graph.metas[o] for o in outputs}
@@ -77,18 +79,22 @@ def _torch_launch(graph: FusionGraph, seg: Segment, materialize: frozenset[str])
     for k, node in enumerate(nodes):
         for v in node.inputs:
             last[v] = k
-    keep = set(outputs) | set(inputs)
+    # Inputs whose last use in the whole program is here leave the environment at once, so they
+    # too die inside the launch, at their last use.
+    keep = set(outputs) | (set(inputs) - set(dying))
     dies = [tuple(v for v in node.inputs if last[v] == k and v not in keep) for k, node in enumerate(nodes)]
 
     def run(env: Env) -> None:
         local = {v: env[v] for v in inputs}
+        in_storages = {t.untyped_storage().data_ptr() for t in local.values()}
+        for v in dying:
+            del env[v]
         for node, dead in zip(nodes, dies):
             for name, val in zip(node.outputs, run_node(node, local)):
                 if name is not None:
                     local[name] = val
             for v in dead:
                 del local[v]
-        in_storages = {local[v].untyped_storage().data_ptr() for v in inputs}
         for o in outputs:
             t = local[o]
             m = metas[o]
@@ -137,7 +143,7 @@ class CompiledProgram:
             if seg.kind == SegmentKind.METADATA:
                 launches.append(Launch(seg.index, seg.kind, "metadata", _metadata_launch(graph, seg), frees))
             else:
-                launches.append(Launch(seg.index, seg.kind, "torch", _torch_launch(graph, seg, materialize), frees))
+                launches.append(Launch(seg.index, seg.kind, "torch", _torch_launch(graph, seg, materialize, frees), ()))
         self.launches = tuple(launches)
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
