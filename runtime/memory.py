@@ -26,6 +26,8 @@ class PeakTracker(TorchDispatchMode):
     """``with PeakTracker() as t: ...``; then ``t.peak`` is the most bytes of storages created
     inside the block that were alive at the same time."""
 
+    supports_higher_order_operators = True  # custom ops arrive as auto_functionalized: count them too
+
     def __init__(self) -> None:
         super().__init__()
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}

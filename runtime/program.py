@@ -143,7 +143,7 @@ class CompiledProgram:
             if seg.kind == SegmentKind.METADATA:
                 launches.append(Launch(seg.index, seg.kind, "metadata", _metadata_launch(graph, seg), frees))
             else:
-                launches.append(Launch(seg.index, seg.kind, "torch", _torch_launch(graph, seg, materialize, frees), ()))
+                launches.append(Launch(seg.index, seg.kind, "torch", _torch_launch(graph, seg, materialize, frees), frees))
         self.launches = tuple(launches)
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
@@ -153,7 +153,7 @@ class CompiledProgram:
         for launch in self.launches:
             launch.run(env)
             for v in launch.frees:
-                del env[v]
+                env.pop(v, None)  # torch launches drop theirs at the last use inside them
         return finish(graph, list(inputs), env)
 
 

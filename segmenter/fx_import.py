@@ -24,7 +24,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
 from .ops import NOT_COMPUTE, op_info, op_name
 
 __all__ = ["CaptureError", "eliminate_dead_nodes", "from_fx", "storage_ids"]
@@ -78,6 +78,8 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
             return tuple(arg(x, f"{where}[{i}]") for i, x in enumerate(a))
         if isinstance(a, _LITERALS):
             return a
+        if isinstance(a, torch._ops.OpOverload):
+            return OpRef(op_name(a))
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise CaptureError(f"{where}: symbolic value {a}; pass concrete example inputs")
         raise CaptureError(f"{where}: unsupported argument of type {type(a).__name__}")

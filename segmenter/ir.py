@@ -35,6 +35,7 @@ __all__ = [
     "GraphInput",
     "Mutation",
     "Node",
+    "OpRef",
     "TensorMeta",
     "ValueRef",
     "iter_value_refs",
@@ -141,10 +142,20 @@ class ValueRef:
         return f"%{self.name}"
 
 
+@dataclass(frozen=True)
+class OpRef:
+    """An op passed as an argument (the custom op inside ``auto_functionalized``)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
 # Arguments are literals (int, float, bool, None, str, torch.dtype/device/layout/memory_format),
 # value references, or tuples of those.
 Arg = Union[  # noqa: UP007 - a runtime alias; | on torch types needs 3.10+ objects
-    None, bool, int, float, str, ValueRef, torch.dtype, torch.device, torch.layout,
+    None, bool, int, float, str, ValueRef, OpRef, torch.dtype, torch.device, torch.layout,
     torch.memory_format, tuple,
 ]
 

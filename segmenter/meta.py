@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, TensorMeta, ValueRef
+from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
 from .ops import resolve_op
 
 __all__ = ["fake_inputs", "meta_mismatches", "propagate_metas"]
@@ -57,6 +57,11 @@ def _materialize(arg: Arg, env: dict[str, torch.Tensor]) -> object:
         return [_materialize(a, env) for a in arg]
     if isinstance(arg, torch.device):
         return torch.device(_fakeable(str(arg)))
+    if isinstance(arg, OpRef):
+        op = resolve_op(arg.name)
+        if op is None:
+            raise GraphError(f"op argument {arg.name} is not known to torch")
+        return op
     return arg
 
 

@@ -114,6 +114,7 @@ OPAQUE_OPS: dict[str, str] = {
     "aten.avg_pool2d.default": "library kernel (pooling)",
     # higher-order ops carrying custom ops (mutation described by their arguments)
     "higher_order.auto_functionalized": "custom op",
+    "higher_order.auto_functionalized_v2": "custom op",
     "higher_order.with_effects": "custom op with effects",
 }
 
@@ -194,8 +195,10 @@ def op_name(target: object) -> str:
 
 
 @cache
-def resolve_op(name: str) -> torch._ops.OpOverload | None:
+def resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.HigherOrderOperator | None:
     """``aten.add.Tensor`` -> torch.ops.aten.add.Tensor, or None if torch has no such op."""
+    if name.startswith("higher_order."):
+        return getattr(torch.ops.higher_order, name.removeprefix("higher_order."), None)
     parts = name.split(".")
     if len(parts) != 3:
         return None
@@ -212,6 +215,8 @@ def op_info(name: str) -> OpInfo:
     if name in OPAQUE_OPS:
         return OpInfo(name, OpKind.OPAQUE, True, reason=OPAQUE_OPS[name])
     op = resolve_op(name)
+    if op is not None and not isinstance(op, torch._ops.OpOverload):
+        return OpInfo(name, OpKind.OPAQUE, False, reason="higher-order op")
     if op is not None:
         schema = op._schema
         writes = any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)

@@ -14,6 +14,7 @@ Schema "fusion-segmenter/graph", version 1::
     META = {"shape": [int], "stride": [int], "storage_offset": int, "dtype": "float32", "device": "cpu"}
     ARG  = int | float | bool | null | str | [ARG...]
          | {"value": name}            a tensor value
+         | {"op": "mylib.foo.default"}  an op (the custom op inside auto_functionalized)
          | {"dtype": "bfloat16"} | {"device": "cuda:0"} | {"layout": "strided"}
          | {"memory_format": "contiguous_format"} | {"float": "inf"|"-inf"|"nan"}
 
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from .functionalize import functionalize
-from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
 from .ops import op_info
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "load", "to_json"]
@@ -66,6 +67,8 @@ def _meta_out(m: TensorMeta | None) -> dict[str, Any] | None:
 def _arg_out(a: Arg) -> Any:
     if isinstance(a, ValueRef):
         return {"value": a.name}
+    if isinstance(a, OpRef):
+        return {"op": a.name}
     if isinstance(a, tuple):
         return [_arg_out(x) for x in a]
     if isinstance(a, torch.dtype):
@@ -155,6 +158,8 @@ def _arg_in(a: Any, where: str) -> Arg:
         (key, val), = a.items()
         if key == "value" and isinstance(val, str):
             return ValueRef(val)
+        if key == "op" and isinstance(val, str):
+            return OpRef(val)
         table = {"dtype": _DTYPES, "layout": _LAYOUTS, "memory_format": _FORMATS}.get(key)
         if table is not None and val in table:
             return table[val]
