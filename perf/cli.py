@@ -2,6 +2,7 @@
 
     fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal] [--alias MODE]
     fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
+    fuseg run TARGET [--alias MODE] [--json]   run it (torch backend) and check it against eager
     fuseg examples                       list the built-in examples
 
 TARGET is a JSON graph file, a built-in example name, or ``package.module:factory`` (a function
@@ -24,7 +25,8 @@ from segmenter.explain import describe_segments, segmentation_to_dict
 from segmenter.serialize import dump, graph_to_dict
 
 from . import zoo
-from .targets import TargetError, load_target
+from .run import run_target
+from .targets import TargetError, load_program
 
 __all__ = ["main"]
 
@@ -57,8 +59,32 @@ def _parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="write a target's graph as JSON")
     exp.add_argument("target", help=target_help)
     exp.add_argument("-o", "--out", required=True, help="output file")
+    run = sub.add_parser("run", help="run a target end to end (torch backend) and check it against eager")
+    run.add_argument("target", help=target_help)
+    run.add_argument("--alias", choices=("post", "pre", "off"), default="post")
+    run.add_argument("--json", action="store_true")
     sub.add_parser("examples", help="list the built-in examples")
     return p
+
+
+def _print_run(result: dict, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(result, indent=1))
+    else:
+        ok = result["aliasing_agrees"] and result["mutated_inputs_agree"] and result["strides_agree"]
+        print(f"{result['graph']} ({result['alias_mode']}): {result['kernels']} kernels, {result['launches']} launches, "
+              f"{result['metadata']} metadata ops")
+        print(f"  against {result['reference']}: max abs diff {result['max_abs_diff']:.3g}, "
+              f"max rel diff {result['max_rel_diff']:.3g}, strides {'agree' if result['strides_agree'] else 'DIFFER'}, "
+              f"aliasing {'agrees' if result['aliasing_agrees'] else 'DIFFERS'}, mutated inputs "
+              f"{'agree' if result['mutated_inputs_agree'] else 'DIFFER'}")
+        print(f"  peak memory: ours {result['peak_bytes_ours']} B (modeled {result['peak_bytes_modeled']} B), "
+              f"eager {result['peak_bytes_eager']} B")
+        for f in result["fallbacks"]:
+            print(f"  fallback: {f}")
+        if not ok:
+            return 1
+    return 0
 
 
 def _error(message: str) -> int:
@@ -75,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation noise
-            graph = load_target(args.target)
+            target = load_program(args.target)
+        graph = target.graph
+        if args.command == "run":
+            return _print_run(run_target(target, args.alias), args.json)
         if args.command == "export":
             dump(graph, args.out)
             print(f"wrote {args.out}: {len(graph.nodes)} nodes", file=sys.stderr)

@@ -1,37 +1,51 @@
-"""Resolve a CLI target to a FusionGraph: a JSON file, a built-in example, or module:factory."""
+"""Resolve a CLI target: a JSON file, a built-in example, or module:factory."""
 
 from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
 from typing import Any
 
-from segmenter import FusionGraph, GraphError
+import torch
+
+from segmenter import FusionGraph
 from segmenter.from_torch import capture
 from segmenter.serialize import load
 
 from . import zoo
 
-__all__ = ["TargetError", "load_target"]
+__all__ = ["Target", "TargetError", "load_program", "load_target"]
 
 
 class TargetError(ValueError):
     """A target that names nothing we can load."""
 
 
-def _from_factory(result: Any, where: str) -> FusionGraph:
+@dataclass
+class Target:
+    graph: FusionGraph
+    fn: Any = None  # the program, where there is one (not for a JSON graph)
+    inputs: list[Any] | None = None  # its example inputs
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        return self.fn if isinstance(self.fn, torch.nn.Module) else None
+
+
+def _from_factory(result: Any, where: str) -> Target:
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
         raise TargetError(f"{where} must return (fn_or_module, example_inputs[, example_kwargs])")
     fn, inputs, *rest = result
     kwargs = rest[0] if rest else None
-    return capture(fn, list(inputs), example_kwargs=kwargs, name=where)
+    return Target(capture(fn, list(inputs), example_kwargs=kwargs, name=where), fn, list(inputs))
 
 
-def load_target(spec: str) -> FusionGraph:
+def load_program(spec: str) -> Target:
     if spec.endswith(".json") or os.path.isfile(spec):
         if not os.path.isfile(spec):
             raise TargetError(f"no such file: {spec}")
-        return load(spec)
+        return Target(load(spec))
     if ":" in spec:
         mod_name, _, attr = spec.partition(":")
         try:
@@ -46,7 +60,8 @@ def load_target(spec: str) -> FusionGraph:
         entry = zoo.get(spec)
     except KeyError as e:
         raise TargetError(str(e.args[0])) from None
-    graph = _from_factory(entry.factory(), entry.name)
-    if not isinstance(graph, FusionGraph):  # pragma: no cover - capture always returns one
-        raise GraphError(f"{spec}: not a FusionGraph")
-    return graph
+    return _from_factory(entry.factory(), entry.name)
+
+
+def load_target(spec: str) -> FusionGraph:
+    return load_program(spec).graph

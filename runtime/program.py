@@ -163,3 +163,29 @@ def compile_program(plan: SegmentedFusion, backend: str = "auto") -> CompiledPro
 
 def run(plan: SegmentedFusion, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return CompiledProgram(plan)(*inputs)
+
+
+class ModuleProgram:
+    """A captured module's program, called like the module with its own inputs: parameters and
+    buffers are looked up in the module at each call (so training updates are seen), and buffers
+    the module mutates (batch-norm running statistics) are updated in it, as eager would."""
+
+    def __init__(self, module: torch.nn.Module, program: CompiledProgram) -> None:
+        self.module = module
+        self.program = program
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        from segmenter.from_torch import bind_inputs
+
+        return self.program(*bind_inputs(self.program.graph, self.module, inputs))
+
+
+def compile_module(
+    module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mode: str = "post", backend: str = "auto",
+) -> ModuleProgram:
+    """capture -> segment -> alias -> compile, for a module."""
+    from alias import apply_aliases
+    from segmenter import capture, segment
+
+    plan = apply_aliases(segment(capture(module, list(example_inputs))), mode)
+    return ModuleProgram(module, CompiledProgram(plan, backend))

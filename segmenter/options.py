@@ -25,3 +25,5 @@ class SegmenterOptions:
     fuel: int | None = None
     #: Rounds of greedy merging; each round revisits the merges earlier rounds refused.
     max_rounds: int = 8
+    #: Nodes (by name) the backend cannot run: each stays alone as OPAQUE, as an unknown op would.
+    opaque_nodes: frozenset[str] = frozenset()

@@ -74,7 +74,8 @@ class _Partition:
                     self.out_numel[o] = metas[o].numel
                 if nt.kind != OpKind.OPAQUE and made:
                     numels.add(metas[made[0]].numel)
-            self.groups[i] = _Group([i], i, i, outs, cons, traits_of(graph, n, nt), numels)
+            traits = Traits(1, opaque=n.op) if n.name in options.opaque_nodes else traits_of(graph, n, nt)
+            self.groups[i] = _Group([i], i, i, outs, cons, traits, numels)
         self.refusals: list[tuple[int, int, str]] = []
         self.refused: dict[tuple[int, int], tuple[int, int]] = {}
         self.merges = 0

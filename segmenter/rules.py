@@ -123,7 +123,7 @@ def combine(
     reduction in ``a`` is broadcast back: NORMALIZATION).
     """
     if a.opaque or b.opaque:
-        return f"{a.opaque or b.opaque} is OPAQUE: it runs alone on torch"
+        return f"{a.opaque or b.opaque} is OPAQUE (or not supported by the backend): it runs alone on torch"
     size = a.size + b.size
     if options.max_ops_per_segment is not None and size > options.max_ops_per_segment:
         return f"segment would hold {size} ops, more than max_ops_per_segment={options.max_ops_per_segment}"

@@ -75,3 +75,16 @@ def test_malformed_json_file(capsys, tmp_path) -> None:
 def test_examples_lists_the_zoo(capsys) -> None:
     code, out, _ = run(capsys, "examples")
     assert code == 0 and "rope-seed" in out and "llama-tiny" in out
+
+
+def test_run_checks_against_eager(capsys) -> None:
+    code, out, _ = run(capsys, "run", "rms-norm", "--alias", "pre")
+    assert code == 0 and "against eager" in out and "aliasing agrees" in out and "peak memory" in out
+
+
+def test_run_json_graph_against_its_semantics(capsys, tmp_path) -> None:
+    path = tmp_path / "g.json"
+    run(capsys, "export", "tests.factories:pointwise", "-o", str(path))
+    code, out, _ = run(capsys, "run", str(path), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["reference"] == "graph semantics" and result["max_abs_diff"] == 0

@@ -87,3 +87,18 @@ def test_backend_choice() -> None:
     assert program.fallbacks and "torch" in program.fallbacks[0]
     with pytest.raises(ValueError, match="not available"):
         runtime.compile(program.plan, backend="cupy")
+
+
+def test_compiled_module_updates_its_buffers_like_eager() -> None:
+    import copy
+
+    bn = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).train()
+    x = torch.randn(8, 4)
+    eager, ours = copy.deepcopy(bn), copy.deepcopy(bn)
+    program = runtime.compile_module(ours, [x])
+    for _ in range(2):  # running statistics accumulate across calls
+        expected = eager(x)
+        (got,) = program(x)
+        torch.testing.assert_close(got, expected)
+    for name, buf in eager.named_buffers():
+        torch.testing.assert_close(ours.get_buffer(name), buf, msg=name)
