@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind, TensorMeta
+from segmenter import FusionGraph, GraphError, Node, Segment, SegmentedFusion, SegmentKind, TensorMeta
+from segmenter.ir import OpRef, ValueRef
 from segmenter.meta import run_node
+from segmenter.ops import resolve_op
 from segmenter.reference import check_inputs, finish
 
 __all__ = ["CompiledProgram", "Launch", "compile_program"]
@@ -32,6 +34,42 @@ class Launch:
     backend: str  # "metadata", "torch", ...
     run: Callable[[Env], None]
     frees: tuple[str, ...]  # values dead after this launch
+
+
+def _arg_getter(a: object) -> Callable[[Env], object]:
+    """Reads one argument at call time; everything about it that can be known is known now."""
+    if isinstance(a, ValueRef):
+        name = a.name
+        return lambda env: env[name]
+    if isinstance(a, OpRef):
+        op = resolve_op(a.name)
+        return lambda env: op
+    if isinstance(a, tuple):
+        if not any(isinstance(x, (ValueRef, tuple)) for x in a):
+            const = list(a)
+            return lambda env: const
+        parts = [_arg_getter(x) for x in a]
+        return lambda env: [p(env) for p in parts]
+    return lambda env: a
+
+
+def compile_node(node: Node) -> Callable[[Env], list[torch.Tensor | None]]:
+    """A callable running ``node``'s ATen op on an environment, with the op resolved and the
+    argument reads prepared at compile time."""
+    op = resolve_op(node.op)
+    if op is None:
+        raise GraphError(f"node {node.name!r}: op {node.op} is not known to torch; it cannot be run")
+    getters = [_arg_getter(a) for a in node.args]
+    kw = [(k, _arg_getter(v)) for k, v in node.kwargs]
+    n_out = len(node.outputs)
+
+    def call(env: Env) -> list[torch.Tensor | None]:
+        result = op(*[g(env) for g in getters], **{k: g(env) for k, g in kw})
+        if n_out == 1 and not isinstance(result, (tuple, list)):
+            return [result]
+        return list(result)
+
+    return call
 
 
 def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
@@ -84,13 +122,15 @@ def _torch_launch(
     keep = set(outputs) | (set(inputs) - set(dying))
     dies = [tuple(v for v in node.inputs if last[v] == k and v not in keep) for k, node in enumerate(nodes)]
 
+    steps = [(compile_node(node), node.outputs, dead) for node, dead in zip(nodes, dies)]
+
     def run(env: Env) -> None:
         local = {v: env[v] for v in inputs}
         in_storages = {t.untyped_storage().data_ptr() for t in local.values()}
         for v in dying:
             del env[v]
-        for node, dead in zip(nodes, dies):
-            for name, val in zip(node.outputs, run_node(node, local)):
+        for call, names, dead in steps:
+            for name, val in zip(names, call(local)):
                 if name is not None:
                     local[name] = val
             for v in dead:

@@ -74,6 +74,10 @@ class TensorMeta:
             device or str(t.device),
         )
 
+    @cached_property
+    def device_type(self) -> str:
+        return torch.device(self.device).type
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

@@ -25,11 +25,10 @@ def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
     for spec, t in zip(graph.inputs, inputs):
         if not isinstance(t, torch.Tensor):
             raise GraphError(f"input {spec.name!r}: expected a tensor, got {type(t).__name__}")
-        got = TensorMeta.from_tensor(t)
         want = spec.meta
-        if (got.shape, got.stride, got.storage_offset, got.dtype) != (
-            want.shape, want.stride, want.storage_offset, want.dtype,
-        ) or torch.device(got.device).type != torch.device(want.device).type:
+        if (t.shape != want.shape or t.stride() != want.stride or t.storage_offset() != want.storage_offset
+                or t.dtype != want.dtype or t.device.type != want.device_type):
+            got = TensorMeta.from_tensor(t)
             raise GraphError(f"input {spec.name!r}: expected {want} on {want.device}, got {got} on {got.device}")
     seen: dict[object, int] = {}
     for i, t in enumerate(inputs):
