@@ -12,10 +12,11 @@ from segmenter import SegmentedFusion
 
 from .analysis import SegmentAliases, analyze_segment, is_true_view
 from .check import check
+from .layout import Layout, NeedsCopy, apply_view_op
 from .report import AliasReport
 from .rewrite import SegmentReport, rewrite
 
-__all__ = ["MODES", "AliasReport", "SegmentAliases", "SegmentReport", "analyze_segment", "apply_aliases", "check",
+__all__ = ["MODES", "AliasReport", "Layout", "NeedsCopy", "apply_view_op", "SegmentAliases", "SegmentReport", "analyze_segment", "apply_aliases", "check",
            "is_true_view"]
 
 MODES = ("post", "pre", "off")

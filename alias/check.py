@@ -1,7 +1,8 @@
 """Invariants every alias rewrite must keep; tests run ``check`` after every pass.
 
 1. Every node of the graph is in exactly one segment, and segments come in dependency order.
-2. A METADATA segment holds only true views, and moves nothing.
+2. A METADATA segment holds only true views, whose recorded layouts are the ones the layout
+   algebra derives, and moves nothing.
 3. No graph output aliases a graph input or another output unless it did in the original
    program (``x.clone()`` stays a copy): judged by storage roots, as Inductor judges storage
    overlap.
@@ -15,6 +16,7 @@ from segmenter import FusionGraph, SegmentedFusion, SegmentKind
 from segmenter.meta import meta_mismatches
 
 from .analysis import is_true_view
+from .layout import Layout, NeedsCopy, apply_view_op
 
 __all__ = ["check", "storage_roots"]
 
@@ -64,6 +66,15 @@ def check(original: SegmentedFusion | FusionGraph, rewritten: SegmentedFusion, m
                 ok, why = is_true_view(g, node)
                 if not ok:
                     problems.append(f"metadata segment s{seg.index} holds {node.name!r}, not a view: {why}")
+                    continue
+                # The layout the runtime will make must be the one the algebra derives.
+                derived = apply_view_op(Layout.from_meta(g.metas[node.inputs[0]]), node.op, node.args[1:],
+                                        dict(node.kwargs))
+                derived = derived if isinstance(derived, tuple) else (derived,)
+                for o, lay in zip(node.outputs, derived):
+                    if o is not None and (isinstance(lay, NeedsCopy) or not lay.to_meta(g.metas[o].device).same_layout(g.metas[o])):
+                        problems.append(f"metadata op {node.name!r}: recorded layout {g.metas[o]} is not what the "
+                                        f"layout algebra derives ({lay})")
             if seg.bytes_moved:
                 problems.append(f"metadata segment s{seg.index} moves {seg.bytes_moved} bytes")
     if g.output_aliases != orig.output_aliases:
