@@ -22,6 +22,8 @@ from segmenter.meta import run_node
 from segmenter.ops import resolve_op
 from segmenter.reference import check_inputs, finish
 
+from .backends import choose_backend
+
 __all__ = ["CompiledProgram", "Launch", "compile_program"]
 
 Env = dict[str, torch.Tensor]
@@ -158,13 +160,17 @@ class CompiledProgram:
     """Call it like the graph: ``program(*inputs) -> list of outputs``."""
 
     def __init__(self, plan: SegmentedFusion, backend: str = "auto") -> None:
-        if backend not in ("auto", "torch"):
-            raise ValueError(f"backend {backend!r} is not available yet (available: auto, torch)")
         self.plan = plan
         self.graph = graph = plan.graph
-        self.fallbacks: list[str] = []
-        if backend == "auto":
-            self.fallbacks.append("auto: only the torch backend exists yet; every kernel runs on torch")
+        #: per kernel segment, the backends passed over and why (segment index -> [(backend, reason)])
+        self.passed_over: dict[int, tuple[tuple[str, str], ...]] = {}
+        self.backend_of: dict[int, str] = {}
+        for seg in plan.segments:
+            if seg.kind not in (SegmentKind.METADATA, SegmentKind.OPAQUE):
+                choice = choose_backend(graph, seg, backend)
+                self.backend_of[seg.index] = choice.backend
+                if choice.passed_over:
+                    self.passed_over[seg.index] = choice.passed_over
         keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names)
         last_use: dict[str, int] = {}
         for seg in plan.segments:
@@ -183,8 +189,19 @@ class CompiledProgram:
             if seg.kind == SegmentKind.METADATA:
                 launches.append(Launch(seg.index, seg.kind, "metadata", _metadata_launch(graph, seg), frees))
             else:
-                launches.append(Launch(seg.index, seg.kind, "torch", _torch_launch(graph, seg, materialize, frees), frees))
+                name = self.backend_of.get(seg.index, "torch")  # OPAQUE segments always run on torch
+                launches.append(Launch(seg.index, seg.kind, name, _torch_launch(graph, seg, materialize, frees), frees))
         self.launches = tuple(launches)
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Every distinct fallback, with how many segments it concerned."""
+        counts: dict[str, int] = {}
+        for passed in self.passed_over.values():
+            for name, why in passed:
+                key = f"{name}: {why}"
+                counts[key] = counts.get(key, 0) + 1
+        return [f"{k} ({n} kernel segments fell back)" for k, n in counts.items()]
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         graph = self.graph

@@ -82,11 +82,18 @@ def test_unexpected_shared_storage_is_refused() -> None:
         program(x, x)
 
 
-def test_backend_choice() -> None:
-    program = _program(lambda x: x * 2, [torch.randn(3)])
-    assert program.fallbacks and "torch" in program.fallbacks[0]
+def test_backend_choice_records_every_fallback() -> None:
+    program = _program(lambda x: (x * 2).sum(), [torch.randn(3)])
+    assert set(program.backend_of.values()) == {"torch"}
+    (passed,) = program.passed_over.values()
+    assert [name for name, _ in passed] == ["nvfuser", "cupy"]  # tried in this order, each with a reason
+    assert all(why for _, why in passed)
+    assert any(f.startswith("cupy:") for f in program.fallbacks)
     with pytest.raises(ValueError, match="not available"):
         runtime.compile(program.plan, backend="cupy")
+    with pytest.raises(ValueError, match="unknown backend"):
+        runtime.compile(program.plan, backend="tpu")
+    assert runtime.compile(program.plan, backend="torch").passed_over == {}
 
 
 def test_compiled_module_updates_its_buffers_like_eager() -> None:
@@ -102,3 +109,33 @@ def test_compiled_module_updates_its_buffers_like_eager() -> None:
         torch.testing.assert_close(got, expected)
     for name, buf in eager.named_buffers():
         torch.testing.assert_close(ours.get_buffer(name), buf, msg=name)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ["rope", "rms-norm", "softmax-mlp"])
+def test_low_precision_error_is_within_twice_eagers(case: str, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    if case == "rope":
+        fn, inputs = zoo._rope(1, 64, 4, 2, 16, 8, torch.float32)()
+    elif case == "rms-norm":
+        fn, inputs = _rms, [torch.randn(16, 64, generator=g), torch.randn(64, generator=g)]
+    else:
+        def fn(x, w):
+            return torch.softmax(x @ w, -1) * 3
+        inputs = [torch.randn(16, 32, generator=g), torch.randn(32, 32, generator=g)]
+    low = [t.to(dtype) for t in inputs]
+    reference = [o.double() for o in fn(*[t.double() for t in inputs])] if case == "rope" else [fn(*[t.double() for t in inputs]).double()]
+    eager = fn(*clone_inputs(low))
+    eager = list(eager) if isinstance(eager, (tuple, list)) else [eager]
+    program = _program(fn, low)
+    ours = program(*clone_inputs(low))
+    for e, o, r in zip(eager, ours, reference):
+        assert o.dtype == e.dtype == dtype
+        eager_err = (e.double() - r).abs().max().item()
+        our_err = (o.double() - r).abs().max().item()
+        assert our_err <= 2 * eager_err + 1e-6, (our_err, eager_err)
