@@ -31,8 +31,9 @@ def apply_aliases(segmented: SegmentedFusion, mode: Literal["post", "pre", "off"
         raise ValueError(f"alias mode must be one of {', '.join(MODES)}, not {mode!r}")
     if segmented.alias_mode not in (None, mode):
         raise ValueError(f"this segmentation already went through the {segmented.alias_mode!r} alias pass")
-    out, reports = rewrite(segmented, mode)
+    out, reports, elided = rewrite(segmented, mode)
     stats_before, stats_after = segmented.stats(), out.stats()
-    report = AliasReport(mode, tuple(reports), stats_before["kernels"], stats_after["kernels"], stats_after["metadata"])
+    report = AliasReport(mode, tuple(reports), stats_before["kernels"], stats_after["kernels"], stats_after["metadata"],
+                         tuple(elided))
     object.__setattr__(out, "alias_report", report)
     return out

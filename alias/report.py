@@ -16,6 +16,7 @@ class AliasReport:
     kernels_before: int
     kernels_after: int
     metadata_after: int
+    copies_elided: tuple[tuple[str, str], ...] = ()  # (value, why)
 
     def __str__(self) -> str:
         lines = [f"alias pass ({self.mode}): kernels {self.kernels_before} -> {self.kernels_after}, "
@@ -31,4 +32,6 @@ class AliasReport:
                 lines.append(f"      %{v} is a view of %{root}, which the kernel writes: metadata after it")
             for v, why in r.kept_in_kernel:
                 lines.append(f"      %{v} not a view: {why}")
+        for v, why in self.copies_elided:
+            lines.append(f"  %{v}: {why}")
         return "\n".join(lines)

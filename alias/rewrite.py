@@ -23,6 +23,7 @@ from segmenter import Boundary, FusionGraph, Node, OpKind, Segment, SegmentedFus
 from segmenter.segments import build_segment
 
 from .analysis import SegmentAliases, analyze_segment
+from .elide import elide_copies
 
 __all__ = ["SegmentReport", "rewrite"]
 
@@ -137,7 +138,7 @@ class _Rewriter:
         return parts, report
 
 
-def rewrite(sf: SegmentedFusion, mode: str) -> tuple[SegmentedFusion, list[SegmentReport]]:
+def rewrite(sf: SegmentedFusion, mode: str) -> tuple[SegmentedFusion, list[SegmentReport], list[tuple[str, str]]]:
     r = _Rewriter(sf, mode)
     parts: list[tuple[SegmentKind, list[Node]]] = []
     reports: list[SegmentReport] = []
@@ -149,6 +150,9 @@ def rewrite(sf: SegmentedFusion, mode: str) -> tuple[SegmentedFusion, list[Segme
         parts.extend(split)
         reports.append(report)
     graph: FusionGraph = sf.graph
+    elided: list[tuple[str, str]] = []
+    if mode == "post":
+        graph, parts, elided = elide_copies(graph, parts)
     materialized: frozenset[str] = frozenset()
     if mode in ("pre", "off"):
         # Today's fusers: every value passed between launches is a contiguous buffer.
@@ -159,7 +163,7 @@ def rewrite(sf: SegmentedFusion, mode: str) -> tuple[SegmentedFusion, list[Segme
         }
         materialized = frozenset(v for v in used_elsewhere if parts[made[v]][0] != SegmentKind.METADATA)
     segments = tuple(build_segment(graph, i, kind, nodes, materialized) for i, (kind, nodes) in enumerate(parts))
-    return SegmentedFusion(graph, segments, _boundaries(sf, segments), sf.merges, alias_mode=mode), reports
+    return SegmentedFusion(graph, segments, _boundaries(sf, segments), sf.merges, alias_mode=mode), reports, elided
 
 
 def _boundaries(before: SegmentedFusion, segments: tuple[Segment, ...]) -> tuple[Boundary, ...]:

@@ -190,3 +190,38 @@ def test_checker_rejects_a_materialized_view_output() -> None:
     sf, plan = _plan(lambda x: x.view(-1), [torch.randn(3, 2)], "post")
     bad = dataclasses.replace(plan, graph=dataclasses.replace(plan.graph, output_aliases=(None,)))
     assert any("output aliasing differs" in p for p in check(sf, bad))
+
+
+# -- copy elision -------------------------------------------------------------------------------------
+
+def _copy_then_matmul(x, w):
+    return x.t().contiguous() @ w
+
+
+def _copy_then_view(x):
+    return x.t().contiguous().view(-1) * 2
+
+
+def _copy_then_pointwise(x):
+    return (x.t().contiguous() + 1).sum(0)
+
+
+@pytest.mark.parametrize("options", [None, ONE_OP], ids=["default", "every-op"])
+def test_copy_feeding_a_matmul_is_elided(options) -> None:
+    inputs = [torch.randn(8, 4), torch.randn(8, 8)]
+    sf, plan = _plan(_copy_then_matmul, inputs, "post", options)
+    assert [v for v, _ in plan.alias_report.copies_elided] == ["clone"]
+    assert plan.stats()["kernels"] == 1 < apply_aliases(sf, "pre").stats()["kernels"]
+    assert apply_aliases(plan, "post") == plan
+    assert_matches_eager(_copy_then_matmul, inputs, plan.graph, program=runtime.compile(plan))
+
+
+@pytest.mark.parametrize(
+    "fn,why", [(_copy_then_view, "a view after it needs the contiguous layout"),
+               (_copy_then_pointwise, "the add's output would change layout")],
+)
+def test_copies_that_matter_are_kept(fn, why) -> None:
+    inputs = [torch.randn(5, 6)]
+    _, plan = _plan(fn, inputs, "post", ONE_OP)
+    assert plan.alias_report.copies_elided == (), why
+    assert_matches_eager(fn, inputs, plan.graph, program=runtime.compile(plan))
