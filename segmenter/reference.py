@@ -86,6 +86,14 @@ def finish(graph: FusionGraph, inputs: Sequence[torch.Tensor], env: dict[str, to
         # Functional values may still be views of inputs; copy them before any write-back.
         return _fresh(t) if t.untyped_storage().data_ptr() in input_storages else t
 
+    for m in graph.mutations:
+        t = inputs[m.input]
+        if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+            # what eager raises for x.add_(1) on an expanded x, before anything is written
+            raise RuntimeError(
+                f"input {graph.inputs[m.input].name!r}: unsupported operation: more than one element of the "
+                "written-to tensor refers to a single memory location. Please clone() the tensor before "
+                "performing the operation.")
     finals = {m.input: detached(env[m.value]) for m in graph.mutations}
     fresh: list[torch.Tensor | None] = []
     taken: set[int] = set()

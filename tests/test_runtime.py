@@ -139,3 +139,21 @@ def test_low_precision_error_is_within_twice_eagers(case: str, dtype: torch.dtyp
         eager_err = (e.double() - r).abs().max().item()
         our_err = (o.double() - r).abs().max().item()
         assert our_err <= 2 * eager_err + 1e-6, (our_err, eager_err)
+
+
+def test_mutating_an_input_with_overlapping_elements_raises_as_eager() -> None:
+    from segmenter import FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef
+
+    meta = TensorMeta((3, 4), (0, 1), 0, torch.float32)  # an expanded row: every row is one memory
+    graph = FusionGraph(
+        inputs=(GraphInput("x", meta),),
+        nodes=(Node("y", "aten.add.Tensor", (ValueRef("x"), 1), (), ("y",), (TensorMeta((3, 4), (4, 1), 0, torch.float32),)),),
+        outputs=("y",), mutations=(Mutation(0, "y"),),
+    )
+    x = torch.zeros(1, 4).expand(3, 4)
+    with pytest.raises(RuntimeError, match="more than one element"):
+        x.add_(1)  # eager
+    program = runtime.compile(apply_aliases(segment(graph), "post"))
+    with pytest.raises(RuntimeError, match="more than one element"):
+        program(x)
+    assert x.sum() == 0  # nothing was written
