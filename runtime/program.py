@@ -23,6 +23,7 @@ from segmenter.ops import resolve_op
 from segmenter.reference import check_inputs, finish
 
 from .backends import choose_backend
+from .inplace import out_overload, plan_in_place_writes
 
 __all__ = ["CompiledProgram", "Launch", "compile_program"]
 
@@ -107,8 +108,23 @@ def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
     return run
 
 
+def _in_place_node(node: Node, target: str) -> Callable[[Env], list[torch.Tensor | None]]:
+    """``node`` computed by its ``.out`` overload straight into the input ``target``."""
+    op = out_overload(node.op)
+    getters = [_arg_getter(a) for a in node.args]
+    kw = [(k, _arg_getter(v)) for k, v in node.kwargs]
+
+    def call(env: Env) -> list[torch.Tensor | None]:
+        out = env[target]
+        op(*[g(env) for g in getters], **{k: g(env) for k, g in kw}, out=out)
+        return [out]
+
+    return call
+
+
 def _torch_launch(
-    graph: FusionGraph, seg: Segment, materialize: frozenset[str], dying: tuple[str, ...] = ()
+    graph: FusionGraph, seg: Segment, materialize: frozenset[str], dying: tuple[str, ...] = (),
+    in_place: dict[str, int] | None = None,
 ) -> Callable[[Env], None]:
     nodes = seg.nodes
     outputs = seg.outputs
@@ -124,10 +140,15 @@ def _torch_launch(
     keep = set(outputs) | (set(inputs) - set(dying))
     dies = [tuple(v for v in node.inputs if last[v] == k and v not in keep) for k, node in enumerate(nodes)]
 
-    steps = [(compile_node(node), node.outputs, dead) for node, dead in zip(nodes, dies)]
+    in_place = in_place or {}
+    targets = {n.name: graph.inputs[in_place[n.name]].name for n in nodes if n.name in in_place}
+    written = {o for n in nodes if n.name in targets for o in n.outputs}
+    needed = list(dict.fromkeys([*inputs, *targets.values()]))
+    steps = [(_in_place_node(node, targets[node.name]) if node.name in targets else compile_node(node),
+              node.outputs, dead) for node, dead in zip(nodes, dies)]
 
     def run(env: Env) -> None:
-        local = {v: env[v] for v in inputs}
+        local = {v: env[v] for v in needed}
         in_storages = {t.untyped_storage().data_ptr() for t in local.values()}
         for v in dying:
             del env[v]
@@ -140,7 +161,9 @@ def _torch_launch(
         for o in outputs:
             t = local[o]
             m = metas[o]
-            if o in materialize:
+            if o in written:
+                pass  # the input itself, holding its final value (see Note [in-place write-back])
+            elif o in materialize:
                 t = t.contiguous() if t.untyped_storage().data_ptr() not in in_storages else t.clone(
                     memory_format=torch.contiguous_format)
             elif (t.untyped_storage().data_ptr() in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m):
@@ -183,6 +206,9 @@ class CompiledProgram:
                 v for s in plan.segments for v in s.inputs
                 if v in made and plan.segments[made[v]].kind != SegmentKind.METADATA and v not in keep
             )
+        #: node -> the input it writes in place; input -> why its write-back stays a copy
+        self.in_place, self.copy_write_backs = plan_in_place_writes(plan)
+        self.written_in_place = frozenset(self.in_place.values())
         launches = []
         for seg in plan.segments:
             frees = tuple(v for v, k in last_use.items() if k == seg.index and v not in keep)
@@ -190,7 +216,8 @@ class CompiledProgram:
                 launches.append(Launch(seg.index, seg.kind, "metadata", _metadata_launch(graph, seg), frees))
             else:
                 name = self.backend_of.get(seg.index, "torch")  # OPAQUE segments always run on torch
-                launches.append(Launch(seg.index, seg.kind, name, _torch_launch(graph, seg, materialize, frees), frees))
+                launches.append(Launch(seg.index, seg.kind, name,
+                                       _torch_launch(graph, seg, materialize, frees, self.in_place), frees))
         self.launches = tuple(launches)
 
     @property
@@ -211,7 +238,7 @@ class CompiledProgram:
             launch.run(env)
             for v in launch.frees:
                 env.pop(v, None)  # torch launches drop theirs at the last use inside them
-        return finish(graph, list(inputs), env)
+        return finish(graph, list(inputs), env, self.written_in_place)
 
 
 def compile_program(plan: SegmentedFusion, backend: str = "auto") -> CompiledProgram:

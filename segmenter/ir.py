@@ -109,6 +109,9 @@ class TensorMeta:
         """Bytes of the distinct storage elements this value covers."""
         return self.distinct_elements * self.itemsize
 
+    def _replace_offset(self, offset: int) -> TensorMeta:
+        return TensorMeta(self.shape, self.stride, offset, self.dtype, self.device)
+
     def same_layout(self, other: TensorMeta) -> bool:
         """Equal up to what cannot be observed: the strides of size-1 dims, and the offset of
         an empty tensor (torch's meta and real kernels may disagree there)."""
@@ -321,8 +324,8 @@ class FusionGraph:
     def _validate(self) -> None:
         from .ops import op_info  # local: ops imports ir
 
-        if not self.outputs:
-            raise GraphError(f"graph {self.name!r} has no outputs")
+        if not self.outputs and not self.mutations:
+            raise GraphError(f"graph {self.name!r} has no outputs")  # and no effect on its inputs
         defined: dict[str, str] = {}
         for i, inp in enumerate(self.inputs):
             if inp.name in defined:

@@ -76,7 +76,10 @@ def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.
     return finish(graph, inputs, evaluate(graph, inputs))
 
 
-def finish(graph: FusionGraph, inputs: Sequence[torch.Tensor], env: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+def finish(
+    graph: FusionGraph, inputs: Sequence[torch.Tensor], env: dict[str, torch.Tensor],
+    written: frozenset[int] = frozenset(),
+) -> list[torch.Tensor]:
     """Write mutated inputs' final values into them and hand back the outputs: a view of the
     same storage, with the original layout, where the original program returned a view; a
     tensor sharing no storage with an input or another output everywhere else."""
@@ -94,7 +97,8 @@ def finish(graph: FusionGraph, inputs: Sequence[torch.Tensor], env: dict[str, to
                 f"input {graph.inputs[m.input].name!r}: unsupported operation: more than one element of the "
                 "written-to tensor refers to a single memory location. Please clone() the tensor before "
                 "performing the operation.")
-    finals = {m.input: detached(env[m.value]) for m in graph.mutations}
+    # ``written``: inputs a launch already wrote in place (runtime/inplace.py); no copy for those.
+    finals = {m.input: detached(env[m.value]) for m in graph.mutations if m.input not in written}
     fresh: list[torch.Tensor | None] = []
     taken: set[int] = set()
     for o, a in zip(graph.outputs, graph.output_aliases):

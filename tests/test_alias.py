@@ -225,3 +225,75 @@ def test_copies_that_matter_are_kept(fn, why) -> None:
     _, plan = _plan(fn, inputs, "post", ONE_OP)
     assert plan.alias_report.copies_elided == (), why
     assert_matches_eager(fn, inputs, plan.graph, program=runtime.compile(plan))
+
+
+# -- write-back straight into the input ------------------------------------------------------------
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _chain_inplace(x):
+    x.add_(1).sin_().mul_(5)
+
+
+def _clone_copy_back(x):
+    y = x.clone()
+    x.copy_(y)
+    return y
+
+
+def _read_before_write(x):
+    a = x * 3
+    x.add_(1)
+    return a
+
+
+@pytest.mark.parametrize(
+    "fn,in_place,why",
+    [
+        (_chain_inplace, True, None),
+        (_read_before_write, True, None),
+        (_clone_copy_back, True, None),  # y stays its own buffer; only x's write is in place
+    ],
+    ids=["add-sin-mul-chain", "read-before-write", "clone-copied-back"],
+)
+def test_final_value_written_straight_into_the_input(fn, in_place, why) -> None:
+    x = torch.randn(4, 4)
+    _, plan = _plan(fn, [x], "post")
+    program = runtime.compile(plan)
+    assert bool(program.written_in_place) == in_place, program.copy_write_backs
+    if why is not None:
+        assert why in program.copy_write_backs[0]
+    assert_matches_eager(fn, [x], plan.graph, program=program)
+    if fn is _chain_inplace:
+        assert plan.stats()["kernels"] == 1
+        log = _OpLog()
+        with log:
+            program(x.clone())
+        assert not any("copy" in op for op in log.ops), log.ops  # one kernel and no copy
+
+
+def test_old_value_read_after_the_write_keeps_the_copy() -> None:
+    from segmenter import FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef
+    from segmenter.reference import run_graph
+
+    m = TensorMeta((6,), (1,), 0, torch.float32)
+    graph = FusionGraph(  # the new value is made first, the old one read after it
+        inputs=(GraphInput("x", m),),
+        nodes=(Node("new", "aten.add.Tensor", (ValueRef("x"), 1), (), ("new",), (m,)),
+               Node("old2", "aten.mul.Tensor", (ValueRef("x"), 2), (), ("old2",), (m,))),
+        outputs=("old2",), mutations=(Mutation(0, "new"),),
+    )
+    program = runtime.compile(apply_aliases(segment(graph, ONE_OP), "post"))
+    assert program.written_in_place == frozenset() and "read after" in program.copy_write_backs[0]
+    x = torch.randn(6)
+    a, b = x.clone(), x.clone()
+    torch.testing.assert_close(program(a)[0], run_graph(graph, [b])[0])
+    torch.testing.assert_close(a, b)

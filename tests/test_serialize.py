@@ -83,7 +83,7 @@ BAD = [
     ("undefined value", _edit(lambda d: d["nodes"][1]["args"].__setitem__(0, {"value": "x9"})),
      "nodes[1] (\"c\").args[0]: undefined value 'x9'"),
     ("cycle", _edit(_cycle), "cycle between nodes"),
-    ("no outputs", _edit(lambda d: d.update(outputs=[], output_aliases=[])), "has no outputs"),
+    ("no outputs", _edit(lambda d: d.update(outputs=[], output_aliases=[], mutations=[])), "has no outputs"),
     ("wrong type", _edit(lambda d: d["nodes"][2].update(outputs=5)), "nodes[2] (\"k\").outputs: expected list"),
     ("missing field", _edit(lambda d: d["nodes"][0].pop("op")), "nodes[0] (\"s\").op: missing"),
     ("huge dimension", _edit(lambda d: d["inputs"][0]["meta"].update(shape=[2**60, 8])), "huge dimension"),
