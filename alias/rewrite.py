@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from segmenter import Boundary, FusionGraph, Node, OpKind, Segment, SegmentedFusion, SegmentKind, op_info
+from segmenter.ir import view_roots
 from segmenter.segments import build_segment
 
 from .analysis import SegmentAliases, analyze_segment
@@ -62,21 +63,11 @@ class _Rewriter:
             self.output_alias.setdefault(name, alias)
         self.mutation_values = {m.value for m in g.mutations}
         self.graph_inputs = set(g.input_names)
-        self.global_root = self._global_roots()
+        self.global_root = view_roots(g, include_maybe_copies=False)
         self.family_outputs: dict[str, int] = {}
         for v in set(g.outputs):
             base = self.global_root.get(v, v)
             self.family_outputs[base] = self.family_outputs.get(base, 0) + 1
-
-    def _global_roots(self) -> dict[str, str]:
-        roots: dict[str, str] = {}
-        for node in self.graph.nodes:
-            if op_info(node.op).kind == OpKind.VIEW and node.inputs and node.op != "aten.reshape.default":
-                base = roots.get(node.inputs[0], node.inputs[0])
-                for o in node.outputs:
-                    if o is not None:
-                        roots[o] = base
-        return roots
 
     def metadata_allowed(self, seg: Segment, facts: SegmentAliases, v: str) -> str | None:
         """None if output ``v`` of ``seg`` may be produced as a view; else why not."""

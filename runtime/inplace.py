@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from segmenter import OpKind, SegmentedFusion, SegmentKind, op_info
+from segmenter.ir import view_roots
 
 __all__ = ["out_overload", "plan_in_place_writes"]
 
@@ -43,12 +44,7 @@ def plan_in_place_writes(plan: SegmentedFusion) -> tuple[dict[str, int], dict[in
             order[n.name] = len(order)
             kind_of[n.name] = seg.kind
     end = len(order)
-    root: dict[str, str] = {}
-    for n in g.nodes:
-        if op_info(n.op).kind == OpKind.VIEW and n.inputs:
-            for o in n.outputs:
-                if o is not None:
-                    root[o] = root.get(n.inputs[0], n.inputs[0])
+    root = view_roots(g)  # every value that may see x's storage
     last_read: dict[str, int] = {}
     for n in g.nodes:
         for v in n.inputs:

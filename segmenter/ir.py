@@ -39,6 +39,7 @@ __all__ = [
     "TensorMeta",
     "ValueRef",
     "iter_value_refs",
+    "view_roots",
 ]
 
 
@@ -416,3 +417,26 @@ class FusionGraph:
             outs.append(f"%{o}{note}")
         lines.append(f"    return {', '.join(outs)}")
         return "\n".join(lines)
+
+
+def view_roots(graph: FusionGraph, include_maybe_copies: bool = True) -> dict[str, str]:
+    """For every value made by a chain of view ops, the value the chain starts from.
+
+    ``reshape`` is a view only when its input's layout allows one: it counts as a view with
+    ``include_maybe_copies`` (the safe side when asking "who can see this storage") and not
+    without (the safe side when asking "is this output a view").
+    """
+    from .ops import OpKind, op_info
+
+    roots: dict[str, str] = {}
+    for node in graph.nodes:
+        if not node.inputs or op_info(node.op).kind != OpKind.VIEW:
+            continue
+        if node.op == "aten.reshape.default" and not include_maybe_copies:
+            continue
+        base = roots.get(node.inputs[0], node.inputs[0])
+        for o in node.outputs:
+            if o is not None:
+                roots[o] = base
+    return roots
+

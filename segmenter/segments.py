@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .ir import FusionGraph, Node, TensorMeta
+from .ir import FusionGraph, Node, TensorMeta, view_roots
 
 __all__ = ["Boundary", "Segment", "SegmentKind", "SegmentedFusion"]
 
@@ -102,18 +102,8 @@ def bytes_floor(sf: SegmentedFusion) -> int:
     from .ops import OpKind, op_info  # local: ops is below segments in the import order
 
     g = sf.graph
-    root: dict[str, str] = {}
-    read: set[str] = set()
-    for node in g.nodes:
-        is_view = op_info(node.op).kind == OpKind.VIEW
-        for v in node.inputs:
-            base = root.get(v, v)
-            if is_view:
-                for o in node.outputs:
-                    if o is not None:
-                        root[o] = base
-            else:
-                read.add(base)
+    root = view_roots(g)
+    read = {root.get(v, v) for node in g.nodes if op_info(node.op).kind != OpKind.VIEW for v in node.inputs}
     for m in g.mutations:
         read.add(root.get(m.value, m.value))
     floor = sum(inp.meta.nbytes for inp in g.inputs if inp.name in read)
