@@ -11,8 +11,11 @@ share a storage with an input or an earlier output, and the layout eager gives t
 
 Note [inputs that share a storage]: export misreads ``f(x, x)`` and ``f(base, base[:2])``. Capture
 detects the overlap, exports on distinct copies (same layouts, fresh storages) and records the
-shared storage in ``GraphInput.storage``. A program that mutates such an input is refused for now:
-its functional graph would lose the order of the writes.
+shared storage in ``GraphInput.storage``. If the program mutates such an input, distinct copies
+would lose the order of the writes (``f(x, x)`` with ``a.add_(1); b.mul_(2)``), so it is captured
+again with one input per shared storage (role "storage", target "args:i,j": a flat view of the
+storage) and the arguments made as views of it inside the program: functionalization then sees
+the real aliasing and orders the writes. ``bind_inputs`` makes that flat view from the arguments.
 """
 
 from __future__ import annotations
@@ -116,7 +119,61 @@ def capture(
         call_kwargs = {}
     user = [a for a in example_inputs if isinstance(a, torch.Tensor)]
     graph_name = name or getattr(fn_or_module, "__name__", type(fn_or_module).__name__)
+    names = _param_names(fn_or_module, example_inputs)
+    try:
+        return _capture(program, user, [("user", None)] * len(user), names, call_kwargs, graph_name, decompositions)
+    except _SharedMutation:
+        # See Note [inputs that share a storage]: one input per shared storage, the arguments views of it.
+        bases, roles, wrapped = _storage_bases(program, user)
+        graph = _capture(wrapped, bases, roles, [None] * len(bases), {}, graph_name, decompositions)
+        # the wrapper holds the module as "program": its weights keep their own names
+        return dataclasses.replace(graph, inputs=tuple(
+            dataclasses.replace(i, target=i.target.removeprefix("program.")) if i.role not in ("user", "storage")
+            and i.target else i for i in graph.inputs))
 
+
+class _SharedMutation(CaptureError):
+    pass
+
+
+class _Bases(torch.nn.Module):
+    """Takes one tensor per shared storage and hands the program its arguments as views of it."""
+
+    def __init__(self, program: torch.nn.Module, plan: list[tuple[int, tuple, tuple, int]]) -> None:
+        super().__init__()
+        self.program = program
+        self.plan = plan  # per argument: (base index, sizes, strides, offset relative to the base)
+
+    def forward(self, *bases: torch.Tensor) -> Any:
+        args = [bases[b].as_strided(size, stride, bases[b].storage_offset() + rel) for b, size, stride, rel in self.plan]
+        return self.program(*args)
+
+
+def _storage_bases(program: torch.nn.Module, user: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list, _Bases]:
+    sids = storage_ids(user)
+    groups: dict[int, list[int]] = {}
+    for i, sid in enumerate(sids):
+        groups.setdefault(sid, []).append(i)
+    bases, roles, index = [], [], {}
+    for sid, members in groups.items():
+        metas = [TensorMeta.from_tensor(user[i]) for i in members]
+        lo = min(m.storage_offset for m in metas)
+        hi = max(m.storage_extent for m in metas)
+        index[sid] = (len(bases), lo)
+        bases.append(user[members[0]].as_strided((hi - lo,), (1,), lo))
+        roles.append(("storage", "args:" + ",".join(map(str, members))))
+    plan = []
+    for i, t in enumerate(user):
+        b, lo = index[sids[i]]
+        plan.append((b, tuple(t.shape), tuple(t.stride()), t.storage_offset() - lo))
+    return bases, roles, _Bases(program, plan)
+
+
+def _capture(
+    program: torch.nn.Module, user: list[torch.Tensor], user_roles: list[tuple[str, str | None]],
+    names: list[str | None], call_kwargs: dict[str, Any], graph_name: str,
+    decompositions: Mapping[Any, Callable[..., Any]] | None,
+) -> FusionGraph:
     shared = len(set(storage_ids(user))) != len(user)
     export_args = tuple(_fresh_copy(t) for t in user) if shared else tuple(user)
     try:
@@ -132,14 +189,15 @@ def capture(
     graph_tensors: list[torch.Tensor] = []
     inputs_spec: list[tuple[str, str, str | None]] = []  # (value name, role, target)
     bound: dict[Any, Any] = {}
-    user_iter = iter(user)
+    user_iter = iter(zip(user, user_roles))
     for spec, ph in zip(sig.input_specs, placeholders):
         if spec.kind == InputKind.USER_INPUT:
             if not isinstance(spec.arg, TensorArgument):
                 bound[ph] = getattr(spec.arg, "value", None)
                 continue
-            graph_tensors.append(next(user_iter))
-            inputs_spec.append((ph.name, "user", None))
+            t, (role, target) = next(user_iter)
+            graph_tensors.append(t)
+            inputs_spec.append((ph.name, role, target))
         elif spec.kind in _ROLE:
             t = state.get(spec.target)
             if t is None:
@@ -160,7 +218,7 @@ def capture(
     # User inputs are named after the function's parameters where that clashes with nothing.
     taken = {n.name for n in ep.graph.nodes}
     renamed: dict[str, str] = {}
-    for (vname, _role, _), pname in zip((s for s in inputs_spec if s[1] == "user"), _param_names(fn_or_module, example_inputs)):
+    for (vname, _role, _), pname in zip((s for s in inputs_spec if s[1] in ("user", "storage")), names):
         if pname and pname not in taken:
             renamed[vname] = pname
             taken.add(pname)
@@ -178,9 +236,7 @@ def capture(
             if idx is None or not isinstance(out, ValueRef):
                 raise CaptureError(f"output {i}: mutation of {spec.target!r}, which is not an input")
             if shared and any(inputs[j].storage == inputs[idx].storage for j in range(len(inputs)) if j != idx):
-                raise CaptureError(
-                    f"input {inputs[idx].name!r} shares a storage with another input and is mutated: not supported yet"
-                )
+                raise _SharedMutation(f"input {inputs[idx].name!r} shares a storage with another input and is mutated")
             mutations.append(Mutation(idx, out.name))
         elif spec.kind == OutputKind.USER_OUTPUT:
             if isinstance(out, ValueRef):
@@ -224,18 +280,24 @@ def _run_on_fakes(
     with mode:
         out = torch.func.functional_call(program, fake_state, tuple(fake_user), dict(kwargs))
     user_iter = iter(fake_user)
-    fake_inputs = [next(user_iter) if role == "user" else fake(t) for (_, role, _), t in zip(inputs_spec, graph_tensors)]
+    fake_inputs = [next(user_iter) if role in ("user", "storage") else fake(t)
+                   for (_, role, _), t in zip(inputs_spec, graph_tensors)]
     return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)], fake_inputs
 
 
 def bind_inputs(graph: FusionGraph, module: torch.nn.Module | None, user_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The full input list of a captured graph: the user's tensors, then the module's
-    parameters and buffers looked up by ``target``."""
+    """The full input list of a captured graph: the user's tensors (or, for arguments that share
+    a storage and are mutated, one flat view of that storage), then the module's parameters and
+    buffers looked up by ``target``."""
     user_iter = iter(user_inputs)
     state = _state(module) if module is not None else {}
     out = []
     for inp in graph.inputs:
-        if inp.role == "user":
+        if inp.role == "storage":  # the storage that arguments i, j, ... share ("args:i,j")
+            first = int((inp.target or "args:0").removeprefix("args:").split(",")[0])
+            m = inp.meta
+            t = user_inputs[first].as_strided(m.shape, m.stride, m.storage_offset)
+        elif inp.role == "user":
             t = next(user_iter, None)
             if t is None:
                 raise CaptureError(f"graph {graph.name!r} needs more user inputs than the {len(user_inputs)} given")

@@ -221,7 +221,8 @@ def _fmt_arg(a: object) -> str:
     return str(a)
 
 
-InputRole = Literal["user", "parameter", "buffer", "constant"]
+# "storage": a flat view of a storage that several arguments share (see segmenter/from_torch.py)
+InputRole = Literal["user", "parameter", "buffer", "constant", "storage"]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Schema "fusion-segmenter/graph", version 1::
 
     {"schema": "fusion-segmenter/graph", "version": 1, "name": str,
-     "inputs":  [{"name": str, "meta": META, "role": "user"|"parameter"|"buffer"|"constant",
+     "inputs":  [{"name": str, "meta": META, "role": "user"|"parameter"|"buffer"|"constant"|"storage",
                   "target": str|null, "storage": int}],
      "nodes":   [{"name": str, "op": "aten.add.Tensor", "args": [ARG...], "kwargs": {str: ARG},
                   "outputs": [str|null...], "metas": [META|null...]}],
@@ -48,7 +48,7 @@ MAX_DIM = 2**48
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _LAYOUTS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.layout)}
 _FORMATS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.memory_format)}
-_ROLES = ("user", "parameter", "buffer", "constant")
+_ROLES = ("user", "parameter", "buffer", "constant", "storage")
 
 
 class GraphFormatError(GraphError):
