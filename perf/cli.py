@@ -3,6 +3,7 @@
     fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal] [--alias MODE]
     fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
     fuseg run TARGET [--alias MODE] [--json]   run it (torch backend) and check it against eager
+    fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE]
     fuseg examples                       list the built-in examples
 
 TARGET is a JSON graph file, a built-in example name, or ``package.module:factory`` (a function
@@ -25,6 +26,7 @@ from segmenter.explain import describe_segments, segmentation_to_dict
 from segmenter.serialize import dump, graph_to_dict
 
 from . import zoo
+from .profile import profile, render
 from .run import run_target
 from .targets import TargetError, load_program
 
@@ -63,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", help=target_help)
     run.add_argument("--alias", choices=("post", "pre", "off"), default="post")
     run.add_argument("--json", action="store_true")
+    prof = sub.add_parser("profile", help="segment, kernel and metadata counts per model, alias modes side by side")
+    prof.add_argument("models", nargs="*", help="targets (default: every built-in example)")
+    prof.add_argument("--format", choices=("table", "csv", "json", "markdown"), default="table")
+    prof.add_argument("--out", default=None, help="write to this file instead of stdout")
     sub.add_parser("examples", help="list the built-in examples")
     return p
 
@@ -97,6 +103,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "examples":
         for e in zoo.ZOO.values():
             print(f"{e.name:14s} B={e.batch:<3d} T={e.seq:<5d} {str(e.dtype).removeprefix('torch.'):9s} {e.description}")
+        return 0
+    if args.command == "profile":
+        try:
+            text = render(profile(args.models or list(zoo.ZOO)), args.format)
+        except KeyError as e:
+            return _error(str(e.args[0]))
+        except (GraphError, TargetError, OSError) as e:
+            return _error(str(e))
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+        else:
+            print(text)
         return 0
     try:
         with warnings.catch_warnings():

@@ -88,3 +88,30 @@ def test_run_json_graph_against_its_semantics(capsys, tmp_path) -> None:
     code, out, _ = run(capsys, "run", str(path), "--json")
     result = json.loads(out)
     assert code == 0 and result["reference"] == "graph semantics" and result["max_abs_diff"] == 0
+
+
+def test_profile_columns_are_consistent(capsys) -> None:
+    from perf.profile import COLUMNS
+
+    code, out, err = run(capsys, "profile", "rope-seed", "softmax", "gpt2-tiny", "--format", "json")
+    records = json.loads(out)
+    assert code == 0 and "[3/3]" in err  # progress on stderr
+    assert [list(r)[0] for r in records] == ["model"] * 3 and list(records[0]) == COLUMNS
+    for r in records:
+        for mode in ("off", "pre", "post"):
+            assert r[f"{mode}_launches"] == r[f"{mode}_kernels"] + r[f"{mode}_opaque"]
+            assert r[f"{mode}_segments"] == r[f"{mode}_launches"] + r[f"{mode}_metadata"]
+            assert r[f"{mode}_bytes_moved"] >= r["bytes_floor"]
+        assert r["post_kernels"] <= r["pre_kernels"]
+
+
+@pytest.mark.parametrize("fmt,marker", [("csv", "model,nodes,"), ("markdown", "| model | nodes |"), ("table", "model")])
+def test_profile_formats(capsys, tmp_path, fmt, marker) -> None:
+    out_file = tmp_path / "p.txt"
+    code, _, _ = run(capsys, "profile", "softmax", "--format", fmt, "--out", str(out_file))
+    assert code == 0 and marker in out_file.read_text()
+
+
+def test_profile_unknown_model(capsys) -> None:
+    code, out, err = run(capsys, "profile", "nope")
+    assert code == 2 and "unknown model 'nope'" in err and err.count("\n") == 1
