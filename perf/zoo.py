@@ -2,7 +2,8 @@
 
 Each entry's factory returns ``(fn_or_module, example_inputs)``, the same contract as a user's
 ``package.module:factory`` target. The full model zoo (real configs, fake weights, GPU dtypes)
-is not built yet; these are the entries ``fuseg segment`` can name today.
+is not built yet. The ``rope-*`` entries at real model sizes use meta tensors: their graphs can be
+captured, segmented and profiled without memory, not run.
 """
 
 from __future__ import annotations
@@ -58,12 +59,18 @@ def rope_it_all(
     return _rope_one(q, cos, sin, rope_n_elem), _rope_one(k, cos, sin, rope_n_elem), v
 
 
-def _rope(B: int, T: int, n_head: int, groups: int, head: int, rope_n_elem: int, dtype: torch.dtype) -> Factory:
+def _rope(B: int, T: int, n_head: int, groups: int, head: int, rope_n_elem: int, dtype: torch.dtype,
+          device: str = "cpu") -> Factory:
     def make() -> tuple[Any, list[Any]]:
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(B, T, (n_head + 2 * groups) * head, generator=g).to(dtype)
-        cos = torch.randn(T, rope_n_elem, generator=g).to(dtype)
-        sin = torch.randn(T, rope_n_elem, generator=g).to(dtype)
+        if device == "meta":  # real model sizes: shapes only, no memory (profiling, not running)
+            x = torch.empty(B, T, (n_head + 2 * groups) * head, dtype=dtype, device="meta")
+            cos = torch.empty(T, rope_n_elem, dtype=dtype, device="meta")
+            sin = torch.empty(T, rope_n_elem, dtype=dtype, device="meta")
+        else:
+            x = torch.randn(B, T, (n_head + 2 * groups) * head, generator=g).to(dtype)
+            cos = torch.randn(T, rope_n_elem, generator=g).to(dtype)
+            sin = torch.randn(T, rope_n_elem, generator=g).to(dtype)
         fn = functools.partial(rope_it_all, n_head=n_head, n_query_groups=groups, head_size=head, rope_n_elem=rope_n_elem)
         fn.__name__ = "rope_it_all"  # type: ignore[attr-defined]
         return fn, [x, cos, sin]
@@ -135,6 +142,14 @@ def _hf(kind: str, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int =
 ZOO: dict[str, ZooEntry] = {e.name: e for e in [
     ZooEntry("rope-seed", "LitGPT RoPE of NVIDIA/Fuser#2577: 16 heads, 4 groups, head 32, rope 8",
              2, 1024, torch.float32, _rope(2, 1024, 16, 4, 32, 8, torch.float32)),
+    ZooEntry("rope-llama2-7b", "RoPE of Llama-2-7B: 32 heads, 32 groups, head 128, full rotary (meta: profile only)",
+             2, 4096, torch.bfloat16, _rope(2, 4096, 32, 32, 128, 128, torch.bfloat16, "meta")),
+    ZooEntry("rope-llama3-8b", "RoPE of Llama-3-8B: 32 heads, 8 groups, head 128, full rotary (meta: profile only)",
+             1, 8192, torch.bfloat16, _rope(1, 8192, 32, 8, 128, 128, torch.bfloat16, "meta")),
+    ZooEntry("rope-qwen2-7b", "RoPE of Qwen2-7B: 28 heads, 4 groups, head 128, full rotary (meta: profile only)",
+             1, 4096, torch.bfloat16, _rope(1, 4096, 28, 4, 128, 128, torch.bfloat16, "meta")),
+    ZooEntry("rope-mistral-7b", "RoPE of Mistral-7B: 32 heads, 8 groups, head 128, full rotary (meta: profile only)",
+             1, 4096, torch.bfloat16, _rope(1, 4096, 32, 8, 128, 128, torch.bfloat16, "meta")),
     ZooEntry("mlp", "Linear -> GELU -> Linear, 64 -> 256 -> 64", 8, 1, torch.float32,
              _module(lambda: _MLP(64, 256), 8, 64)),
     ZooEntry("softmax", "softmax over the last dim of a [32, 128] tensor", 32, 128, torch.float32,

@@ -97,16 +97,29 @@ class SegmentedFusion:
 
 
 def bytes_floor(sf: SegmentedFusion) -> int:
-    """Graph inputs whose data some op reads (not only views of them), plus graph outputs that
-    are not views of inputs. A property of the graph: the same for every plan of it."""
+    """Graph inputs some op reads (those read only through views count what the views touch),
+    plus graph outputs that are not views of inputs. A property of the graph: the same for
+    every plan of it."""
     from .ops import OpKind, op_info  # local: ops is below segments in the import order
 
     g = sf.graph
     root = view_roots(g)
-    read = {root.get(v, v) for node in g.nodes if op_info(node.op).kind != OpKind.VIEW for v in node.inputs}
-    for m in g.mutations:
-        read.add(root.get(m.value, m.value))
-    floor = sum(inp.meta.nbytes for inp in g.inputs if inp.name in read)
+    whole: set[str] = set()  # inputs some op reads directly
+    through: dict[str, list[TensorMeta]] = {}  # inputs read only through views: those views
+    reads = [v for node in g.nodes if op_info(node.op).kind != OpKind.VIEW for v in node.inputs]
+    reads += [m.value for m in g.mutations]
+    for v in reads:
+        r = root.get(v, v)
+        if r == v:
+            whole.add(v)
+        else:
+            through.setdefault(r, []).append(g.metas[v])
+    floor = 0
+    for inp in g.inputs:
+        if inp.name in whole:
+            floor += inp.meta.nbytes
+        elif inp.name in through:  # as in a segment's reads: what the views touch, at most all of it
+            floor += footprint(through[inp.name], inp.meta)
     seen: set[str] = set()
     for name, alias in zip(g.outputs, g.output_aliases):
         if (alias is None or alias.source != "input") and name not in seen and name not in g.input_names:
@@ -115,9 +128,32 @@ def bytes_floor(sf: SegmentedFusion) -> int:
     return floor
 
 
+def _contains(a: TensorMeta, b: TensorMeta) -> bool:
+    """Whether view ``b`` touches only elements view ``a`` touches (same strides, b's box inside a's)."""
+    if a.stride != b.stride or a.dtype != b.dtype:
+        return False
+    rem = b.storage_offset - a.storage_offset
+    if rem < 0:
+        return False
+    for d in sorted(range(len(a.shape)), key=lambda d: -a.stride[d]):
+        st = a.stride[d]
+        start = rem // st if st > 0 else 0
+        rem -= start * st
+        if start + b.shape[d] > a.shape[d]:
+            return False
+    return rem == 0
+
+
 def footprint(metas: list[TensorMeta], whole: TensorMeta) -> int:
-    """Bytes a segment reads of one input: what its view chains touch, at most the whole value."""
-    return min(whole.nbytes, sum(m.nbytes for m in metas)) if metas else whole.nbytes
+    """Bytes read of one value through views of it: what the views touch (a view inside another
+    counts once), at most the whole value."""
+    if not metas:
+        return whole.nbytes
+    distinct = list(dict.fromkeys(metas))
+    kept = [b for i, b in enumerate(distinct)
+            if b.numel and not any(j != i and a.numel and _contains(a, b) and not (_contains(b, a) and j > i)
+                                   for j, a in enumerate(distinct))]
+    return min(whole.nbytes, sum(m.nbytes for m in kept))
 
 
 def contiguous_nbytes(m: TensorMeta) -> int:
