@@ -19,7 +19,7 @@ from segmenter import FusionGraph, SegmenterOptions, segment
 from segmenter.from_torch import bind_inputs
 from segmenter.reference import clone_inputs, run_graph
 
-from .targets import Target
+from .targets import Target, TargetError
 
 __all__ = ["random_inputs", "run_target"]
 
@@ -47,6 +47,9 @@ def _storage(t: torch.Tensor) -> int:
 
 def run_target(target: Target, mode: str = "post", options: SegmenterOptions | None = None) -> dict[str, Any]:
     graph = target.graph
+    if any(i.meta.device_type == "meta" for i in graph.inputs):
+        raise TargetError(f"{graph.name}: its inputs are meta tensors (shapes only); it can be segmented and "
+                          "profiled, not run")
     plan = apply_aliases(segment(graph, options), mode)
     program = runtime.compile(plan)
     if target.fn is not None:

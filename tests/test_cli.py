@@ -115,3 +115,8 @@ def test_profile_formats(capsys, tmp_path, fmt, marker) -> None:
 def test_profile_unknown_model(capsys) -> None:
     code, out, err = run(capsys, "profile", "nope")
     assert code == 2 and "unknown model 'nope'" in err and err.count("\n") == 1
+
+
+def test_run_refuses_meta_examples(capsys) -> None:
+    code, _, err = run(capsys, "run", "rope-llama3-8b")
+    assert code == 2 and "meta tensors" in err
