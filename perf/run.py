@@ -17,7 +17,7 @@ from alias import apply_aliases
 from runtime.memory import PeakTracker, modeled_peak
 from segmenter import FusionGraph, SegmenterOptions, segment
 from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs, run_graph
+from segmenter.reference import clone_inputs, run_graph, storage_key
 
 from .targets import Target, TargetError
 
@@ -42,7 +42,7 @@ def random_inputs(graph: FusionGraph) -> list[torch.Tensor]:
 
 
 def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    return storage_key(t)
 
 
 def run_target(target: Target, mode: str = "post", options: SegmenterOptions | None = None) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from segmenter import FusionGraph, GraphError, Node, Segment, SegmentedFusion, S
 from segmenter.ir import OpRef, ValueRef
 from segmenter.meta import run_node
 from segmenter.ops import resolve_op
-from segmenter.reference import check_inputs, finish
+from segmenter.reference import check_inputs, finish, storage_key
 
 from .backends import choose_backend
 from .inplace import out_overload, plan_in_place_writes
@@ -149,7 +149,7 @@ def _torch_launch(
 
     def run(env: Env) -> None:
         local = {v: env[v] for v in needed}
-        in_storages = {t.untyped_storage().data_ptr() for t in local.values()}
+        in_storages = {storage_key(t) for t in local.values()}
         for v in dying:
             del env[v]
         for call, names, dead in steps:
@@ -164,9 +164,9 @@ def _torch_launch(
             if o in written:
                 pass  # the input itself, holding its final value (see Note [in-place write-back])
             elif o in materialize:
-                t = t.contiguous() if t.untyped_storage().data_ptr() not in in_storages else t.clone(
+                t = t.contiguous() if storage_key(t) not in in_storages else t.clone(
                     memory_format=torch.contiguous_format)
-            elif (t.untyped_storage().data_ptr() in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m):
+            elif (storage_key(t) in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m):
                 # A launch writes its outputs, in the layout the plan was compiled for (graph
                 # outputs keep eager's strides even where a contiguous copy fed the kernel).
                 t = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)

@@ -157,10 +157,11 @@ def _storage_bases(program: torch.nn.Module, user: Sequence[torch.Tensor]) -> tu
     bases, roles, index = [], [], {}
     for sid, members in groups.items():
         metas = [TensorMeta.from_tensor(user[i]) for i in members]
-        lo = min(m.storage_offset for m in metas)
+        # from element 0 of the storage: the program's as_strided offsets are then the real ones
+        lo = 0
         hi = max(m.storage_extent for m in metas)
         index[sid] = (len(bases), lo)
-        bases.append(user[members[0]].as_strided((hi - lo,), (1,), lo))
+        bases.append(user[members[0]].as_strided((hi,), (1,), 0))
         roles.append(("storage", "args:" + ",".join(map(str, members))))
     plan = []
     for i, t in enumerate(user):

@@ -15,7 +15,13 @@ import torch
 from .ir import FusionGraph, GraphError, TensorMeta
 from .meta import run_node
 
-__all__ = ["check_inputs", "clone_inputs", "evaluate", "finish", "run_graph"]
+__all__ = ["check_inputs", "clone_inputs", "evaluate", "finish", "run_graph", "storage_key"]
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of the storage behind ``t`` (the storage object itself: unlike its data pointer,
+    distinct for every empty storage, and defined on the meta device)."""
+    return t.untyped_storage()._cdata
 
 
 def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
@@ -32,7 +38,7 @@ def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
             raise GraphError(f"input {spec.name!r}: expected {want} on {want.device}, got {got} on {got.device}")
     seen: dict[object, int] = {}
     for i, t in enumerate(inputs):
-        key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+        key = storage_key(t)
         first = seen.setdefault(key, graph.inputs[i].storage)
         if first != graph.inputs[i].storage and t.numel():
             raise GraphError(f"input {graph.inputs[i].name!r} shares a storage the graph does not expect it to")
@@ -54,7 +60,7 @@ def clone_inputs(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     copies: dict[int, torch.Tensor] = {}
     out = []
     for t in tensors:
-        key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+        key = storage_key(t)
         store = copies.get(key)
         if store is None:
             store = torch.empty(0, dtype=torch.uint8, device=t.device)
@@ -83,11 +89,11 @@ def finish(
     """Write mutated inputs' final values into them and hand back the outputs: a view of the
     same storage, with the original layout, where the original program returned a view; a
     tensor sharing no storage with an input or another output everywhere else."""
-    input_storages = {t.untyped_storage().data_ptr() for t in inputs}
+    input_storages = {storage_key(t) for t in inputs}
 
     def detached(t: torch.Tensor) -> torch.Tensor:
         # Functional values may still be views of inputs; copy them before any write-back.
-        return _fresh(t) if t.untyped_storage().data_ptr() in input_storages else t
+        return _fresh(t) if storage_key(t) in input_storages else t
 
     for m in graph.mutations:
         t = inputs[m.input]
@@ -106,9 +112,9 @@ def finish(
             fresh.append(None)
             continue
         t = detached(env[o])
-        if t.untyped_storage().data_ptr() in taken and t.numel():
+        if storage_key(t) in taken and t.numel():
             t = _fresh(t)  # a plan may have made two outputs views of one buffer; the original did not
-        taken.add(t.untyped_storage().data_ptr())
+        taken.add(storage_key(t))
         fresh.append(t)
     for i, val in finals.items():
         inputs[i].copy_(val)
@@ -120,5 +126,9 @@ def finish(
         # A view in the original program: the same storage, with the original's layout.
         base = inputs[alias.index] if alias.source == "input" else result[alias.index]
         layout = alias.layout or graph.metas[name]
-        result.append(base.as_strided(layout.shape, layout.stride, layout.storage_offset))
+        if layout.dtype != base.dtype:  # a view(dtype) of the input: same storage, read as another dtype
+            view = torch.empty(0, dtype=layout.dtype, device=base.device)
+            result.append(view.set_(base.untyped_storage(), layout.storage_offset, layout.shape, layout.stride))
+        else:
+            result.append(base.as_strided(layout.shape, layout.stride, layout.storage_offset))
     return result

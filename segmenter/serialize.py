@@ -40,11 +40,13 @@ from .functionalize import functionalize
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
 from .ops import op_info
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "load", "to_json"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
+           "load", "to_json"]
 
 SCHEMA = "fusion-segmenter/graph"
 SCHEMA_VERSION = 1
 MAX_DIM = 2**48
+MAX_NESTING = 32  # argument lists nest a level or two; deeper is a broken file, not a RecursionError
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _LAYOUTS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.layout)}
 _FORMATS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.memory_format)}
@@ -149,11 +151,13 @@ def _meta_in(d: Any, where: str) -> TensorMeta:
         raise GraphFormatError(f"{where}: {e}") from None
 
 
-def _arg_in(a: Any, where: str) -> Arg:
+def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
     if isinstance(a, list):
-        return tuple(_arg_in(x, f"{where}[{i}]") for i, x in enumerate(a))
+        if depth >= MAX_NESTING:
+            raise GraphFormatError(f"{where}: arguments nested more than {MAX_NESTING} deep")
+        return tuple(_arg_in(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(a))
     if isinstance(a, dict) and len(a) == 1:
         (key, val), = a.items()
         if key == "value" and isinstance(val, str):
@@ -161,7 +165,7 @@ def _arg_in(a: Any, where: str) -> Arg:
         if key == "op" and isinstance(val, str):
             return OpRef(val)
         table = {"dtype": _DTYPES, "layout": _LAYOUTS, "memory_format": _FORMATS}.get(key)
-        if table is not None and val in table:
+        if table is not None and isinstance(val, str) and val in table:  # a list/object is unhashable
             return table[val]
         if key == "device" and isinstance(val, str):
             try:
@@ -169,7 +173,8 @@ def _arg_in(a: Any, where: str) -> Arg:
             except RuntimeError:
                 pass
         if key == "float" and val in ("inf", "-inf", "nan"):
-            return float(val)
+            # nan != nan: only the one math.nan object lets graphs compare equal (tuples check identity first)
+            return math.nan if val == "nan" else float(val)
         raise GraphFormatError(f"{where}: bad {key!r} argument {val!r}")
     raise GraphFormatError(f"{where}: unsupported argument {json.dumps(a)[:60]}")
 
@@ -253,13 +258,23 @@ def _refs(a: Arg) -> list[str]:
     return []
 
 
+def _optional_list(d: dict[str, Any], key: str) -> list[Any]:
+    """``output_aliases`` / ``mutations`` may be left out (or null) by a fuser that has none."""
+    v = d.get(key)
+    if v is not None and not isinstance(v, list):
+        raise GraphFormatError(f"{key}: expected list, got {type(v).__name__}")
+    return v or []
+
+
 def graph_from_dict(d: Any) -> FusionGraph:
     if not isinstance(d, dict):
         raise GraphFormatError(f"top level: expected an object, got {type(d).__name__}")
     if d.get("schema") != SCHEMA:
         raise GraphFormatError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}")
-    if d.get("version") != SCHEMA_VERSION:
-        raise GraphFormatError(f"version: {d.get('version')!r} is not supported (supported: {SCHEMA_VERSION})")
+    version = d.get("version")
+    if type(version) is not int or version != SCHEMA_VERSION:  # True and 1.0 both == 1
+        what = "missing" if "version" not in d else f"{json.dumps(version)} is not supported"
+        raise GraphFormatError(f"version: {what} (supported: {SCHEMA_VERSION})")
     name = _need(d, "name", str, "graph")
     inputs = []
     for i, raw in enumerate(_need(d, "inputs", list, "graph")):
@@ -277,7 +292,7 @@ def graph_from_dict(d: Any) -> FusionGraph:
     if not all(isinstance(o, str) for o in outputs):
         raise GraphFormatError("outputs: expected a list of value names")
     aliases = []
-    for i, a in enumerate(d.get("output_aliases") or [None] * len(outputs)):
+    for i, a in enumerate(_optional_list(d, "output_aliases") or [None] * len(outputs)):
         if a is None:
             aliases.append(None)
             continue
@@ -288,7 +303,7 @@ def graph_from_dict(d: Any) -> FusionGraph:
         aliases.append(Alias(source, _need(a, "index", int, f"output_aliases[{i}]"),  # type: ignore[arg-type]
                              None if layout is None else _meta_in(layout, f"output_aliases[{i}].layout")))
     mutations = [Mutation(_need(m, "input", int, f"mutations[{i}]"), _need(m, "value", str, f"mutations[{i}]"))
-                 for i, m in enumerate(d.get("mutations") or [])]
+                 for i, m in enumerate(_optional_list(d, "mutations"))]
     ordered = _topological(nodes, {i.name for i in inputs})
     for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
         warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
@@ -310,6 +325,8 @@ def from_json(text: str) -> FusionGraph:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise GraphFormatError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except (ValueError, RecursionError) as e:  # an int of over 4300 digits; arrays nested too deep
+        raise GraphFormatError(f"not valid JSON: {e}") from None
     return graph_from_dict(data)
 
 

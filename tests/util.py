@@ -10,11 +10,11 @@ from torch.utils import _pytree as pytree
 
 from segmenter import FusionGraph, TensorMeta
 from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs, run_graph
+from segmenter.reference import clone_inputs, run_graph, storage_key
 
 
 def storage_of(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    return storage_key(t)
 
 
 def alias_pattern(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[tuple]:
