@@ -1,67 +1,71 @@
-"""Which backend runs each kernel segment: nvFuser, then CuPy, then torch.
+"""Which backend runs each kernel segment: nvFuser, then CuPy, then torch (and, when asked for
+by name, ``cpp``: the CuPy kernel generator's C++ target, compiled by the machine's compiler).
 
-Each backend says whether it can run at all here (installed? the right device?) and whether it
-takes a given segment; the first that does runs it, and every step down the list is recorded
-with its reason. Only the torch backend exists yet: the nvFuser lowering and the CuPy kernel
-generator are not built, and say so.
+Each backend says whether it can run at all here (installed? the right device?); the program
+then asks it to build the segment, and a backend that declines (``Declined``: an op the
+generator does not take, a layout it cannot index...) is passed over with its reason recorded.
+The torch backend takes every segment.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 
-from segmenter import FusionGraph, Segment
-
-__all__ = ["BACKENDS", "Choice", "choose_backend"]
+__all__ = ["BACKENDS", "Backend", "backends_for"]
 
 
 @dataclass(frozen=True)
-class _Backend:
+class Backend:
     name: str
     module: str | None  # the package it needs
-    needs_cuda: bool
-    built: bool
+    device: str | None  # the device type it runs on (None: any)
+    auto: bool  # tried without being asked for by name
 
     def unavailable(self, device_type: str) -> str | None:
         if self.module is not None and importlib.util.find_spec(self.module) is None:
             return f"{self.module} is not installed"
-        if self.needs_cuda and device_type != "cuda":
-            return f"needs a CUDA device (the graph is on {device_type})"
-        if not self.built:
-            return "not built yet"
-        return None
+        if self.device is not None and device_type != self.device:
+            return f"needs a {self.device.upper()} device (the graph is on {device_type})"
+        if self.name == "cpp":
+            from .codegen.build import cpu_compiler
 
-    def declines(self, graph: FusionGraph, seg: Segment) -> str | None:
+            if cpu_compiler() is None:
+                return "no C++ compiler found (set CXX)"
+        if self.name == "cupy":
+            import cupy
+
+            if not cupy.cuda.is_available():
+                return "CuPy finds no CUDA device"
+        if self.name in os.environ.get("FUSEG_DISABLE", "").split(","):
+            return "disabled by FUSEG_DISABLE"
         return None
 
 
 BACKENDS = (
-    _Backend("nvfuser", "nvfuser", needs_cuda=True, built=False),
-    _Backend("cupy", "cupy", needs_cuda=True, built=False),
-    _Backend("torch", None, needs_cuda=False, built=True),
+    Backend("nvfuser", "nvfuser", "cuda", auto=True),
+    Backend("cupy", "cupy", "cuda", auto=True),
+    Backend("torch", None, None, auto=True),
+    Backend("cpp", None, "cpu", auto=False),
 )
 
 
-@dataclass(frozen=True)
-class Choice:
-    backend: str
-    passed_over: tuple[tuple[str, str], ...]  # (backend, why not), in order
-
-
-def choose_backend(graph: FusionGraph, seg: Segment, forced: str = "auto") -> Choice:
-    device_type = graph.inputs[0].meta.device_type if graph.inputs else "cpu"
+def backends_for(device_type: str, forced: str = "auto") -> list[tuple[Backend, str | None]]:
+    """The backends to try in order, each with why it cannot run here (None: it can)."""
     names = [b.name for b in BACKENDS]
     if forced != "auto" and forced not in names:
         raise ValueError(f"unknown backend {forced!r} (known: auto, {', '.join(names)})")
-    passed: list[tuple[str, str]] = []
+    out = []
     for b in BACKENDS:
-        if forced != "auto" and b.name != forced:
+        if forced == "auto" and not b.auto:
             continue
-        why = b.unavailable(device_type) or b.declines(graph, seg)
-        if why is None:
-            return Choice(b.name, tuple(passed))
-        if forced != "auto":
+        if forced != "auto" and b.name not in (forced, "torch"):
+            continue
+        why = b.unavailable(device_type)
+        if forced == b.name and why is not None:
             raise ValueError(f"backend {forced!r} is not available: {why}")
-        passed.append((b.name, why))
-    raise AssertionError("the torch backend always runs")  # pragma: no cover
+        out.append((b, why))
+    if forced not in ("auto", "torch"):  # the named backend first, torch where it declines
+        out.sort(key=lambda e: e[0].name == "torch")
+    return out

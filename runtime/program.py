@@ -22,7 +22,8 @@ from segmenter.meta import run_node
 from segmenter.ops import resolve_op
 from segmenter.reference import check_inputs, finish, storage_key
 
-from .backends import choose_backend
+from .backends import backends_for
+from .codegen import Declined
 from .inplace import out_overload, plan_in_place_writes
 
 __all__ = ["CompiledProgram", "Launch", "compile_program"]
@@ -188,12 +189,8 @@ class CompiledProgram:
         #: per kernel segment, the backends passed over and why (segment index -> [(backend, reason)])
         self.passed_over: dict[int, tuple[tuple[str, str], ...]] = {}
         self.backend_of: dict[int, str] = {}
-        for seg in plan.segments:
-            if seg.kind not in (SegmentKind.METADATA, SegmentKind.OPAQUE):
-                choice = choose_backend(graph, seg, backend)
-                self.backend_of[seg.index] = choice.backend
-                if choice.passed_over:
-                    self.passed_over[seg.index] = choice.passed_over
+        #: per segment run by a generated kernel, that kernel (runtime.codegen.Kernel)
+        self.kernels: dict[int, object] = {}
         keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names)
         last_use: dict[str, int] = {}
         for seg in plan.segments:
@@ -209,16 +206,45 @@ class CompiledProgram:
         #: node -> the input it writes in place; input -> why its write-back stays a copy
         self.in_place, self.copy_write_backs = plan_in_place_writes(plan)
         self.written_in_place = frozenset(self.in_place.values())
+        device_type = graph.inputs[0].meta.device_type if graph.inputs else "cpu"
+        choices = backends_for(device_type, backend)
         launches = []
         for seg in plan.segments:
             frees = tuple(v for v, k in last_use.items() if k == seg.index and v not in keep)
             if seg.kind == SegmentKind.METADATA:
                 launches.append(Launch(seg.index, seg.kind, "metadata", _metadata_launch(graph, seg), frees))
-            else:
-                name = self.backend_of.get(seg.index, "torch")  # OPAQUE segments always run on torch
-                launches.append(Launch(seg.index, seg.kind, name,
-                                       _torch_launch(graph, seg, materialize, frees, self.in_place), frees))
+                continue
+            torch_run = _torch_launch(graph, seg, materialize, frees, self.in_place)
+            if seg.kind == SegmentKind.OPAQUE:  # always on torch
+                launches.append(Launch(seg.index, seg.kind, "torch", torch_run, frees))
+                continue
+            passed: list[tuple[str, str]] = []
+            for b, why in choices:
+                run = torch_run if b.name == "torch" else None
+                if why is None and run is None:
+                    try:
+                        run = self._build(b.name, seg, materialize, frees, torch_run)
+                    except Declined as e:
+                        why = str(e)
+                if run is not None:
+                    break
+                passed.append((b.name, why))
+            self.backend_of[seg.index] = b.name
+            if passed:
+                self.passed_over[seg.index] = tuple(passed)
+            launches.append(Launch(seg.index, seg.kind, b.name, run, frees))
         self.launches = tuple(launches)
+
+    def _build(self, name: str, seg: Segment, materialize: frozenset[str], frees: tuple[str, ...],
+               torch_run: Callable[[Env], None]) -> Callable[[Env], None]:
+        if name == "nvfuser":
+            raise Declined("the nvFuser lowering is not built yet")
+        from .generated import generated_launch
+
+        run, kernel = generated_launch(self.graph, seg, "cuda" if name == "cupy" else "cpu", materialize, frees,
+                                       self.in_place, torch_run)
+        self.kernels[seg.index] = kernel
+        return run
 
     @property
     def fallbacks(self) -> list[str]:

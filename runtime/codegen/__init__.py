@@ -1,0 +1,11 @@
+"""One kernel generator, two targets: CUDA source for CuPy, C++ for the machine's compiler.
+
+``lower_segment`` turns a POINTWISE, REDUCTION or NORMALIZATION segment into a ``Kernel`` (its
+parameters and a body of index math and per-element expressions), or raises ``Declined`` with
+the reason; ``Kernel.source("cuda" | "cpu")`` wraps the same body for either target.
+"""
+
+from .ctypes_ import Declined
+from .lower import Kernel, Param, lower_segment
+
+__all__ = ["Declined", "Kernel", "Param", "lower_segment"]

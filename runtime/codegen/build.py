@@ -1,0 +1,98 @@
+"""Compiling generated kernels: C++ with the machine's compiler (CPU), CUDA with CuPy (GPU),
+and CUDA with nvcc for checks without a GPU. Every build is cached by the exact source text:
+in this process (a second call compiles nothing) and, for the CPU build, on disk."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+
+from .ctypes_ import Declined
+from .lower import Kernel
+
+__all__ = ["CompileError", "build_cpu", "build_cuda", "cache_dir", "cpu_compiler", "nvcc_check"]
+
+
+class CompileError(RuntimeError):
+    """Generated source that the compiler refused (a generator bug): the message holds its log."""
+
+
+_CPU: dict[str, Callable[..., None]] = {}
+_CUDA: dict[str, object] = {}
+#: number of compilations run in this process (tests read it to see that the cache works)
+compilations = {"cpu": 0, "cuda": 0}
+
+
+def cache_dir() -> str:
+    path = os.environ.get("FUSEG_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuseg", "kernels")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def cpu_compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def build_cpu(kernel: Kernel) -> Callable[..., None]:
+    """The kernel compiled for the CPU: a function taking one data pointer per parameter."""
+    src = kernel.source("cpu")
+    digest = hashlib.sha256(src.encode()).hexdigest()[:24]
+    fn = _CPU.get(digest)
+    if fn is not None:
+        return fn
+    cxx = cpu_compiler()
+    if cxx is None:
+        raise Declined("no C++ compiler found (set CXX)")
+    lib_path = os.path.join(cache_dir(), f"{kernel.name}_{digest}.so")
+    if not os.path.exists(lib_path):
+        with tempfile.TemporaryDirectory() as tmp:
+            cpp = os.path.join(tmp, "k.cpp")
+            with open(cpp, "w") as f:
+                f.write(src)
+            out = os.path.join(tmp, "k.so")
+            r = subprocess.run([cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math", "-o", out, cpp],
+                               capture_output=True, text=True)
+            compilations["cpu"] += 1
+            if r.returncode != 0:
+                raise CompileError(f"{cxx} refused kernel {kernel.name}:\n{r.stderr[-4000:]}\n--- source ---\n{src}")
+            os.replace(out, lib_path)  # atomic: a concurrent build of the same kernel is harmless
+    lib = ctypes.CDLL(lib_path)
+    fn = getattr(lib, kernel.name)
+    fn.argtypes = [ctypes.c_void_p] * len(kernel.params)
+    fn.restype = None
+    _CPU[digest] = fn
+    return fn
+
+
+def build_cuda(kernel: Kernel):
+    """The kernel compiled by CuPy (NVRTC) for the current device: a ``cupy.RawKernel``."""
+    import cupy
+
+    src = kernel.source("cuda")
+    key = f"{cupy.cuda.Device().id}:{hashlib.sha256(src.encode()).hexdigest()}"
+    fn = _CUDA.get(key)
+    if fn is None:
+        module = cupy.RawModule(code=src, options=("-std=c++17",))
+        fn = module.get_function(kernel.name)
+        compilations["cuda"] += 1
+        _CUDA[key] = fn
+    return fn
+
+
+def nvcc_check(kernel: Kernel, arch: str = "sm_90") -> subprocess.CompletedProcess:
+    """Compile the exact CUDA source CuPy would get with nvcc (no GPU needed)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not on the PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = os.path.join(tmp, "k.cu")
+        with open(cu, "w") as f:
+            f.write(kernel.source("cuda"))
+        return subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", "-o", os.path.join(tmp, "k.o"), cu],
+                              capture_output=True, text=True)

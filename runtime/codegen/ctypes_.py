@@ -1,0 +1,172 @@
+"""C types, literals and the shared prelude of generated kernels (both targets).
+
+Storage types are what a tensor's memory holds; compute types are what the kernel computes in:
+fp16/bf16/fp32 compute in float (as torch's CUDA kernels do), fp64 in double, every integer type
+in long long, bool in bool. fp16 and bf16 are stored as ``unsigned short`` and converted by the
+bit-level routines below, the same code on the GPU and on the CPU, so the CPU build checks them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["COMPUTE", "STORAGE", "Declined", "compute_type", "literal", "prelude", "storage_type"]
+
+
+class Declined(Exception):
+    """The generator does not take this segment; the message says why (recorded by the runtime)."""
+
+
+STORAGE: dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "unsigned short",
+    torch.bfloat16: "unsigned short", torch.bool: "bool", torch.uint8: "unsigned char",
+    torch.int8: "signed char", torch.int16: "short", torch.int32: "int", torch.int64: "long long",
+}
+COMPUTE: dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "float", torch.bfloat16: "float",
+    torch.bool: "bool", torch.uint8: "long long", torch.int8: "long long", torch.int16: "long long",
+    torch.int32: "long long", torch.int64: "long long",
+}
+
+
+def storage_type(dtype: torch.dtype) -> str:
+    if dtype not in STORAGE:
+        raise Declined(f"dtype {dtype} is not supported by the kernel generator")
+    return STORAGE[dtype]
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    storage_type(dtype)
+    return COMPUTE[dtype]
+
+
+def literal(value: object, ctype: str) -> str:
+    """A Python scalar as a C literal of ``ctype``."""
+    if isinstance(value, complex):
+        raise Declined("complex scalars are not supported")
+    if ctype == "bool":
+        return "true" if value else "false"
+    if ctype == "long long":
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise Declined(f"scalar {value} in an integer computation")
+            value = int(value)
+        v = int(value)
+        return "(-9223372036854775807LL - 1)" if v == -(2 ** 63) else f"{v}LL"
+    v = float(value)
+    if math.isnan(v):
+        return f"(({ctype})FUSEG_NAN)"
+    if math.isinf(v):
+        return f"(({ctype})FUSEG_INF)" if v > 0 else f"(-({ctype})FUSEG_INF)"
+    text = repr(v)
+    return f"{text}f" if ctype == "float" else text
+
+
+def load(dtype: torch.dtype, ref: str) -> str:
+    if dtype == torch.float16:
+        return f"fuseg_h2f({ref})"
+    if dtype == torch.bfloat16:
+        return f"fuseg_bf2f({ref})"
+    return f"(({COMPUTE[dtype]}){ref})"
+
+
+def store(dtype: torch.dtype, expr: str) -> str:
+    if dtype == torch.float16:
+        return f"fuseg_f2h((float)({expr}))"
+    if dtype == torch.bfloat16:
+        return f"fuseg_f2bf((float)({expr}))"
+    return f"(({STORAGE[dtype]})({expr}))"
+
+
+_COMMON = r"""
+FUSEG_FN float fuseg_h2f(unsigned short h) {
+  unsigned int sign = ((unsigned int)h & 0x8000u) << 16, e = ((unsigned int)h >> 10) & 0x1fu, m = (unsigned int)h & 0x3ffu;
+  if (e == 0x1fu) return fuseg_bits2f(sign | 0x7f800000u | (m << 13));
+  if (e == 0u) { float f = (float)m * 5.9604644775390625e-08f; return sign ? -f : f; }
+  return fuseg_bits2f(sign | ((e + 112u) << 23) | (m << 13));
+}
+FUSEG_FN unsigned short fuseg_f2h(float f) {
+  unsigned int x = fuseg_f2bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+  if (a < 0x38800000u) {
+    unsigned int e = a >> 23;
+    if (e < 102u) return (unsigned short)sign;
+    unsigned int mant = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    unsigned int q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q += 1u;
+    return (unsigned short)(sign | q);
+  }
+  unsigned int h = (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu), rem = a & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1u;
+  return (unsigned short)(sign | h);
+}
+FUSEG_FN float fuseg_bf2f(unsigned short b) { return fuseg_bits2f((unsigned int)b << 16); }
+FUSEG_FN unsigned short fuseg_f2bf(float f) {
+  unsigned int x = fuseg_f2bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+  return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+template <class T> FUSEG_FN T fuseg_max(T a, T b) { return (a != a || b != b) ? (T)(a + b) : (a > b ? a : b); }
+template <class T> FUSEG_FN T fuseg_min(T a, T b) { return (a != a || b != b) ? (T)(a + b) : (a < b ? a : b); }
+template <class T> FUSEG_FN T fuseg_sum(T a, T b) { return (T)(a + b); }
+template <class T> FUSEG_FN T fuseg_any(T a, T b) { return (T)(a || b); }
+template <class T> FUSEG_FN T fuseg_all(T a, T b) { return (T)(a && b); }
+"""
+
+_CUDA = r"""
+#define FUSEG_FN __device__ __forceinline__
+#define FUSEG_INF __int_as_float(0x7f800000)
+#define FUSEG_NAN __int_as_float(0x7fc00000)
+#define FUSEG_BLOCK ((FUSEG_I)blockIdx.x)
+#define FUSEG_NBLOCKS ((FUSEG_I)gridDim.x)
+#define FUSEG_THREAD ((FUSEG_I)threadIdx.x)
+#define FUSEG_BLOCK_DIM ((FUSEG_I)blockDim.x)
+FUSEG_FN float fuseg_bits2f(unsigned int u) { return __uint_as_float(u); }
+FUSEG_FN unsigned int fuseg_f2bits(float f) { return __float_as_uint(f); }
+""" + _COMMON + r"""
+// One value per thread in, the block's combined value out, in every thread.
+template <class T, T (*OP)(T, T)> __device__ T fuseg_block_reduce(T v, T identity) {
+  __shared__ T buf[32];
+  for (int o = 16; o > 0; o >>= 1) v = OP(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) buf[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? buf[lane] : identity;
+    for (int o = 16; o > 0; o >>= 1) v = OP(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) buf[0] = v;
+  }
+  __syncthreads();
+  return buf[0];
+}
+"""
+
+_CPU = r"""
+#include <cmath>
+#include <cstring>
+#include <limits>
+using namespace std;
+#define FUSEG_FN static inline
+#define FUSEG_INF (std::numeric_limits<float>::infinity())
+#define FUSEG_NAN (std::numeric_limits<float>::quiet_NaN())
+#define FUSEG_BLOCK ((FUSEG_I)0)
+#define FUSEG_NBLOCKS ((FUSEG_I)1)
+#define FUSEG_THREAD ((FUSEG_I)0)
+#define FUSEG_BLOCK_DIM ((FUSEG_I)1)
+#define __global__
+static inline float fuseg_bits2f(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned int fuseg_f2bits(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float rsqrt(float x) { return 1.0f / sqrt(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+""" + _COMMON + r"""
+// One thread per block on the CPU: the block's value is the thread's.
+template <class T, T (*OP)(T, T)> static inline T fuseg_block_reduce(T v, T) { return v; }
+"""
+
+
+def prelude(target: str) -> str:
+    return _CUDA if target == "cuda" else _CPU

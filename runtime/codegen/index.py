@@ -1,0 +1,81 @@
+"""Index math: how an element index of a view/injective op's output maps to its input.
+
+Indices are lists of C expressions (strings), one per dim; "0" for a size-1 dim. Every function
+here returns the input's index for an output index, or raises Declined.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ctypes_ import Declined
+
+__all__ = ["broadcast", "contiguous_strides", "linear", "reshape", "unravel_terms"]
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def linear(idx: list[str], shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
+    terms = [f"{i} * {s}" if s != 1 else i for i, n, s in zip(idx, shape, stride) if n != 1 and s != 0]
+    return " + ".join(terms) if terms else "0"
+
+
+def unravel_terms(lin: str, shape: tuple[int, ...]) -> list[str]:
+    """The index of linear position ``lin`` in a row-major ``shape``, as expressions."""
+    cs = contiguous_strides(shape)
+    first = next((d for d, n in enumerate(shape) if n != 1), None)
+    out = []
+    for d, (n, s) in enumerate(zip(shape, cs)):
+        if n == 1:
+            out.append("0")
+            continue
+        q = lin if s == 1 else f"({lin}) / {s}"
+        out.append(f"({q})" if d == first else f"(({q}) % {n})")
+    return out
+
+
+def broadcast(idx: list[str], in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    off = len(out_shape) - len(in_shape)
+    if off < 0:
+        raise Declined(f"cannot broadcast {list(in_shape)} to {list(out_shape)}")
+    return ["0" if n == 1 else idx[off + d] for d, n in enumerate(in_shape)]
+
+
+def reshape(idx: list[str], in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """Row-major reshape, dim groups of equal product mapped separately (so leading and trailing
+    dims that a reshape leaves alone keep their index as it is)."""
+    if in_shape == out_shape:
+        return list(idx)
+    if math.prod(in_shape) == 0:
+        return ["0"] * len(in_shape)
+    ins = [d for d, n in enumerate(in_shape) if n != 1]
+    outs = [d for d, n in enumerate(out_shape) if n != 1]
+    result = ["0"] * len(in_shape)
+    a = b = 0
+    while a < len(ins) or b < len(outs):
+        ga, gb = [ins[a]], [outs[b]]
+        pa, pb = in_shape[ins[a]], out_shape[outs[b]]
+        a, b = a + 1, b + 1
+        while pa != pb:
+            if pa < pb:
+                ga.append(ins[a])
+                pa *= in_shape[ins[a]]
+                a += 1
+            else:
+                gb.append(outs[b])
+                pb *= out_shape[outs[b]]
+                b += 1
+        if len(ga) == 1 and len(gb) == 1:
+            result[ga[0]] = idx[gb[0]]
+            continue
+        sub_out = tuple(out_shape[d] for d in gb)
+        lin = linear([idx[d] for d in gb], sub_out, contiguous_strides(sub_out))
+        for d, term in zip(ga, unravel_terms(lin, tuple(in_shape[d] for d in ga))):
+            result[d] = term
+    return result

@@ -1,0 +1,112 @@
+"""Launching a generated kernel (runtime.codegen) for a segment: CuPy on CUDA, C++ on the CPU.
+
+The kernel is lowered and compiled when the program is compiled, for the layouts the values
+will have at run time (see ``layouts``); at run time each input is checked against that layout
+(a cheap tuple comparison) and a mismatch runs the segment on torch instead of misreading it.
+Outputs are written into buffers allocated here, in their planned layout, or, for a mutated
+input whose final value the kernel computes (Note [in-place write-back]), into the input itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from segmenter import FusionGraph, Segment
+
+from .codegen import Kernel, lower_segment
+from .codegen.build import build_cpu, build_cuda
+from .codegen.index import contiguous_strides
+
+__all__ = ["generated_launch", "layouts"]
+
+Env = dict[str, torch.Tensor]
+
+
+def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], written: dict[str, str]) -> dict:
+    """value -> (shape, strides) the kernel reads (inputs) or writes (outputs)."""
+    out = {}
+    for v in (*seg.inputs, *seg.outputs):
+        m = graph.metas[v]
+        if v in written:
+            t = graph.metas[written[v]]
+            out[v] = (t.shape, t.stride)
+        elif v in materialize:
+            out[v] = (m.shape, contiguous_strides(m.shape))
+        else:
+            out[v] = (m.shape, m.stride)
+    return out
+
+
+def _same(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> bool:
+    return (t.dtype == dtype and tuple(t.shape) == shape
+            and all(a == b for n, a, b in zip(shape, t.stride(), stride) if n != 1))
+
+
+def generated_launch(graph: FusionGraph, seg: Segment, target: str, materialize: frozenset[str],
+                     dying: tuple[str, ...], in_place: dict[str, int], fallback: Callable[[Env], None],
+                     ) -> tuple[Callable[[Env], None], Kernel]:
+    """The launch callable and its kernel; raises Declined where the generator does not take ``seg``."""
+    targets = {n.name: graph.inputs[i].name for n, i in ((n, in_place.get(n.name)) for n in seg.nodes) if i is not None}
+    written = {n.outputs[0]: targets[n.name] for n in seg.nodes if n.name in targets}
+    kernel = lower_segment(graph, seg, layouts(graph, seg, materialize, written), targets, materialize)
+    fn = build_cuda(kernel) if target == "cuda" else build_cpu(kernel)
+    ins = [p for p in kernel.params if not p.output]
+    outs = [p for p in kernel.params if p.output]
+    device = torch.device(graph.inputs[0].meta.device) if graph.inputs else torch.device("cpu")
+    if target == "cuda":
+        call = _cuda_caller(fn, kernel)
+    else:
+        def call(tensors: list[torch.Tensor]) -> None:
+            fn(*[t.data_ptr() for t in tensors])
+    #: how often a run found an input in another layout than planned (and ran on torch)
+    stats = {"layout_fallbacks": 0}
+
+    def run(env: Env) -> None:
+        args = []
+        for p in ins:
+            t = env[p.value]
+            if not _same(t, p.shape, p.stride, p.dtype):
+                stats["layout_fallbacks"] += 1
+                fallback(env)
+                return
+            args.append(t)
+        results = []
+        for p in outs:
+            t = env[p.target] if p.target else torch.empty_strided(p.shape, p.stride, dtype=p.dtype, device=device)
+            args.append(t)
+            results.append(t)
+        if any(t.numel() for t in results):
+            call(args)
+        for v in dying:
+            del env[v]
+        for p, t in zip(outs, results):
+            env[p.value] = t
+
+    run.stats = stats  # type: ignore[attr-defined]
+    return run, kernel
+
+
+def _cuda_caller(fn, kernel: Kernel) -> Callable[[list[torch.Tensor]], None]:
+    import cupy
+    import numpy
+
+    streams: dict[int, object] = {}
+
+    def arg(t: torch.Tensor) -> object:
+        # DLPack hands CuPy the tensor's memory with no copy; CuPy has no bfloat16, so those
+        # (and empty tensors, whose pointer may be null) go as their raw device pointer.
+        if t.dtype == torch.bfloat16 or t.numel() == 0:
+            return numpy.uint64(t.data_ptr())
+        return cupy.from_dlpack(t)
+
+    def call(tensors: list[torch.Tensor]) -> None:
+        s = torch.cuda.current_stream(tensors[0].device)
+        stream = streams.get(s.cuda_stream)
+        if stream is None:
+            stream = streams[s.cuda_stream] = cupy.cuda.ExternalStream(s.cuda_stream, s.device.index)
+        with cupy.cuda.Device(s.device.index), stream:
+            fn((kernel.grid,), (kernel.block,), tuple(arg(t) for t in tensors))
+
+    return call

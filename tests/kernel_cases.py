@@ -1,0 +1,109 @@
+"""A table of small programs whose kernel segments the generator must take, covering every op
+family and layout it supports (strided, offset, stride-0, size-0 and size-1 dims, fp16/bf16).
+Shared by the CPU-harness tests, the nvcc compile check and the GPU validation run."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _strided(*shape: int, dtype=torch.float32) -> torch.Tensor:
+    """Non-contiguous: every other column of a wider tensor, at a storage offset."""
+    base = torch.randn(*shape[:-1], shape[-1] * 2 + 3, dtype=torch.float32).to(dtype)
+    return base[..., 3::2][..., : shape[-1]]
+
+
+def _offset(*shape: int, dtype=torch.float32) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randn(n + 7).to(dtype)[7:].view(shape)
+
+
+def _expanded(*shape: int) -> torch.Tensor:
+    return torch.randn(1, *shape[1:]).expand(*shape)
+
+
+def _rms(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return x * cos + rot * sin
+
+
+def _scatter_like(x, y):
+    z = x.clone()
+    z[:, 1:3] = y * 2
+    return z
+
+
+CASES: dict[str, tuple] = {
+    # elementwise math and broadcasting
+    "unary": (lambda x: (x.exp() + x.sin() * x.cos() - x.tanh() + x.abs().sqrt() + x.sigmoid(), torch.relu(x)),
+              [torch.randn(5, 7)]),
+    "binary-broadcast": (lambda x, y: (x * y + 2.5 - y / 3, torch.maximum(x, y), torch.minimum(x, y)),
+                         [torch.randn(4, 1, 6), torch.randn(3, 1)]),
+    "compare-where": (lambda x, y: (torch.where(x > y, x, y * 2), (x <= 0.5) & (y != 0), x.masked_fill(x < 0, -1.0)),
+                      [torch.randn(6, 5), torch.randn(6, 5)]),
+    "clamp-pow-gelu": (lambda x: (x.clamp(-0.5, 0.7), x.pow(2) + x.pow(3), F.gelu(x), F.gelu(x, approximate="tanh"),
+                                  F.silu(x), x.reciprocal()), [torch.randn(33)]),
+    "int-math": (lambda a, b: (a + b * 3, a - b, a * b, (a > b), -a), [torch.randint(-50, 50, (4, 5), dtype=torch.int32),
+                                                                            torch.randint(-50, 50, (4, 5), dtype=torch.int32)]),
+    "int-promote": (lambda a, x: (a + x, a * 0.5, a / 3), [torch.randint(-9, 9, (3, 4)), torch.randn(3, 4)]),
+    "bool-logic": (lambda a, b: (a & b, a | ~b, torch.logical_xor(a, b), a.logical_not()),
+                   [torch.rand(8) > 0.5, torch.rand(8) > 0.5]),
+    "uint8-wraps": (lambda a: (a + 250, a * 3), [torch.randint(0, 255, (16,), dtype=torch.uint8)]),
+    "casts": (lambda x: (x.to(torch.float16), x.to(torch.bfloat16), x.to(torch.int32), x.to(torch.float64), (x > 0).float(),
+                         x.half().float()), [torch.randn(7, 3) * 100]),
+    # layouts
+    "strided-input": (lambda x: x * 2 + 1, [_strided(5, 6)]),
+    "offset-input": (lambda x: x.exp(), [_offset(4, 5)]),
+    "stride0-input": (lambda x, y: x + y, [_expanded(4, 5), torch.randn(4, 5)]),
+    "transposed-input": (lambda x: (x.t() * 3).sin(), [torch.randn(6, 4)]),
+    "size0": (lambda x: (x + 1, x.sum(-1)), [torch.randn(3, 0, 4)]),
+    "size1-dims": (lambda x, y: (x * y, (x * y).sum(-1)), [torch.randn(1, 5, 1, 3), torch.randn(1, 1, 1, 3)]),
+    "zero-dim": (lambda x, y: (x * y + 1, y.exp()), [torch.randn(()), torch.randn(3)]),
+    # low precision
+    "fp16": (lambda x, y: ((x * y).sin() + 1, (x + y).to(torch.float32)), [torch.randn(8, 9, dtype=torch.float16),
+                                                                         torch.randn(9, dtype=torch.float16)]),
+    "bf16": (lambda x, y: ((x * y).exp() - y, x.to(torch.float32) * 2), [torch.randn(8, 9, dtype=torch.bfloat16),
+                                                                        _strided(8, 9, dtype=torch.bfloat16)]),
+    # index math
+    "views-in-kernel": (lambda x: (x.view(4, 6) * 2).permute(1, 0).reshape(3, 8).sin().unsqueeze(0).squeeze(0),
+                        [torch.randn(2, 12)]),
+    "slice-select": (lambda x: (x[:, 1:7:2] * 2, x[-1] + 1, x[::3, -2:].exp(), x.narrow(1, 2, 3).sin()),
+                     [torch.randn(7, 9)]),
+    "cat": (lambda x, y: (torch.cat([x * 2, y.sin(), x + 1], 1), torch.cat([x, y], 1).exp()),
+            [torch.randn(3, 4), torch.randn(3, 2)]),
+    "stack-flip": (lambda x, y: (torch.stack([x, y * 2], 1) + 1, x.flip(0, 1) * 2), [torch.randn(3, 4), torch.randn(3, 4)]),
+    "pad": (lambda x: (F.pad(x * 2, (1, 2, 0, 1), value=0.5), F.pad(x, (-1, 1)).exp()), [torch.randn(3, 4)]),
+    "expand-repeat": (lambda x: (x.expand(3, 4, 5) * 2, x.repeat(2, 1, 3) + 1), [torch.randn(4, 1)]),
+    "split": (lambda x: tuple(t * (k + 1) for k, t in enumerate(torch.split(x.exp(), [2, 3, 1], 1))), [torch.randn(4, 6)]),
+    "triu-arange": (lambda x: (torch.triu(x.exp(), 1), torch.tril(x, -1) * 2, torch.arange(12, dtype=torch.float32).view(3, 4) + x[:3]),
+                    [torch.randn(4, 4)]),
+    "slice-scatter": (_scatter_like, [torch.randn(4, 5), torch.randn(4, 2)]),
+    "rope": (_rope, [torch.randn(2, 4, 8, 16), torch.randn(8, 16), torch.randn(8, 16)]),
+    # reductions and normalizations
+    "sum-mean": (lambda x: (x.sum(-1), x.mean((-2, -1), keepdim=True), (x * 2).sum(-1, dtype=torch.float64)),
+                 [torch.randn(3, 5, 70)]),
+    "amax-amin": (lambda x: (x.amax(-1), x.amin(-1, keepdim=True) * 2), [_strided(6, 300)]),
+    "any-all": (lambda x: ((x > 1).any(-1), (x > -3).all(-1)), [torch.randn(5, 40)]),
+    "var-std": (lambda x: (x.var(-1), torch.var_mean(x, -1, correction=0)[0]), [torch.randn(4, 33)]),
+    "softmax": (lambda x: (torch.softmax(x * 0.5, -1), torch.log_softmax(x, -1)), [torch.randn(6, 1100)]),
+    "softmax-masked": (lambda x: torch.softmax(x.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf")), -1),
+                       [torch.randn(2, 5, 5)]),
+    "softmax-fp16": (lambda x: torch.softmax(x, -1), [torch.randn(4, 64, dtype=torch.float16)]),
+    "layer-norm": (lambda x, w, b: F.layer_norm(x, (32,), w, b), [torch.randn(3, 5, 32), torch.randn(32), torch.randn(32)]),
+    "layer-norm-bf16": (lambda x: F.layer_norm(x, (40,)), [torch.randn(6, 40, dtype=torch.bfloat16)]),
+    "rms-norm": (_rms, [torch.randn(2, 7, 48), torch.randn(48)]),
+    "logsumexp-norm": (lambda x: (torch.logsumexp(x, -1), torch.linalg.vector_norm(x, dim=-1)), [torch.randn(5, 17)]),
+    "reduce-epilogue": (lambda x, y: ((x - x.mean(-1, keepdim=True)) * y, x.sum(-1) + 1), [torch.randn(4, 10), torch.randn(10)]),
+}
+
+# tolerances per case (the generator computes in fp32 where eager does too, so most are tight)
+TOL = {"softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
+       "sum-mean": 1e-4, "layer-norm": 1e-4, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4}

@@ -1,0 +1,163 @@
+"""The kernel generator (runtime.codegen) on the CPU: every case of tests/kernel_cases.py runs as
+generated C++ (the very body the CUDA target gets) against eager, and the exact CUDA source
+compiles with nvcc where nvcc is on the PATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import runtime
+from alias import apply_aliases
+from runtime.codegen import Declined
+from runtime.codegen.build import compilations, nvcc_check
+from segmenter import SegmentKind, capture, segment
+
+from .kernel_cases import CASES, TOL
+from .util import assert_matches_eager
+
+
+def _program(fn, inputs, mode="post", backend="cpp"):
+    plan = apply_aliases(segment(capture(fn, [t.clone() if False else t for t in inputs])), mode)
+    return runtime.compile(plan, backend=backend)
+
+
+@pytest.mark.parametrize("mode", ["post", "off"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_generated_kernels_match_eager(case: str, mode: str) -> None:
+    fn, inputs = CASES[case]
+    prog = _program(fn, inputs, mode)
+    kernel_segments = [s.index for s in prog.plan.segments if s.kind in (
+        SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION)]
+    assert kernel_segments, "the case has no kernel segment"
+    declined = {i: prog.passed_over[i] for i in kernel_segments if prog.backend_of[i] != "cpp"}
+    assert declined == {}, declined
+    tol = TOL.get(case, 1e-6)
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
+
+
+def test_half_and_bfloat16_conversions_are_bit_exact() -> None:
+    """Every fp16 bit pattern to float and back; float values at and between fp16/bf16 values
+    (ties included), subnormals, overflow and NaN, against torch's conversions."""
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    halves = bits.view(torch.float16)
+    prog = _program(lambda h: h.to(torch.float32), [halves])
+    got, = prog(halves)
+    want = halves.to(torch.float32)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))
+    f = want[~want.isnan()].to(torch.float64)
+    f = f.sort().values
+    mids = ((f[1:] + f[:-1]) / 2).to(torch.float32)
+    special = torch.tensor([0.0, -0.0, 1e-8, 2.9802322e-08, 65504.0, 65519.99, 65520.0, 1e6, float("inf"),
+                            -float("inf"), float("nan"), 1e-40, -5.96e-08])
+    xs = torch.cat([want[~want.isnan()], mids, special, torch.randn(100000) * 1000, torch.randn(1000) * 1e-6])
+    for dtype in (torch.float16, torch.bfloat16):
+        prog = _program(lambda x, dtype=dtype: x.to(dtype), [xs])
+        got, = prog(xs)
+        want_lp = xs.to(dtype)
+        nan = want_lp.isnan()
+        assert torch.equal(got.isnan(), nan)
+        assert torch.equal(got[~nan].view(torch.int16), want_lp[~nan].view(torch.int16)), dtype
+        back = _program(lambda x: x.to(torch.float32), [want_lp])(want_lp)[0]
+        assert torch.equal(back[~nan].view(torch.int32), want_lp[~nan].to(torch.float32).view(torch.int32))
+
+
+def test_a_second_compile_of_the_same_segment_compiles_nothing() -> None:
+    fn, inputs = CASES["rope"]
+    _program(fn, inputs)
+    before = dict(compilations)
+    _program(fn, inputs)
+    assert compilations == before
+
+
+def test_declines_fall_back_to_torch_with_the_reason() -> None:
+    prog = _program(lambda x: (x.sum(0) * 2, x @ x), [torch.randn(8, 8)])
+    reasons = [why for passed in prog.passed_over.values() for name, why in passed if name == "cpp"]
+    assert any("not the innermost" in r for r in reasons), reasons
+    assert any("matmul" in r for r in reasons), reasons
+    assert set(prog.backend_of.values()) == {"torch"}
+    x = torch.randn(8, 8)
+    torch.testing.assert_close(prog(x)[0], x.sum(0) * 2)
+
+
+def test_in_place_update_is_written_by_the_kernel_into_the_input() -> None:
+    def fn(x):
+        x.add_(1).sin_().mul_(5)
+        return None
+
+    x = torch.randn(5, 6)
+    prog = _program(fn, [x])
+    assert prog.backend_of == {0: "cpp"}
+    k = prog.kernels[0]
+    assert [p.target for p in k.params if p.output] == [prog.graph.inputs[0].name]
+    want = x.clone().add_(1).sin_().mul_(5)
+    prog(x)
+    torch.testing.assert_close(x, want)
+
+
+def test_in_place_write_that_would_race_is_declined() -> None:
+    def fn(x):
+        x.copy_(x.flip(0) * 2)
+
+    x = torch.randn(4, 3)
+    want = x.flip(0) * 2
+    prog = _program(fn, [x])
+    prog(x)
+    torch.testing.assert_close(x, want)
+    assert all(p.target is None for k in prog.kernels.values() for p in k.params)
+
+
+def test_layout_mismatch_at_run_time_falls_back_instead_of_misreading() -> None:
+    from runtime.generated import generated_launch  # noqa: F401 - the launch under test
+
+    fn, inputs = CASES["strided-input"]
+    prog = _program(fn, inputs)
+    launch = next(la for la in prog.launches if la.backend == "cpp")
+    env = {prog.graph.input_names[0]: inputs[0].contiguous()}  # planned strided, given contiguous
+    launch.run(env)
+    assert launch.run.stats["layout_fallbacks"] == 1
+    torch.testing.assert_close(env[prog.plan.segments[launch.segment].outputs[0]], fn(inputs[0]))
+
+
+def test_unsupported_op_is_declined_not_miscompiled() -> None:
+    from runtime.codegen import lower_segment
+
+    plan = apply_aliases(segment(capture(lambda x: torch.atan2(x, x + 1), [torch.randn(4)])), "post")
+    seg = next(s for s in plan.segments if s.is_kernel)
+    lay = {v: (plan.graph.metas[v].shape, plan.graph.metas[v].stride) for v in (*seg.inputs, *seg.outputs)}
+    with pytest.raises(Declined, match="atan2"):
+        lower_segment(plan.graph, seg, lay)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_exact_cuda_sources_compile_with_nvcc() -> None:
+    kernels = {}
+    for case, (fn, inputs) in sorted(CASES.items()):
+        for mode in ("post", "off"):
+            prog = _program(fn, inputs, mode)
+            for k in prog.kernels.values():
+                kernels[k.name] = k
+    assert len(kernels) > len(CASES)
+    workers = max(2, os.cpu_count() or 2)
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(nvcc_check, kernels.values()))
+    failed = [(k.name, r.stderr[-2000:]) for k, r in zip(kernels.values(), results) if r.returncode != 0]
+    assert failed == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_nvcc_rejects_a_broken_kernel() -> None:
+    """The compile check can fail: a kernel with a typo planted in its body is refused."""
+    fn, inputs = CASES["unary"]
+    k = next(iter(_program(fn, inputs).kernels.values()))
+    from dataclasses import replace
+
+    broken = replace(k, body=k.body.replace(";", " +;", 1))
+    assert nvcc_check(broken).returncode != 0
+    assert subprocess is not None
