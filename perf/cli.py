@@ -4,6 +4,7 @@
     fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
     fuseg run TARGET [--alias MODE] [--json]   run it (torch backend) and check it against eager
     fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE]
+    fuseg bench [MODEL ...] [--device cpu|cuda] [--backend B ...] [--inductor] [--out FILE.json]
     fuseg examples                       list the built-in examples
 
 TARGET is a JSON graph file, a built-in example name, or ``package.module:factory`` (a function
@@ -69,6 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("models", nargs="*", help="targets (default: every built-in example)")
     prof.add_argument("--format", choices=("table", "csv", "json", "markdown"), default="table")
     prof.add_argument("--out", default=None, help="write to this file instead of stdout")
+    bench = sub.add_parser("bench", help="time eager, our runtime per alias mode and backend, and torch.compile")
+    bench.add_argument("models", nargs="*", help="built-in examples (default: the runnable ones)")
+    bench.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
+    bench.add_argument("--mode", action="append", choices=("post", "pre", "off"), help="alias modes (default: all)")
+    bench.add_argument("--backend", action="append", help="backends (auto, torch, cupy, nvfuser, cpp; default: auto)")
+    bench.add_argument("--inductor", action="store_true", help="also torch.compile (Inductor); slow to compile")
+    bench.add_argument("--repeat", type=int, default=50)
+    bench.add_argument("--warmup", type=int, default=5)
+    bench.add_argument("--out", default=None, help="write the JSON record here")
     sub.add_parser("examples", help="list the built-in examples")
     return p
 
@@ -103,6 +113,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "examples":
         for e in zoo.ZOO.values():
             print(f"{e.name:14s} B={e.batch:<3d} T={e.seq:<5d} {str(e.dtype).removeprefix('torch.'):9s} {e.description}")
+        return 0
+    if args.command == "bench":
+        import torch
+
+        from .bench import run_bench
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        models = args.models or [n for n, e in zoo.ZOO.items() if device == "cuda" or "meta" not in e.description]
+        try:
+            result = run_bench(models, device, args.out, modes=tuple(args.mode or ("post", "pre", "off")),
+                               backends=tuple(args.backend or ("auto",)), inductor=args.inductor,
+                               repeat=args.repeat, warmup=args.warmup)
+        except (GraphError, TargetError, ValueError, OSError) as e:
+            return _error(str(e))
+        bad = [f"{r['model']}/{r['variant']}" for r in result["rows"] if r.get("ok") is False]
+        if not args.out:
+            print(json.dumps(result, indent=1))
+        if bad:
+            print(f"fuseg: outputs differ from eager: {', '.join(bad)}", file=sys.stderr)
+            return 1
         return 0
     if args.command == "profile":
         try:

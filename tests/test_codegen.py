@@ -138,7 +138,7 @@ def test_unsupported_op_is_declined_not_miscompiled() -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 def test_exact_cuda_sources_compile_with_nvcc() -> None:
     kernels = {}
-    for case, (fn, inputs) in sorted(CASES.items()):
+    for _case, (fn, inputs) in sorted(CASES.items()):
         for mode in ("post", "off"):
             prog = _program(fn, inputs, mode)
             for k in prog.kernels.values():
