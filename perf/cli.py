@@ -120,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import run_bench
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        models = args.models or [n for n, e in zoo.ZOO.items() if device == "cuda" or "meta" not in e.description]
+        models = args.models or [n for n, e in zoo.ZOO.items()
+                                 if device == "cuda" or not any(w in e.description for w in ("meta", "large"))]
         try:
             result = run_bench(models, device, args.out, modes=tuple(args.mode or ("post", "pre", "off")),
                                backends=tuple(args.backend or ("auto",)), inductor=args.inductor,

@@ -94,7 +94,7 @@ CASES: dict[str, tuple] = {
     "any-all": (lambda x: ((x > 1).any(-1), (x > -3).all(-1)), [torch.randn(5, 40)]),
     "var-std": (lambda x: (x.var(-1), torch.var_mean(x, -1, correction=0)[0]), [torch.randn(4, 33)]),
     "softmax": (lambda x: (torch.softmax(x * 0.5, -1), torch.log_softmax(x, -1)), [torch.randn(6, 1100)]),
-    "softmax-masked": (lambda x: torch.softmax(x.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf")), -1),
+    "softmax-masked": (lambda x: torch.softmax(x.masked_fill(torch.ones(5, 5, dtype=torch.bool, device=x.device).triu(1), float("-inf")), -1),
                        [torch.randn(2, 5, 5)]),
     "softmax-fp16": (lambda x: torch.softmax(x, -1), [torch.randn(4, 64, dtype=torch.float16)]),
     "layer-norm": (lambda x, w, b: F.layer_norm(x, (32,), w, b), [torch.randn(3, 5, 32), torch.randn(32), torch.randn(32)]),
