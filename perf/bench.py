@@ -176,10 +176,17 @@ def bench(models: list[str], device: str = "cpu", modes: tuple[str, ...] = ("pos
             except Exception as e:  # noqa: BLE001 - recorded: inductor does not run everywhere
                 rows.append({"model": name, "variant": "inductor", "error": f"{type(e).__name__}: {str(e)[:300]}"})
         for variant, (call, extra) in variants.items():
-            with torch.no_grad():
-                got = _tensors(call())
-                times = timer(call, warmup, repeat)
-                kernels = _kernels_launched(call) if device == "cuda" else None
+            try:
+                with torch.no_grad():
+                    got = _tensors(call())
+                    times = timer(call, warmup, repeat)
+                    kernels = _kernels_launched(call) if device == "cuda" else None
+            except Exception as e:  # noqa: BLE001 - one broken variant is recorded, the run goes on
+                rows.append({"model": name, "variant": variant, "device": device, "ok": False,
+                             "error": f"{type(e).__name__}: {str(e)[:300]}", **extra})
+                if progress:
+                    print(f"{name:>15} {variant:<22} ERROR {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+                continue
             diff = _max_diff(got, want)
             tol = max((TOL.get(t.dtype, 0.0) for t in want), default=0.0)
             q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9

@@ -17,7 +17,7 @@ from segmenter import FusionGraph, Segment
 
 from .codegen import Kernel, lower_segment
 from .codegen.build import build_cpu, build_cuda
-from .codegen.index import contiguous_strides
+from .codegen.index import dense_strides
 
 __all__ = ["generated_launch", "layouts"]
 
@@ -33,7 +33,7 @@ def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], writt
             t = graph.metas[written[v]]
             out[v] = (t.shape, t.stride)
         elif v in materialize:
-            out[v] = (m.shape, contiguous_strides(m.shape))
+            out[v] = (m.shape, dense_strides(m.shape, m.stride))
         else:
             out[v] = (m.shape, m.stride)
     return out

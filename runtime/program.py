@@ -24,6 +24,7 @@ from segmenter.reference import check_inputs, finish, storage_key
 
 from .backends import backends_for
 from .codegen import Declined
+from .codegen.index import dense_strides
 from .inplace import out_overload, plan_in_place_writes
 
 __all__ = ["CompiledProgram", "Launch", "compile_program"]
@@ -165,8 +166,9 @@ def _torch_launch(
             if o in written:
                 pass  # the input itself, holding its final value (see Note [in-place write-back])
             elif o in materialize:
-                t = t.contiguous() if storage_key(t) not in in_storages else t.clone(
-                    memory_format=torch.contiguous_format)
+                # a fresh dense buffer, dims in the planned order (a plain .contiguous() would turn
+                # a permuted layout, e.g. CUDA attention's output, into one a later view cannot take)
+                t = torch.empty_strided(m.shape, dense_strides(m.shape, m.stride), dtype=m.dtype, device=t.device).copy_(t)
             elif (storage_key(t) in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m):
                 # A launch writes its outputs, in the layout the plan was compiled for (graph
                 # outputs keep eager's strides even where a contiguous copy fed the kernel).

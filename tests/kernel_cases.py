@@ -83,7 +83,7 @@ CASES: dict[str, tuple] = {
     "pad": (lambda x: (F.pad(x * 2, (1, 2, 0, 1), value=0.5), F.pad(x, (-1, 1)).exp()), [torch.randn(3, 4)]),
     "expand-repeat": (lambda x: (x.expand(3, 4, 5) * 2, x.repeat(2, 1, 3) + 1), [torch.randn(4, 1)]),
     "split": (lambda x: tuple(t * (k + 1) for k, t in enumerate(torch.split(x.exp(), [2, 3, 1], 1))), [torch.randn(4, 6)]),
-    "triu-arange": (lambda x: (torch.triu(x.exp(), 1), torch.tril(x, -1) * 2, torch.arange(12, dtype=torch.float32).view(3, 4) + x[:3]),
+    "triu-arange": (lambda x: (torch.triu(x.exp(), 1), torch.tril(x, -1) * 2, torch.arange(12, dtype=torch.float32, device=x.device).view(3, 4) + x[:3]),
                     [torch.randn(4, 4)]),
     "slice-scatter": (_scatter_like, [torch.randn(4, 5), torch.randn(4, 2)]),
     "rope": (_rope, [torch.randn(2, 4, 8, 16), torch.randn(8, 16), torch.randn(8, 16)]),

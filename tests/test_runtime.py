@@ -157,3 +157,27 @@ def test_mutating_an_input_with_overlapping_elements_raises_as_eager() -> None:
     with pytest.raises(RuntimeError, match="more than one element"):
         program(x)
     assert x.sum() == 0  # nothing was written
+
+
+def test_values_crossing_a_boundary_keep_their_planned_dim_order() -> None:
+    """In pre/off modes a value crossing launches is a fresh dense copy in its planned dim order
+    (as CUDA attention's permuted output must stay, for the views after it), not .contiguous()."""
+    from runtime.codegen.index import dense_strides
+
+    def fn(x):
+        return torch.cumsum(x.transpose(1, 2) * 2, 1)
+
+    x = torch.randn(4, 6, 5)
+    for backend in ("torch", "cpp"):
+        prog = runtime.compile(apply_aliases(segment(capture(fn, [x])), "pre"), backend=backend)
+        boundary = [v for s in prog.plan.segments if s.kind.value == "opaque" for v in s.inputs]
+        meta = prog.graph.metas[boundary[0]]
+        assert meta.stride != dense_strides(meta.shape, tuple(sorted(meta.stride, reverse=True)))  # permuted
+        env = {prog.graph.input_names[0]: x}
+        for launch in prog.launches:
+            launch.run(env)
+            if boundary[0] in env:
+                assert env[boundary[0]].stride() == meta.stride, backend
+                break
+    for t in (torch.empty(2, 3, 4, 5).permute(0, 2, 1, 3), torch.empty(3, 4).t(), torch.empty(2, 3)):
+        assert dense_strides(tuple(t.shape), t.stride()) == torch.empty_like(t).stride()

@@ -10,7 +10,7 @@ import math
 
 from .ctypes_ import Declined
 
-__all__ = ["broadcast", "contiguous_strides", "linear", "reshape", "unravel_terms"]
+__all__ = ["broadcast", "contiguous_strides", "dense_strides", "linear", "reshape", "unravel_terms"]
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -19,6 +19,19 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         out.append(acc)
         acc *= max(n, 1)
     return tuple(reversed(out))
+
+
+def dense_strides(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a fresh dense buffer whose dims are ordered as ``stride`` orders them (what
+    ``torch.empty_like(memory_format=torch.preserve_format)`` keeps): a permuted layout stays
+    permuted, gaps and overlaps are closed."""
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
+    out = [0] * len(shape)
+    acc = 1
+    for d in reversed(order):
+        out[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(out)
 
 
 def linear(idx: list[str], shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
