@@ -16,4 +16,4 @@ if ls .whl/nvfuser*.whl > /dev/null 2>&1; then
   echo "nvfuser probe exit $?" >> "$OUT/nvfuser_probe.txt"
   tail -5 "$OUT/nvfuser_probe.txt"
 fi
-timeout ${TEST_TIMEOUT:-240} python -m pytest -q -x tests/test_gpu.py ${EXTRA_TESTS:-} 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
+timeout ${TEST_TIMEOUT:-240} python -m pytest -q tests/test_gpu.py ${EXTRA_TESTS:-} 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"

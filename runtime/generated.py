@@ -101,18 +101,20 @@ def _cuda_caller(fn, kernel: Kernel) -> Callable[[list[torch.Tensor]], None]:
     grid, block = (kernel.grid,), (kernel.block,)
     streams: dict[int, object] = {}
     uint64 = numpy.uint64
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    get_device = cupy.cuda.runtime.getDevice
 
     def call(tensors: list[torch.Tensor]) -> None:
-        device = tensors[0].device
-        s = torch.cuda.current_stream(device).cuda_stream
+        index = tensors[0].device.index or 0
+        s = raw_stream(index)  # torch's current stream on that device, as a raw pointer
         stream = streams.get(s)
         if stream is None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                stream = streams[s] = cupy.cuda.ExternalStream(s, device.index or 0)
+                stream = streams[s] = cupy.cuda.ExternalStream(s, index)
         args = tuple(uint64(t.data_ptr()) for t in tensors)
-        if (device.index or 0) != cupy.cuda.runtime.getDevice():
-            with cupy.cuda.Device(device.index or 0):
+        if index != get_device():
+            with cupy.cuda.Device(index):
                 launch(grid, block, args, stream=stream)
         else:
             launch(grid, block, args, stream=stream)

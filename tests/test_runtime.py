@@ -179,5 +179,6 @@ def test_values_crossing_a_boundary_keep_their_planned_dim_order() -> None:
             if boundary[0] in env:
                 assert env[boundary[0]].stride() == meta.stride, backend
                 break
-    for t in (torch.empty(2, 3, 4, 5).permute(0, 2, 1, 3), torch.empty(3, 4).t(), torch.empty(2, 3)):
+    for t in (torch.empty(2, 3, 4, 5).permute(0, 2, 1, 3), torch.empty(3, 4).t(), torch.empty(2, 3),
+              torch.empty(1, 1, 5, 5).expand(2, 3, 5, 5), torch.empty(1, 5, 1).expand(4, 5, 3).transpose(0, 1)):
         assert dense_strides(tuple(t.shape), t.stride()) == torch.empty_like(t).stride()

@@ -24,7 +24,9 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def dense_strides(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
     """Strides of a fresh dense buffer whose dims are ordered as ``stride`` orders them (what
     ``torch.empty_like(memory_format=torch.preserve_format)`` keeps): a permuted layout stays
-    permuted, gaps and overlaps are closed."""
+    permuted, gaps are closed; a layout with repeated (stride-0) elements becomes contiguous."""
+    if any(st == 0 and n > 1 for n, st in zip(shape, stride)):
+        return contiguous_strides(shape)
     order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
     out = [0] * len(shape)
     acc = 1
