@@ -15,8 +15,9 @@ setup(
         "pandas",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "transformers"],
+        "test": ["pytest", "hypothesis", "transformers", "matplotlib"],
         "cuda": ["cupy-cuda13x"],
+        "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.
         "nvfuser": [
             "nvfuser-cu130-torch210==0.2.35.dev20260215; "

@@ -5,6 +5,7 @@
     fuseg run TARGET [--alias MODE] [--json]   run it (torch backend) and check it against eager
     fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE]
     fuseg bench [MODEL ...] [--device cpu|cuda] [--backend B ...] [--inductor] [--out FILE.json]
+    fuseg report BASELINE.json CURRENT.json [--threshold 0.1] [--html FILE]   exit 1 on a regression
     fuseg examples                       list the built-in examples
 
 TARGET is a JSON graph file, a built-in example name, or ``package.module:factory`` (a function
@@ -70,6 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("models", nargs="*", help="targets (default: every built-in example)")
     prof.add_argument("--format", choices=("table", "csv", "json", "markdown"), default="table")
     prof.add_argument("--out", default=None, help="write to this file instead of stdout")
+    prof.add_argument("--inductor", action="store_true", help="also count Inductor's generated kernels (slow)")
+    prof.add_argument("--plot", default=None, metavar="FILE.png", help="bar chart of kernels per model per mode")
+    rep = sub.add_parser("report", help="compare two fuseg bench records; exit 1 on a regression")
+    rep.add_argument("baseline")
+    rep.add_argument("current")
+    rep.add_argument("--threshold", type=float, default=0.10,
+                     help="relative slowdown of the median that counts as a regression (default 0.10)")
+    rep.add_argument("--html", default=None, metavar="FILE.html", help="also write an HTML report with a plot")
     bench = sub.add_parser("bench", help="time eager, our runtime per alias mode and backend, and torch.compile")
     bench.add_argument("models", nargs="*", help="built-in examples (default: the runnable ones)")
     bench.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
@@ -135,9 +144,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"fuseg: outputs differ from eager: {', '.join(bad)}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "report":
+        from .report import ReportError, compare, render_html, render_markdown
+
+        try:
+            rep = compare(args.baseline, args.current, args.threshold)
+            print(render_markdown(rep))
+            if args.html:
+                render_html(rep, args.html)
+        except (ReportError, OSError) as e:
+            return _error(str(e))
+        return 1 if rep.regressions else 0
     if args.command == "profile":
         try:
-            text = render(profile(args.models or list(zoo.ZOO)), args.format)
+            df = profile(args.models or list(zoo.ZOO), inductor=args.inductor)
+            text = render(df, args.format)
+            if args.plot:
+                from .profile import plot_kernels
+
+                plot_kernels(df, args.plot)
         except KeyError as e:
             return _error(str(e.args[0]))
         except (GraphError, TargetError, OSError) as e:

@@ -3,7 +3,10 @@
 One record per model (JSON: a list of these, first key "model"), with stable keys:
   model, nodes, eager_launches (ops that would launch in eager: every non-view node),
   then for each mode in off / pre / post: {mode}_segments, {mode}_kernels, {mode}_launches,
-  {mode}_metadata, {mode}_opaque, {mode}_bytes_moved; and bytes_floor, segment_ms.
+  {mode}_metadata, {mode}_opaque, {mode}_bytes_moved, {mode}_generated (POINTWISE, REDUCTION and
+  NORMALIZATION kernels: what a fuser generates, matmuls excluded); and bytes_floor, segment_ms,
+  inductor_kernels (kernels Inductor generated for the same program under ``torch.compile``, with
+  ``--inductor``; empty otherwise, or where torch.compile cannot run: meta-tensor entries, JSON graphs).
 """
 
 from __future__ import annotations
@@ -17,21 +20,40 @@ from typing import Any
 import pandas as pd
 
 from alias import apply_aliases
-from segmenter import OpKind, SegmenterOptions, op_info, segment
+from segmenter import OpKind, SegmenterOptions, SegmentKind, op_info, segment
 
 from . import zoo
 from .targets import load_program
 
-__all__ = ["COLUMNS", "MODES", "profile", "render"]
+__all__ = ["COLUMNS", "MODES", "plot_kernels", "profile", "render"]
 
 MODES = ("off", "pre", "post")  # side by side in this order
 
 COLUMNS = ["model", "nodes", "eager_launches"] + [
-    f"{mode}_{key}" for mode in MODES for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved")
-] + ["bytes_floor", "segment_ms"]
+    f"{mode}_{key}" for mode in MODES
+    for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved", "generated")
+] + ["bytes_floor", "segment_ms", "inductor_kernels"]
+
+_GENERATED = {SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION}
 
 
-def profile(models: list[str], options: SegmenterOptions | None = None, progress: bool = True) -> pd.DataFrame:
+def inductor_kernels(fn: Any, inputs: list[Any]) -> int | None:
+    """How many kernels Inductor generates for ``fn`` on ``inputs`` (None where it cannot run)."""
+    import torch
+
+    if fn is None or any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in inputs):
+        return None
+    from torch._inductor import metrics
+
+    torch._dynamo.reset()
+    metrics.reset()
+    with torch.no_grad():
+        torch.compile(fn)(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+    return metrics.generated_kernel_count
+
+
+def profile(models: list[str], options: SegmenterOptions | None = None, progress: bool = True,
+            inductor: bool = False) -> pd.DataFrame:
     for name in models:  # refuse a bad name before any work (and before any progress output)
         if ":" not in name and not name.endswith(".json") and not os.path.isfile(name) and name not in zoo.ZOO:
             zoo.get(name)  # raises with the list of examples
@@ -41,7 +63,8 @@ def profile(models: list[str], options: SegmenterOptions | None = None, progress
             print(f"\r[{k + 1}/{len(models)}] {name:<20}", end="", file=sys.stderr, flush=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            graph = load_program(name).graph
+            target = load_program(name)
+            graph = target.graph
         t0 = time.perf_counter()
         sf = segment(graph, options)
         row: dict[str, Any] = {
@@ -50,10 +73,13 @@ def profile(models: list[str], options: SegmenterOptions | None = None, progress
             "segment_ms": round((time.perf_counter() - t0) * 1e3, 2),
         }
         for mode in MODES:
-            st = apply_aliases(sf, mode).stats()
+            plan = apply_aliases(sf, mode)
+            st = plan.stats()
             for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved"):
                 row[f"{mode}_{key}"] = st[key]
+            row[f"{mode}_generated"] = sum(s.kind in _GENERATED for s in plan.segments)
             row["bytes_floor"] = st["bytes_floor"]
+        row["inductor_kernels"] = inductor_kernels(target.fn, target.inputs or []) if inductor else None
         rows.append(row)
     if progress:
         print(file=sys.stderr)
@@ -70,3 +96,23 @@ def render(df: pd.DataFrame, fmt: str) -> str:
         body = "\n".join("| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False))
         return head + "\n" + body
     return df.to_string(index=False)
+
+
+def plot_kernels(df: pd.DataFrame, path: str, title: str = "generated kernels per model") -> None:
+    """Bar chart: generated kernels per model for off / pre / post, with Inductor's beside them."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise OSError("--plot needs matplotlib: pip install -e '.[plot]'") from None
+    cols = [f"{m}_generated" for m in MODES] + (["inductor_kernels"] if df["inductor_kernels"].notna().any() else [])
+    data = df.set_index("model")[cols].astype(float)
+    data.columns = [c.removesuffix("_generated").removesuffix("_kernels") for c in cols]
+    ax = data.plot.bar(figsize=(max(6, len(df) * 0.9), 4), rot=45)
+    ax.set_ylabel("kernels")
+    ax.set_title(title)
+    plt.tight_layout()
+    plt.savefig(path, dpi=110)
+    plt.close()

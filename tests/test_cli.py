@@ -120,3 +120,70 @@ def test_profile_unknown_model(capsys) -> None:
 def test_run_refuses_meta_examples(capsys) -> None:
     code, _, err = run(capsys, "run", "rope-llama3-8b")
     assert code == 2 and "meta tensors" in err
+
+
+def test_profile_generated_kernels_inductor_and_plot(capsys, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "k.png"
+    code, out, _ = run(capsys, "profile", "softmax", "rms-norm", "--inductor", "--format", "json", "--plot", str(png))
+    assert code == 0
+    for r in json.loads(out):
+        assert r["post_generated"] <= r["post_kernels"]
+        assert isinstance(r["inductor_kernels"], int) and r["inductor_kernels"] >= 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _bench_record(tmp_path, name: str, rows: list[dict]) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps({"environment": {"device": "cpu"}, "rows": rows}))
+    return str(path)
+
+
+_ROW = {"model": "softmax", "variant": "fuseg-post-auto", "median_ms": 1.0, "p10_ms": 0.95, "p90_ms": 1.05,
+        "kernels_launched": 1, "ok": True}
+
+
+def test_bench_then_report_on_identical_records_passes(capsys, tmp_path) -> None:
+    out = tmp_path / "b.json"
+    code, _, err = run(capsys, "bench", "softmax", "--device", "cpu", "--mode", "post", "--backend", "torch",
+                       "--backend", "cpp", "--repeat", "5", "--warmup", "1", "--out", str(out))
+    assert code == 0, err
+    rec = json.loads(out.read_text())
+    assert {r["variant"] for r in rec["rows"]} == {"eager", "fuseg-post-torch", "fuseg-post-cpp"}
+    assert all(r["ok"] and r["median_ms"] > 0 and r["p10_ms"] <= r["p90_ms"] for r in rec["rows"])
+    assert rec["environment"]["device"] == "cpu" and "torch" in rec["environment"]
+    code, report, _ = run(capsys, "report", str(out), str(out), "--html", str(tmp_path / "r.html"))
+    assert code == 0 and "0 regression(s)" in report
+    assert "<table" in (tmp_path / "r.html").read_text()
+
+
+def test_report_flags_planted_regressions(capsys, tmp_path) -> None:
+    base = _bench_record(tmp_path, "base.json", [_ROW, {**_ROW, "variant": "eager"}])
+    slower = {**_ROW, "median_ms": 1.5, "p10_ms": 1.4, "p90_ms": 1.6}
+    cur = _bench_record(tmp_path, "cur.json", [slower, {**_ROW, "variant": "eager", "kernels_launched": 2}])
+    code, report, _ = run(capsys, "report", base, cur)
+    assert code == 1
+    assert "softmax / fuseg-post-auto: median 1 ms -> 1.5 ms (1.50x)" in report
+    assert "softmax / eager: kernels_launched 1 -> 2" in report
+    # noise: a slower median whose spread overlaps the baseline's is not a regression
+    noisy = {**_ROW, "median_ms": 1.2, "p10_ms": 1.0, "p90_ms": 1.4}
+    code, report, _ = run(capsys, "report", base, _bench_record(tmp_path, "n.json", [noisy, {**_ROW, "variant": "eager"}]))
+    assert code == 0, report
+    code, report, _ = run(capsys, "report", base, _bench_record(tmp_path, "m.json", [_ROW]))
+    assert code == 1 and "missing from the current record" in report
+
+
+@pytest.mark.parametrize("content,message", [
+    ("[1, 2]", "not a fuseg bench record"), ("{\"rows\": [{\"model\": 3}]}", "rows[0] has no string 'model'"),
+    ("{nope", "not JSON"),
+])
+def test_report_bad_input_is_one_line(capsys, tmp_path, content, message) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    code, _, err = run(capsys, "report", str(bad), str(bad))
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_bench_unknown_model(capsys) -> None:
+    code, _, err = run(capsys, "bench", "nope", "--device", "cpu")
+    assert code == 2 and "unknown model 'nope'" in err
