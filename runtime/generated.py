@@ -9,13 +9,14 @@ input whose final value the kernel computes (Note [in-place write-back]), into t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
-from segmenter import FusionGraph, Segment
+from segmenter import FusionGraph, OpKind, Segment, op_info
 
-from .codegen import Kernel, lower_segment
+from .codegen import Declined, Kernel, lower_segment
 from .codegen.build import build_cpu, build_cuda
 from .codegen.index import dense_strides
 
@@ -39,6 +40,21 @@ def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], writt
     return out
 
 
+def _views_of_outputs(graph: FusionGraph, seg: Segment) -> dict[str, str]:
+    """Outputs of ``seg`` that are views (a chain of view ops, same dtype) of a value the kernel
+    computes: as in the program, they are made with as_strided on that value after the launch
+    (which the kernel then writes whole), so they share its storage and keep their offsets."""
+    made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
+    views = {}
+    for o in seg.outputs:
+        v = o
+        while v in made and op_info(made[v].op).kind == OpKind.VIEW and len(made[v].inputs) == 1:
+            v = made[v].inputs[0]
+        if v != o and v in made and graph.metas[v].dtype == graph.metas[o].dtype:
+            views[o] = v
+    return views
+
+
 def _same(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> bool:
     return (t.dtype == dtype and tuple(t.shape) == shape
             and all(a == b for n, a, b in zip(shape, t.stride(), stride) if n != 1))
@@ -50,7 +66,15 @@ def generated_launch(graph: FusionGraph, seg: Segment, target: str, materialize:
     """The launch callable and its kernel; raises Declined where the generator does not take ``seg``."""
     targets = {n.name: graph.inputs[i].name for n, i in ((n, in_place.get(n.name)) for n in seg.nodes) if i is not None}
     written = {n.outputs[0]: targets[n.name] for n in seg.nodes if n.name in targets}
+    views = _views_of_outputs(graph, seg)
+    if any(o in materialize or b in materialize for o, b in views.items()):
+        raise Declined("an output is a view of another output that crosses launches as a copy")
+    written_outputs = [o for o in seg.outputs if o not in views]
+    seg = dataclasses.replace(seg, outputs=tuple(dict.fromkeys([*written_outputs, *views.values()])))
     kernel = lower_segment(graph, seg, layouts(graph, seg, materialize, written), targets, materialize)
+    hidden = {b for b in views.values() if b not in written_outputs}  # written for their views only
+    view_plans = [(o, b, graph.metas[o], graph.metas[o].storage_offset - graph.metas[b].storage_offset)
+                  for o, b in views.items()]
     fn = build_cuda(kernel) if target == "cuda" else build_cpu(kernel)
     ins = [p for p in kernel.params if not p.output]
     outs = [p for p in kernel.params if p.output]
@@ -81,8 +105,13 @@ def generated_launch(graph: FusionGraph, seg: Segment, target: str, materialize:
             call(args)
         for v in dying:
             del env[v]
-        for p, t in zip(outs, results):
-            env[p.value] = t
+        made = dict(zip((p.value for p in outs), results))
+        for o, b, m, delta in view_plans:  # views stay views of what they view, as in the program
+            base = made[b]
+            env[o] = base.as_strided(m.shape, m.stride, base.storage_offset() + delta)
+        for name, t in made.items():
+            if name not in hidden:
+                env[name] = t
 
     run.stats = stats  # type: ignore[attr-defined]
     return run, kernel

@@ -172,10 +172,22 @@ def _torch_launch(
             elif (storage_key(t) in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m):
                 # A launch writes its outputs, in the layout the plan was compiled for (graph
                 # outputs keep eager's strides even where a contiguous copy fed the kernel).
-                t = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
+                t = _fresh_in_layout(t, m)
             env[o] = t
 
     return run
+
+
+def _fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
+    """A fresh tensor with ``t``'s values in layout ``m``. Where ``m`` repeats elements (a stride-0
+    dim, as an expanded output has), the values along that dim are equal: one copy of them is
+    written and the dim is expanded over it (copy_ refuses to write overlapping elements)."""
+    if not any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
+        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
+    one = tuple(1 if st == 0 else n for n, st in zip(m.shape, m.stride))
+    base = torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device)
+    base.copy_(t[tuple(slice(0, 1) if st == 0 else slice(None) for st in m.stride)])
+    return base.expand(m.shape)
 
 
 def _same_strides(t: torch.Tensor, m: TensorMeta) -> bool:

@@ -67,8 +67,10 @@ def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
     extent = TensorMeta.from_tensor(t).storage_extent
     base = torch.empty(max(extent, 1), dtype=t.dtype, device=t.device)
     out = base.as_strided(t.shape, t.stride(), t.storage_offset())
-    if t.device.type != "meta" and not isinstance(t, FakeTensor):
-        out.copy_(t)
+    if t.device.type != "meta" and not isinstance(t, FakeTensor) and extent:
+        # the storage region, element by element (t itself may repeat elements: copy_ into an
+        # expanded layout is refused)
+        base[:extent].copy_(t.as_strided((extent,), (1,), 0))
     return out
 
 

@@ -97,8 +97,8 @@ def finish(
 
     for m in graph.mutations:
         t = inputs[m.input]
-        if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
-            # what eager raises for x.add_(1) on an expanded x, before anything is written
+        if t.numel() and any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+            # what eager raises for x.add_(1) on an expanded x (with elements), before anything is written
             raise RuntimeError(
                 f"input {graph.inputs[m.input].name!r}: unsupported operation: more than one element of the "
                 "written-to tensor refers to a single memory location. Please clone() the tensor before "

@@ -1,0 +1,11 @@
+"""Print the fuzzer's coverage counters at the end of a test run."""
+
+from __future__ import annotations
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's hook signature
+    from tests import test_fuzz
+
+    if test_fuzz.COVERAGE:
+        items = sorted(test_fuzz.COVERAGE.items())
+        terminalreporter.write_line("fuzz coverage: " + ", ".join(f"{k}={v}" for k, v in items))

@@ -1,0 +1,59 @@
+"""Differential fuzzing: random programs through capture -> segment -> alias (off, pre, post) ->
+runtime, each checked against eager PyTorch (values, dtypes, shapes, strides, aliasing among
+outputs and inputs, final values of mutated inputs) and by ``alias.check``.
+
+``FUSEG_FUZZ_EXAMPLES`` sets how many programs to draw (default 300, what CI runs); the
+coverage counters are printed at the end of the pytest run (tests/conftest.py), so a generator
+that stops producing a case is noticed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+
+import runtime
+from alias import MODES, apply_aliases, check
+from runtime.codegen.build import cpu_compiler
+from segmenter import capture, segment
+from segmenter.reference import clone_inputs
+
+from .programs import Program, programs
+from .util import assert_matches_eager
+
+COVERAGE: Counter = Counter()
+EXAMPLES = int(os.environ.get("FUSEG_FUZZ_EXAMPLES", "300"))
+# the torch backend, and the kernel generator's C++ target where a compiler is found
+BACKENDS = ("torch", "cpp") if cpu_compiler() else ("torch",)
+
+
+def check_program(prog: Program, inputs: list[torch.Tensor]) -> None:
+    fn = prog.as_function()
+    graph = capture(fn, clone_inputs(inputs), name="fuzzed")
+    sf = segment(graph)
+    for mode in MODES:
+        plan = apply_aliases(sf, mode)
+        problems = check(sf, plan)
+        assert problems == [], problems
+        for backend in BACKENDS:
+            program = runtime.compile(plan, backend=backend)
+            assert_matches_eager(fn, inputs, graph, program=program, atol=1e-4, rtol=1e-4)
+            COVERAGE[f"mode:{mode}/{backend}"] += 1
+            COVERAGE[f"generated kernels:{backend}"] += sum(b == backend for b in program.backend_of.values())
+
+
+# shrinking a failure can take many minutes; FUSEG_FUZZ_SHRINK=0 reports the first failure as found
+_PHASES = tuple(Phase) if os.environ.get("FUSEG_FUZZ_SHRINK", "1") != "0" else (Phase.explicit, Phase.generate)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, phases=_PHASES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(programs())
+def test_random_programs_match_eager(drawn: tuple[Program, list[torch.Tensor]]) -> None:
+    prog, inputs = drawn
+    check_program(prog, inputs)
+    COVERAGE.update(prog.tags)
+    COVERAGE["programs"] += 1

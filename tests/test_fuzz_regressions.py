@@ -1,0 +1,72 @@
+"""Every failure the differential fuzzer found, kept as a permanent test (tests/test_fuzz.py runs
+each program through capture -> segment -> alias (off, pre, post) -> runtime (torch and the
+generated C++ kernels) and checks it against eager)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .programs import Program
+from .test_fuzz import check_program
+
+
+def _offset(values: list, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    base = torch.zeros(len(values) + 3, dtype=dtype)
+    base[3:] = torch.tensor(values, dtype=dtype)
+    return base[3:].view(shape)
+
+
+def _transposed_int() -> torch.Tensor:
+    return torch.tensor([[-1, 2, 5, -1], [0, 5, -3, 0]], dtype=torch.int32).t().unsqueeze(0)
+
+
+def _cases() -> dict[str, tuple[Program, list[torch.Tensor]]]:
+    x = torch.tensor([2.4574], dtype=torch.float64)
+    three = torch.tensor([3], dtype=torch.int32)
+    return {
+        # the torch launch copied a stride-0 output with copy_, which refuses overlapping writes
+        "expanded-output-of-an-input": (
+            Program(3, [("inplace", 1, "mul_", 1), ("expand", 2, (2, 2, 2)), ("slice", 2, -1, 1, None, 2)], [3, 3, 3]),
+            [torch.tensor(1.7579), torch.randn(2, 3, 1), torch.tensor([[0, 1], [0, -5]], dtype=torch.int32)]),
+        # view(dtype) of ints makes NaNs: eager's NaNs are ours (the check compared NaN != NaN)
+        "view-dtype-nan": (
+            Program(1, [("scalar", 0, "mul", 2), ("view_dtype", 1, torch.float32), ("unsqueeze", 0, 3),
+                        ("binary", 2, 2, "maximum"), ("unary", 0, "sin"), ("scalar", 0, "sub", 0.5)], [2, 1, 2]),
+            [_offset([0, -8, 2, -3, -3, -1], torch.int32, (1, 2, 3))]),
+        # write-back into an empty input with a stride-0 dim: eager writes nothing and does not raise
+        "mutated-empty-expanded-input": (
+            Program(2, [("view_dtype", 0, torch.int32), ("unary", 2, "abs"), ("unsqueeze", 3, 1),
+                        ("inplace", 1, "add_", 1)], [1]),
+            [torch.randn(2, 4, 2), torch.empty(1, 1, 0, dtype=torch.int32).expand(2, 1, 0)]),
+        # capture copied an input with repeated elements (stride 0) with copy_, which refuses it
+        "passed-twice-with-expanded-input": (
+            Program(3, [("unary", 0, "sin"), ("unary", 1, "neg"), ("unary", 4, "abs"), ("unary", 4, "exp"),
+                        ("scalar", 0, "mul", -1), ("scalar", 2, "mul", -1)], [2, 4, 1], same_input_twice=True),
+            [x, x, torch.zeros(1, dtype=torch.int32).expand(2)]),
+        # a generated kernel wrote views of its own values into fresh buffers: outputs that view
+        # one another (here an empty slice at offset 2 of a cat) lost their shared storage
+        "views-of-a-kernel-value": (
+            Program(2, [("cat", 1, 0, -1), ("slice", 2, 0, 2, None, 2)], [0, 3, 3], same_input_twice=True),
+            [three, three]),
+        # mean over an empty dim is NaN in eager and here
+        "mean-over-empty-dim": (Program(1, [("reduce", 0, "mean", 1, False)], [1]), [torch.randn(3, 0)]),
+        # an output that views an input the program later mutates
+        "view-of-an-input-mutated-later": (
+            Program(3, [("expand", 1, (2, 2)), ("inplace", 1, "add_", 1)], [3]),
+            [torch.tensor([]), torch.tensor([4.62, -0.88]), torch.tensor(4.62)]),
+        # a reshape of a transposed input, the input mutated afterwards (size-1 dims' strides differ)
+        "reshape-of-transposed-input-then-mutated": (
+            Program(2, [("unsqueeze", 1, -1), ("select", 1, 0, -3), ("reshape", 0, (1, 1, 4, 2)),
+                        ("to", 0, torch.float32), ("view_dtype", 3, torch.float64), ("scalar", 6, "add", 0.5),
+                        ("inplace", 0, "add_", 1), ("unsqueeze", 1, 1)], [3, 4]),
+            [_transposed_int(), torch.tensor([-1.4813, 0.6044, 0.8091], dtype=torch.float64)]),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_fuzzer_finding_stays_fixed(name: str) -> None:
+    prog, inputs = _cases()[name]
+    if prog.same_input_twice:
+        inputs[1] = inputs[0]
+    check_program(prog, inputs)
