@@ -2,8 +2,9 @@
 
 Each entry's factory returns ``(fn_or_module, example_inputs)``, the same contract as a user's
 ``package.module:factory`` target. The full model zoo (real configs, fake weights, GPU dtypes)
-is not built yet. The ``rope-*`` entries at real model sizes use meta tensors: their graphs can be
-captured, segmented and profiled without memory, not run.
+entries at real model sizes (``rope-*-7b``, ``llama2-7b``, ``gpt2-124m``...) use meta tensors: their
+graphs are captured, segmented and profiled without memory; ``fuseg bench`` on a GPU materializes
+the RoPE ones with random values.
 """
 
 from __future__ import annotations
@@ -139,6 +140,37 @@ def _hf(kind: str, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int =
     return factory
 
 
+# Real model sizes, built on the meta device: fake weights, no memory; captured and profiled, not run.
+_FULL = {
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024),
+    "llama": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                  num_key_value_heads=32, vocab_size=32000),
+    "mistral": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                    num_key_value_heads=8, vocab_size=32000),
+    "qwen2": dict(num_hidden_layers=28, hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                  num_key_value_heads=4, vocab_size=152064),
+    "bert": dict(num_hidden_layers=12, hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                 vocab_size=30522),
+}
+
+
+def _hf_full(kind: str, seq: int, dtype: torch.dtype) -> Factory:
+    def factory() -> tuple[Any, list[Any]]:
+        import transformers
+
+        cfg_cls, model_cls = {
+            "gpt2": (transformers.GPT2Config, transformers.GPT2Model),
+            "llama": (transformers.LlamaConfig, transformers.LlamaModel),
+            "mistral": (transformers.MistralConfig, transformers.MistralModel),
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2Model),
+            "bert": (transformers.BertConfig, transformers.BertModel),
+        }[kind]
+        with torch.device("meta"):
+            model = model_cls(cfg_cls(use_cache=False, **_FULL[kind])).to(dtype).eval()
+        return model, [torch.zeros(1, seq, dtype=torch.long, device="meta")]
+    return factory
+
+
 ZOO: dict[str, ZooEntry] = {e.name: e for e in [
     ZooEntry("rope-seed", "LitGPT RoPE of NVIDIA/Fuser#2577: 16 heads, 4 groups, head 32, rope 8",
              2, 1024, torch.float32, _rope(2, 1024, 16, 4, 32, 8, torch.float32)),
@@ -168,6 +200,16 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in [
     ZooEntry("llama-tiny", "transformers Llama, 2 layers, hidden 64, GQA 4/2", 1, 16, torch.float32, _hf("llama")),
     ZooEntry("mistral-tiny", "transformers Mistral, 2 layers, hidden 64, GQA 4/2", 1, 16, torch.float32, _hf("mistral")),
     ZooEntry("qwen2-tiny", "transformers Qwen2, 2 layers, hidden 64, GQA 4/2", 1, 16, torch.float32, _hf("qwen2")),
+    ZooEntry("gpt2-124m", "transformers GPT-2 124M config, 12 layers (meta: profile only)", 1, 1024, torch.float32,
+             _hf_full("gpt2", 1024, torch.float32)),
+    ZooEntry("llama2-7b", "transformers Llama-2-7B config, 32 layers (meta: profile only)", 1, 4096, torch.bfloat16,
+             _hf_full("llama", 4096, torch.bfloat16)),
+    ZooEntry("mistral-7b", "transformers Mistral-7B config, 32 layers, GQA 32/8 (meta: profile only)", 1, 4096,
+             torch.bfloat16, _hf_full("mistral", 4096, torch.bfloat16)),
+    ZooEntry("qwen2-7b", "transformers Qwen2-7B config, 28 layers, GQA 28/4 (meta: profile only)", 1, 4096,
+             torch.bfloat16, _hf_full("qwen2", 4096, torch.bfloat16)),
+    ZooEntry("bert-base", "transformers BERT-base config, 12 layers (meta: profile only)", 1, 512, torch.float32,
+             _hf_full("bert", 512, torch.float32)),
     ZooEntry("bert-tiny", "transformers BERT, 2 layers, hidden 64", 1, 16, torch.float32, _hf("bert")),
 ]}
 

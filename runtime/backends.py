@@ -9,6 +9,7 @@ The torch backend takes every segment.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ class Backend:
 
             if cpu_compiler() is None:
                 return "no C++ compiler found (set CXX)"
+        if self.name == "nvfuser":
+            why = _nvfuser_import_error()
+            if why:
+                return why
         if self.name == "cupy":
             import cupy
 
@@ -41,6 +46,15 @@ class Backend:
         if self.name in os.environ.get("FUSEG_DISABLE", "").split(","):
             return "disabled by FUSEG_DISABLE"
         return None
+
+
+@functools.cache
+def _nvfuser_import_error() -> str | None:
+    try:
+        import nvfuser  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - an ABI mismatch raises ImportError, others OSError
+        return f"nvfuser does not import: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return None
 
 
 BACKENDS = (

@@ -205,6 +205,8 @@ class CompiledProgram:
         self.backend_of: dict[int, str] = {}
         #: per segment run by a generated kernel, that kernel (runtime.codegen.Kernel)
         self.kernels: dict[int, object] = {}
+        #: per segment run by nvFuser, how many kernels nvFuser ran for it (read from its profile)
+        self.nvfuser_kernels: dict[int, int] = {}
         keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names)
         last_use: dict[str, int] = {}
         for seg in plan.segments:
@@ -252,7 +254,9 @@ class CompiledProgram:
     def _build(self, name: str, seg: Segment, materialize: frozenset[str], frees: tuple[str, ...],
                torch_run: Callable[[Env], None]) -> Callable[[Env], None]:
         if name == "nvfuser":
-            raise Declined("the nvFuser lowering is not built yet")
+            from .nvfuser_backend import nvfuser_launch
+
+            return nvfuser_launch(self.graph, seg, self.in_place, frees, self.nvfuser_kernels)
         from .generated import generated_launch
 
         run, kernel = generated_launch(self.graph, seg, "cuda" if name == "cupy" else "cpu", materialize, frees,

@@ -1,0 +1,235 @@
+"""The nvFuser backend: each kernel segment lowered to one nvFuser FusionDefinition (the classic
+Python frontend of ``nvfuser`` 0.2.35: ``define_tensor``, ``fd.ops.*``, ``add_output`` with
+``alias_input`` for a mutated input).
+
+UNVERIFIED: this lowering has never run. The one nvFuser wheel that carries this API for CUDA 13
+(``nvfuser-cu130-torch210`` 0.2.35, built against torch 2.10) fails to import beside torch 2.11 on
+the GPU machine we had (``undefined symbol: c10::MessageLogger``; perf/results/gpu_nvfuser_probe_h100.txt),
+and there is no nvFuser for this CPU machine. The API was read from nvFuser's own Python sources.
+Where ``nvfuser`` does not import, the backend says so and the chooser passes over it.
+
+After the first execution of each fusion the backend reads nvFuser's profile: a segment that
+nvFuser itself split into more than one kernel is reported (``NvFuserLaunch.kernels_run``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from segmenter import FusionGraph, Node, Segment, SegmentKind
+from segmenter.ir import ValueRef
+
+from .codegen import Declined
+from .codegen.lower import _norm_dim, bind
+
+__all__ = ["lower_to_nvfuser", "nvfuser_launch"]
+
+_UNARY = {f"aten.{n}.default": n for n in (
+    "exp", "log", "sin", "cos", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "neg", "reciprocal", "erf", "floor",
+    "ceil", "log1p", "expm1", "logical_not", "bitwise_not")}
+_BINARY = {}
+for _ov in ("Tensor", "Scalar"):
+    for _n in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or",
+               "bitwise_xor"):
+        _BINARY[f"aten.{_n}.{_ov}"] = _n
+_BINARY.update({"aten.maximum.default": "maximum", "aten.minimum.default": "minimum",
+                "aten.pow.Tensor_Scalar": "pow", "aten.pow.Tensor_Tensor": "pow",
+                "aten.logical_and.default": "logical_and", "aten.logical_or.default": "logical_or"})
+_COPIES = {"aten._to_copy.default", "aten.clone.default", "aten.alias.default", "aten.detach.default",
+           "aten.lift_fresh_copy.default", "aten.lift_fresh.default"}
+
+
+def _dtype(nvf: Any, dtype: torch.dtype) -> Any:
+    table = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+             torch.int64: "Int", torch.int32: "Int32", torch.bool: "Bool"}
+    if dtype not in table:
+        raise Declined(f"nvFuser lowering: dtype {dtype}")
+    return getattr(nvf.DataType, table[dtype])
+
+
+class _Lowering:
+    def __init__(self, nvf: Any, fd: Any, graph: FusionGraph) -> None:
+        self.nvf, self.fd, self.g = nvf, fd, graph
+        self.vals: dict[str, Any] = {}
+
+    def scalar(self, v: object, dtype: torch.dtype | None = None) -> Any:
+        if isinstance(v, bool):
+            return self.fd.define_scalar(v, dtype=self.nvf.DataType.Bool)
+        if isinstance(v, int) and (dtype is None or not dtype.is_floating_point):
+            return self.fd.define_scalar(v, dtype=self.nvf.DataType.Int)
+        return self.fd.define_scalar(float(v), dtype=self.nvf.DataType.Double)
+
+    def arg(self, a: object, out_shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Any:
+        """A tensor argument broadcast to ``out_shape`` (nvFuser needs ranks to agree), or a scalar."""
+        if not isinstance(a, ValueRef):
+            return self.scalar(a, dtype)
+        t, shape = self.vals[a.name], self.g.metas[a.name].shape
+        if len(shape) < len(out_shape):
+            off = len(out_shape) - len(shape)
+            t = self.fd.ops.broadcast_in_dim(t, shape=list(out_shape), broadcast_dims=list(range(off, len(out_shape))))
+        return t
+
+    def node(self, node: Node) -> list[Any]:
+        ops, op = self.fd.ops, node.op
+        out = self.g.metas[node.outputs[0]] if node.outputs[0] else None
+        a = bind(node)
+        x = a.get("self", a.get("input"))
+        xv = self.vals[x.name] if isinstance(x, ValueRef) else None
+        xm = self.g.metas[x.name] if isinstance(x, ValueRef) else None
+        cast = (lambda t: ops.cast(t, dtype=_dtype(self.nvf, out.dtype)))  # noqa: E731
+        if op in _UNARY:
+            return [cast(getattr(ops, _UNARY[op])(xv))]
+        if op in _BINARY:
+            other = a.get("other", a.get("exponent"))
+            lhs, rhs = self.arg(x, out.shape, out.dtype), self.arg(other, out.shape, out.dtype)
+            if a.get("alpha", 1) != 1:
+                rhs = ops.mul(rhs, self.scalar(a["alpha"], out.dtype))
+            return [cast(getattr(ops, _BINARY[op])(lhs, rhs))]
+        if op == "aten.where.self":
+            return [cast(ops.where(self.arg(a["condition"], out.shape), self.arg(x, out.shape, out.dtype),
+                                   self.arg(a["other"], out.shape, out.dtype)))]
+        if op in _COPIES:
+            return [cast(xv)]
+        if op in ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"):
+            return [ops.reshape(xv, new_shape=list(out.shape))]
+        if op == "aten.permute.default":
+            return [ops.permute(xv, dims=[_norm_dim(d, xm.ndim) for d in a["dims"]])]
+        if op == "aten.expand.default":
+            return [ops.expand(self.arg(x, out.shape), shape=list(out.shape))]
+        if op == "aten.unsqueeze.default":
+            d = _norm_dim(a["dim"], out.ndim)
+            return [ops.broadcast_in_dim(xv, shape=list(out.shape), broadcast_dims=[k for k in range(out.ndim) if k != d])]
+        if op in ("aten.squeeze.dim", "aten.squeeze.dims"):
+            dims = [a["dim"]] if op == "aten.squeeze.dim" else a["dim"]
+            dims = [d for d in (_norm_dim(d, xm.ndim) for d in dims) if xm.shape[d] == 1]
+            return [ops.squeeze(xv, dims=dims)] if dims else [xv]
+        if op in ("aten.slice.Tensor", "aten.select.int"):
+            dim = _norm_dim(a["dim"], xm.ndim)
+            n = xm.shape[dim]
+            starts, ends, steps = [0] * xm.ndim, list(xm.shape), [1] * xm.ndim
+            if op == "aten.select.int":
+                i = a["index"] + n if a["index"] < 0 else a["index"]
+                starts[dim], ends[dim] = i, i + 1
+                return [ops.squeeze(ops.slice(xv, start_indices=starts, end_indices=ends, strides=steps), dims=[dim])]
+            start = a.get("start") or 0
+            start = min(max(start + n if start < 0 else start, 0), n)
+            end = a.get("end")
+            end = n if end is None else min(max(end + n if end < 0 else end, start), n)
+            starts[dim], ends[dim], steps[dim] = start, end, a.get("step", 1) or 1
+            return [ops.slice(xv, start_indices=starts, end_indices=ends, strides=steps)]
+        if op == "aten.cat.default":
+            ts = [self.vals[t.name] for t in a["tensors"] if self.g.metas[t.name].numel]
+            return [ops.cat(ts, _norm_dim(a.get("dim", 0), out.ndim))]
+        if op == "aten.constant_pad_nd.default":
+            return [ops.pad(xv, list(a["pad"]), self.scalar(a.get("value", 0), out.dtype))]
+        if op in ("aten.full.default", "aten.full_like.default", "aten.scalar_tensor.default"):
+            value = a.get("fill_value", a.get("s"))
+            return [ops.full(shape=list(out.shape), fill_value=self.scalar(value, out.dtype),
+                             dtype=_dtype(self.nvf, out.dtype))]
+        return self.reduction(node, a, xv, xm, out)
+
+    def reduction(self, node: Node, a: dict, xv: Any, xm: Any, out: Any) -> list[Any]:
+        ops, op = self.fd.ops, node.op
+        if xv is None:
+            raise Declined(f"nvFuser lowering: {op} is not supported")
+        f32 = _dtype(self.nvf, torch.float64 if xm.dtype == torch.float64 else torch.float32)
+        if op in ("aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default"):
+            dims = [_norm_dim(d, xm.ndim) for d in (a.get("dim") or range(xm.ndim))]
+            keep = bool(a.get("keepdim", False))
+            if op == "aten.amax.default":
+                r = ops.max(xv, dims, keep)
+            elif op == "aten.amin.default":
+                r = ops.min(xv, dims, keep)
+            else:
+                r = ops.sum(ops.cast(xv, dtype=f32), dims, keep)
+                if op == "aten.mean.dim":
+                    count = 1
+                    for d in dims:
+                        count *= xm.shape[d]
+                    r = ops.div(r, self.scalar(float(count)))
+            return [ops.cast(r, dtype=_dtype(self.nvf, out.dtype))]
+        if op in ("aten._softmax.default", "aten._log_softmax.default"):
+            d = _norm_dim(a["dim"], xm.ndim)
+            xf = ops.cast(xv, dtype=f32)
+            shifted = ops.sub(xf, ops.max(xf, [d], True))
+            s = ops.sum(ops.exp(shifted), [d], True)
+            r = ops.div(ops.exp(shifted), s) if op == "aten._softmax.default" else ops.sub(shifted, ops.log(s))
+            return [ops.cast(r, dtype=_dtype(self.nvf, out.dtype))]
+        if op == "aten.native_layer_norm.default":
+            dims = list(range(xm.ndim - len(a["normalized_shape"]), xm.ndim))
+            xf = ops.cast(xv, dtype=f32)
+            var, mean = ops.var_mean(xf, dims, 0, True)
+            rstd = ops.rsqrt(ops.add(var, self.scalar(float(a["eps"]))))
+            y = ops.mul(ops.sub(xf, mean), rstd)
+            for name, fn in (("weight", ops.mul), ("bias", ops.add)):
+                if isinstance(a.get(name), ValueRef):
+                    y = fn(y, self.arg(a[name], xm.shape))
+            outs = [self.g.metas[o] if o else None for o in node.outputs]
+            return [ops.cast(t, dtype=_dtype(self.nvf, m.dtype)) if m is not None else None
+                    for t, m in zip((y, mean, rstd), outs)]
+        raise Declined(f"nvFuser lowering: {op} is not supported")
+
+
+def lower_to_nvfuser(nvf: Any, graph: FusionGraph, seg: Segment, in_place: dict[str, str]) -> tuple[Any, list[str]]:
+    """The FusionDefinition of ``seg`` and the segment outputs it returns, in order (an output
+    written into a mutated input is an ``alias_input`` output and is not returned)."""
+    if seg.kind not in (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION):
+        raise Declined(f"{seg.kind.value} segments run on torch")
+    fd = nvf.FusionDefinition()
+    returned: list[str] = []
+    with fd:
+        lw = _Lowering(nvf, fd, graph)
+        targets: dict[str, Any] = {}
+        for v in dict.fromkeys([*seg.inputs, *in_place.values()]):
+            m = graph.metas[v]
+            lw.vals[v] = fd.define_tensor(sizes=list(m.shape), strides=list(m.stride), dtype=_dtype(nvf, m.dtype),
+                                          static_sizes=True, is_cpu=False)
+            targets[v] = lw.vals[v]
+        for node in seg.nodes:
+            for name, val in zip(node.outputs, lw.node(node)):
+                if name is not None:
+                    lw.vals[name] = val
+        written = {n.outputs[0]: in_place[n.name] for n in seg.nodes if n.name in in_place}
+        for o in seg.outputs:
+            if o in written:
+                fd.add_output(lw.vals[o], alias_input=targets[written[o]])
+            else:
+                fd.add_output(lw.vals[o])
+                returned.append(o)
+    return fd, returned
+
+
+def nvfuser_launch(graph: FusionGraph, seg: Segment, in_place: dict[str, int], dying: tuple[str, ...],
+                   report: dict[int, int]) -> Callable[[dict[str, torch.Tensor]], None]:
+    """The launch: run the fusion, put its outputs in the environment. ``report[segment]`` gets
+    the number of kernels nvFuser ran for it (read once, from its profile)."""
+    import nvfuser
+
+    names = {n.name: graph.inputs[i].name for n, i in ((n, in_place.get(n.name)) for n in seg.nodes) if i is not None}
+    fd, returned = lower_to_nvfuser(nvfuser, graph, seg, names)
+    arg_names = list(dict.fromkeys([*seg.inputs, *names.values()]))
+    written = {n.outputs[0]: names[n.name] for n in seg.nodes if n.name in names}
+    metas = {o: graph.metas[o] for o in returned}
+    profiled = [False]
+
+    def run(env: dict[str, torch.Tensor]) -> None:
+        args = [env[v] for v in arg_names]
+        first = not profiled[0]
+        outs = fd.execute(args, profile=first)
+        if first:
+            profiled[0] = True
+            report[seg.index] = fd.profile().segments
+        for v in dying:
+            env.pop(v, None)
+        for o, t in zip(returned, outs):
+            m = metas[o]
+            if tuple(t.shape) != m.shape or any(a != b for n, a, b in zip(m.shape, t.stride(), m.stride) if n != 1):
+                t = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
+            env[o] = t
+        for o, target in written.items():
+            env[o] = env[target]
+
+    return run
