@@ -1,6 +1,6 @@
-"""Runtime: run a segmented, alias-analysed plan (torch backend, CPU or CUDA), the
-``torch.compile`` backend "fuseg" (runtime.dynamo), and the fx partitioner API
-(runtime.partitioner). The CuPy and nvFuser backends are not built yet."""
+"""Runtime: run a segmented, alias-analysed plan: generated kernels (runtime.codegen; CuPy on CUDA,
+C++ on the CPU when asked for), nvFuser (runtime.nvfuser_backend, unverified) and torch; the
+``torch.compile`` backend "fuseg" (runtime.dynamo), and the fx partitioner API (runtime.partitioner)."""
 
 from .program import CompiledProgram, Launch, ModuleProgram, compile_module, compile_program
 

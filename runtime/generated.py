@@ -16,7 +16,7 @@ import torch
 
 from segmenter import FusionGraph, OpKind, Segment, op_info
 
-from .codegen import Declined, Kernel, lower_segment
+from .codegen import Kernel, lower_segment
 from .codegen.build import build_cpu, build_cuda
 from .codegen.index import dense_strides
 
@@ -66,9 +66,8 @@ def generated_launch(graph: FusionGraph, seg: Segment, target: str, materialize:
     """The launch callable and its kernel; raises Declined where the generator does not take ``seg``."""
     targets = {n.name: graph.inputs[i].name for n, i in ((n, in_place.get(n.name)) for n in seg.nodes) if i is not None}
     written = {n.outputs[0]: targets[n.name] for n in seg.nodes if n.name in targets}
-    views = _views_of_outputs(graph, seg)
-    if any(o in materialize or b in materialize for o, b in views.items()):
-        raise Declined("an output is a view of another output that crosses launches as a copy")
+    # (a value that crosses launches as a dense copy, in pre/off, is written by the kernel itself)
+    views = {o: b for o, b in _views_of_outputs(graph, seg).items() if o not in materialize and b not in materialize}
     written_outputs = [o for o in seg.outputs if o not in views]
     seg = dataclasses.replace(seg, outputs=tuple(dict.fromkeys([*written_outputs, *views.values()])))
     kernel = lower_segment(graph, seg, layouts(graph, seg, materialize, written), targets, materialize)
