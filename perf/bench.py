@@ -147,6 +147,9 @@ def bench(models: list[str], device: str = "cpu", modes: tuple[str, ...] = ("pos
         inputs = [_on_device(t, device, dtype) for t in inputs]
         module = fn if isinstance(fn, torch.nn.Module) else None
         if module is not None:
+            if any(t.device.type == "meta" for t in (*module.parameters(), *module.buffers())):
+                raise TargetError(f"{name}: its weights are on the meta device (a real-size config): it can be "
+                                  "profiled (fuseg profile), not benchmarked")
             module.to(device)
         with torch.no_grad():
             want = _tensors(fn(*clone_inputs(inputs)))

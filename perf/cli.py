@@ -129,8 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import run_bench
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        models = args.models or [n for n, e in zoo.ZOO.items()
-                                 if device == "cuda" or not any(w in e.description for w in ("meta", "large"))]
+        # meta RoPE inputs are materialized on a GPU; meta weights (real-size transformers) never are
+        models = args.models or [n for n, e in zoo.ZOO.items() if not any(w in e.description for w in (
+            ("large", "meta") if device == "cpu" else ("meta",))) or (device == "cuda" and n.startswith("rope-"))]
         try:
             result = run_bench(models, device, args.out, modes=tuple(args.mode or ("post", "pre", "off")),
                                backends=tuple(args.backend or ("auto",)), inductor=args.inductor,

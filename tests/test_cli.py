@@ -187,3 +187,8 @@ def test_report_bad_input_is_one_line(capsys, tmp_path, content, message) -> Non
 def test_bench_unknown_model(capsys) -> None:
     code, _, err = run(capsys, "bench", "nope", "--device", "cpu")
     assert code == 2 and "unknown model 'nope'" in err
+
+
+def test_bench_refuses_meta_weights(capsys) -> None:
+    code, _, err = run(capsys, "bench", "bert-base", "--device", "cpu")
+    assert code == 2 and "meta device" in err and err.count("\n") == 1
