@@ -320,7 +320,25 @@ def graph_from_dict(d: Any) -> FusionGraph:
         raise GraphFormatError(str(e)) from None
 
 
-def from_json(text: str) -> FusionGraph:
+def from_json(text: str, check_metas: bool = True) -> FusionGraph:
+    """The graph in ``text``. With ``check_metas`` (the default), every recorded shape, stride
+    and dtype is checked against what torch computes for the op (FakeTensor propagation): a graph
+    whose metadata contradicts its ops is refused, naming the node."""
+    graph = _parse(text)
+    if check_metas:
+        from .meta import meta_mismatches
+
+        try:
+            problems = meta_mismatches(graph)
+        except GraphError as e:
+            raise GraphFormatError(f"shape metadata contradicts the ops: {e}") from None
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise GraphFormatError(f"shape metadata contradicts the ops: {problems[0]}{more}")
+    return graph
+
+
+def _parse(text: str) -> FusionGraph:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -108,3 +108,18 @@ def test_unknown_op_loads_as_opaque_with_a_warning() -> None:
     with pytest.warns(UserWarning, match="mylib.frob.default"):
         g = from_json(text)
     assert op_info(g.nodes[-1].op).kind == OpKind.OPAQUE
+
+
+def test_metadata_that_contradicts_an_op_is_refused_naming_the_node() -> None:
+    import json as _json
+
+    import torch as _torch
+
+    from segmenter import capture
+    from segmenter.serialize import GraphFormatError, from_json, graph_to_dict
+
+    d = graph_to_dict(capture(lambda x: x.sin() * 2, [_torch.randn(4, 4)]))
+    d["inputs"][0]["meta"]["shape"] = [4, 5]
+    with pytest.raises(GraphFormatError, match="node 'sin' output %sin: recorded float32\\[4, 4\\], torch computes"):
+        from_json(_json.dumps(d))
+    assert from_json(_json.dumps(d), check_metas=False).inputs[0].meta.shape == (4, 5)
