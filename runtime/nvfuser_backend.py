@@ -23,7 +23,8 @@ from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import ValueRef
 
 from .codegen import Declined
-from .codegen.lower import _norm_dim, bind
+from .codegen.kernel import bind
+from .codegen.kernel import norm_dim as _norm_dim
 
 __all__ = ["lower_to_nvfuser", "nvfuser_launch"]
 

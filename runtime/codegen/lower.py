@@ -7,7 +7,7 @@ the same domain F = O + I; each block takes rows of O, runs one block-wide pass 
 reduction (each pass may use the results of the earlier ones), then writes the outputs of shape F
 in a last pass and those of shape O (or O + 1s) from thread 0. A reduced value may only be read
 at its own row: it reaches other values through elementwise ops, broadcasts over I and views
-between O and O + 1s, and the structural check in ``_row_levels`` declines everything else.
+between O and O + 1s, and the structural check in ``rows.row_levels`` declines everything else.
 Outputs of other shapes that depend on no reduction get pointwise loops of their own.
 
 Values are computed where they are needed, once per loop (a memo per loop body); a branch of
@@ -19,129 +19,19 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import ValueRef, view_roots
-from segmenter.ops import resolve_op
 
 from . import index as ix
-from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type, store
+from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
+from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output
 from .pointwise import ELEMENTWISE
+from .rows import REDUCTIONS, Row, plan_row, row_levels, row_loop
 
 __all__ = ["Kernel", "Param", "lower_segment"]
-
-
-@dataclass(frozen=True)
-class Param:
-    """One kernel argument: a tensor the kernel reads (input) or writes (output)."""
-
-    name: str  # C name
-    value: str  # graph value
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    output: bool
-    target: str | None = None  # the graph input this output is written into (in place)
-
-
-@dataclass(frozen=True)
-class Kernel:
-    name: str
-    params: tuple[Param, ...]
-    body: str  # the kernel's statements, the same for both targets
-    block: int  # threads per block on CUDA
-    grid: int  # blocks on CUDA
-    kind: str  # "pointwise" | "row"
-    index_type: str = "long long"  # "int" where every index and offset fits in 31 bits
-
-    def source(self, target: str) -> str:
-        from .ctypes_ import prelude
-
-        # no two parameters share memory unless an output is written into an input (in place)
-        restrict = "" if any(p.target for p in self.params) else " __restrict__"
-        args = ", ".join(f"{'' if p.output else 'const '}{storage_type(p.dtype)}*{restrict} {p.name}"
-                         for p in self.params)
-        qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
-        return (f"#define FUSEG_I {self.index_type}\n{prelude(target)}\n"
-                f"{qual} void {self.name}({args}) {{\n{self.body}}}\n")
-
-
-_VIEW_IDENTITY = {"aten.alias.default", "aten.detach.default", "aten.lift_fresh.default"}
-_RESHAPE = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
-_CONST = {"aten.full.default": "fill_value", "aten.full_like.default": "fill_value",
-          "aten.scalar_tensor.default": "s", "aten.new_full.default": "fill_value",
-          "aten.zeros.default": 0, "aten.zeros_like.default": 0, "aten.new_zeros.default": 0,
-          "aten.ones.default": 1, "aten.ones_like.default": 1, "aten.new_ones.default": 1}
-# views that keep every element's row-major position: a value over the reduction's domain seen
-# through them still has its row where the row kernel computed it
-_LINEAR_VIEWS = _RESHAPE | _VIEW_IDENTITY | {"aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
-                                             "aten.squeeze.default"}
-_REDUCTIONS = {
-    "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
-    "aten.amin.default", "aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims",
-    "aten.all.default", "aten.var.correction", "aten.var_mean.correction", "aten.logsumexp.default",
-    "aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default",
-    "aten.linalg_vector_norm.default",
-}
-
-
-def bind(node: Node) -> dict[str, object]:
-    """The node's arguments by schema name, defaults filled in."""
-    op = resolve_op(node.op)
-    if not isinstance(op, torch._ops.OpOverload):
-        raise Declined(f"{node.op} is not an ATen op")
-    schema = op._schema
-    out: dict[str, object] = {a.name: v for a, v in zip(schema.arguments, node.args)}
-    out.update(node.kwargs)
-    for a in schema.arguments:
-        if a.name not in out and a.has_default_value():
-            out[a.name] = a.default_value
-    return out
-
-
-def _norm_dim(d: int, rank: int) -> int:
-    r = max(rank, 1)
-    if not -r <= d < r:
-        raise Declined(f"dim {d} out of range for rank {rank}")
-    return d % r
-
-
-class _Body:
-    """Statements of one loop body (or branch), with the values already computed in it."""
-
-    def __init__(self, lw: _Lowerer, loop: str, indent: str, memo: dict | None = None) -> None:
-        self.lw, self.loop, self.indent = lw, loop, indent
-        self.lines: list[str] = []
-        self.memo: dict = dict(memo or {})
-
-    def let(self, ctype: str, expr: str) -> str:
-        name = self.lw.fresh("t")
-        self.lines.append(f"{self.indent}const {ctype} {name} = {expr};")
-        return name
-
-    def branch(self) -> _Body:
-        return _Body(self.lw, self.loop, self.indent + "  ", self.memo)
-
-
-@dataclass
-class _Row:
-    F: tuple[int, ...]
-    k: int
-
-    @property
-    def O(self) -> tuple[int, ...]:  # noqa: N802, E743 - the outer shape, as in Note [kernel shapes]
-        return self.F[: len(self.F) - self.k]
-
-    @property
-    def O1(self) -> tuple[int, ...]:  # noqa: N802
-        return self.O + (1,) * self.k
-
-    @property
-    def R(self) -> int:  # noqa: N802
-        return math.prod(self.F[len(self.F) - self.k:])
 
 
 class _Lowerer:
@@ -155,7 +45,7 @@ class _Lowerer:
         self.loads: list[tuple[str, str, str]] = []  # (value, offset, loop)
         self.regs: dict[tuple[str, int], str] = {}  # (node, output) -> row variable
         self.in_place = in_place  # node name -> graph input it writes
-        self.row: _Row | None = None
+        self.row: Row | None = None
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -166,7 +56,7 @@ class _Lowerer:
 
     # --- values -------------------------------------------------------------------------------
 
-    def value(self, b: _Body, v: str, idx: list[str]) -> str:
+    def value(self, b: Body, v: str, idx: list[str]) -> str:
         """``v`` at index ``idx`` as an expression of its compute type (a variable, mostly)."""
         key = (v, tuple(idx))
         if key in b.memo:
@@ -180,7 +70,7 @@ class _Lowerer:
         b.memo[key] = name
         return name
 
-    def load(self, b: _Body, v: str, idx: list[str]) -> str:
+    def load(self, b: Body, v: str, idx: list[str]) -> str:
         p = self.params.get(v)
         if p is None:
             shape, stride = self.layouts[v]
@@ -189,29 +79,29 @@ class _Lowerer:
         self.loads.append((v, off, b.loop))
         return load(p.dtype, f"{p.name}[{off}]")
 
-    def node_value(self, b: _Body, node: Node, k: int, idx: list[str]) -> str:
+    def node_value(self, b: Body, node: Node, k: int, idx: list[str]) -> str:
         op = node.op
         out = self.meta(node.outputs[k])
         if (node.name, k) in self.regs:
             return self.regs[(node.name, k)]
-        if op in _REDUCTIONS:
+        if op in REDUCTIONS:
             return self.reduction_output(b, node, k, idx)
         a = bind(node)
         if op in ELEMENTWISE:
             return self.elementwise(b, node, a, idx)
-        if op in _VIEW_IDENTITY:
+        if op in VIEW_IDENTITY:
             return self.value(b, a["self"].name, idx)
-        if op in _CONST:
-            val = a[_CONST[op]] if isinstance(_CONST[op], str) else _CONST[op]
+        if op in CONST:
+            val = a[CONST[op]] if isinstance(CONST[op], str) else CONST[op]
             return self.rounded(out.dtype, literal(val, compute_type(out.dtype)))
         x = a.get("self")
         src = self.meta(x.name) if isinstance(x, ValueRef) else None
-        if op in _RESHAPE:
+        if op in RESHAPE:
             return self.value(b, x.name, ix.reshape(idx, src.shape, out.shape))
         if op == "aten.expand.default":
             return self.value(b, x.name, ix.broadcast(idx, src.shape, out.shape))
         if op == "aten.permute.default":
-            dims = [_norm_dim(d, src.ndim) for d in a["dims"]]
+            dims = [norm_dim(d, src.ndim) for d in a["dims"]]
             new = ["0"] * src.ndim
             for d, p in enumerate(dims):
                 new[p] = idx[d]
@@ -219,11 +109,11 @@ class _Lowerer:
         if op in ("aten.transpose.int", "aten.t.default"):
             new = list(idx)
             if src.ndim >= 2:
-                d0, d1 = (_norm_dim(a["dim0"], src.ndim), _norm_dim(a["dim1"], src.ndim)) if "dim0" in a else (0, 1)
+                d0, d1 = (norm_dim(a["dim0"], src.ndim), norm_dim(a["dim1"], src.ndim)) if "dim0" in a else (0, 1)
                 new[d0], new[d1] = idx[d1], idx[d0]
             return self.value(b, x.name, new)
         if op in ("aten.slice.Tensor", "aten.narrow.default"):
-            dim = _norm_dim(a["dim"], src.ndim)
+            dim = norm_dim(a["dim"], src.ndim)
             start = a["start"] if a.get("start") is not None else 0
             step = a.get("step", 1) or 1
             n = src.shape[dim]
@@ -232,20 +122,20 @@ class _Lowerer:
             new[dim] = f"({start} + {idx[dim]} * {step})" if step != 1 else f"({start} + {idx[dim]})"
             return self.value(b, x.name, new)
         if op == "aten.select.int":
-            dim = _norm_dim(a["dim"], src.ndim)
+            dim = norm_dim(a["dim"], src.ndim)
             i = a["index"] + src.shape[dim] if a["index"] < 0 else a["index"]
             return self.value(b, x.name, [*idx[:dim], f"{i}", *idx[dim:]])
         if op == "aten.unsqueeze.default":
-            dim = _norm_dim(a["dim"], out.ndim)
+            dim = norm_dim(a["dim"], out.ndim)
             return self.value(b, x.name, idx[:dim] + idx[dim + 1:])
         if op in ("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"):
             dims = (range(src.ndim) if op == "aten.squeeze.default" else
                     [a["dim"]] if op == "aten.squeeze.dim" else a["dim"])
-            gone = {_norm_dim(d, src.ndim) for d in dims if src.ndim and src.shape[_norm_dim(d, src.ndim)] == 1}
+            gone = {norm_dim(d, src.ndim) for d in dims if src.ndim and src.shape[norm_dim(d, src.ndim)] == 1}
             it = iter(idx)
             return self.value(b, x.name, ["0" if d in gone else next(it) for d in range(src.ndim)])
         if op in ("aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int"):
-            dim = _norm_dim(a.get("dim", 0), src.ndim)
+            dim = norm_dim(a.get("dim", 0), src.ndim)
             if op == "aten.unbind.int":
                 return self.value(b, x.name, [*idx[:dim], f"{k}", *idx[dim:]])
             sizes = a["split_sizes"] if op == "aten.split_with_sizes.default" else [a["split_size"]] * (k + 1)
@@ -254,7 +144,7 @@ class _Lowerer:
             return self.value(b, x.name, new)
         if op == "aten.flip.default":
             new = list(idx)
-            for d in {_norm_dim(d, src.ndim) for d in a["dims"]}:
+            for d in {norm_dim(d, src.ndim) for d in a["dims"]}:
                 new[d] = f"({src.shape[d] - 1} - {idx[d]})"
             return self.value(b, x.name, new)
         if op == "aten.repeat.default":
@@ -295,7 +185,7 @@ class _Lowerer:
             return expr
         return f"(({ct})({expr}))"
 
-    def elementwise(self, b: _Body, node: Node, a: dict, idx: list[str]) -> str:
+    def elementwise(self, b: Body, node: Node, a: dict, idx: list[str]) -> str:
         rule = ELEMENTWISE[node.op]
         out = self.meta(node.outputs[0])
         if rule.how == "out":
@@ -334,7 +224,7 @@ class _Lowerer:
 
     # --- injective ops with branches ----------------------------------------------------------
 
-    def choose(self, b: _Body, ct: str, cases: list[tuple[str, object]], default: object) -> str:
+    def choose(self, b: Body, ct: str, cases: list[tuple[str, object]], default: object) -> str:
         """if/else chain: ``cases`` are (condition, fill(body) -> expr); lazily evaluated."""
         var = self.fresh("c")
         b.lines.append(f"{b.indent}{ct} {var};")
@@ -359,10 +249,10 @@ class _Lowerer:
             b.lines.append(f"{b.indent}}}")
         return var
 
-    def cat(self, b: _Body, node: Node, a: dict, idx: list[str], out) -> str:
+    def cat(self, b: Body, node: Node, a: dict, idx: list[str], out) -> str:
         ct = compute_type(out.dtype)
         stack = node.op == "aten.stack.default"
-        dim = _norm_dim(a.get("dim", 0), out.ndim)
+        dim = norm_dim(a.get("dim", 0), out.ndim)
         parts = []
         off = 0
         for t in a["tensors"]:
@@ -375,7 +265,7 @@ class _Lowerer:
             off += n
 
         def fill(name: str, m, start: int):
-            def f(br: _Body) -> str:
+            def f(br: Body) -> str:
                 if stack:
                     new = idx[:dim] + idx[dim + 1:]
                 else:
@@ -389,7 +279,7 @@ class _Lowerer:
         name, m, start, _ = parts[-1]
         return self.rounded(out.dtype, self.choose(b, ct, cases, fill(name, m, start)))
 
-    def pad(self, b: _Body, a: dict, idx: list[str], out) -> str:
+    def pad(self, b: Body, a: dict, idx: list[str], out) -> str:
         x = a["self"].name
         src = self.meta(x)
         pads = list(a["pad"])
@@ -412,11 +302,11 @@ class _Lowerer:
         return self.choose(b, ct, [(" && ".join(conds), lambda br: self.convert(self.value(br, x, new), src.dtype, ct))],
                            lambda br: fill)
 
-    def scatter(self, b: _Body, node: Node, a: dict, idx: list[str], out) -> str:
+    def scatter(self, b: Body, node: Node, a: dict, idx: list[str], out) -> str:
         x, src = a["self"].name, a["src"].name
         ct = compute_type(out.dtype)
         m = self.meta(x)
-        dim = _norm_dim(a["dim"], m.ndim)
+        dim = norm_dim(a["dim"], m.ndim)
         n = m.shape[dim]
         if node.op == "aten.select_scatter.default":
             i = a["index"] + n if a["index"] < 0 else a["index"]
@@ -437,7 +327,7 @@ class _Lowerer:
 
     # --- reductions (row kernels) ---------------------------------------------------------------
 
-    def reduction_output(self, b: _Body, node: Node, k: int, idx: list[str]) -> str:
+    def reduction_output(self, b: Body, node: Node, k: int, idx: list[str]) -> str:
         if self.row is None:
             raise Declined(f"{node.op} outside a reduction segment")
         a = bind(node)
@@ -464,22 +354,6 @@ class _Lowerer:
         raise Declined(f"internal: {op} output {k} has no row value")  # pragma: no cover
 
 
-def _reduced_dims(node: Node, a: dict, rank: int) -> tuple[int, ...]:
-    op = node.op
-    if op in ("aten._softmax.default", "aten._log_softmax.default"):
-        return (_norm_dim(a["dim"], rank),)
-    if op == "aten.native_layer_norm.default":
-        return tuple(range(rank - len(a["normalized_shape"]), rank))
-    dims = a.get("dim")
-    if op.endswith(".default") and op.split(".")[1] in ("sum", "mean", "any", "all"):
-        dims = None
-    if isinstance(dims, int):
-        dims = [dims]
-    if dims is None or len(dims) == 0:
-        return tuple(range(rank))
-    return tuple(sorted({_norm_dim(d, rank) for d in dims}))
-
-
 def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
                   in_place: dict[str, str] | None = None, materialized: frozenset[str] = frozenset()) -> Kernel:
     """One kernel for ``seg``. ``layouts``: value -> (shape, strides) as the kernel will find it
@@ -488,7 +362,7 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         raise Declined(f"{seg.kind.value} segments run on torch")
     in_place = {n: t for n, t in (in_place or {}).items() if any(node.name == n for node in seg.nodes)}
     lw = _Lowerer(graph, seg, layouts, in_place)
-    reductions = [n for n in seg.nodes if n.op in _REDUCTIONS]
+    reductions = [n for n in seg.nodes if n.op in REDUCTIONS]
     for n in seg.nodes:
         if any(o is not None for o in n.outputs):
             for o in n.outputs:
@@ -518,8 +392,8 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         block, grid, kind = 256, max(1, min((grid_n + 255) // 256, 1 << 20)), "pointwise"
         row = None
     else:
-        row = _plan_row(lw, reductions)
-        levels = _row_levels(lw, row)
+        row = plan_row(lw, reductions)
+        levels = row_levels(lw, row)
         full, rowouts, side = [], [], []
         for p in outs:
             if levels.get(p.value) == "row":
@@ -535,7 +409,7 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
             by_shape.setdefault(p.shape, []).append(p)
         for shape, ps in by_shape.items():
             loops.append(_pointwise_loop(lw, shape, ps, stores, "  "))
-        loops.append(_row_loop(lw, row, full, rowouts, stores))
+        loops.append(row_loop(lw, row, full, rowouts, stores))
         R = row.R
         # 512 threads: on an H100, rows of 4096 ran 1.2-1.7x faster than with 1024 (FUSEG_ROW_BLOCK
         # sweep, perf/results/gpu_row_block_sweep.json)
@@ -554,17 +428,10 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
     return Kernel(f"fuseg_{kind}_{digest}", params, body, block, grid, kind, index_type)
 
 
-def _store(lw: _Lowerer, b: _Body, p: Param, idx: list[str], stores: dict) -> None:
-    v = lw.value(b, p.value, idx)
-    off = ix.linear(idx, p.shape, p.stride)
-    stores[p.value] = (off, b.loop)
-    b.lines.append(f"{b.indent}{p.name}[{off}] = {store(p.dtype, v)};")
-
-
 def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], stores: dict, indent: str) -> str:
     n = math.prod(shape)
     loop = lw.fresh("L")
-    b = _Body(lw, loop, indent + "  ")
+    b = Body(lw, loop, indent + "  ")
     idx = ix.unravel_terms("i", shape)
     idx_vars = []
     for d, term in enumerate(idx):
@@ -575,213 +442,10 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
             b.lines.append(f"{b.indent}const FUSEG_I {name} = {term};")
             idx_vars.append(name)
     for p in ps:
-        _store(lw, b, p, idx_vars, stores)
+        store_output(lw, b, p, idx_vars, stores)
     head = (f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
             f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{\n")
     return head + "\n".join(b.lines) + f"\n{indent}}}\n"
-
-
-def _plan_row(lw: _Lowerer, reductions: list[Node]) -> _Row:
-    row = None
-    for node in reductions:
-        a = bind(node)
-        x = a["input"] if "input" in a else a["self"]
-        F = lw.meta(x.name).shape
-        dims = _reduced_dims(node, a, len(F))
-        k = len(dims)
-        if dims != tuple(range(len(F) - k, len(F))):
-            raise Declined(f"{node.op} reduces dims {list(dims)} of {list(F)}: not the innermost ones")
-        if row is None:
-            row = _Row(F, k)
-        elif (row.F, row.k) != (F, k):
-            raise Declined(f"reductions over different domains ({list(row.F)} / {row.k} dims and {list(F)} / {k})")
-    lw.row = row
-    return row
-
-
-def _row_levels(lw: _Lowerer, row: _Row) -> dict[str, str]:
-    """Which values depend on a reduction: "row" (one per row, shape O or O+1s) or "full"."""
-    O, O1, F = row.O, row.O1, row.F  # noqa: E741
-    level: dict[str, str] = {}
-    for node in lw.seg.nodes:
-        outs = [o for o in node.outputs if o is not None]
-        if node.op in _REDUCTIONS:
-            a = bind(node)
-            x = a["input"] if "input" in a else a["self"]
-            if level.get(x.name) == "row":
-                raise Declined(f"{node.op} reduces a reduced value")
-            for k, o in enumerate(node.outputs):
-                if o is None:
-                    continue
-                full = node.op in ("aten._softmax.default", "aten._log_softmax.default") or (
-                    node.op == "aten.native_layer_norm.default" and k == 0)
-                shape = lw.meta(o).shape
-                if not full and shape not in (O, O1):
-                    raise Declined(f"{node.op} output of shape {list(shape)}")
-                level[o] = "full" if full else "row"
-            continue
-        if node.op in _CONST:  # reads no element of its input (full_like & co.)
-            continue
-        rows = [v for v in node.inputs if level.get(v) == "row"]
-        fulls = [v for v in node.inputs if level.get(v) == "full"]
-        if not rows and not fulls:
-            continue
-        for o in outs:
-            so = lw.meta(o).shape
-            if node.op in ELEMENTWISE:
-                ok = all((lw.meta(v).shape == O1 and so in (F, O1)) or (lw.meta(v).shape == O and so == O)
-                         for v in rows) and all(lw.meta(v).shape == so for v in fulls)
-                ok &= not (rows and fulls and so != F)
-            elif node.op in _LINEAR_VIEWS:
-                ok = so in (O, O1) if rows else math.prod(so) == math.prod(F)
-            elif node.op == "aten.expand.default":
-                ok = ((bool(rows) and lw.meta(rows[0]).shape == O1 and so in (F, O1))
-                      or (bool(fulls) and lw.meta(fulls[0]).shape == so))  # a no-op expand
-            else:
-                ok = False
-            if not ok:
-                raise Declined(f"a reduced value is re-indexed by {node.op} (shape {list(so)})")
-            level[o] = "row" if rows and not fulls and so in (O, O1) and so != F else "full"
-    return level
-
-
-_IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
-
-
-def _row_loop(lw: _Lowerer, row: _Row, full: list[Param], rowouts: list[Param], stores: dict) -> str:
-    O, inner = row.O, row.F[len(row.O):]  # noqa: E741
-    R = row.R
-    lines = [f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{"]
-    outer = []
-    for d, term in enumerate(ix.unravel_terms("row", O)):
-        if term == "0":
-            outer.append("0")
-        else:
-            lines.append(f"    const FUSEG_I o_{d} = {term};")
-            outer.append(f"o_{d}")
-
-    def j_loop(loop: str) -> tuple[_Body, list[str], list[str]]:
-        b = _Body(lw, loop, "      ")
-        head = []
-        idx = list(outer)
-        for d, term in enumerate(ix.unravel_terms("j", inner)):
-            if term == "0":
-                idx.append("0")
-            else:
-                b.lines.append(f"      const FUSEG_I j_{d} = {term};")
-                idx.append(f"j_{d}")
-        head.append(f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{")
-        return b, idx, head
-
-    def reduce_pass(ct: str, combine: str, element) -> str:
-        """One block-wide pass; ``element(body, idx)`` is the value combined. The row variable."""
-        acc_ct = "int" if ct == "bool" else ct
-        ident = _IDENTITY.get(combine)
-        if ident is None:
-            big = literal(float("inf"), ct) if ct in ("float", "double") else (
-                "9223372036854775807LL" if ct == "long long" else "1")
-            ident = f"(-{big})" if combine == "fuseg_max" and ct != "bool" else big
-            if ct == "bool":
-                ident = "0" if combine == "fuseg_max" else "1"
-            if ct == "long long" and combine == "fuseg_max":
-                ident = "(-9223372036854775807LL - 1)"
-        acc, res = lw.fresh("acc"), lw.fresh("r")
-        b, idx, head = j_loop(lw.fresh("P"))
-        e = element(b, idx)
-        lines.append(f"    {acc_ct} {acc} = ({acc_ct})({ident});")
-        lines.extend(head)
-        lines.extend(b.lines)
-        lines.append(f"      {acc} = {combine}<{acc_ct}>({acc}, ({acc_ct})({e}));")
-        lines.append("    }")
-        lines.append(f"    const {acc_ct} {res} = fuseg_block_reduce<{acc_ct}, {combine}<{acc_ct}>>({acc}, ({acc_ct})({ident}));")
-        return res
-
-    def row_let(ct: str, expr: str) -> str:
-        name = lw.fresh("v")
-        lines.append(f"    const {ct} {name} = {expr};")
-        return name
-
-    for node in lw.seg.nodes:
-        if node.op not in _REDUCTIONS:
-            continue
-        a = bind(node)
-        x = a["input"] if "input" in a else a["self"]
-        xm = lw.meta(x.name)
-        op = node.op
-        out0 = lw.meta(next(o for o in node.outputs if o is not None))
-        ct = compute_type(out0.dtype)
-        if op in ("aten.var_mean.correction", "aten.var.correction") or op == "aten.native_layer_norm.default":
-            ct = compute_type(out0.dtype) if op != "aten.native_layer_norm.default" else (
-                "double" if xm.dtype == torch.float64 else "float")
-
-        def xval(b: _Body, idx: list[str], ct: str = ct, x: str = x.name, xm=xm) -> str:
-            return lw.convert(lw.value(b, x, idx), xm.dtype, ct)
-        name = op.split(".")[1]
-        if name in ("sum", "mean"):
-            r = reduce_pass(ct, "fuseg_sum", xval)
-            lw.regs[(node.name, 0)] = r if name == "sum" else row_let(ct, f"{r} / ({ct}){R}")
-        elif name in ("amax", "amin"):
-            lw.regs[(node.name, 0)] = reduce_pass(ct, "fuseg_max" if name == "amax" else "fuseg_min", xval)
-        elif name in ("any", "all"):
-            r = reduce_pass("bool", f"fuseg_{name}", lambda b, idx, x=x.name: f"({lw.value(b, x, idx)} != 0)")
-            lw.regs[(node.name, 0)] = row_let("bool", f"({r} != 0)")
-        elif name in ("var", "var_mean", "native_layer_norm"):
-            s = reduce_pass(ct, "fuseg_sum", xval)
-            mean = row_let(ct, f"{s} / ({ct}){R}")
-            q = reduce_pass(ct, "fuseg_sum", lambda b, idx, mean=mean, xval=xval: f"(({xval(b, idx)} - {mean}) * ({xval(b, idx)} - {mean}))")
-            if name == "native_layer_norm":
-                eps = literal(a["eps"], ct)
-                lw.regs[(node.name, 1)] = mean
-                lw.regs[(node.name, 2)] = row_let(ct, f"rsqrt({q} / ({ct}){R} + {eps})")
-            else:
-                corr = a.get("correction")
-                corr = 1 if corr is None else corr
-                var = row_let(ct, f"{q} / ({ct})fuseg_max<{ct}>(({ct})0, ({ct})({R} - {literal(corr, ct)}))")
-                lw.regs[(node.name, 0)] = var
-                if name == "var_mean":
-                    lw.regs[(node.name, 1)] = mean
-        elif name in ("_softmax", "_log_softmax", "logsumexp"):
-            m = reduce_pass(ct, "fuseg_max", xval)
-            # exp(x - m) with m = -inf (a row of -inf) is exp(nan): use 0 as the shift there, as torch does
-            shift = row_let(ct, f"(({m}) == -{literal(float('inf'), ct)} ? ({ct})0 : {m})")
-            s = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval, shift=shift: f"exp({xval(b, idx)} - {shift})")
-            if name == "logsumexp":
-                lw.regs[(node.name, 0)] = row_let(ct, f"log({s}) + {shift}")
-            else:
-                lw.regs[(node.name, -1)] = shift
-                lw.regs[(node.name, -2)] = s
-        elif name == "linalg_vector_norm":
-            ord_ = a.get("ord", 2)
-            if ord_ == 2:
-                r = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval: f"({xval(b, idx)} * {xval(b, idx)})")
-                lw.regs[(node.name, 0)] = row_let(ct, f"sqrt({r})")
-            elif ord_ == 1:
-                lw.regs[(node.name, 0)] = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval: f"fabs({xval(b, idx)})")
-            else:
-                raise Declined(f"vector norm of order {ord_}")
-        else:  # pragma: no cover - _REDUCTIONS and this chain list the same ops
-            raise Declined(f"{op}")
-        for k, o in enumerate(node.outputs):  # round reduced values to their dtype, as eager holds them
-            if o is not None and (node.name, k) in lw.regs and lw.meta(o).dtype in (torch.float16, torch.bfloat16):
-                lw.regs[(node.name, k)] = row_let("float", lw.rounded(lw.meta(o).dtype, lw.regs[(node.name, k)]))
-    if full:
-        b, idx, head = j_loop(lw.fresh("W"))
-        for p in full:
-            _store(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
-        lines.extend(head)
-        lines.extend(b.lines)
-        lines.append("    }")
-    if rowouts:
-        b = _Body(lw, lw.fresh("T"), "      ")
-        for p in rowouts:
-            shape = p.shape
-            idx = list(outer) if shape == O else list(outer) + ["0"] * row.k
-            _store(lw, b, p, idx, stores)
-        lines.append("    if (FUSEG_THREAD == 0) {")
-        lines.extend(b.lines)
-        lines.append("    }")
-    lines.append("  }")
-    return "\n".join(lines) + "\n"
 
 
 def _check_in_place(lw: _Lowerer, outs: list[Param], stores: dict) -> None:

@@ -1,0 +1,110 @@
+"""Kernels and their parameters, the op sets the lowering dispatches on, and the statement
+builder (``Body``) shared by the pointwise lowering (lower.py) and the row kernels (rows.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from segmenter import Node
+from segmenter.ops import resolve_op
+
+from . import index as ix
+from .ctypes_ import Declined, storage_type, store
+
+__all__ = ["CONST", "LINEAR_VIEWS", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+           "store_output"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel argument: a tensor the kernel reads (input) or writes (output)."""
+
+    name: str  # C name
+    value: str  # graph value
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    output: bool
+    target: str | None = None  # the graph input this output is written into (in place)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    params: tuple[Param, ...]
+    body: str  # the kernel's statements, the same for both targets
+    block: int  # threads per block on CUDA
+    grid: int  # blocks on CUDA
+    kind: str  # "pointwise" | "row"
+    index_type: str = "long long"  # "int" where every index and offset fits in 31 bits
+
+    def source(self, target: str) -> str:
+        from .ctypes_ import prelude
+
+        # no two parameters share memory unless an output is written into an input (in place)
+        restrict = "" if any(p.target for p in self.params) else " __restrict__"
+        args = ", ".join(f"{'' if p.output else 'const '}{storage_type(p.dtype)}*{restrict} {p.name}"
+                         for p in self.params)
+        qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
+        return (f"#define FUSEG_I {self.index_type}\n{prelude(target)}\n"
+                f"{qual} void {self.name}({args}) {{\n{self.body}}}\n")
+
+
+VIEW_IDENTITY = {"aten.alias.default", "aten.detach.default", "aten.lift_fresh.default"}
+RESHAPE = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+CONST = {"aten.full.default": "fill_value", "aten.full_like.default": "fill_value",
+          "aten.scalar_tensor.default": "s", "aten.new_full.default": "fill_value",
+          "aten.zeros.default": 0, "aten.zeros_like.default": 0, "aten.new_zeros.default": 0,
+          "aten.ones.default": 1, "aten.ones_like.default": 1, "aten.new_ones.default": 1}
+# views that keep every element's row-major position: a value over the reduction's domain seen
+# through them still has its row where the row kernel computed it
+LINEAR_VIEWS = RESHAPE | VIEW_IDENTITY | {"aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+                                             "aten.squeeze.default"}
+
+
+def bind(node: Node) -> dict[str, object]:
+    """The node's arguments by schema name, defaults filled in."""
+    op = resolve_op(node.op)
+    if not isinstance(op, torch._ops.OpOverload):
+        raise Declined(f"{node.op} is not an ATen op")
+    schema = op._schema
+    out: dict[str, object] = {a.name: v for a, v in zip(schema.arguments, node.args)}
+    out.update(node.kwargs)
+    for a in schema.arguments:
+        if a.name not in out and a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def norm_dim(d: int, rank: int) -> int:
+    r = max(rank, 1)
+    if not -r <= d < r:
+        raise Declined(f"dim {d} out of range for rank {rank}")
+    return d % r
+
+
+class Body:
+    """Statements of one loop body (or branch), with the values already computed in it."""
+
+    def __init__(self, lw: Any, loop: str, indent: str, memo: dict | None = None) -> None:  # lw: lower._Lowerer
+        self.lw, self.loop, self.indent = lw, loop, indent
+        self.lines: list[str] = []
+        self.memo: dict = dict(memo or {})
+
+    def let(self, ctype: str, expr: str) -> str:
+        name = self.lw.fresh("t")
+        self.lines.append(f"{self.indent}const {ctype} {name} = {expr};")
+        return name
+
+    def branch(self) -> Body:
+        return Body(self.lw, self.loop, self.indent + "  ", self.memo)
+
+
+def store_output(lw, b: Body, p: Param, idx: list[str], stores: dict) -> None:
+    v = lw.value(b, p.value, idx)
+    off = ix.linear(idx, p.shape, p.stride)
+    stores[p.value] = (off, b.loop)
+    b.lines.append(f"{b.indent}{p.name}[{off}] = {store(p.dtype, v)};")

@@ -1,0 +1,269 @@
+"""Row kernels for REDUCTION and NORMALIZATION segments (see Note [kernel shapes] in lower.py).
+
+Every reduction of the segment reduces the same innermost dims of the same domain F = O + I. A
+block takes rows of O and runs one block-wide pass over I per reduction (later passes use the
+results of earlier ones), then writes the outputs of shape F in a last pass and those of shape O
+(or O + 1s) from thread 0. ``row_levels`` is the structural check that a reduced value is only
+ever read at its own row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from segmenter import Node
+
+from . import index as ix
+from .ctypes_ import Declined, compute_type, literal
+from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, store_output
+from .pointwise import ELEMENTWISE
+
+__all__ = ["REDUCTIONS", "Row", "plan_row", "row_levels", "row_loop"]
+
+REDUCTIONS = {
+    "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
+    "aten.amin.default", "aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims",
+    "aten.all.default", "aten.var.correction", "aten.var_mean.correction", "aten.logsumexp.default",
+    "aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default",
+    "aten.linalg_vector_norm.default",
+}
+
+
+@dataclass
+class Row:
+    F: tuple[int, ...]
+    k: int
+
+    @property
+    def O(self) -> tuple[int, ...]:  # noqa: N802, E743 - the outer shape, as in Note [kernel shapes]
+        return self.F[: len(self.F) - self.k]
+
+    @property
+    def O1(self) -> tuple[int, ...]:  # noqa: N802
+        return self.O + (1,) * self.k
+
+    @property
+    def R(self) -> int:  # noqa: N802
+        return math.prod(self.F[len(self.F) - self.k:])
+
+
+def reduced_dims(node: Node, a: dict, rank: int) -> tuple[int, ...]:
+    op = node.op
+    if op in ("aten._softmax.default", "aten._log_softmax.default"):
+        return (norm_dim(a["dim"], rank),)
+    if op == "aten.native_layer_norm.default":
+        return tuple(range(rank - len(a["normalized_shape"]), rank))
+    dims = a.get("dim")
+    if op.endswith(".default") and op.split(".")[1] in ("sum", "mean", "any", "all"):
+        dims = None
+    if isinstance(dims, int):
+        dims = [dims]
+    if dims is None or len(dims) == 0:
+        return tuple(range(rank))
+    return tuple(sorted({norm_dim(d, rank) for d in dims}))
+
+
+def plan_row(lw, reductions: list[Node]) -> Row:
+    row = None
+    for node in reductions:
+        a = bind(node)
+        x = a["input"] if "input" in a else a["self"]
+        F = lw.meta(x.name).shape
+        dims = reduced_dims(node, a, len(F))
+        k = len(dims)
+        if dims != tuple(range(len(F) - k, len(F))):
+            raise Declined(f"{node.op} reduces dims {list(dims)} of {list(F)}: not the innermost ones")
+        if row is None:
+            row = Row(F, k)
+        elif (row.F, row.k) != (F, k):
+            raise Declined(f"reductions over different domains ({list(row.F)} / {row.k} dims and {list(F)} / {k})")
+    lw.row = row
+    return row
+
+
+def row_levels(lw, row: Row) -> dict[str, str]:
+    """Which values depend on a reduction: "row" (one per row, shape O or O+1s) or "full"."""
+    O, O1, F = row.O, row.O1, row.F  # noqa: E741
+    level: dict[str, str] = {}
+    for node in lw.seg.nodes:
+        outs = [o for o in node.outputs if o is not None]
+        if node.op in REDUCTIONS:
+            a = bind(node)
+            x = a["input"] if "input" in a else a["self"]
+            if level.get(x.name) == "row":
+                raise Declined(f"{node.op} reduces a reduced value")
+            for k, o in enumerate(node.outputs):
+                if o is None:
+                    continue
+                full = node.op in ("aten._softmax.default", "aten._log_softmax.default") or (
+                    node.op == "aten.native_layer_norm.default" and k == 0)
+                shape = lw.meta(o).shape
+                if not full and shape not in (O, O1):
+                    raise Declined(f"{node.op} output of shape {list(shape)}")
+                level[o] = "full" if full else "row"
+            continue
+        if node.op in CONST:  # reads no element of its input (full_like & co.)
+            continue
+        rows = [v for v in node.inputs if level.get(v) == "row"]
+        fulls = [v for v in node.inputs if level.get(v) == "full"]
+        if not rows and not fulls:
+            continue
+        for o in outs:
+            so = lw.meta(o).shape
+            if node.op in ELEMENTWISE:
+                ok = all((lw.meta(v).shape == O1 and so in (F, O1)) or (lw.meta(v).shape == O and so == O)
+                         for v in rows) and all(lw.meta(v).shape == so for v in fulls)
+                ok &= not (rows and fulls and so != F)
+            elif node.op in LINEAR_VIEWS:
+                ok = so in (O, O1) if rows else math.prod(so) == math.prod(F)
+            elif node.op == "aten.expand.default":
+                ok = ((bool(rows) and lw.meta(rows[0]).shape == O1 and so in (F, O1))
+                      or (bool(fulls) and lw.meta(fulls[0]).shape == so))  # a no-op expand
+            else:
+                ok = False
+            if not ok:
+                raise Declined(f"a reduced value is re-indexed by {node.op} (shape {list(so)})")
+            level[o] = "row" if rows and not fulls and so in (O, O1) and so != F else "full"
+    return level
+
+
+_IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
+
+
+def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict) -> str:
+    O, inner = row.O, row.F[len(row.O):]  # noqa: E741
+    R = row.R
+    lines = [f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{"]
+    outer = []
+    for d, term in enumerate(ix.unravel_terms("row", O)):
+        if term == "0":
+            outer.append("0")
+        else:
+            lines.append(f"    const FUSEG_I o_{d} = {term};")
+            outer.append(f"o_{d}")
+
+    def j_loop(loop: str) -> tuple[Body, list[str], list[str]]:
+        b = Body(lw, loop, "      ")
+        head = []
+        idx = list(outer)
+        for d, term in enumerate(ix.unravel_terms("j", inner)):
+            if term == "0":
+                idx.append("0")
+            else:
+                b.lines.append(f"      const FUSEG_I j_{d} = {term};")
+                idx.append(f"j_{d}")
+        head.append(f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{")
+        return b, idx, head
+
+    def reduce_pass(ct: str, combine: str, element) -> str:
+        """One block-wide pass; ``element(body, idx)`` is the value combined. The row variable."""
+        acc_ct = "int" if ct == "bool" else ct
+        ident = _IDENTITY.get(combine)
+        if ident is None:
+            big = literal(float("inf"), ct) if ct in ("float", "double") else (
+                "9223372036854775807LL" if ct == "long long" else "1")
+            ident = f"(-{big})" if combine == "fuseg_max" and ct != "bool" else big
+            if ct == "bool":
+                ident = "0" if combine == "fuseg_max" else "1"
+            if ct == "long long" and combine == "fuseg_max":
+                ident = "(-9223372036854775807LL - 1)"
+        acc, res = lw.fresh("acc"), lw.fresh("r")
+        b, idx, head = j_loop(lw.fresh("P"))
+        e = element(b, idx)
+        lines.append(f"    {acc_ct} {acc} = ({acc_ct})({ident});")
+        lines.extend(head)
+        lines.extend(b.lines)
+        lines.append(f"      {acc} = {combine}<{acc_ct}>({acc}, ({acc_ct})({e}));")
+        lines.append("    }")
+        lines.append(f"    const {acc_ct} {res} = fuseg_block_reduce<{acc_ct}, {combine}<{acc_ct}>>({acc}, ({acc_ct})({ident}));")
+        return res
+
+    def row_let(ct: str, expr: str) -> str:
+        name = lw.fresh("v")
+        lines.append(f"    const {ct} {name} = {expr};")
+        return name
+
+    for node in lw.seg.nodes:
+        if node.op not in REDUCTIONS:
+            continue
+        a = bind(node)
+        x = a["input"] if "input" in a else a["self"]
+        xm = lw.meta(x.name)
+        op = node.op
+        out0 = lw.meta(next(o for o in node.outputs if o is not None))
+        ct = compute_type(out0.dtype)
+        if op in ("aten.var_mean.correction", "aten.var.correction") or op == "aten.native_layer_norm.default":
+            ct = compute_type(out0.dtype) if op != "aten.native_layer_norm.default" else (
+                "double" if xm.dtype == torch.float64 else "float")
+
+        def xval(b: Body, idx: list[str], ct: str = ct, x: str = x.name, xm=xm) -> str:
+            return lw.convert(lw.value(b, x, idx), xm.dtype, ct)
+        name = op.split(".")[1]
+        if name in ("sum", "mean"):
+            r = reduce_pass(ct, "fuseg_sum", xval)
+            lw.regs[(node.name, 0)] = r if name == "sum" else row_let(ct, f"{r} / ({ct}){R}")
+        elif name in ("amax", "amin"):
+            lw.regs[(node.name, 0)] = reduce_pass(ct, "fuseg_max" if name == "amax" else "fuseg_min", xval)
+        elif name in ("any", "all"):
+            r = reduce_pass("bool", f"fuseg_{name}", lambda b, idx, x=x.name: f"({lw.value(b, x, idx)} != 0)")
+            lw.regs[(node.name, 0)] = row_let("bool", f"({r} != 0)")
+        elif name in ("var", "var_mean", "native_layer_norm"):
+            s = reduce_pass(ct, "fuseg_sum", xval)
+            mean = row_let(ct, f"{s} / ({ct}){R}")
+            q = reduce_pass(ct, "fuseg_sum", lambda b, idx, mean=mean, xval=xval: f"(({xval(b, idx)} - {mean}) * ({xval(b, idx)} - {mean}))")
+            if name == "native_layer_norm":
+                eps = literal(a["eps"], ct)
+                lw.regs[(node.name, 1)] = mean
+                lw.regs[(node.name, 2)] = row_let(ct, f"rsqrt({q} / ({ct}){R} + {eps})")
+            else:
+                corr = a.get("correction")
+                corr = 1 if corr is None else corr
+                var = row_let(ct, f"{q} / ({ct})fuseg_max<{ct}>(({ct})0, ({ct})({R} - {literal(corr, ct)}))")
+                lw.regs[(node.name, 0)] = var
+                if name == "var_mean":
+                    lw.regs[(node.name, 1)] = mean
+        elif name in ("_softmax", "_log_softmax", "logsumexp"):
+            m = reduce_pass(ct, "fuseg_max", xval)
+            # exp(x - m) with m = -inf (a row of -inf) is exp(nan): use 0 as the shift there, as torch does
+            shift = row_let(ct, f"(({m}) == -{literal(float('inf'), ct)} ? ({ct})0 : {m})")
+            s = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval, shift=shift: f"exp({xval(b, idx)} - {shift})")
+            if name == "logsumexp":
+                lw.regs[(node.name, 0)] = row_let(ct, f"log({s}) + {shift}")
+            else:
+                lw.regs[(node.name, -1)] = shift
+                lw.regs[(node.name, -2)] = s
+        elif name == "linalg_vector_norm":
+            ord_ = a.get("ord", 2)
+            if ord_ == 2:
+                r = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval: f"({xval(b, idx)} * {xval(b, idx)})")
+                lw.regs[(node.name, 0)] = row_let(ct, f"sqrt({r})")
+            elif ord_ == 1:
+                lw.regs[(node.name, 0)] = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval: f"fabs({xval(b, idx)})")
+            else:
+                raise Declined(f"vector norm of order {ord_}")
+        else:  # pragma: no cover - REDUCTIONS and this chain list the same ops
+            raise Declined(f"{op}")
+        for k, o in enumerate(node.outputs):  # round reduced values to their dtype, as eager holds them
+            if o is not None and (node.name, k) in lw.regs and lw.meta(o).dtype in (torch.float16, torch.bfloat16):
+                lw.regs[(node.name, k)] = row_let("float", lw.rounded(lw.meta(o).dtype, lw.regs[(node.name, k)]))
+    if full:
+        b, idx, head = j_loop(lw.fresh("W"))
+        for p in full:
+            store_output(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
+        lines.extend(head)
+        lines.extend(b.lines)
+        lines.append("    }")
+    if rowouts:
+        b = Body(lw, lw.fresh("T"), "      ")
+        for p in rowouts:
+            shape = p.shape
+            idx = list(outer) if shape == O else list(outer) + ["0"] * row.k
+            store_output(lw, b, p, idx, stores)
+        lines.append("    if (FUSEG_THREAD == 0) {")
+        lines.extend(b.lines)
+        lines.append("    }")
+    lines.append("  }")
+    return "\n".join(lines) + "\n"
