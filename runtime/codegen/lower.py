@@ -46,6 +46,10 @@ class _Lowerer:
         self.regs: dict[tuple[str, int], str] = {}  # (node, output) -> row variable
         self.in_place = in_place  # node name -> graph input it writes
         self.row: Row | None = None
+        self.cache_body: Body | None = None  # the pass body whose loads go through the row cache
+        self.cache_fill = False  # whether a load not cached yet is added to it (reduction passes)
+        self.row_cache: dict[tuple[str, str], str] = {}
+        self.cache_decls: list[str] = []
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -77,7 +81,20 @@ class _Lowerer:
             p = self.params[v] = Param(f"in{len(self.params)}", v, self.meta(v).dtype, shape, stride, False)
         off = ix.linear(idx, p.shape, p.stride)
         self.loads.append((v, off, b.loop))
-        return load(p.dtype, f"{p.name}[{off}]")
+        expr = load(p.dtype, f"{p.name}[{off}]")
+        if b is not self.cache_body:
+            return expr
+        # a row kernel's pass at the top of its body: each thread keeps the elements it reads in
+        # registers (Note [row cache] in rows.py), so a later pass does not read them again
+        key = (p.name, off)
+        arr = self.row_cache.get(key)
+        if arr is None:
+            if not self.cache_fill:
+                return expr
+            arr = self.row_cache[key] = self.fresh("k")
+            self.cache_decls.append(f"    {compute_type(p.dtype)} {arr}[FUSEG_EPT];")
+            b.lines.append(f"{b.indent}{arr}[it] = {expr};")
+        return f"{arr}[it]"
 
     def node_value(self, b: Body, node: Node, k: int, idx: list[str]) -> str:
         op = node.op
@@ -409,13 +426,13 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
             by_shape.setdefault(p.shape, []).append(p)
         for shape, ps in by_shape.items():
             loops.append(_pointwise_loop(lw, shape, ps, stores, "  "))
-        loops.append(row_loop(lw, row, full, rowouts, stores))
         R = row.R
         # 512 threads: on an H100, rows of 4096 ran 1.2-1.7x faster than with 1024 (FUSEG_ROW_BLOCK
         # sweep, perf/results/gpu_row_block_sweep.json)
         block = int(os.environ.get("FUSEG_ROW_BLOCK", "0")) or min(512, max(32, (R + 31) // 32 * 32))
         if block % 32 or not 32 <= block <= 1024:
             raise Declined(f"FUSEG_ROW_BLOCK={block}: a multiple of 32 from 32 to 1024 is needed")
+        loops.append(row_loop(lw, row, full, rowouts, stores, block))
         grid = max(1, min(math.prod(row.O), 1 << 20))
         kind = "row"
     _check_in_place(lw, outs, stores)

@@ -10,6 +10,7 @@ ever read at its own row.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -133,9 +134,15 @@ def row_levels(lw, row: Row) -> dict[str, str]:
 _IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
 
 
-def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict) -> str:
+def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict, block: int) -> str:
+    """Note [row cache]: where a thread handles at most 8 elements of a row (R <= 8 * block), the
+    passes are loops of FUSEG_EPT iterations (ceil(R / block) on CUDA, R on the CPU, whose one
+    thread takes the whole row) and the inputs the reduction passes read are kept per thread in
+    arrays indexed by the iteration: later passes and the final write read registers, not memory.
+    Only loads at the top of a pass body are cached (never one inside a cat/pad branch)."""
     O, inner = row.O, row.F[len(row.O):]  # noqa: E741
     R = row.R
+    cached = R <= 8 * block and os.environ.get("FUSEG_ROW_CACHE", "1") != "0"
     lines = [f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{"]
     outer = []
     for d, term in enumerate(ix.unravel_terms("row", O)):
@@ -144,6 +151,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         else:
             lines.append(f"    const FUSEG_I o_{d} = {term};")
             outer.append(f"o_{d}")
+    decl_at = len(lines)
 
     def j_loop(loop: str) -> tuple[Body, list[str], list[str]]:
         b = Body(lw, loop, "      ")
@@ -155,7 +163,13 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             else:
                 b.lines.append(f"      const FUSEG_I j_{d} = {term};")
                 idx.append(f"j_{d}")
-        head.append(f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{")
+        if cached:
+            head.append("    FUSEG_UNROLL for (int it = 0; it < FUSEG_EPT; ++it) {")
+            head.append("      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;")
+            head.append(f"      if (j >= {R}) break;")
+            lw.cache_body = b
+        else:
+            head.append(f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{")
         return b, idx, head
 
     def reduce_pass(ct: str, combine: str, element) -> str:
@@ -172,7 +186,9 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
                 ident = "(-9223372036854775807LL - 1)"
         acc, res = lw.fresh("acc"), lw.fresh("r")
         b, idx, head = j_loop(lw.fresh("P"))
+        lw.cache_fill = True
         e = element(b, idx)
+        lw.cache_fill = False
         lines.append(f"    {acc_ct} {acc} = ({acc_ct})({ident});")
         lines.extend(head)
         lines.extend(b.lines)
@@ -266,4 +282,9 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         lines.extend(b.lines)
         lines.append("    }")
     lines.append("  }")
+    lw.cache_body = None
+    if lw.cache_decls:
+        lines[decl_at:decl_at] = lw.cache_decls
+        epr = f"(({R} + {block} - 1) / {block})"
+        lines.insert(0, f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
     return "\n".join(lines) + "\n"
