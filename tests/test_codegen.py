@@ -161,3 +161,14 @@ def test_nvcc_rejects_a_broken_kernel() -> None:
     broken = replace(k, body=k.body.replace(";", " +;", 1))
     assert nvcc_check(broken).returncode != 0
     assert subprocess is not None
+
+
+@pytest.mark.parametrize("case", ["softmax", "layer-norm", "rms-norm", "var-std", "sum-mean", "softmax-masked"])
+def test_row_cache_variant_matches_eager(case: str, monkeypatch) -> None:
+    """FUSEG_ROW_CACHE=1 (Note [row cache]; off by default, slower on an H100) stays correct."""
+    monkeypatch.setenv("FUSEG_ROW_CACHE", "1")
+    fn, inputs = CASES[case]
+    prog = _program(fn, inputs)
+    assert any("FUSEG_EPT" in k.body for k in prog.kernels.values())
+    tol = TOL.get(case, 1e-6)
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)

@@ -139,10 +139,13 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     passes are loops of FUSEG_EPT iterations (ceil(R / block) on CUDA, R on the CPU, whose one
     thread takes the whole row) and the inputs the reduction passes read are kept per thread in
     arrays indexed by the iteration: later passes and the final write read registers, not memory.
-    Only loads at the top of a pass body are cached (never one inside a cat/pad branch)."""
+    Only loads at the top of a pass body are cached (never one inside a cat/pad branch).
+    Off unless FUSEG_ROW_CACHE=1: it made the H100 runs slower, not faster (see below)."""
     O, inner = row.O, row.F[len(row.O):]  # noqa: E741
     R = row.R
-    cached = R <= 8 * block and os.environ.get("FUSEG_ROW_CACHE", "1") != "0"
+    # off by default: measured slower on an H100 (softmax-4k 0.065 -> 0.080 ms, layer-norm-4k 0.113 ->
+    # 0.177; perf/results/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
+    cached = R <= 8 * block and os.environ.get("FUSEG_ROW_CACHE", "0") == "1"
     lines = [f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{"]
     outer = []
     for d, term in enumerate(ix.unravel_terms("row", O)):
