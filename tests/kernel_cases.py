@@ -107,3 +107,52 @@ CASES: dict[str, tuple] = {
 # tolerances per case (the generator computes in fp32 where eager does too, so most are tight)
 TOL = {"softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
        "sum-mean": 1e-4, "layer-norm": 1e-4, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4}
+
+
+# --- every elementwise op the generator takes (runtime/codegen/pointwise.py), one case each ----
+
+_POSITIVE = {"acos", "asin", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow", "reciprocal"}
+_EXTRA = {"clamp": (-0.5, 0.5), "clamp_min": (-0.2,), "clamp_max": (0.3,)}
+
+
+def _op_case(name: str) -> tuple | None:
+    _, op_name, overload = name.split(".")
+    op = getattr(getattr(torch.ops.aten, op_name), overload)
+    if op_name.startswith("bitwise"):
+        a, b = torch.randint(-20, 20, (5, 7), dtype=torch.int32), torch.randint(-20, 20, (7,), dtype=torch.int32)
+        other = 3
+    elif op_name.startswith("logical"):
+        a, b, other = torch.randn(5, 7) > 0, torch.randn(7) > 0, None
+    else:
+        pos = op_name in _POSITIVE
+        a = torch.rand(5, 7) * 0.9 + 0.05 if pos else torch.randn(5, 7) * 2
+        b = torch.rand(7) * 0.9 + 0.05 if pos else torch.randn(7)
+        other = 1.5
+    if op_name in ("alias", "detach", "lift_fresh", "copy", "masked_fill", "where") or overload.endswith("_mode"):
+        return None  # views (no kernel), or covered by the cases above with their special arguments
+    if op_name == "_to_copy":
+        return (lambda x: op(x, dtype=torch.float64)), [a]
+    if op_name == "pow" and overload == "Tensor_Scalar":
+        return (lambda x: op(x, 2.5)), [a]
+    if op_name in _EXTRA:
+        return (lambda x: op(x, *_EXTRA[op_name])), [a]
+    if overload == "Scalar" and op_name not in ("logical_not",):
+        return (lambda x: op(x, other)), [a]
+    if op_name in ("logical_and", "logical_or", "logical_xor", "maximum", "minimum") or overload in (
+            "Tensor", "Tensor_Tensor"):
+        return (lambda x, y: op(x, y)), [a, b]
+    return (lambda x: op(x)), [a]
+
+
+def _all_op_cases() -> dict[str, tuple]:
+    from runtime.codegen.pointwise import ELEMENTWISE
+
+    out = {}
+    for name in sorted(ELEMENTWISE):
+        case = _op_case(name)
+        if case is not None:
+            out[f"op:{name.removeprefix('aten.')}"] = case
+    return out
+
+
+CASES.update(_all_op_cases())

@@ -172,3 +172,13 @@ def test_row_cache_variant_matches_eager(case: str, monkeypatch) -> None:
     assert any("FUSEG_EPT" in k.body for k in prog.kernels.values())
     tol = TOL.get(case, 1e-6)
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_a_row_kernel_compiles_to_an_object_file() -> None:
+    """One full compile (ptxas included) of a row kernel with block reductions; the table above
+    goes to PTX only, as NVRTC does for CuPy."""
+    fn, inputs = CASES["layer-norm"]
+    k = next(iter(_program(fn, inputs).kernels.values()))
+    r = nvcc_check(k, ptx_only=False)
+    assert r.returncode == 0, r.stderr[-2000:]
