@@ -119,6 +119,17 @@ def _kernels_launched(fn: Callable[[], Any]) -> int | None:
                and not e.name.startswith(("Memcpy", "Memset")))
 
 
+def _peak_bytes(fn: Callable[[], Any]) -> int:
+    """CUDA memory allocated at the peak of one call, above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    return torch.cuda.max_memory_allocated() - base
+
+
 def _tensors(x: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
@@ -184,6 +195,7 @@ def bench(models: list[str], device: str = "cpu", modes: tuple[str, ...] = ("pos
                     got = _tensors(call())
                     times = timer(call, warmup, repeat)
                     kernels = _kernels_launched(call) if device == "cuda" else None
+                    peak = _peak_bytes(call) if device == "cuda" else None
             except Exception as e:  # noqa: BLE001 - one broken variant is recorded, the run goes on
                 rows.append({"model": name, "variant": variant, "device": device, "ok": False,
                              "error": f"{type(e).__name__}: {str(e)[:300]}", **extra})
@@ -195,7 +207,7 @@ def bench(models: list[str], device: str = "cpu", modes: tuple[str, ...] = ("pos
             q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
             row = {"model": name, "variant": variant, "device": device, "median_ms": statistics.median(times),
                    "p10_ms": q[0], "p90_ms": q[-1], "min_ms": min(times), "repeat": repeat, "warmup": warmup,
-                   "kernels_launched": kernels, "max_abs_diff": diff, "ok": diff <= tol * max(1.0, max(
+                   "kernels_launched": kernels, "peak_bytes": peak, "max_abs_diff": diff, "ok": diff <= tol * max(1.0, max(
                        (w.double().abs().max().item() for w in want if w.numel()), default=1.0)), **extra}
             rows.append(row)
             if progress:
