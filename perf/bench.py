@@ -6,7 +6,8 @@ other: ``--warmup`` calls, then ``--repeat`` calls each timed alone (CUDA events
 on a GPU, ``perf_counter`` after a synchronize on the CPU); the record holds the median, the 10th
 and 90th percentiles and the minimum. Compare ratios within one run: absolute times across runs
 on a shared machine are noise. On a GPU the kernels one call launches are counted from the torch
-profiler (CUPTI sees CuPy's and nvFuser's kernels as well as torch's). Every variant's outputs
+profiler (CUPTI sees CuPy's and nvFuser's kernels as well as torch's) and the peak of CUDA memory
+one call allocates is recorded (``peak_bytes``). Every variant's outputs
 are compared with eager's (max abs difference, recorded; a variant that differs beyond the
 dtype's tolerance is flagged ``ok: false``).
 """
