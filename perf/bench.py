@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-import runtime
 from alias import apply_aliases
 from runtime.program import CompiledProgram
 from segmenter import capture, segment
@@ -37,7 +36,7 @@ from segmenter.reference import clone_inputs
 from . import zoo
 from .targets import TargetError
 
-__all__ = ["bench", "environment"]
+__all__ = ["bench", "environment", "run_bench"]
 
 TOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -232,5 +231,3 @@ def run_bench(models: list[str], device: str, out: str | None, **kw: Any) -> dic
             f.write("\n")
     return result
 
-
-__all__ += ["run_bench", "runtime"]

@@ -209,6 +209,8 @@ def nvfuser_launch(graph: FusionGraph, seg: Segment, in_place: dict[str, int], d
     the number of kernels nvFuser ran for it (read once, from its profile)."""
     import nvfuser
 
+    from .program import _fresh_in_layout, _same_strides
+
     names = {n.name: graph.inputs[i].name for n, i in ((n, in_place.get(n.name)) for n in seg.nodes) if i is not None}
     fd, returned = lower_to_nvfuser(nvfuser, graph, seg, names)
     arg_names = list(dict.fromkeys([*seg.inputs, *names.values()]))
@@ -227,9 +229,7 @@ def nvfuser_launch(graph: FusionGraph, seg: Segment, in_place: dict[str, int], d
             env.pop(v, None)
         for o, t in zip(returned, outs):
             m = metas[o]
-            if tuple(t.shape) != m.shape or any(a != b for n, a, b in zip(m.shape, t.stride(), m.stride) if n != 1):
-                t = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
-            env[o] = t
+            env[o] = t if _same_strides(t, m) else _fresh_in_layout(t, m)  # the planned layout, as torch's launch
         for o, target in written.items():
             env[o] = env[target]
 

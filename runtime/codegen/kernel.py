@@ -12,7 +12,7 @@ from segmenter import Node
 from segmenter.ops import resolve_op
 
 from . import index as ix
-from .ctypes_ import Declined, storage_type, store
+from .ctypes_ import Declined, prelude, storage_type, store
 
 __all__ = ["CONST", "LINEAR_VIEWS", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
@@ -42,8 +42,6 @@ class Kernel:
     index_type: str = "long long"  # "int" where every index and offset fits in 31 bits
 
     def source(self, target: str) -> str:
-        from .ctypes_ import prelude
-
         # no two parameters share memory unless an output is written into an input (in place)
         restrict = "" if any(p.target for p in self.params) else " __restrict__"
         args = ", ".join(f"{'' if p.output else 'const '}{storage_type(p.dtype)}*{restrict} {p.name}"

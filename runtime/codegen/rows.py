@@ -134,6 +134,19 @@ def row_levels(lw, row: Row) -> dict[str, str]:
 _IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
 
 
+def _identity(combine: str, ct: str) -> str:
+    """The value a block reduction starts from: a max from the lowest value, a min from the highest."""
+    if combine in _IDENTITY:
+        return _IDENTITY[combine]
+    low = combine == "fuseg_max"
+    if ct in ("float", "double"):
+        inf = literal(float("inf"), ct)
+        return f"(-{inf})" if low else inf
+    if ct == "long long":
+        return "(-9223372036854775807LL - 1)" if low else "9223372036854775807LL"
+    return "0" if low else "1"  # bool
+
+
 def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict, block: int) -> str:
     """Note [row cache]: where a thread handles at most 8 elements of a row (R <= 8 * block), the
     passes are loops of FUSEG_EPT iterations (ceil(R / block) on CUDA, R on the CPU, whose one
@@ -178,15 +191,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     def reduce_pass(ct: str, combine: str, element) -> str:
         """One block-wide pass; ``element(body, idx)`` is the value combined. The row variable."""
         acc_ct = "int" if ct == "bool" else ct
-        ident = _IDENTITY.get(combine)
-        if ident is None:
-            big = literal(float("inf"), ct) if ct in ("float", "double") else (
-                "9223372036854775807LL" if ct == "long long" else "1")
-            ident = f"(-{big})" if combine == "fuseg_max" and ct != "bool" else big
-            if ct == "bool":
-                ident = "0" if combine == "fuseg_max" else "1"
-            if ct == "long long" and combine == "fuseg_max":
-                ident = "(-9223372036854775807LL - 1)"
+        ident = _identity(combine, ct)
         acc, res = lw.fresh("acc"), lw.fresh("r")
         b, idx, head = j_loop(lw.fresh("P"))
         lw.cache_fill = True
