@@ -1,6 +1,7 @@
-"""Runtime: run a segmented, alias-analysed plan: generated kernels (runtime.codegen; CuPy on CUDA,
-C++ on the CPU when asked for), nvFuser (runtime.nvfuser_backend, unverified) and torch; the
-``torch.compile`` backend "fuseg" (runtime.dynamo), and the fx partitioner API (runtime.partitioner)."""
+"""Runtime: run a segmented, alias-analysed plan as one generated function (runtime/wrapper.py)
+whose launches run on plug-in backends (runtime/backends/: generated kernels as C++ on the CPU
+and CuPy on CUDA, nvFuser (unverified), torch); the ``torch.compile`` backend "fuseg"
+(runtime.dynamo), and the fx partitioner API (runtime.partitioner)."""
 
 from .program import CompiledProgram, Launch, ModuleProgram, compile_module, compile_program
 

@@ -1,197 +1,68 @@
-"""A compiled program: a flat list of launches over a plan from the segmenter and alias pass.
+"""A compiled program: a plan from the segmenter and alias pass, as one generated function.
 
-    launches:  METADATA  -> views made with as_strided on the storage they view (no kernel)
-               kernels   -> the backend's callable for the segment (torch: its ops in order)
+    launches:  METADATA  -> views of the storage they view (no kernel; runtime/metadata.py)
+               kernels   -> the first backend that takes the segment (runtime/backends/)
                OPAQUE    -> the op on torch
-Everything that can be decided at compile time is: which op runs, which values each launch
-reads, which values die after it (freed right after their last use; a view keeps its base alive
-for as long as it lives), and, in the "pre"/"off" modes, which values cross a launch boundary as
-contiguous copies, as today's fusers make them.
+Everything that can be decided at compile time is: which backend runs each segment (with the
+reason every other one was passed over), which values each launch reads, which values die after
+it (deleted right after their last use; a view keeps its base alive for as long as it lives),
+and, in the "pre"/"off" modes, which values cross a launch boundary as contiguous copies, as
+today's fusers make them. The launches are then emitted as the straight-line source of one
+function (Note [generated wrapper] in runtime/wrapper.py): ``program.source`` shows it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from segmenter import FusionGraph, GraphError, Node, Segment, SegmentedFusion, SegmentKind, TensorMeta
-from segmenter.ir import OpRef, ValueRef
-from segmenter.meta import run_node
-from segmenter.ops import resolve_op
-from segmenter.reference import check_inputs, finish, storage_key
+from segmenter import Segment, SegmentedFusion, SegmentKind
+from segmenter.reference import check_inputs, finish
 
-from .backends import backends_for
+from .backends import BuildContext, SegmentLaunch, backends_for
+from .backends.torch_backend import TorchLaunch
 from .codegen import Declined
-from .codegen.index import dense_strides
-from .inplace import out_overload, plan_in_place_writes
+from .inplace import plan_in_place_writes
+from .metadata import emit_metadata
+from .wrapper import Code
 
 __all__ = ["CompiledProgram", "Launch", "compile_program"]
 
 Env = dict[str, torch.Tensor]
 
 
-@dataclass(frozen=True)
 class Launch:
-    segment: int
-    kind: SegmentKind
-    backend: str  # "metadata", "torch", ...
-    run: Callable[[Env], None]
-    frees: tuple[str, ...]  # values dead after this launch
+    """One launch of the program: which segment, which backend, which values die after it.
+    ``run(env)`` runs it alone on a dict of values (for tests and debugging; the program itself
+    runs the generated function), checking the layouts of its inputs first."""
+
+    def __init__(self, program: CompiledProgram, segment: int, kind: SegmentKind, backend: str,
+                 frees: tuple[str, ...], launch: SegmentLaunch | None) -> None:
+        self.segment, self.kind, self.backend, self.frees = segment, kind, backend, frees
+        self._program, self._launch = program, launch
+
+    @functools.cached_property
+    def run(self) -> Callable[[Env], None]:
+        return self._program._launch_function(self)
+
+    def __repr__(self) -> str:
+        return f"Launch(segment={self.segment}, kind={self.kind.value}, backend={self.backend!r})"
 
 
-def _arg_getter(a: object) -> Callable[[Env], object]:
-    """Reads one argument at call time; everything about it that can be known is known now."""
-    if isinstance(a, ValueRef):
-        name = a.name
-        return lambda env: env[name]
-    if isinstance(a, OpRef):
-        op = resolve_op(a.name)
-        return lambda env: op
-    if isinstance(a, tuple):
-        if not any(isinstance(x, (ValueRef, tuple)) for x in a):
-            const = list(a)
-            return lambda env: const
-        parts = [_arg_getter(x) for x in a]
-        return lambda env: [p(env) for p in parts]
-    return lambda env: a
-
-
-def compile_node(node: Node) -> Callable[[Env], list[torch.Tensor | None]]:
-    """A callable running ``node``'s ATen op on an environment, with the op resolved and the
-    argument reads prepared at compile time."""
-    op = resolve_op(node.op)
-    if op is None:
-        raise GraphError(f"node {node.name!r}: op {node.op} is not known to torch; it cannot be run")
-    getters = [_arg_getter(a) for a in node.args]
-    kw = [(k, _arg_getter(v)) for k, v in node.kwargs]
-    n_out = len(node.outputs)
-
-    def call(env: Env) -> list[torch.Tensor | None]:
-        result = op(*[g(env) for g in getters], **{k: g(env) for k, g in kw})
-        if n_out == 1 and not isinstance(result, (tuple, list)):
-            return [result]
-        return list(result)
-
-    return call
-
-
-def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
-    """Each output as one as_strided over the tensor its view chain starts from."""
-    made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
-    plans = []
-    for o in seg.outputs:
-        src = o
-        while src in made:
-            src = made[src].inputs[0]
-        want, have = graph.metas[o], graph.metas[src]
-        if want.dtype != have.dtype:  # view(dtype) somewhere in the chain: replay the ops
-            plans.append((o, None, None))
-            continue
-        plans.append((o, src, (want.shape, want.stride, want.storage_offset - have.storage_offset)))
-    nodes = seg.nodes
-
-    def run(env: Env) -> None:
-        replayed = False
-        for o, src, layout in plans:
-            if src is None:
-                if not replayed:
-                    for node in nodes:
-                        for name, val in zip(node.outputs, run_node(node, env)):
-                            if name is not None:
-                                env[name] = val
-                    replayed = True
-                continue
-            t = env[src]
-            shape, stride, delta = layout
-            env[o] = t.as_strided(shape, stride, t.storage_offset() + delta)
-
-    return run
-
-
-def _in_place_node(node: Node, target: str) -> Callable[[Env], list[torch.Tensor | None]]:
-    """``node`` computed by its ``.out`` overload straight into the input ``target``."""
-    op = out_overload(node.op)
-    getters = [_arg_getter(a) for a in node.args]
-    kw = [(k, _arg_getter(v)) for k, v in node.kwargs]
-
-    def call(env: Env) -> list[torch.Tensor | None]:
-        out = env[target]
-        op(*[g(env) for g in getters], **{k: g(env) for k, g in kw}, out=out)
-        return [out]
-
-    return call
-
-
-def _torch_launch(
-    graph: FusionGraph, seg: Segment, materialize: frozenset[str], dying: tuple[str, ...] = (),
-    in_place: dict[str, int] | None = None,
-) -> Callable[[Env], None]:
-    nodes = seg.nodes
-    outputs = seg.outputs
-    metas: dict[str, TensorMeta] = {o: graph.metas[o] for o in outputs}
-    inputs = seg.inputs
-    # Intermediates die at their last use inside the segment, as they would in eager.
-    last: dict[str, int] = {}
-    for k, node in enumerate(nodes):
-        for v in node.inputs:
-            last[v] = k
-    # Inputs whose last use in the whole program is here leave the environment at once, so they
-    # too die inside the launch, at their last use.
-    keep = set(outputs) | (set(inputs) - set(dying))
-    dies = [tuple(v for v in node.inputs if last[v] == k and v not in keep) for k, node in enumerate(nodes)]
-
-    in_place = in_place or {}
-    targets = {n.name: graph.inputs[in_place[n.name]].name for n in nodes if n.name in in_place}
-    written = {o for n in nodes if n.name in targets for o in n.outputs}
-    needed = list(dict.fromkeys([*inputs, *targets.values()]))
-    steps = [(_in_place_node(node, targets[node.name]) if node.name in targets else compile_node(node),
-              node.outputs, dead) for node, dead in zip(nodes, dies)]
-
-    def run(env: Env) -> None:
-        local = {v: env[v] for v in needed}
-        in_storages = {storage_key(t) for t in local.values()}
-        for v in dying:
-            del env[v]
-        for call, names, dead in steps:
-            for name, val in zip(names, call(local)):
-                if name is not None:
-                    local[name] = val
-            for v in dead:
-                del local[v]
-        for o in outputs:
-            t = local[o]
-            m = metas[o]
-            if o in written:
-                pass  # the input itself, holding its final value (see Note [in-place write-back])
-            elif o in materialize:
-                # a fresh dense buffer, dims in the planned order (a plain .contiguous() would turn
-                # a permuted layout, e.g. CUDA attention's output, into one a later view cannot take)
-                t = torch.empty_strided(m.shape, dense_strides(m.shape, m.stride), dtype=m.dtype, device=t.device).copy_(t)
-            elif (storage_key(t) in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m):
-                # A launch writes its outputs, in the layout the plan was compiled for (graph
-                # outputs keep eager's strides even where a contiguous copy fed the kernel).
-                t = _fresh_in_layout(t, m)
-            env[o] = t
-
-    return run
-
-
-def _fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
-    """A fresh tensor with ``t``'s values in layout ``m``. Where ``m`` repeats elements (a stride-0
-    dim, as an expanded output has), the values along that dim are equal: one copy of them is
-    written and the dim is expanded over it (copy_ refuses to write overlapping elements)."""
-    if not any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
-        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
-    one = tuple(1 if st == 0 else n for n, st in zip(m.shape, m.stride))
-    base = torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device)
-    base.copy_(t[tuple(slice(0, 1) if st == 0 else slice(None) for st in m.stride)])
-    return base.expand(m.shape)
-
-
-def _same_strides(t: torch.Tensor, m: TensorMeta) -> bool:
-    return tuple(t.shape) == m.shape and all(a == b for n, a, b in zip(m.shape, t.stride(), m.stride) if n > 1)
+def _last_uses(plan: SegmentedFusion, keep: set[str]) -> dict[int, frozenset[str]]:
+    """Segment index -> the values whose last use in the program is that segment (linear)."""
+    last_use: dict[str, int] = {}
+    for seg in plan.segments:
+        for v in seg.inputs:
+            last_use[v] = seg.index
+    dying: dict[int, set[str]] = {}
+    for v, k in last_use.items():
+        if v not in keep:
+            dying.setdefault(k, set()).add(v)
+    return {k: frozenset(vs) for k, vs in dying.items()}
 
 
 class CompiledProgram:
@@ -203,66 +74,105 @@ class CompiledProgram:
         #: per kernel segment, the backends passed over and why (segment index -> [(backend, reason)])
         self.passed_over: dict[int, tuple[tuple[str, str], ...]] = {}
         self.backend_of: dict[int, str] = {}
-        #: per segment run by a generated kernel, that kernel (runtime.codegen.Kernel)
-        self.kernels: dict[int, object] = {}
-        #: per segment run by nvFuser, how many kernels nvFuser ran for it (read from its profile)
-        self.nvfuser_kernels: dict[int, int] = {}
+        #: node -> the input it writes in place; input -> why its write-back stays a copy
+        self.in_place, self.copy_write_backs = plan_in_place_writes(plan)
+        self.written_in_place = frozenset(self.in_place.values())
         keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names)
-        last_use: dict[str, int] = {}
-        for seg in plan.segments:
-            for v in seg.inputs:
-                last_use[v] = seg.index
-        materialize = frozenset()
+        materialize: frozenset[str] = frozenset()
         if plan.alias_mode in ("pre", "off"):
             made = {o: s.index for s in plan.segments for o in s.outputs}
             materialize = frozenset(
                 v for s in plan.segments for v in s.inputs
                 if v in made and plan.segments[made[v]].kind != SegmentKind.METADATA and v not in keep
             )
-        #: node -> the input it writes in place; input -> why its write-back stays a copy
-        self.in_place, self.copy_write_backs = plan_in_place_writes(plan)
-        self.written_in_place = frozenset(self.in_place.values())
-        device_type = graph.inputs[0].meta.device_type if graph.inputs else "cpu"
-        choices = backends_for(device_type, backend)
-        launches = []
+        device = torch.device(graph.inputs[0].meta.device) if graph.inputs else torch.device("cpu")
+        self.ctx = ctx = BuildContext(graph, self.in_place, materialize, device, _last_uses(plan, keep))
+        choices = backends_for(device.type, backend)
+        chosen: dict[int, SegmentLaunch] = {}
         for seg in plan.segments:
-            frees = tuple(v for v, k in last_use.items() if k == seg.index and v not in keep)
             if seg.kind == SegmentKind.METADATA:
-                launches.append(Launch(seg.index, seg.kind, "metadata", _metadata_launch(graph, seg), frees))
                 continue
-            torch_run = _torch_launch(graph, seg, materialize, frees, self.in_place)
             if seg.kind == SegmentKind.OPAQUE:  # always on torch
-                launches.append(Launch(seg.index, seg.kind, "torch", torch_run, frees))
+                chosen[seg.index] = TorchLaunch(ctx, seg)
                 continue
-            passed: list[tuple[str, str]] = []
-            for b, why in choices:
-                run = torch_run if b.name == "torch" else None
-                if why is None and run is None:
-                    try:
-                        run = self._build(b.name, seg, materialize, frees, torch_run)
-                    except Declined as e:
-                        why = str(e)
-                if run is not None:
-                    break
-                passed.append((b.name, why))
-            self.backend_of[seg.index] = b.name
-            if passed:
-                self.passed_over[seg.index] = tuple(passed)
-            launches.append(Launch(seg.index, seg.kind, b.name, run, frees))
-        self.launches = tuple(launches)
+            chosen[seg.index] = self._choose(choices, ctx, seg)
+        for b, _ in choices:  # every backend compiles its kernels together
+            b.build_all([launch for launch in chosen.values() if launch.backend == b.name])
+        self._chosen = chosen
+        self.launches = tuple(
+            Launch(self, seg.index, seg.kind, chosen[seg.index].backend if seg.index in chosen else "metadata",
+                   tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
+            for seg in plan.segments)
+        self._fn, self.source = self._program_function()
 
-    def _build(self, name: str, seg: Segment, materialize: frozenset[str], frees: tuple[str, ...],
-               torch_run: Callable[[Env], None]) -> Callable[[Env], None]:
-        if name == "nvfuser":
-            from .nvfuser_backend import nvfuser_launch
+    def _choose(self, choices: list, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
+        passed: list[tuple[str, str]] = []
+        for b, why in choices:
+            if why is None:
+                try:
+                    launch = b.prepare(ctx, seg)
+                except Declined as e:
+                    why = str(e)
+                else:
+                    self.backend_of[seg.index] = b.name
+                    if passed:
+                        self.passed_over[seg.index] = tuple(passed)
+                    return launch
+            passed.append((b.name, why))
+        raise AssertionError("the torch backend takes every segment")  # pragma: no cover
 
-            return nvfuser_launch(self.graph, seg, self.in_place, frees, self.nvfuser_kernels)
-        from .generated import generated_launch
+    # --- the generated function -------------------------------------------------------------
 
-        run, kernel = generated_launch(self.graph, seg, "cuda" if name == "cupy" else "cpu", materialize, frees,
-                                       self.in_place, torch_run)
-        self.kernels[seg.index] = kernel
-        return run
+    def _emit_launch(self, code: Code, seg: Segment, guard: bool) -> None:
+        dying = self.ctx.dying.get(seg.index, frozenset())
+        if seg.kind == SegmentKind.METADATA:
+            emit_metadata(code, self.graph, seg, dying)
+        else:
+            self._chosen[seg.index].emit(code, dying, guard)
+
+    def _program_function(self) -> tuple[Callable[..., list[torch.Tensor]], str]:
+        graph = self.graph
+        code = Code()
+        params = [code.var(v) for v in graph.input_names]
+        for seg in self.plan.segments:
+            code.line(f"# segment {seg.index}: {seg.kind.value} on {self.launches[seg.index].backend}")
+            self._emit_launch(code, seg, guard=False)
+        needed = list(dict.fromkeys([*graph.outputs, *(m.value for m in graph.mutations)]))
+        returns = (f"{code.const(finish)}({code.const(graph)}, [{', '.join(params)}], "
+                   f"dict(zip({code.const(tuple(needed))}, ({''.join(code.var(v) + ', ' for v in needed)}))), "
+                   f"{code.const(self.written_in_place)})")
+        return code.function("fuseg_program", params, code.lines, returns)
+
+    def _launch_function(self, launch: Launch) -> Callable[[Env], None]:
+        seg = self.plan.segments[launch.segment]
+        code = Code()
+        env = "env"
+        reads = list(dict.fromkeys([*seg.inputs, *self.ctx.targets(seg).values()]))
+        for v in reads:
+            code.line(f"{code.var(v)} = {env}[{code.const(v)}]")
+        self._emit_launch(code, seg, guard=True)
+        for o in seg.outputs:
+            code.line(f"{env}[{code.const(o)}] = {code.var(o)}")
+        for v in launch.frees:
+            code.line(f"{env}.pop({code.const(v)}, None)")
+        fn, _ = code.function("fuseg_launch", [env], code.lines, None)
+        stats = getattr(launch._launch, "stats", None)
+        if stats is not None:
+            fn.stats = stats  # type: ignore[attr-defined]
+        return fn
+
+    # --- inspection ---------------------------------------------------------------------------
+
+    @property
+    def kernels(self) -> dict[int, Any]:
+        """Per segment run by a generated kernel, that kernel (runtime.codegen.Kernel)."""
+        return {i: launch.kernel for i, launch in self._chosen.items() if hasattr(launch, "kernel")}
+
+    @property
+    def nvfuser_kernels(self) -> dict[int, int]:
+        """Per segment run by nvFuser, how many kernels nvFuser ran for it (read from its profile)."""
+        return {i: launch.kernels_run for i, launch in self._chosen.items()
+                if getattr(launch, "kernels_run", None) is not None}
 
     @property
     def fallbacks(self) -> list[str]:
@@ -275,14 +185,8 @@ class CompiledProgram:
         return [f"{k} ({n} kernel segments fell back)" for k, n in counts.items()]
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        graph = self.graph
-        check_inputs(graph, inputs)
-        env: Env = dict(zip(graph.input_names, inputs))
-        for launch in self.launches:
-            launch.run(env)
-            for v in launch.frees:
-                env.pop(v, None)  # torch launches drop theirs at the last use inside them
-        return finish(graph, list(inputs), env, self.written_in_place)
+        check_inputs(self.graph, inputs)
+        return self._fn(*inputs)
 
 
 def compile_program(plan: SegmentedFusion, backend: str = "auto") -> CompiledProgram:
@@ -317,3 +221,4 @@ def compile_module(
 
     plan = apply_aliases(segment(capture(module, list(example_inputs))), mode)
     return ModuleProgram(module, CompiledProgram(plan, backend))
+

@@ -117,7 +117,7 @@ def test_in_place_write_that_would_race_is_declined() -> None:
 
 
 def test_layout_mismatch_at_run_time_falls_back_instead_of_misreading() -> None:
-    from runtime.generated import generated_launch  # noqa: F401 - the launch under test
+    from runtime.backends.kernels import KernelLaunch  # noqa: F401 - the launch under test
 
     fn, inputs = CASES["strided-input"]
     prog = _program(fn, inputs)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from alias import apply_aliases
+from runtime.backends.nvfuser import lower_to_nvfuser
 from runtime.codegen import Declined
-from runtime.nvfuser_backend import lower_to_nvfuser
 from segmenter import capture, segment
 
 

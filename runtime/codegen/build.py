@@ -4,6 +4,7 @@ in this process (a second call compiles nothing) and, for the CPU build, on disk
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import hashlib
 import os
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from .ctypes_ import Declined
 from .lower import Kernel
 
-__all__ = ["CompileError", "build_cpu", "build_cuda", "cache_dir", "cpu_compiler", "nvcc_check"]
+__all__ = ["CompileError", "build_cpu", "build_cpu_many", "build_cuda", "cache_dir", "cpu_compiler", "nvcc_check"]
 
 
 class CompileError(RuntimeError):
@@ -68,6 +69,19 @@ def build_cpu(kernel: Kernel) -> Callable[..., None]:
     fn.restype = None
     _CPU[digest] = fn
     return fn
+
+
+def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None]]:
+    """Every kernel compiled for the CPU, the compilers run side by side (one per core): a
+    program's kernels on a cold cache cost one round of parallel builds, not one build each."""
+    todo = {}
+    for k in kernels:
+        todo.setdefault(k.source("cpu"), k)
+    if len(todo) > 1:
+        workers = min(len(todo), os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # the compilers run as processes
+            list(pool.map(build_cpu, todo.values()))
+    return [build_cpu(k) for k in kernels]  # built now: each an in-memory cache hit
 
 
 def build_cuda(kernel: Kernel):

@@ -14,7 +14,8 @@ nvFuser itself split into more than one kernel is reported (``NvFuserLaunch.kern
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import importlib.util
 from typing import Any
 
 import torch
@@ -22,11 +23,14 @@ import torch
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import ValueRef
 
-from .codegen import Declined
-from .codegen.kernel import bind
-from .codegen.kernel import norm_dim as _norm_dim
+from .. import layout
+from ..codegen import Declined
+from ..codegen.kernel import bind
+from ..codegen.kernel import norm_dim as _norm_dim
+from ..wrapper import Code
+from .base import Backend, BuildContext, SegmentLaunch
 
-__all__ = ["lower_to_nvfuser", "nvfuser_launch"]
+__all__ = ["NvFuserBackend", "lower_to_nvfuser"]
 
 _UNARY = {f"aten.{n}.default": n for n in (
     "exp", "log", "sin", "cos", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "neg", "reciprocal", "erf", "floor",
@@ -203,34 +207,62 @@ def lower_to_nvfuser(nvf: Any, graph: FusionGraph, seg: Segment, in_place: dict[
     return fd, returned
 
 
-def nvfuser_launch(graph: FusionGraph, seg: Segment, in_place: dict[str, int], dying: tuple[str, ...],
-                   report: dict[int, int]) -> Callable[[dict[str, torch.Tensor]], None]:
-    """The launch: run the fusion, put its outputs in the environment. ``report[segment]`` gets
-    the number of kernels nvFuser ran for it (read once, from its profile)."""
-    import nvfuser
+class NvFuserLaunch(SegmentLaunch):
+    """Runs the segment's FusionDefinition. ``kernels_run``: how many kernels nvFuser ran for it
+    (read once, from its profile after the first execution; more than one means nvFuser split
+    the segment)."""
 
-    from .program import _fresh_in_layout, _same_strides
+    backend = "nvfuser"
 
-    names = {n.name: graph.inputs[i].name for n, i in ((n, in_place.get(n.name)) for n in seg.nodes) if i is not None}
-    fd, returned = lower_to_nvfuser(nvfuser, graph, seg, names)
-    arg_names = list(dict.fromkeys([*seg.inputs, *names.values()]))
-    written = {n.outputs[0]: names[n.name] for n in seg.nodes if n.name in names}
-    metas = {o: graph.metas[o] for o in returned}
-    profiled = [False]
+    def __init__(self, ctx: BuildContext, seg: Segment) -> None:
+        import nvfuser
 
-    def run(env: dict[str, torch.Tensor]) -> None:
-        args = [env[v] for v in arg_names]
-        first = not profiled[0]
-        outs = fd.execute(args, profile=first)
+        self.ctx, self.segment = ctx, seg
+        graph = ctx.graph
+        names = ctx.targets(seg)
+        self.fd, self.returned = lower_to_nvfuser(nvfuser, graph, seg, names)
+        self.args = list(dict.fromkeys([*seg.inputs, *names.values()]))
+        self.written = {n.outputs[0]: names[n.name] for n in seg.nodes if n.name in names}
+        self.kernels_run: int | None = None
+
+    def __call__(self, args: list[torch.Tensor]) -> list[torch.Tensor]:
+        first = self.kernels_run is None
+        outs = self.fd.execute(args, profile=first)
         if first:
-            profiled[0] = True
-            report[seg.index] = fd.profile().segments
-        for v in dying:
-            env.pop(v, None)
-        for o, t in zip(returned, outs):
-            m = metas[o]
-            env[o] = t if _same_strides(t, m) else _fresh_in_layout(t, m)  # the planned layout, as torch's launch
-        for o, target in written.items():
-            env[o] = env[target]
+            self.kernels_run = self.fd.profile().segments
+        return outs
 
-    return run
+    def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
+        graph = self.ctx.graph
+        code.line(f"_r = {code.const(self)}([{', '.join(code.var(v) for v in self.args)}])")
+        dead = [v for v in self.segment.inputs if v in dying]
+        if dead:
+            code.line("del " + ", ".join(code.var(v) for v in dead))
+        conform = code.const(layout.conform)
+        for i, o in enumerate(self.returned):  # the planned layout, as torch's launch hands it on
+            code.line(f"{code.var(o)} = {conform}(_r[{i}], {code.const(graph.metas[o])}, {code.const(o)})")
+        code.line("del _r")
+        for o, target in self.written.items():
+            code.line(f"{code.var(o)} = {code.var(target)}")
+
+
+class NvFuserBackend(Backend):
+    name = "nvfuser"
+    device = "cuda"
+
+    def unavailable(self, device_type: str) -> str | None:
+        if importlib.util.find_spec("nvfuser") is None:
+            return "nvfuser is not installed"
+        return super().unavailable(device_type) or _nvfuser_import_error()
+
+    def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
+        return NvFuserLaunch(ctx, seg)
+
+
+@functools.cache
+def _nvfuser_import_error() -> str | None:
+    try:
+        import nvfuser  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - an ABI mismatch raises ImportError, others OSError
+        return f"nvfuser does not import: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return None

@@ -1,0 +1,45 @@
+"""Backends are plug-ins: a name and a small interface (runtime/backends/base.py), found in this
+registry. The program asks them in order for every kernel segment and never names one:
+
+    CUDA:  nvfuser -> cupy -> torch        CPU:  cpp -> torch
+
+A backend that cannot run here (not installed, another device, no compiler) or declines a
+segment (an op the generator does not take...) is passed over, with the reason recorded in
+``program.passed_over``; torch takes every segment. ``backend="name"`` asks for one backend
+(torch still takes what it declines); ``FUSEG_DISABLE=cpp,cupy`` passes over backends by name.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .base import Backend, BuildContext, SegmentLaunch
+from .cpp import CppBackend
+from .cupy import CupyBackend
+from .nvfuser import NvFuserBackend
+from .torch_backend import TorchBackend
+
+__all__ = ["BACKENDS", "Backend", "BuildContext", "SegmentLaunch", "backends_for"]
+
+BACKENDS: tuple[Backend, ...] = (NvFuserBackend(), CupyBackend(), CppBackend(), TorchBackend())
+
+
+def backends_for(device_type: str, forced: str = "auto") -> list[tuple[Backend, str | None]]:
+    """The backends to try in order, each with why it cannot run here (None: it can); torch last."""
+    names = [b.name for b in BACKENDS]
+    if forced != "auto" and forced not in names:
+        raise ValueError(f"unknown backend {forced!r} (known: auto, {', '.join(names)})")
+    disabled = set(os.environ.get("FUSEG_DISABLE", "").split(","))
+    out = []
+    for b in BACKENDS:
+        if forced != "auto" and b.name not in (forced, "torch"):
+            continue
+        if forced == "auto" and not b.auto:
+            continue
+        why = b.unavailable(device_type)
+        if why is None and b.name in disabled and b.name != "torch":
+            why = "disabled by FUSEG_DISABLE"
+        if forced == b.name and why is not None:
+            raise ValueError(f"backend {forced!r} is not available: {why}")
+        out.append((b, why))
+    return out

@@ -1,0 +1,76 @@
+"""The one small interface every backend implements, and what a backend is given to work with.
+
+A backend says whether it can run at all here (``unavailable``: installed? the right device? a
+compiler?), then, per kernel segment, ``prepare`` returns a ``SegmentLaunch`` or raises
+``Declined`` with the reason (recorded in ``program.passed_over``). Once every segment has its
+backend, ``build_all`` compiles what the chosen launches need (all together, so a cold cache
+costs one parallel build, not one compile per segment), and each launch emits its lines of the
+program (Note [generated wrapper] in runtime/wrapper.py). The program never names a backend: it
+asks them in the registry's order (runtime/backends/__init__.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from segmenter import FusionGraph, Segment
+
+from ..wrapper import Code
+
+__all__ = ["Backend", "BuildContext", "SegmentLaunch"]
+
+
+@dataclass
+class BuildContext:
+    """What every backend may read about the program being compiled."""
+
+    graph: FusionGraph
+    #: node name -> index of the graph input its output is written into (Note [in-place write-back])
+    in_place: dict[str, int]
+    #: values that cross launches as fresh dense copies ("pre"/"off" modes, as today's fusers do)
+    materialize: frozenset[str]
+    device: torch.device
+    #: per segment index: values whose last use in the program is that segment
+    dying: dict[int, frozenset[str]] = field(default_factory=dict)
+
+    def targets(self, seg: Segment) -> dict[str, str]:
+        """Node name -> the graph input (by name) the node writes in place, for ``seg``'s nodes."""
+        return {n.name: self.graph.inputs[self.in_place[n.name]].name for n in seg.nodes if n.name in self.in_place}
+
+
+class SegmentLaunch:
+    """One segment's launch: emits the program lines that read the segment's inputs (locals of
+    ``code``) and define its outputs. ``dying``: inputs that are dead after it (deleted as soon as
+    the launch is done with them). ``guard``: check the layouts of the inputs first (only where
+    the inputs were not made by the program itself; Note [planned layouts] in runtime/layout.py)."""
+
+    backend: str = ""
+    segment: Segment
+
+    def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
+        raise NotImplementedError
+
+
+class Backend:
+    """A backend: a name and the small interface above. ``auto``: tried without being asked for."""
+
+    name: str = ""
+    device: str | None = None  # the device type it runs on (None: any)
+    auto: bool = True
+
+    def unavailable(self, device_type: str) -> str | None:
+        """Why this backend cannot run here, or None."""
+        if self.device is not None and device_type != self.device:
+            return f"needs a {self.device.upper()} device (the graph is on {device_type})"
+        return None
+
+    def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
+        """The launch for ``seg``, or ``Declined`` with the reason."""
+        raise NotImplementedError
+
+    def build_all(self, launches: Sequence[SegmentLaunch]) -> None:
+        """Compile what ``launches`` (this backend's, for one program) need, together."""
+

@@ -1,0 +1,139 @@
+"""Launching a generated kernel (runtime.codegen) for a segment: the part the C++ and CuPy
+backends share.
+
+The kernel is lowered when the program is compiled, for the layouts its values will have
+(``layouts``; Note [planned layouts] in runtime/layout.py), and built with every other kernel
+of the program at once (``Backend.build_all``). Its outputs are written into buffers allocated
+in their planned layout or, for a mutated input whose final value the kernel computes (Note
+[in-place write-back]), into the input itself. Outputs that are views of a value the kernel
+computes stay views of it (made after the launch), so outputs that share a storage in eager
+share it here. In a launch run on its own (``Launch.run``, given inputs the program did not
+make), each input's layout is compared with the planned one first, and a mismatch runs the
+segment on torch instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from segmenter import FusionGraph, OpKind, Segment, op_info
+
+from .. import layout
+from ..codegen import Kernel, lower_segment
+from ..codegen.index import dense_strides
+from ..wrapper import Code
+from .base import BuildContext, SegmentLaunch
+from .torch_backend import emit_torch
+
+__all__ = ["KernelLaunch", "layouts"]
+
+
+def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], written: dict[str, str]) -> dict:
+    """value -> (shape, strides) the kernel reads (inputs) or writes (outputs)."""
+    out = {}
+    for v in (*seg.inputs, *seg.outputs):
+        m = graph.metas[v]
+        if v in written:
+            t = graph.metas[written[v]]
+            out[v] = (t.shape, t.stride)
+        elif v in materialize:
+            out[v] = (m.shape, dense_strides(m.shape, m.stride))
+        else:
+            out[v] = (m.shape, m.stride)
+    return out
+
+
+def _views_of_outputs(graph: FusionGraph, seg: Segment) -> dict[str, str]:
+    """Outputs of ``seg`` that are views (a chain of view ops, same dtype) of a value the kernel
+    computes: as in the program, they are made as views of that value after the launch (which
+    the kernel then writes whole), so they share its storage and keep their offsets."""
+    made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
+    views = {}
+    for o in seg.outputs:
+        v = o
+        while v in made and op_info(made[v].op).kind == OpKind.VIEW and len(made[v].inputs) == 1:
+            v = made[v].inputs[0]
+        if v != o and v in made and graph.metas[v].dtype == graph.metas[o].dtype:
+            views[o] = v
+    return views
+
+
+class KernelLaunch(SegmentLaunch):
+    """A segment as one generated kernel; ``fn`` is set by the backend's ``build_all``."""
+
+    def __init__(self, backend: str, ctx: BuildContext, seg: Segment) -> None:
+        self.backend, self.ctx, self.segment = backend, ctx, seg
+        graph = ctx.graph
+        targets = ctx.targets(seg)
+        written = {n.outputs[0]: targets[n.name] for n in seg.nodes if n.name in targets}
+        # (a value that crosses launches as a dense copy, in pre/off, is written by the kernel itself)
+        views = {o: b for o, b in _views_of_outputs(graph, seg).items()
+                 if o not in ctx.materialize and b not in ctx.materialize}
+        written_outputs = [o for o in seg.outputs if o not in views]
+        lowered = dataclasses.replace(seg, outputs=tuple(dict.fromkeys([*written_outputs, *views.values()])))
+        self.kernel: Kernel = lower_segment(graph, lowered, layouts(graph, lowered, ctx.materialize, written), targets,
+                                            ctx.materialize)
+        self.hidden = {b for b in views.values() if b not in written_outputs}  # written for their views only
+        self.views = [(o, b, graph.metas[o], graph.metas[o].storage_offset - graph.metas[b].storage_offset)
+                      for o, b in views.items()]
+        self.fn: Callable[..., Any] | None = None
+        #: how often a launch run on its own found an input in another layout than planned (and ran on torch)
+        self.stats = {"layout_fallbacks": 0}
+
+    def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
+        k, ctx = self.kernel, self.ctx
+        ins = [p for p in k.params if not p.output]
+        outs = [p for p in k.params if p.output]
+        if guard:
+            same = code.const(_same)
+            test = " and ".join(f"{same}({code.var(p.value)}, {code.const((p.shape, p.stride, p.dtype))})" for p in ins)
+            code.line(f"if {test or 'True'}:")
+            code.indent += "    "
+        for p in outs:
+            if p.target:
+                code.line(f"{code.var(p.value)} = {code.var(p.target)}")
+            else:
+                code.line(f"{code.var(p.value)} = {self.alloc(code, p.shape, p.stride, p.dtype)}")
+        if any(_numel(p.shape) for p in outs):
+            self.emit_call(code, [code.var(p.value) for p in (*ins, *outs)])
+        dead = [v for v in self.segment.inputs if v in dying]
+        if dead:
+            code.line("del " + ", ".join(code.var(v) for v in dead))
+        rt = code.const(layout.reinterpret)
+        for o, b, m, delta in self.views:  # views stay views of what they view, as in the program
+            code.line(f"{code.var(o)} = {rt}({code.var(b)}, {code.const(m.shape)}, {code.const(m.stride)}, {delta})")
+        if self.hidden:
+            code.line("del " + ", ".join(code.var(v) for v in sorted(self.hidden)))
+        if guard:
+            code.indent = code.indent[:-4]
+            code.line("else:")
+            with code.block():
+                code.line(f"{code.const(self.stats)}['layout_fallbacks'] += 1")
+                emit_torch(code, ctx, self.segment, dying)
+
+    def alloc(self, code: Code, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> str:
+        # torch.empty_strided, not the dispatcher-free allocation Inductor uses: dispatch modes
+        # (runtime.memory.PeakTracker) must see every buffer the program makes
+        return (f"{code.const(torch.empty_strided)}({code.const(shape)}, {code.const(stride)}, "
+                f"dtype={code.const(dtype)}, device={code.const(self.ctx.device)})")
+
+    def emit_call(self, code: Code, tensors: list[str]) -> None:
+        raise NotImplementedError
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _same(t: torch.Tensor, planned: tuple[tuple[int, ...], tuple[int, ...], torch.dtype]) -> bool:
+    shape, stride, dtype = planned
+    return (t.dtype == dtype and tuple(t.shape) == shape
+            and all(a == b for n, a, b in zip(shape, t.stride(), stride) if n != 1))
+

@@ -1,0 +1,201 @@
+"""The torch backend: a segment's ATen ops called one after the other, as eager would.
+
+It takes every segment (MATMUL and OPAQUE segments only run here), is the reference the other
+backends are tested against, and is what a generated kernel falls back to. Each op is emitted as
+a direct call of the op's C++ entry point (``OpOverload._op``: no Python frame of the overload
+object in between), intermediates are deleted at their last use, and the segment's outputs are
+handed on in their planned layout (runtime/layout.py): a dense copy where the plan says the value
+crosses launches as one ("pre"/"off"), a fresh buffer where a kernel segment's output would
+otherwise share the storage of its input (the plan computed it; torch's view op did not copy).
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from segmenter import GraphError, Node, OpKind, Segment, SegmentKind, TensorMeta, op_info
+from segmenter.ir import OpRef, ValueRef
+from segmenter.ops import resolve_op
+
+from .. import layout
+from ..inplace import out_overload
+from ..wrapper import Code
+from .base import Backend, BuildContext, SegmentLaunch
+
+__all__ = ["TorchBackend", "TorchLaunch", "emit_node", "emit_nodes"]
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _op_entry(node: Node) -> torch._ops.OpOverload:
+    op = resolve_op(node.op)
+    if not isinstance(op, torch._ops.OpOverload | torch._ops.HigherOrderOperator):
+        raise GraphError(f"node {node.name!r}: op {node.op} is not known to torch; it cannot be run")
+    return op
+
+
+def _render(code: Code, a: Any) -> str:
+    """An argument as a Python expression: a local for a tensor value, a bound global otherwise."""
+    if isinstance(a, ValueRef):
+        return code.var(a.name)
+    if isinstance(a, OpRef):
+        op = resolve_op(a.name)
+        if not isinstance(op, torch._ops.OpOverload):
+            raise GraphError(f"op argument {a.name} is not an ATen op known to torch")
+        return code.const(op)
+    if isinstance(a, tuple):
+        if any(isinstance(x, (ValueRef, tuple, OpRef)) for x in a):
+            return "[" + "".join(_render(code, x) + ", " for x in a) + "]"
+        return code.const(list(a))
+    if a is None or type(a) is bool or type(a) is int:
+        return repr(a)  # digits, True/False/None only
+    return code.const(a)
+
+
+def emit_node(code: Code, node: Node, out: str | None = None) -> None:
+    """``node``'s op as one call defining its outputs' locals; with ``out`` (a graph input), the
+    op's ``.out`` overload writes the result straight into it (Note [in-place write-back])."""
+    op = _op_entry(node)
+    names = {a.name for a in op._schema.arguments} if isinstance(op, torch._ops.OpOverload) else None
+    for k, _ in node.kwargs:
+        # keyword names reach the source: only identifiers, and only the schema's own where there is one
+        if not k.isidentifier() or keyword.iskeyword(k) or (names is not None and k not in names):
+            raise GraphError(f"node {node.name!r}: {node.op} has no argument {k!r}")
+    args = [_render(code, a) for a in node.args] + [f"{k}={_render(code, v)}" for k, v in node.kwargs]
+    if out is not None:
+        target = out_overload(node.op)
+        if target is None:  # pragma: no cover - plan_in_place_writes checked it
+            raise GraphError(f"node {node.name!r}: {node.op} has no .out overload")
+        call = f"{code.const(target._op)}({', '.join([*args, f'out={code.var(out)}'])})"
+        code.line(call)
+        for o in node.outputs:
+            if o is not None:
+                code.line(f"{code.var(o)} = {code.var(out)}")
+        return
+    entry = code.const(op._op if isinstance(op, torch._ops.OpOverload) else op)
+    call = f"{entry}({', '.join(args)})"
+    if _returns_one_tensor(op, node):
+        o = node.outputs[0]
+        code.line(f"{code.var(o)} = {call}" if o is not None else call)
+        return
+    code.line(f"_r = {call}")
+    if _returns_list(op):
+        code.line(f"if len(_r) != {len(node.outputs)}:")
+        code.line(f"    raise {code.const(GraphError)}({code.const(_count_error(node))})")
+    for i, o in enumerate(node.outputs):
+        if o is not None:
+            code.line(f"{code.var(o)} = _r[{i}]")
+    code.line("del _r")
+
+
+def _returns_one_tensor(op: object, node: Node) -> bool:
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    rets = op._schema.returns
+    if len(rets) == 1 and isinstance(rets[0].type, torch.TensorType):
+        if len(node.outputs) != 1:
+            raise GraphError(f"node {node.name!r}: {node.op} returns one tensor, the graph names {len(node.outputs)}")
+        return True
+    if not _returns_list(op) and len(rets) != len(node.outputs):
+        raise GraphError(f"node {node.name!r}: {node.op} returns {len(rets)} values, the graph names {len(node.outputs)}")
+    return False
+
+
+def _returns_list(op: object) -> bool:
+    if not isinstance(op, torch._ops.OpOverload):
+        return True  # a higher-order op: a sequence, checked at run time
+    rets = op._schema.returns
+    return len(rets) == 1 and isinstance(rets[0].type, torch.ListType)
+
+
+def _count_error(node: Node) -> str:
+    return f"node {node.name!r}: {node.op} did not return the {len(node.outputs)} values the graph names"
+
+
+def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[str, str]) -> None:
+    """The nodes in order; a value that nothing after its last use reads (and ``keep`` does not
+    hold) is deleted there, so intermediates die as they would in eager."""
+    last: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for v in node.inputs:
+            last[v] = k
+    for k, node in enumerate(nodes):
+        emit_node(code, node, targets.get(node.name))
+        dead = [v for v in node.inputs if last[v] == k and v not in keep]
+        dead += [o for o in node.outputs if o is not None and o not in last and o not in keep]  # never read
+        if dead:
+            code.line("del " + ", ".join(code.var(v) for v in dict.fromkeys(dead)))
+
+
+def _view_roots_inside(seg: Segment) -> dict[str, str]:
+    """Outputs of ``seg`` made by a chain of view ops from one of its inputs -> that input."""
+    made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
+    roots = {}
+    for o in seg.outputs:
+        v = o
+        while v in made and op_info(made[v].op).kind == OpKind.VIEW and made[v].inputs:
+            v = made[v].inputs[0]
+        if v != o and v not in made:
+            roots[o] = v
+    return roots
+
+
+def emit_outputs(code: Code, ctx: BuildContext, seg: Segment, written: set[str], roots: dict[str, str]) -> None:
+    """Each output handed on in its planned layout (see the module docstring)."""
+    graph = ctx.graph
+    for o in seg.outputs:
+        if o in written:
+            continue  # the input itself, holding its final value
+        v, m = code.var(o), graph.metas[o]
+        if o in ctx.materialize:
+            code.line(f"{v} = {code.const(layout.dense_copy)}({v}, {code.const(m)})")
+            continue
+        root = roots.get(o)
+        if root is not None and seg.kind != SegmentKind.OPAQUE:
+            # a view op made it, where the plan has the kernel compute it: a buffer of its own
+            s = code.const(_storage)
+            code.line(f"if {s}({v}) == {s}({code.var(root)}):")
+            code.line(f"    {v} = {code.const(layout.fresh_in_layout)}({v}, {code.const(m)})")
+        code.line(_conform_line(code, v, m, f"value of node output {o!r}"))
+
+
+def _conform_line(code: Code, v: str, m: TensorMeta, what: str) -> str:
+    test = f"{v}.stride() != {code.const(m.stride)} or {v}.shape != {code.const(m.shape)} or {v}.dtype != {code.const(m.dtype)}"
+    return f"if {test}: {v} = {code.const(layout.conform)}({v}, {code.const(m)}, {code.const(what)})"
+
+
+def emit_torch(code: Code, ctx: BuildContext, seg: Segment, dying: frozenset[str]) -> None:
+    """``seg`` on torch (also the fallback of a generated kernel)."""
+    targets = ctx.targets(seg)
+    written = {o for n in seg.nodes if n.name in targets for o in n.outputs if o is not None}
+    roots = _view_roots_inside(seg)
+    # inputs still alive after this launch, and the roots of view outputs (compared below), are kept
+    keep = set(seg.outputs) | (set(seg.inputs) - dying) | set(targets.values()) | set(roots.values())
+    emit_nodes(code, seg.nodes, keep, targets)
+    emit_outputs(code, ctx, seg, written, roots)
+    late = [v for v in dict.fromkeys(roots.values()) if v in dying]
+    if late:
+        code.line("del " + ", ".join(code.var(v) for v in late))
+
+
+class TorchLaunch(SegmentLaunch):
+    backend = "torch"
+
+    def __init__(self, ctx: BuildContext, seg: Segment) -> None:
+        self.ctx, self.segment = ctx, seg
+
+    def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
+        emit_torch(code, self.ctx, self.segment, dying)
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
+        return TorchLaunch(ctx, seg)

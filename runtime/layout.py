@@ -1,0 +1,79 @@
+"""Layout helpers every backend shares: making a tensor hold its planned layout.
+
+Every value a launch hands on has the layout the plan was compiled for (Note [planned layouts]):
+the strides of its dims with more than one element, its shape and its dtype, exactly as the
+graph's metas say. A launch whose tensor comes back otherwise (a torch op that picks other
+strides, a size-1 dim with another stride) conforms it here: a free restride where only size-1
+dims differ, a copy into a fresh buffer of the planned layout where real strides differ.
+
+Note [planned layouts]: because every launch conforms what it makes, a generated kernel may
+read any value it is handed with the strides it was compiled for; the run-time layout guard in
+front of a kernel (runtime/backends/kernels.py) only catches what was not made by the program
+(graph inputs handed to one launch directly, in tests), and a graph whose metas lie (a dtype or
+shape torch does not produce) is refused at the first value that contradicts them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from segmenter import GraphError, TensorMeta
+
+# the stride rules live in codegen/index.py (the generator needs them without torch); re-exported here
+from .codegen.index import contiguous_strides, dense_strides
+
+__all__ = ["conform", "contiguous_strides", "dense_copy", "dense_strides", "fresh_in_layout", "reinterpret",
+           "same_strides"]
+
+try:  # the C++ fast path Inductor's wrapper uses (no dispatcher round trip): 2x cheaper than as_strided
+    from torch._C._dynamo.guards import _reinterpret_tensor as _reinterpret
+except ImportError:  # pragma: no cover - older/newer torch without it
+    _reinterpret = None
+
+
+def reinterpret(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...], delta: int) -> torch.Tensor:
+    """A view of ``t``'s storage with this shape and stride, ``delta`` elements after ``t``'s own
+    offset (``as_strided``, without the dispatcher where torch offers it: not for tensors that
+    require grad, whose views autograd must see)."""
+    if _reinterpret is not None and not t.requires_grad:
+        return _reinterpret(t, shape, stride, delta)
+    return t.as_strided(shape, stride, t.storage_offset() + delta)
+
+
+def same_strides(t: torch.Tensor, m: TensorMeta) -> bool:
+    """Same shape, and the same strides wherever a dim has more than one element."""
+    return tuple(t.shape) == m.shape and all(a == b for n, a, b in zip(m.shape, t.stride(), m.stride) if n > 1)
+
+
+def fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
+    """A fresh tensor with ``t``'s values in layout ``m``. Where ``m`` repeats elements (a stride-0
+    dim, as an expanded output has), the values along that dim are equal: one copy of them is
+    written and the dim is expanded over it (copy_ refuses to write overlapping elements)."""
+    if not any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
+        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
+    one = tuple(1 if st == 0 else n for n, st in zip(m.shape, m.stride))
+    base = torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device)
+    base.copy_(t[tuple(slice(0, 1) if st == 0 else slice(None) for st in m.stride)])
+    return base.expand(m.shape)
+
+
+def dense_copy(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
+    """A fresh dense buffer holding ``t``, dims in the planned order (a plain ``.contiguous()``
+    would turn a permuted layout, e.g. CUDA attention's output, into one a later view cannot take)."""
+    return torch.empty_strided(m.shape, dense_strides(m.shape, m.stride), dtype=m.dtype, device=t.device).copy_(t)
+
+
+def conform(t: torch.Tensor, m: TensorMeta, what: str) -> torch.Tensor:
+    """``t`` in the planned layout ``m`` (see Note [planned layouts]); ``what`` names the value
+    for the error a lying graph gets."""
+    if not isinstance(t, torch.Tensor):
+        raise GraphError(f"{what}: the op returned {type(t).__name__}, the graph says a tensor {m}")
+    if t.dtype != m.dtype or tuple(t.shape) != m.shape:
+        raise GraphError(f"{what}: the op made {str(t.dtype).removeprefix('torch.')}{list(t.shape)}, "
+                         f"the graph says {m}")
+    if t.stride() == m.stride:
+        return t
+    if same_strides(t, m):  # only size-1 dims differ: same addresses, planned strides
+        return reinterpret(t, m.shape, m.stride, 0)
+    return fresh_in_layout(t, m)
+

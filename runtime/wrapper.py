@@ -1,0 +1,107 @@
+"""The compiled program as straight-line Python: one function that runs every launch in order.
+
+Note [generated wrapper]: the plan is fixed at compile time, so the call should cost what its
+launches cost (Inductor's wrapper codegen does the same): instead of interpreting a list of
+closures over a dict, the program is emitted as the source of one function, each graph value a
+local variable, each op called directly, each dead value deleted at its last use::
+
+    def fuseg_program(v0, v1):
+        v2 = _k0(v0.data_ptr(), ...)        # a generated kernel
+        v3 = _reinterpret(v2, (4, 8), (1, 4), v2.storage_offset() + 0)   # a metadata op
+        del v2
+        ...
+
+Nothing from the graph reaches the source text: value names become ``v<n>``, and every other
+object a launch needs (an op, a shape, a constant argument, a kernel) is bound in the function's
+globals under a generated name (``_c<n>``) and referred to by that name only. A graph file can
+therefore not make this module run code of its choosing (see README, "Security").
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["Code"]
+
+_ids = itertools.count()
+
+
+class Code:
+    """Lines of Python under construction, the locals they use and the globals they need."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.globals: dict[str, Any] = {}
+        self._vars: dict[str, str] = {}
+        self._consts: dict[int, str] = {}  # id(obj) -> name, for objects bound once
+        self._keep: list[Any] = []  # keeps every bound object alive while its id is a key
+        self.indent = "    "
+
+    # --- names ------------------------------------------------------------------------------
+
+    def var(self, value: str) -> str:
+        """The local variable holding graph value ``value``."""
+        name = self._vars.get(value)
+        if name is None:
+            name = self._vars[value] = f"v{len(self._vars)}"
+        return name
+
+    def has_var(self, value: str) -> bool:
+        return value in self._vars
+
+    def const(self, obj: Any, prefix: str = "_c") -> str:
+        """A global name bound to ``obj`` (the same object gets the same name)."""
+        name = self._consts.get(id(obj))
+        if name is None:
+            name = self._consts[id(obj)] = f"{prefix}{len(self.globals)}"
+            self.globals[name] = obj
+            self._keep.append(obj)
+        return name
+
+    def late(self, prefix: str = "_k") -> str:
+        """A global name whose object is bound later (``bind``), e.g. a kernel still compiling."""
+        name = f"{prefix}{len(self.globals)}"
+        self.globals[name] = None
+        return name
+
+    def bind(self, name: str, obj: Any) -> None:
+        self.globals[name] = obj
+
+    # --- statements -------------------------------------------------------------------------
+
+    def line(self, text: str) -> None:
+        self.lines.append(self.indent + text)
+
+    def block(self) -> _Block:
+        """``with code.block(): ...`` indents the lines emitted inside."""
+        return _Block(self)
+
+    # --- functions --------------------------------------------------------------------------
+
+    def function(self, name: str, params: Iterable[str], body: list[str], returns: str | None,
+                 ) -> tuple[Callable[..., Any], str]:
+        """``def name(params): body; return returns`` compiled with this code's globals, and its source."""
+        src = self.source(name, params, body, returns)
+        scope: dict[str, Any] = dict(self.globals)
+        exec(compile(src, f"<fuseg {name} #{next(_ids)}>", "exec"), scope)  # noqa: S102 - our own source, see the note
+        return scope[name], src
+
+    @staticmethod
+    def source(name: str, params: Iterable[str], body: list[str], returns: str | None) -> str:
+        head = f"def {name}({', '.join(params)}):\n"
+        tail = f"    return {returns}\n" if returns is not None else ""
+        return head + "".join(line + "\n" for line in body) + (tail or ("" if body else "    pass\n"))
+
+
+class _Block:
+    def __init__(self, code: Code) -> None:
+        self.code = code
+
+    def __enter__(self) -> Code:
+        self.code.indent += "    "
+        return self.code
+
+    def __exit__(self, *exc: object) -> None:
+        self.code.indent = self.code.indent[:-4]
