@@ -14,7 +14,7 @@ from segmenter.ops import resolve_op
 from . import index as ix
 from .ctypes_ import Declined, prelude, storage_type, store
 
-__all__ = ["CONST", "LINEAR_VIEWS", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "LINEAR_VIEWS", "PARALLEL_MIN", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -50,6 +50,10 @@ class Kernel:
         return (f"#define FUSEG_I {self.index_type}\n{prelude(target)}\n"
                 f"{qual} void {self.name}({args}) {{\n{self.body}}}\n")
 
+
+#: elements of work from which a CPU kernel shares its loops among threads (OpenMP, torch's thread
+#: count): below it, waking the threads costs more than the loop (a few us against ~1 ns an element)
+PARALLEL_MIN = 1 << 15
 
 VIEW_IDENTITY = {"aten.alias.default", "aten.detach.default", "aten.lift_fresh.default"}
 RESHAPE = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}

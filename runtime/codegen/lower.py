@@ -27,7 +27,7 @@ from segmenter.ir import ValueRef, view_roots
 
 from . import index as ix
 from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
-from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output
+from .kernel import CONST, PARALLEL_MIN, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, Row, plan_row, row_levels, row_loop
 
@@ -443,23 +443,32 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
 
 
 def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], stores: dict, indent: str) -> str:
+    """Note [pointwise loops]: one body, two loop nests. On CUDA a grid-stride loop over the
+    linear index, unravelled into one index per dim. On the CPU one loop per dim of the output
+    (size-1 dims have none), so every index is affine in the loop counters: no division per
+    element, the innermost loop over unit strides vectorizes, and the outer loops are shared
+    among the threads (OpenMP, torch's thread count) where there is enough work (``PARALLEL_MIN``)."""
     n = math.prod(shape)
     loop = lw.fresh("L")
     b = Body(lw, loop, indent + "  ")
-    idx = ix.unravel_terms("i", shape)
-    idx_vars = []
-    for d, term in enumerate(idx):
+    idx_vars, unravel, nest = [], [], []
+    for d, term in enumerate(ix.unravel_terms("i", shape)):
         if term == "0":
             idx_vars.append("0")
-        else:
-            name = f"i_{d}"
-            b.lines.append(f"{b.indent}const FUSEG_I {name} = {term};")
-            idx_vars.append(name)
+            continue
+        name = f"i_{d}"
+        unravel.append(f"{b.indent}const FUSEG_I {name} = {term};")
+        nest.append(f"{indent}for (FUSEG_I {name} = 0; {name} < {shape[d]}; ++{name})")
+        idx_vars.append(name)
     for p in ps:
         store_output(lw, b, p, idx_vars, stores)
-    head = (f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
-            f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{\n")
-    return head + "\n".join(b.lines) + f"\n{indent}}}\n"
+    cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
+            f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{", *unravel]
+    cpu = list(nest)
+    if n >= PARALLEL_MIN and nest:
+        cpu.insert(0, f"#pragma omp parallel for collapse({max(len(nest) - 1, 1)}) schedule(static)")
+    cpu.append(f"{indent}{{")
+    return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
 
 
 def _check_in_place(lw: _Lowerer, outs: list[Param], stores: dict) -> None:

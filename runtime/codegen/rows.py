@@ -19,7 +19,7 @@ from segmenter import Node
 
 from . import index as ix
 from .ctypes_ import Declined, compute_type, literal
-from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, store_output
+from .kernel import CONST, LINEAR_VIEWS, PARALLEL_MIN, Body, Param, bind, norm_dim, store_output
 from .pointwise import ELEMENTWISE
 
 __all__ = ["REDUCTIONS", "Row", "plan_row", "row_levels", "row_loop"]
@@ -159,7 +159,10 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     # off by default: measured slower on an H100 (softmax-4k 0.065 -> 0.080 ms, layer-norm-4k 0.113 ->
     # 0.177; perf/results/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
     cached = R <= 8 * block and os.environ.get("FUSEG_ROW_CACHE", "0") == "1"
-    lines = [f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{"]
+    lines = []
+    if math.prod(row.F) >= PARALLEL_MIN and math.prod(O) > 1:  # rows shared among CPU threads
+        lines += ["#ifndef __CUDACC__", "#pragma omp parallel for schedule(static)", "#endif"]
+    lines.append(f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{")
     outer = []
     for d, term in enumerate(ix.unravel_terms("row", O)):
         if term == "0":

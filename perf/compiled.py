@@ -1,0 +1,248 @@
+"""Compiled models on the CPU: eager against ``torch.compile(backend="inductor")`` and
+``torch.compile(backend="fuseg")``, default options, side by side in one run.
+
+    python -m perf.compiled [MODEL ...] [--rounds 5] [--calls 20] [--no-first-call]
+                            [--out perf/results/compiled_cpu.json] [--plot FILE.png]
+    (also ``fuseg bench --compiled``)
+
+Models: the zoo's runnable entries and transformer-family models the project never tuned for
+(``HELD_OUT``: tiny configs from ``transformers``, random weights, batch 2, sequence 32).
+
+Method. Steady state: every variant of a model is compiled first, then the variants are timed
+in ``--rounds`` interleaved rounds (eager, inductor, fuseg, eager, ...) of ``--calls`` calls each
+(``perf_counter`` around each call); the record holds each variant's median over all its calls,
+and the ratios fuseg/eager and fuseg/inductor of those medians. Interleaving puts the machine's
+noise on every variant alike: compare ratios within one run, not times across runs. First call:
+each compiler's first call (trace, compile, kernel builds) in a fresh process with empty
+Inductor and fuseg caches (``--no-first-call`` skips it). Every variant's outputs are compared
+with eager's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import zoo
+from .bench import environment
+
+__all__ = ["HELD_OUT", "MODELS", "bench_compiled", "main"]
+
+Factory = Callable[[], tuple[torch.nn.Module | Callable[..., Any], list[Any]]]
+
+
+def _hf(config: str, model: str, vision: bool = False, **cfg: Any) -> Factory:
+    """A transformers model from a tiny config (random weights, no download): batch 2, seq 32."""
+    def factory() -> tuple[Any, list[Any]]:
+        import transformers
+
+        torch.manual_seed(0)
+        conf = getattr(transformers, config)(**cfg)
+        if hasattr(conf, "use_cache"):
+            conf.use_cache = False
+        m = getattr(transformers, model)(conf).eval()
+        g = torch.Generator().manual_seed(0)
+        if vision:
+            return m, [torch.randn(2, 3, cfg["image_size"], cfg["image_size"], generator=g)]
+        return m, [torch.randint(0, cfg.get("vocab_size", 128), (2, 32), generator=g)]
+    return factory
+
+
+_DEC = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=64)
+
+#: transformer-family models the segmenter, the kernels and the runtime were never tuned on
+HELD_OUT: dict[str, Factory] = {
+    "gpt-neox": _hf("GPTNeoXConfig", "GPTNeoXModel", **_DEC),
+    "phi": _hf("PhiConfig", "PhiModel", **_DEC),
+    "gemma": _hf("GemmaConfig", "GemmaModel", head_dim=16, num_key_value_heads=2, **_DEC),
+    "opt": _hf("OPTConfig", "OPTModel", vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               ffn_dim=128, max_position_embeddings=64, word_embed_proj_dim=64),
+    "bloom": _hf("BloomConfig", "BloomModel", vocab_size=128, hidden_size=64, n_layer=2, n_head=4),
+    "falcon": _hf("FalconConfig", "FalconModel", vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                  num_attention_heads=4),
+    "roberta": _hf("RobertaConfig", "RobertaModel", **_DEC),
+    "distilbert": _hf("DistilBertConfig", "DistilBertModel", vocab_size=128, dim=64, n_layers=2, n_heads=4,
+                      hidden_dim=128, max_position_embeddings=64),
+    "vit": _hf("ViTConfig", "ViTModel", vision=True, image_size=32, patch_size=8, hidden_size=64,
+               num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
+}
+
+
+def _runnable_zoo() -> dict[str, Factory]:
+    """The zoo's entries that run here (real sizes live on the meta device: profiled, never run)."""
+    return {name: e.factory for name, e in zoo.ZOO.items() if "meta" not in e.description}
+
+
+#: every model the bench knows: the zoo's runnable entries, then the held-out ones
+MODELS: dict[str, Factory] = {**_runnable_zoo(), **HELD_OUT}
+
+
+def _leaves(x: Any) -> list[torch.Tensor]:
+    if hasattr(x, "to_tuple"):  # transformers' ModelOutput
+        x = x.to_tuple()
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def _max_diff(got: Any, want: Any) -> float:
+    g, w = _leaves(got), _leaves(want)
+    if len(g) != len(w) or any(a.shape != b.shape for a, b in zip(g, w)):
+        return math.inf
+    return max((float((a.double() - b.double()).abs().nan_to_num(0.0).max()) for a, b in zip(g, w) if b.numel()),
+               default=0.0)
+
+
+def _first_call(name: str, backend: str) -> float:
+    """Seconds of the first call of ``torch.compile(model, backend=...)``, in a fresh process with
+    empty caches (Inductor's and ours)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+                   FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"))
+        code = ("import sys, time, warnings, torch; warnings.filterwarnings('ignore');"
+                "from perf.compiled import MODELS;"
+                f"m, a = MODELS[{name!r}]();"
+                f"c = torch.compile(m, backend={backend!r});"
+                "t0 = time.perf_counter();"
+                "torch.no_grad().__enter__(); c(*a);"
+                "print(time.perf_counter() - t0)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
+        return float(r.stdout.strip().splitlines()[-1])
+
+
+def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_call: bool = True,
+                   progress: bool = True) -> list[dict[str, Any]]:
+    rows = []
+    for name in names:
+        if name not in MODELS:
+            raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+        torch._dynamo.reset()
+        fn, inputs = MODELS[name]()
+        row: dict[str, Any] = {"model": name, "held_out": name in HELD_OUT}
+        variants: dict[str, Callable[[], Any]] = {"eager": lambda f=fn, a=inputs: f(*a)}
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = fn(*inputs)
+            for backend in ("inductor", "fuseg"):
+                try:
+                    c = torch.compile(fn, backend=backend)
+                    row[f"{backend}_max_abs_diff"] = _max_diff(c(*inputs), want)
+                    variants[backend] = lambda c=c, a=inputs: c(*a)
+                except Exception as e:  # noqa: BLE001 - recorded: a compiler that fails is a result
+                    row[f"{backend}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            for call in variants.values():  # warm-up
+                for _ in range(3):
+                    call()
+            for _ in range(rounds):
+                for v, call in variants.items():
+                    for _ in range(calls):
+                        t0 = time.perf_counter()
+                        call()
+                        times[v].append((time.perf_counter() - t0) * 1e3)
+        for v, ts in times.items():
+            row[f"{v}_ms"] = statistics.median(ts)
+            q = statistics.quantiles(ts, n=10)
+            row[f"{v}_p10_ms"], row[f"{v}_p90_ms"] = q[0], q[-1]
+        if "fuseg_ms" in row:
+            row["fuseg_vs_eager"] = row["fuseg_ms"] / row["eager_ms"]
+            if "inductor_ms" in row:
+                row["fuseg_vs_inductor"] = row["fuseg_ms"] / row["inductor_ms"]
+        if first_call:
+            for backend in ("inductor", "fuseg"):
+                try:
+                    row[f"{backend}_first_call_s"] = _first_call(name, backend)
+                except Exception as e:  # noqa: BLE001 - recorded
+                    row[f"{backend}_first_call_error"] = str(e)[:300]
+            if "fuseg_first_call_s" in row and "inductor_first_call_s" in row:
+                row["first_call_vs_inductor"] = row["fuseg_first_call_s"] / row["inductor_first_call_s"]
+        rows.append(row)
+        if progress:
+            print(_line(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def _line(row: dict[str, Any]) -> str:
+    def f(k: str, fmt: str = "{:.3f}") -> str:
+        return fmt.format(row[k]) if k in row else "-"
+    return (f"{row['model']:>14}  eager {f('eager_ms')} ms  inductor {f('inductor_ms')}  fuseg {f('fuseg_ms')}  "
+            f"fuseg/eager {f('fuseg_vs_eager', '{:.2f}')}  fuseg/inductor {f('fuseg_vs_inductor', '{:.2f}')}  "
+            f"first call {f('fuseg_first_call_s', '{:.1f}')} s vs {f('inductor_first_call_s', '{:.1f}')} s")
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(key: str, which: list[dict[str, Any]]) -> float | None:
+        vals = [r[key] for r in which if key in r]
+        return statistics.median(vals) if vals else None
+    out: dict[str, Any] = {}
+    for part, which in (("all", rows), ("zoo", [r for r in rows if not r["held_out"]]),
+                        ("held_out", [r for r in rows if r["held_out"]])):
+        out[part] = {"models": len(which),
+                     "median_fuseg_vs_eager": med("fuseg_vs_eager", which),
+                     "median_fuseg_vs_inductor": med("fuseg_vs_inductor", which),
+                     "slower_than_eager": [r["model"] for r in which if r.get("fuseg_vs_eager", 0) > 1],
+                     "median_first_call_vs_inductor": med("first_call_vs_inductor", which),
+                     "max_first_call_vs_inductor": max((r["first_call_vs_inductor"] for r in which
+                                                        if "first_call_vs_inductor" in r), default=None)}
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "fuseg_vs_eager" in r]
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(rows)), 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["fuseg_vs_eager"] for r in rows], 0.4, label="fuseg / eager")
+    ax.bar([x + 0.2 for x in xs], [r.get("fuseg_vs_inductor", float("nan")) for r in rows], 0.4,
+           label="fuseg / inductor")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(xs), [r["model"] for r in rows], rotation=60, ha="right")
+    ax.set_ylabel("time ratio (lower is faster)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="*", help=f"default: all ({', '.join(MODELS)})")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--no-first-call", action="store_true")
+    p.add_argument("--out")
+    p.add_argument("--plot")
+    a = p.parse_args(argv)
+    rows = bench_compiled(a.models or list(MODELS), a.rounds, a.calls, not a.no_first_call)
+    result = {"benchmark": "compiled models, CPU", "environment": environment("cpu"),
+              "threads": torch.get_num_threads(), "rounds": a.rounds, "calls": a.calls,
+              "summary": summary(rows), "rows": rows}
+    print(json.dumps(result["summary"], indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    if a.plot:
+        plot(rows, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
