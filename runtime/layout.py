@@ -22,13 +22,17 @@ from segmenter import GraphError, TensorMeta
 # the stride rules live in codegen/index.py (the generator needs them without torch); re-exported here
 from .codegen.index import contiguous_strides, dense_strides
 
-__all__ = ["conform", "contiguous_strides", "dense_copy", "dense_strides", "fresh_in_layout", "reinterpret",
-           "same_strides"]
+__all__ = ["conform", "contiguous_strides", "dense_copy", "dense_strides", "empty_fn", "fresh_in_layout",
+           "reinterpret", "reinterpret_fn", "same_strides"]
 
 try:  # the C++ fast path Inductor's wrapper uses (no dispatcher round trip): 2x cheaper than as_strided
     from torch._C._dynamo.guards import _reinterpret_tensor as _reinterpret
 except ImportError:  # pragma: no cover - older/newer torch without it
     _reinterpret = None
+try:
+    from torch._C._dynamo.guards import _empty_strided_cpu as _empty_cpu
+except ImportError:  # pragma: no cover
+    _empty_cpu = None
 
 
 def reinterpret(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...], delta: int) -> torch.Tensor:
@@ -38,6 +42,19 @@ def reinterpret(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...]
     if _reinterpret is not None and not t.requires_grad:
         return _reinterpret(t, shape, stride, delta)
     return t.as_strided(shape, stride, t.storage_offset() + delta)
+
+
+def reinterpret_fn(fast: bool):
+    """What a program variant calls to make a view (Note [fast and safe programs] in runtime/program.py)."""
+    return _reinterpret if fast and _reinterpret is not None else reinterpret
+
+
+def empty_fn(fast: bool, device: torch.device):
+    """``(shape, stride, dtype) -> tensor`` for a program variant: the allocation Inductor's CPU
+    wrapper uses where no dispatch mode may need to see it, ``torch.empty_strided`` otherwise."""
+    if fast and device.type == "cpu" and _empty_cpu is not None:
+        return _empty_cpu
+    return lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
 def same_strides(t: torch.Tensor, m: TensorMeta) -> bool:

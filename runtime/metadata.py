@@ -31,7 +31,7 @@ def emit_metadata(code: Code, graph: FusionGraph, seg: Segment, dying: frozenset
         views.append((o, src, want, want.storage_offset - have.storage_offset))
     if replay:  # the view ops themselves, in order: a view(dtype) keeps its storage, reads another dtype
         emit_nodes(code, seg.nodes, set(seg.outputs) | set(seg.inputs), {})
-    rt = code.const(layout.reinterpret)
+    rt = code.const(layout.reinterpret_fn(code.fast))
     for o, src, want, delta in views:
         code.line(f"{code.var(o)} = {rt}({code.var(src)}, {code.const(want.shape)}, {code.const(want.stride)}, {delta})")
     dead = [v for v in seg.inputs if v in dying]

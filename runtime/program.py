@@ -14,12 +14,14 @@ function (Note [generated wrapper] in runtime/wrapper.py): ``program.source`` sh
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from segmenter import Segment, SegmentedFusion, SegmentKind
+from segmenter.ir import view_roots
 from segmenter.reference import check_inputs, finish
 
 from .backends import BuildContext, SegmentLaunch, backends_for
@@ -103,7 +105,8 @@ class CompiledProgram:
             Launch(self, seg.index, seg.kind, chosen[seg.index].backend if seg.index in chosen else "metadata",
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
             for seg in plan.segments)
-        self._fn, self.source = self._program_function()
+        self._fast, self.source = self._program_function(fast=True)
+        self._check = self._check_function()
 
     def _choose(self, choices: list, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
         passed: list[tuple[str, str]] = []
@@ -130,18 +133,87 @@ class CompiledProgram:
         else:
             self._chosen[seg.index].emit(code, dying, guard)
 
-    def _program_function(self) -> tuple[Callable[..., list[torch.Tensor]], str]:
+    def _program_function(self, fast: bool, timed: list[float] | None = None,
+                          ) -> tuple[Callable[..., list[torch.Tensor]], str]:
+        """The program as one function (Note [generated wrapper]). ``timed``: a list that gets the
+        seconds spent in each launch added up (``profile_launches``)."""
         graph = self.graph
-        code = Code()
+        code = Code(fast)
         params = [code.var(v) for v in graph.input_names]
+        if timed is not None:
+            clock = code.const(time.perf_counter)
+            acc = code.const(timed)
         for seg in self.plan.segments:
             code.line(f"# segment {seg.index}: {seg.kind.value} on {self.launches[seg.index].backend}")
+            if timed is not None:
+                code.line(f"_t0 = {clock}()")
             self._emit_launch(code, seg, guard=False)
+            if timed is not None:
+                code.line(f"{acc}[{seg.index}] += {clock}() - _t0")
         needed = list(dict.fromkeys([*graph.outputs, *(m.value for m in graph.mutations)]))
-        returns = (f"{code.const(finish)}({code.const(graph)}, [{', '.join(params)}], "
-                   f"dict(zip({code.const(tuple(needed))}, ({''.join(code.var(v) + ', ' for v in needed)}))), "
-                   f"{code.const(self.written_in_place)})")
+        if self._plain_outputs():
+            returns = f"[{', '.join(code.var(v) for v in graph.outputs)}]"
+        else:
+            returns = (f"{code.const(finish)}({code.const(graph)}, [{', '.join(params)}], "
+                       f"dict(zip({code.const(tuple(needed))}, ({''.join(code.var(v) + ', ' for v in needed)}))), "
+                       f"{code.const(self.written_in_place)})")
         return code.function("fuseg_program", params, code.lines, returns)
+
+    def _plain_outputs(self) -> bool:
+        """Whether the outputs can be handed back as they are (no ``finish``): no input is mutated,
+        no output was a view in the original program, and no output may share a storage with an
+        input or with another output (every one is a buffer the program made for it alone)."""
+        g = self.graph
+        if g.mutations or any(a is not None for a in g.output_aliases) or len(set(g.outputs)) < len(g.outputs):
+            return False
+        roots = view_roots(g)
+        inputs = set(g.input_names)
+        seen: set[str] = set()
+        for o in g.outputs:
+            r = roots.get(o, o)
+            if r in inputs or r in seen:
+                return False
+            seen.add(r)
+        return True
+
+    def _check_function(self) -> Callable[..., bool]:
+        """``check(*inputs) -> bool``: True where every input has exactly the planned layout and
+        no two share a storage (a False is explained by ``check_inputs``, which raises)."""
+        g = self.graph
+        code = Code()
+        params = [f"v{i}" for i in range(len(g.inputs))]
+        tests = []
+        for v, inp in zip(params, g.inputs):
+            m = inp.meta
+            dev = {"cpu": f"{v}.is_cpu", "cuda": f"{v}.is_cuda"}.get(m.device_type,
+                                                                     f"{v}.device.type == {code.const(m.device_type)}")
+            tests.append(f"{v}.dtype == {code.const(m.dtype)} and {v}.shape == {code.const(m.shape)} and "
+                         f"{v}.stride() == {code.const(m.stride)} and {v}.storage_offset() == {m.storage_offset} and {dev}")
+        if len({i.storage for i in g.inputs}) == len(g.inputs) > 1:
+            tests.append(f"len({{{', '.join(f'{v}.untyped_storage()._cdata' for v in params)}}}) == {len(params)}")
+        elif g.storage_groups():
+            tests.append("False")  # inputs that share a storage: check_inputs decides
+        body = [f"    return {' and '.join(tests) or 'True'}"]
+        fn, _ = code.function("fuseg_check", params, body, None)
+        return fn
+
+    @functools.cached_property
+    def _safe(self) -> Callable[..., list[torch.Tensor]]:
+        return self._program_function(fast=False)[0]
+
+    def profile_launches(self, *inputs: torch.Tensor, calls: int = 100) -> list[dict[str, Any]]:
+        """Mean microseconds per call spent in each launch (a timed variant of the program, run
+        ``calls`` times on ``inputs``): where a call's time goes, launch by launch."""
+        check_inputs(self.graph, inputs)
+        timed = [0.0] * len(self.plan.segments)
+        fn, _ = self._program_function(fast=_plain_call(inputs), timed=timed)
+        fn(*inputs)
+        timed[:] = [0.0] * len(timed)
+        for _ in range(calls):
+            fn(*inputs)
+        return [{"segment": la.segment, "kind": la.kind.value, "backend": la.backend,
+                 "ops": [n.op for n in self.plan.segments[la.segment].nodes], "us": t / calls * 1e6}
+                for la, t in zip(self.launches, timed)]
 
     def _launch_function(self, launch: Launch) -> Callable[[Env], None]:
         seg = self.plan.segments[launch.segment]
@@ -185,8 +257,39 @@ class CompiledProgram:
         return [f"{k} ({n} kernel segments fell back)" for k, n in counts.items()]
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        check_inputs(self.graph, inputs)
-        return self._fn(*inputs)
+        try:
+            ok = self._check(*inputs)
+        except (AttributeError, TypeError):  # not a tensor: check_inputs says which
+            ok = False
+        if not ok:
+            check_inputs(self.graph, inputs)
+        return self.run_checked(*inputs)
+
+    def run_checked(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        """The program on inputs already known to match its signature (``accepts``)."""
+        return (self._fast if _plain_call(inputs) else self._safe)(*inputs)
+
+    def accepts(self, *inputs: Any) -> bool:
+        """Whether ``inputs`` match the signature exactly (cheap: one generated comparison)."""
+        try:
+            return bool(self._check(*inputs))
+        except (AttributeError, TypeError):
+            return False
+
+
+# Note [fast and safe programs]: a program is generated in two variants. The fast one makes its
+# views and buffers without a dispatcher round trip (``_reinterpret_tensor`` and
+# ``_empty_strided_cpu``, as Inductor's CPU wrapper does); it runs when nothing could observe the
+# difference: no dispatch mode is active (runtime.memory.PeakTracker, FakeTensorMode) and autograd
+# records nothing (grad mode off, or no input requires grad). Otherwise the safe one runs, with
+# ``as_strided`` and ``torch.empty_strided`` (made on first need).
+def _plain_call(inputs: Sequence[torch.Tensor]) -> bool:
+    if _dispatch_modes():
+        return False
+    return not torch.is_grad_enabled() or not any(t.requires_grad for t in inputs)
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 def compile_program(plan: SegmentedFusion, backend: str = "auto") -> CompiledProgram:

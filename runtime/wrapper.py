@@ -31,7 +31,9 @@ _ids = itertools.count()
 class Code:
     """Lines of Python under construction, the locals they use and the globals they need."""
 
-    def __init__(self) -> None:
+    def __init__(self, fast: bool = False) -> None:
+        #: emit the dispatcher-free variants of views and allocations (Note [fast and safe programs])
+        self.fast = fast
         self.lines: list[str] = []
         self.globals: dict[str, Any] = {}
         self._vars: dict[str, str] = {}

@@ -103,7 +103,7 @@ class KernelLaunch(SegmentLaunch):
         dead = [v for v in self.segment.inputs if v in dying]
         if dead:
             code.line("del " + ", ".join(code.var(v) for v in dead))
-        rt = code.const(layout.reinterpret)
+        rt = code.const(layout.reinterpret_fn(code.fast))
         for o, b, m, delta in self.views:  # views stay views of what they view, as in the program
             code.line(f"{code.var(o)} = {rt}({code.var(b)}, {code.const(m.shape)}, {code.const(m.stride)}, {delta})")
         if self.hidden:
@@ -116,10 +116,8 @@ class KernelLaunch(SegmentLaunch):
                 emit_torch(code, ctx, self.segment, dying)
 
     def alloc(self, code: Code, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> str:
-        # torch.empty_strided, not the dispatcher-free allocation Inductor uses: dispatch modes
-        # (runtime.memory.PeakTracker) must see every buffer the program makes
-        return (f"{code.const(torch.empty_strided)}({code.const(shape)}, {code.const(stride)}, "
-                f"dtype={code.const(dtype)}, device={code.const(self.ctx.device)})")
+        empty = code.const(layout.empty_fn(code.fast, self.ctx.device))
+        return f"{empty}({code.const(shape)}, {code.const(stride)}, {code.const(dtype)})"
 
     def emit_call(self, code: Code, tensors: list[str]) -> None:
         raise NotImplementedError

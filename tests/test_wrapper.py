@@ -1,0 +1,101 @@
+"""The generated program (runtime/wrapper.py, Note [generated wrapper]): what its source may hold,
+its two variants, the backend registry, and the torch.compile backend's options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import runtime
+from alias import apply_aliases
+from runtime.backends import BACKENDS
+from runtime.backends.base import Backend
+from segmenter import FusionGraph, GraphInput, Node, TensorMeta, ValueRef, capture, segment
+
+from .util import assert_matches_eager
+
+
+def _program(fn, inputs, mode="post", backend="auto"):
+    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), mode), backend=backend)
+
+
+def test_no_name_from_the_graph_reaches_the_source() -> None:
+    evil = "x=__import__('os').system('touch p')"
+    f32 = torch.float32
+    graph = FusionGraph(
+        inputs=(GraphInput(evil, TensorMeta((2, 3), (3, 1), 0, f32)),),
+        nodes=(Node("n; import os", "aten.mul.Tensor", (ValueRef(evil), 2.5), (), ("y'); os.system('x",),
+                    (TensorMeta((2, 3), (3, 1), 0, f32),)),
+               Node("t", "aten.t.default", (ValueRef("y'); os.system('x"),), (), ("z",),
+                    (TensorMeta((3, 2), (1, 3), 0, f32),))),
+        outputs=("z",),
+    )
+    for backend in ("torch", "cpp"):
+        program = runtime.compile(apply_aliases(segment(graph), "post"), backend=backend)
+        assert "os" not in program.source and "import" not in program.source and "2.5" not in program.source
+        x = torch.randn(2, 3)
+        (z,) = program(x)
+        torch.testing.assert_close(z, (x * 2.5).t())
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_safe_variant_under_autograd_and_dispatch_modes(backend: str) -> None:
+    """Views a program makes keep autograd's view tracking where autograd records (the safe
+    variant); the fast one runs where nothing can observe the difference."""
+    def fn(x):
+        return x.t(), (x * 2)[1:]
+
+    x = torch.randn(4, 5, requires_grad=True)
+    plan = apply_aliases(segment(capture(fn, [x.detach()])), "post")
+    program = runtime.compile(plan, backend=backend)
+    with torch.no_grad():
+        assert_matches_eager(fn, [x.detach()], plan.graph, program=program)
+    t, _ = program(x)  # grad mode on, an input requires grad: the safe variant
+    assert t._base is x and t.requires_grad
+
+
+def test_profile_launches_covers_every_launch() -> None:
+    def fn(x, w):
+        return torch.softmax(x @ w, -1)[:, :3] * 2
+
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    program = _program(fn, [x, w])
+    rows = program.profile_launches(x, w, calls=5)
+    assert [r["segment"] for r in rows] == [la.segment for la in program.launches]
+    assert all(r["us"] >= 0 for r in rows) and sum(r["us"] for r in rows) > 0
+    assert {r["backend"] for r in rows} >= {"torch", "cpp"}
+
+
+def test_registry_order_and_interface() -> None:
+    assert [b.name for b in BACKENDS] == ["nvfuser", "cupy", "cpp", "torch"]
+    assert all(isinstance(b, Backend) for b in BACKENDS)
+    program = _program(lambda x: x.exp() + 1, [torch.randn(3)], backend="torch")
+    assert set(program.backend_of.values()) == {"torch"} and program.passed_over == {}
+
+
+def test_torch_compile_options_choose_the_kernel_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime.dynamo
+
+    def fn(x):
+        return torch.sin(x) * 2 + 1
+
+    made = []
+
+    def recording(plan, backend="auto"):
+        program = runtime.CompiledProgram(plan, backend)
+        made.append((plan.alias_mode, backend, set(program.backend_of.values())))
+        return program
+
+    monkeypatch.setattr(runtime.dynamo, "CompiledProgram", recording)
+    x = torch.randn(5, 6)
+    for options, want in (({"backend": "torch", "alias_mode": "pre"}, ("pre", "torch", {"torch"})),
+                          (None, ("post", "auto", {"cpp"}))):
+        torch._dynamo.reset()
+        made.clear()
+        out = torch.compile(fn, backend="fuseg", options=options)(x)
+        torch.testing.assert_close(out, fn(x))
+        assert made == [want]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown options"):
+        torch.compile(fn, backend="fuseg", options={"alias": "pre"})(x)
+    torch._dynamo.reset()
