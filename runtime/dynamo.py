@@ -10,6 +10,7 @@ compiles again, never misreads.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -91,7 +92,10 @@ def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: 
     """
     from torch._dynamo.backends.common import aot_autograd
 
-    opts = dict(options.get("options") or {}, **{k: v for k, v in options.items() if k != "options"})
+    if options.get("mode") is not None:
+        warnings.warn(f"fuseg: torch.compile(mode={options['mode']!r}) is Inductor's setting; fuseg ignores it",
+                      stacklevel=2)
+    opts = dict(options.get("options") or {}, **{k: v for k, v in options.items() if k not in ("options", "mode")})
     unknown = set(opts) - {"alias_mode", "backend"}
     if unknown:
         raise ValueError(f"fuseg: unknown options {sorted(unknown)} (known: alias_mode, backend)")
