@@ -185,3 +185,22 @@ def test_a_row_kernel_compiles_to_an_object_file() -> None:
     k = next(iter(_program(fn, inputs).kernels.values()))
     r = nvcc_check(k, ptx_only=False)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_cpu_exp_within_one_ulp_and_exact_at_the_edges() -> None:
+    """Note [vectorizable exp]: the C++ target's float exp against the exact value (in double)."""
+    x = torch.cat([torch.linspace(-103.9, 88.72, 1_000_003), torch.randn(10_000) * 10,
+                   torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.73, -104.0, -87.5, -100.0])])
+    prog = _program(lambda t: t.exp(), [x])
+    assert prog.backend_of == {0: "cpp"}
+    (got,) = prog(x)
+    exact = torch.exp(x.double())
+    normal = (exact >= torch.finfo(torch.float32).tiny) & (exact <= torch.finfo(torch.float32).max)
+    ulp = (got.double() - exact).abs() / (exact.abs() * torch.finfo(torch.float32).eps)
+    assert ulp[normal].max() <= 1.0, ulp[normal].max()
+    sub = ~normal & torch.isfinite(x)  # denormal results: off by at most one denormal step
+    assert ((got.double() - exact)[sub & (exact < 1)].abs() <= 2.0 ** -149).all()
+    assert torch.equal(got[-9:].isnan(), torch.tensor([True] + [False] * 8))
+    assert got[-8:].tolist() == [float("inf"), 0.0, 1.0, 1.0, float("inf"), 0.0, torch.exp(torch.tensor(-87.5)).item(),
+                                 got[-1].item()]
+    assert got[-1] > 0  # exp(-100) is a denormal, not flushed to zero

@@ -40,8 +40,10 @@ def cache_dir() -> str:
 
 #: -O3 and the machine's own instruction set: loops over unit strides vectorize (Note [pointwise
 #: loops]); OpenMP shares big loops among torch's threads (torch's libgomp is the one loaded);
-#: ISO C++ keeps floating-point contraction off and no fast-math, so results stay those of eager
-CPU_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math")
+#: ISO C++ keeps floating-point contraction off and no fast-math, so results stay those of eager;
+#: without trapping math, branches that pick a value (clamps, NaN rules) become vector selects
+CPU_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math",
+             "-fno-trapping-math")  # no code reads FP exception flags; selects may then vectorize
 
 
 @functools.cache

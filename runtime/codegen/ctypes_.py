@@ -127,6 +127,8 @@ _CUDA = r"""
 #define FUSEG_BLOCK_DIM ((FUSEG_I)blockDim.x)
 FUSEG_FN float fuseg_bits2f(unsigned int u) { return __uint_as_float(u); }
 FUSEG_FN unsigned int fuseg_f2bits(float f) { return __float_as_uint(f); }
+FUSEG_FN float fuseg_exp(float x) { return expf(x); }
+FUSEG_FN double fuseg_exp(double x) { return exp(x); }
 """ + _COMMON + r"""
 // One value per thread in, the block's combined value out, in every thread.
 template <class T, T (*OP)(T, T)> __device__ T fuseg_block_reduce(T v, T identity) {
@@ -164,7 +166,36 @@ static inline float fuseg_bits2f(unsigned int u) { float f; memcpy(&f, &u, 4); r
 static inline unsigned int fuseg_f2bits(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 static inline float rsqrt(float x) { return 1.0f / sqrt(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+// Note [vectorizable exp]: libm's expf is a call the compiler cannot vectorize, so a float exp on
+// the CPU is this branch-free one (as ATen's CPU kernels use a vectorized exp of their own, not
+// libm's): Cody-Waite reduction by ln 2, a degree-6 polynomial, 2^n applied in two factors (so
+// results down to the denormals are right); within 1 ulp of the exact value over [-103.97, 88.72]
+// (tests/test_codegen.py checks it), inf/0 beyond, NaN kept.
+static inline float fuseg_exp(float x) {
+  float n = __builtin_rintf(x * 1.44269504088896341f);
+  n = n < -152.f ? -152.f : (n > 129.f ? 129.f : n);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int ni = (int)n, h = ni / 2;
+  float y = p * fuseg_bits2f((unsigned int)(h + 127) << 23) * fuseg_bits2f((unsigned int)(ni - h + 127) << 23);
+  y = x > 88.72283935546875f ? FUSEG_INF : y;
+  y = x < -103.97208404541015625f ? 0.0f : y;
+  return x != x ? x : y;
+}
+static inline double fuseg_exp(double x) { return exp(x); }
 """ + _COMMON + r"""
+// Reductions a row pass may vectorize (#pragma omp simd): NaN propagates as in fuseg_max/min.
+#pragma omp declare reduction(fuseg_max : float : omp_out = fuseg_max<float>(omp_out, omp_in)) initializer(omp_priv = -FUSEG_INF)
+#pragma omp declare reduction(fuseg_max : double : omp_out = fuseg_max<double>(omp_out, omp_in)) initializer(omp_priv = -(double)FUSEG_INF)
+#pragma omp declare reduction(fuseg_min : float : omp_out = fuseg_min<float>(omp_out, omp_in)) initializer(omp_priv = FUSEG_INF)
+#pragma omp declare reduction(fuseg_min : double : omp_out = fuseg_min<double>(omp_out, omp_in)) initializer(omp_priv = (double)FUSEG_INF)
 // One thread per block on the CPU: the block's value is the thread's.
 template <class T, T (*OP)(T, T)> static inline T fuseg_block_reduce(T v, T) { return v; }
 """

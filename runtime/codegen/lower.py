@@ -355,7 +355,7 @@ class _Lowerer:
         if op in ("aten._softmax.default", "aten._log_softmax.default"):
             m, s = self.regs[(node.name, -1)], self.regs[(node.name, -2)]
             if op == "aten._softmax.default":
-                return f"(exp({xv} - {m}) / {s})"
+                return f"(fuseg_exp({xv} - {m}) / {s})"
             return f"({xv} - {m} - log({s}))"
         if op == "aten.native_layer_norm.default" and k == 0:
             mean, rstd = self.regs[(node.name, 1)], self.regs[(node.name, 2)]

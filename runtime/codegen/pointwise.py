@@ -101,13 +101,13 @@ _U = {
     "relu": "({x} < ({ct})0 ? ({ct})0 : {x})", "sign": "(({ct})(({x} > ({ct})0) - ({x} < ({ct})0)))",
 }
 _UF = {  # floating point only
-    "exp": "exp({x})", "exp2": "exp2({x})", "expm1": "expm1({x})", "log": "log({x})", "log2": "log2({x})",
+    "exp": "fuseg_exp({x})", "exp2": "exp2({x})", "expm1": "expm1({x})", "log": "log({x})", "log2": "log2({x})",
     "log10": "log10({x})", "log1p": "log1p({x})", "sqrt": "sqrt({x})", "rsqrt": "rsqrt({x})",
     "sin": "sin({x})", "cos": "cos({x})", "tan": "tan({x})", "tanh": "tanh({x})", "sinh": "sinh({x})",
     "cosh": "cosh({x})", "asin": "asin({x})", "acos": "acos({x})", "atan": "atan({x})", "erf": "erf({x})",
     "erfc": "erfc({x})", "floor": "floor({x})", "ceil": "ceil({x})", "trunc": "trunc({x})",
-    "round": "rint({x})", "sigmoid": "(({ct})1 / (({ct})1 + exp(-{x})))",
-    "silu": "({x} / (({ct})1 + exp(-{x})))",
+    "round": "rint({x})", "sigmoid": "(({ct})1 / (({ct})1 + fuseg_exp(-{x})))",
+    "silu": "({x} / (({ct})1 + fuseg_exp(-{x})))",
 }
 
 ELEMENTWISE: dict[str, Rule] = {}

@@ -191,6 +191,14 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             head.append(f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{")
         return b, idx, head
 
+    def simd(head: list[str], clause: str = "") -> list[str]:
+        """Note [vectorized row passes]: on the CPU a pass over a row is one loop with no dependence
+        between iterations but its reduction, so it is marked ``omp simd`` (the sums reassociate
+        into vector lanes, as ATen's vectorized CPU reductions do; max/min keep their NaN rule)."""
+        if cached:
+            return head
+        return ["#ifndef __CUDACC__", f"#pragma omp simd{clause}", "#endif", *head]
+
     def reduce_pass(ct: str, combine: str, element) -> str:
         """One block-wide pass; ``element(body, idx)`` is the value combined. The row variable."""
         acc_ct = "int" if ct == "bool" else ct
@@ -201,6 +209,9 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         e = element(b, idx)
         lw.cache_fill = False
         lines.append(f"    {acc_ct} {acc} = ({acc_ct})({ident});")
+        if acc_ct in ("float", "double", "long long") and combine in ("fuseg_sum", "fuseg_max", "fuseg_min"):
+            op = "+" if combine == "fuseg_sum" else combine
+            head = simd(head, f" reduction({op}:{acc})")
         lines.extend(head)
         lines.extend(b.lines)
         lines.append(f"      {acc} = {combine}<{acc_ct}>({acc}, ({acc_ct})({e}));")
@@ -256,7 +267,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             m = reduce_pass(ct, "fuseg_max", xval)
             # exp(x - m) with m = -inf (a row of -inf) is exp(nan): use 0 as the shift there, as torch does
             shift = row_let(ct, f"(({m}) == -{literal(float('inf'), ct)} ? ({ct})0 : {m})")
-            s = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval, shift=shift: f"exp({xval(b, idx)} - {shift})")
+            s = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval, shift=shift: f"fuseg_exp({xval(b, idx)} - {shift})")
             if name == "logsumexp":
                 lw.regs[(node.name, 0)] = row_let(ct, f"log({s}) + {shift}")
             else:
@@ -280,7 +291,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         b, idx, head = j_loop(lw.fresh("W"))
         for p in full:
             store_output(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
-        lines.extend(head)
+        lines.extend(simd(head))
         lines.extend(b.lines)
         lines.append("    }")
     if rowouts:
