@@ -36,4 +36,4 @@ def emit_metadata(code: Code, graph: FusionGraph, seg: Segment, dying: frozenset
         code.line(f"{code.var(o)} = {rt}({code.var(src)}, {code.const(want.shape)}, {code.const(want.stride)}, {delta})")
     dead = [v for v in seg.inputs if v in dying]
     if dead:
-        code.line("del " + ", ".join(code.var(v) for v in dead))
+        code.dels(dead)

@@ -31,7 +31,10 @@ from .inplace import plan_in_place_writes
 from .metadata import emit_metadata
 from .wrapper import Code
 
-__all__ = ["CompiledProgram", "Launch", "compile_program"]
+__all__ = ["FOLD_BYTES", "CompiledProgram", "Launch", "compile_program"]
+
+#: most bytes of values a program computes once when compiled (Note [folded segments])
+FOLD_BYTES = 16 << 20
 
 Env = dict[str, torch.Tensor]
 
@@ -101,12 +104,51 @@ class CompiledProgram:
         for b, _ in choices:  # every backend compiles its kernels together
             b.build_all([launch for launch in chosen.values() if launch.backend == b.name])
         self._chosen = chosen
+        self.folded, self._fixed = self._fold()
         self.launches = tuple(
             Launch(self, seg.index, seg.kind, chosen[seg.index].backend if seg.index in chosen else "metadata",
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
             for seg in plan.segments)
         self._fast, self.source = self._program_function(fast=True)
         self._check = self._check_function()
+
+    def _fold(self) -> tuple[frozenset[int], dict[str, torch.Tensor]]:
+        """Note [folded segments]: a segment that reads no graph input (position ids, a causal
+        mask, ``arange``...) computes the same values on every call: it runs once, here, and the
+        program reads what it made (as Inductor's constants). Not folded: OPAQUE segments (random
+        ops, ops with effects), segments whose values a graph output or a write-back may see (a
+        caller could write into them), and values past ``FOLD_BYTES`` in all (memory held for the
+        program's life). Returns the folded segments and the values later launches read."""
+        graph, plan = self.graph, self.plan
+        roots = view_roots(graph)
+        exposed = {roots.get(v, v) for v in (*graph.outputs, *(m.value for m in graph.mutations))}
+        made: set[str] = set()
+        folded: list[Segment] = []
+        budget = FOLD_BYTES
+        for seg in plan.segments:
+            if seg.kind == SegmentKind.OPAQUE or not all(v in made for v in seg.inputs):
+                continue
+            outs = [o for n in seg.nodes for o in n.outputs if o is not None]
+            if any(o in exposed or roots.get(o, o) in exposed for o in outs):
+                continue
+            size = sum(graph.metas[o].nbytes for o in seg.outputs if seg.kind != SegmentKind.METADATA)
+            if size > budget:
+                continue
+            budget -= size
+            made.update(seg.outputs)
+            folded.append(seg)
+        if not folded:
+            return frozenset(), {}
+        done = {s.index for s in folded}
+        later = [v for s in plan.segments if s.index not in done for v in s.inputs if v in made]
+        wanted = list(dict.fromkeys(later))
+        code = Code(fast=False)
+        for seg in folded:
+            self._emit_launch(code, seg, guard=False, dying=frozenset())
+        fn, _ = code.function("fuseg_fold", [], code.lines, f"[{', '.join(code.var(v) for v in wanted)}]")
+        with torch.no_grad():
+            values = fn()
+        return frozenset(done), dict(zip(wanted, values))
 
     def _choose(self, choices: list, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
         passed: list[tuple[str, str]] = []
@@ -126,8 +168,9 @@ class CompiledProgram:
 
     # --- the generated function -------------------------------------------------------------
 
-    def _emit_launch(self, code: Code, seg: Segment, guard: bool) -> None:
-        dying = self.ctx.dying.get(seg.index, frozenset())
+    def _emit_launch(self, code: Code, seg: Segment, guard: bool, dying: frozenset[str] | None = None) -> None:
+        if dying is None:
+            dying = self.ctx.dying.get(seg.index, frozenset())
         if seg.kind == SegmentKind.METADATA:
             emit_metadata(code, self.graph, seg, dying)
         else:
@@ -140,10 +183,15 @@ class CompiledProgram:
         graph = self.graph
         code = Code(fast)
         params = [code.var(v) for v in graph.input_names]
+        for v, t in self._fixed.items():
+            code.fixed(v, t)
         if timed is not None:
             clock = code.const(time.perf_counter)
             acc = code.const(timed)
         for seg in self.plan.segments:
+            if seg.index in self.folded:
+                code.line(f"# segment {seg.index}: {seg.kind.value}, folded (computed when compiled)")
+                continue
             code.line(f"# segment {seg.index}: {seg.kind.value} on {self.launches[seg.index].backend}")
             if timed is not None:
                 code.line(f"_t0 = {clock}()")
@@ -220,6 +268,7 @@ class CompiledProgram:
         code = Code()
         env = "env"
         reads = list(dict.fromkeys([*seg.inputs, *self.ctx.targets(seg).values()]))
+        # (a launch run alone computes its values even where the program folded it)
         for v in reads:
             code.line(f"{code.var(v)} = {env}[{code.const(v)}]")
         self._emit_launch(code, seg, guard=True)

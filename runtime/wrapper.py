@@ -39,6 +39,7 @@ class Code:
         self._vars: dict[str, str] = {}
         self._consts: dict[int, str] = {}  # id(obj) -> name, for objects bound once
         self._keep: list[Any] = []  # keeps every bound object alive while its id is a key
+        self._fixed: set[str] = set()
         self.indent = "    "
 
     # --- names ------------------------------------------------------------------------------
@@ -52,6 +53,18 @@ class Code:
 
     def has_var(self, value: str) -> bool:
         return value in self._vars
+
+    def fixed(self, value: str, obj: Any) -> None:
+        """Graph value ``value`` is ``obj`` on every call (computed once, at compile time): its
+        uses read a global, and it is never deleted."""
+        self._vars[value] = self.const(obj, "_f")
+        self._fixed.add(value)
+
+    def dels(self, values: Iterable[str]) -> None:
+        """``del`` the locals of these values (values fixed at compile time are left alone)."""
+        names = [self.var(v) for v in values if v not in self._fixed]
+        if names:
+            self.line("del " + ", ".join(names))
 
     def const(self, obj: Any, prefix: str = "_c") -> str:
         """A global name bound to ``obj`` (the same object gets the same name)."""

@@ -99,3 +99,36 @@ def test_torch_compile_options_choose_the_kernel_backend(monkeypatch: pytest.Mon
     with pytest.raises(Exception, match="unknown options"):
         torch.compile(fn, backend="fuseg", options={"alias": "pre"})(x)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_segments_reading_no_input_run_once_when_compiled(backend: str) -> None:
+    """Note [folded segments]: a triangular matrix built from arange is computed when compiled; the
+    program's results do not change, and nothing folded is handed to the caller."""
+    def fn(x):
+        n = x.shape[-1]
+        mask = (torch.arange(n)[None, :] <= torch.arange(n)[:, None]).float()  # feeds a matmul: a launch of its own
+        return (x @ mask).softmax(-1)
+
+    x = torch.randn(6, 6)
+    program = _program(fn, [x], backend=backend)
+    assert program.folded, program.source
+    assert all(f"segment {i}: " in program.source and "folded" in program.source for i in program.folded)
+    for _ in range(2):
+        y = torch.randn(6, 6)
+        torch.testing.assert_close(program(y)[0], fn(y))
+
+
+def test_a_value_the_caller_sees_is_never_folded() -> None:
+    def fn(x):
+        return x + 1, torch.arange(4.0) * 2, torch.ones(3)[1:]
+
+    x = torch.randn(4)
+    program = _program(fn, [x])
+    assert not program.folded
+    a = program(x)
+    a[1].add_(100)  # the caller owns what it gets: the next call is not affected
+    a[2].add_(100)
+    b = program(x)
+    torch.testing.assert_close(b[1], torch.arange(4.0) * 2)
+    torch.testing.assert_close(b[2], torch.ones(2))

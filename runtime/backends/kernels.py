@@ -102,12 +102,12 @@ class KernelLaunch(SegmentLaunch):
             self.emit_call(code, [code.var(p.value) for p in (*ins, *outs)])
         dead = [v for v in self.segment.inputs if v in dying]
         if dead:
-            code.line("del " + ", ".join(code.var(v) for v in dead))
+            code.dels(dead)
         rt = code.const(layout.reinterpret_fn(code.fast))
         for o, b, m, delta in self.views:  # views stay views of what they view, as in the program
             code.line(f"{code.var(o)} = {rt}({code.var(b)}, {code.const(m.shape)}, {code.const(m.stride)}, {delta})")
         if self.hidden:
-            code.line("del " + ", ".join(code.var(v) for v in sorted(self.hidden)))
+            code.dels(sorted(self.hidden))
         if guard:
             code.indent = code.indent[:-4]
             code.line("else:")

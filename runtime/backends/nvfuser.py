@@ -237,7 +237,7 @@ class NvFuserLaunch(SegmentLaunch):
         code.line(f"_r = {code.const(self)}([{', '.join(code.var(v) for v in self.args)}])")
         dead = [v for v in self.segment.inputs if v in dying]
         if dead:
-            code.line("del " + ", ".join(code.var(v) for v in dead))
+            code.dels(dead)
         conform = code.const(layout.conform)
         for i, o in enumerate(self.returned):  # the planned layout, as torch's launch hands it on
             code.line(f"{code.var(o)} = {conform}(_r[{i}], {code.const(graph.metas[o])}, {code.const(o)})")

@@ -130,7 +130,7 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
         dead = [v for v in node.inputs if last[v] == k and v not in keep]
         dead += [o for o in node.outputs if o is not None and o not in last and o not in keep]  # never read
         if dead:
-            code.line("del " + ", ".join(code.var(v) for v in dict.fromkeys(dead)))
+            code.dels(dict.fromkeys(dead))
 
 
 def _view_roots_inside(seg: Segment) -> dict[str, str]:
@@ -181,7 +181,7 @@ def emit_torch(code: Code, ctx: BuildContext, seg: Segment, dying: frozenset[str
     emit_outputs(code, ctx, seg, written, roots)
     late = [v for v in dict.fromkeys(roots.values()) if v in dying]
     if late:
-        code.line("del " + ", ".join(code.var(v) for v in late))
+        code.dels(late)
 
 
 class TorchLaunch(SegmentLaunch):
