@@ -46,7 +46,7 @@ def fake_inputs(mode: FakeTensorMode, inputs: Sequence[GraphInput]) -> list[torc
             if base is None or base.dtype != m.dtype:
                 base = torch.empty(max(extent[inp.storage], 1), dtype=m.dtype, device=_fakeable(m.device))
                 bases.setdefault(inp.storage, base)
-            out.append(base.as_strided(m.shape, m.stride, m.storage_offset))
+            out.append(m.with_bits(base.as_strided(m.shape, m.stride, m.storage_offset)))
     return out
 
 
@@ -118,7 +118,7 @@ def _declare(node: Node, env: dict[str, torch.Tensor], mode: FakeTensorMode) -> 
         for name, m in zip(node.outputs, node.metas):
             if name is not None and m is not None:
                 base = torch.empty(max(m.storage_extent, 1), dtype=m.dtype, device=_fakeable(m.device))
-                env[name] = base.as_strided(m.shape, m.stride, m.storage_offset)
+                env[name] = m.with_bits(base.as_strided(m.shape, m.stride, m.storage_offset))
 
 
 def meta_mismatches(graph: FusionGraph) -> list[str]:
