@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
 
+from .layout import Layout, NeedsCopy, apply_view_op
+
 __all__ = ["SegmentAliases", "analyze_segment", "is_true_view"]
 
 def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
@@ -31,8 +33,6 @@ def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
         return False, f"{node.op} computes a new tensor"
     if not node.inputs:
         return False, f"{node.op} has no tensor input"
-    from .layout import Layout, NeedsCopy, apply_view_op
-
     src = graph.metas[node.inputs[0]]
     result = apply_view_op(Layout.from_meta(src), node.op, node.args[1:], dict(node.kwargs))
     if isinstance(result, NeedsCopy):
@@ -41,7 +41,7 @@ def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
     if len(derived) != len(node.outputs):
         return False, f"{node.op}: {len(derived)} views derived for {len(node.outputs)} outputs"
     for o, lay in zip(node.outputs, derived):
-        if o is not None and not lay.to_meta(graph.metas[o].device).same_layout(graph.metas[o]):
+        if o is not None and not lay.matches(graph.metas[o]):
             return False, f"{node.op}: recorded layout {graph.metas[o]} is not the view's ({lay.to_meta()})"
     return True, ""
 

@@ -49,6 +49,15 @@ class Layout:
     def to_meta(self, device: str = "cpu") -> TensorMeta:
         return TensorMeta(self.shape, self.stride, self.offset, self.dtype, device, self.conj, self.neg)
 
+    def matches(self, m: TensorMeta) -> bool:
+        """``m`` is this layout, up to what cannot be observed (TensorMeta.same_layout)."""
+        if (self.shape, self.dtype, self.conj, self.neg) != (m.shape, m.dtype, m.conj, m.neg):
+            return False
+        if 0 in self.shape:
+            return True
+        return self.offset == m.storage_offset and all(
+            a == b for n, a, b in zip(self.shape, self.stride, m.stride) if n > 1)
+
     def moved(self, shape: Sequence[int], stride: Sequence[int], offset: int | None = None) -> Layout:
         """The same storage, dtype and bits, seen with other sizes, strides (and offset)."""
         return Layout(tuple(shape), tuple(stride), self.offset if offset is None else offset, self.dtype,

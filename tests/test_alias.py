@@ -351,3 +351,20 @@ def test_view_kind_ops_the_algebra_does_not_model_stay_kernels() -> None:
             x = torch.randn(4, 3).t()
             torch.testing.assert_close(runtime.compile(plan)(x)[0], run_graph(graph, [x.clone()])[0])
             torch.testing.assert_close(runtime.compile(plan)(x)[0], x + 1)
+
+
+def _circular_pad(x):
+    return torch.nn.functional.pad(x, (1, 2), mode="circular")
+
+
+def test_checker_agrees_with_itself_on_copy_offsets() -> None:
+    """aten.copy of a slice returns a fresh tensor at its self's offset; torch's FakeTensor cache
+    said offset 0 on a second propagation, and the checker flagged correct plans (issue 15)."""
+    inputs = [torch.randn(2, 3, 5)]
+    for _ in range(2):  # the second capture and check run with the cache warm
+        sf, plan = _plan(_circular_pad, inputs, "post")
+        assert check(sf, plan) == []
+    assert_matches_eager(_circular_pad, inputs, plan.graph, program=runtime.compile(plan))
+    inorm = torch.nn.InstanceNorm1d(3)
+    sf, plan = _plan(inorm, [torch.randn(2, 3, 5)], "post")
+    assert check(sf, plan) == []
