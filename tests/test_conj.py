@@ -113,3 +113,21 @@ def test_inputs_with_a_bit_must_match_the_graph() -> None:
 
     with pytest.raises(GraphError, match="input 'x'"):
         program(x.conj())
+
+
+
+def test_bits_round_trip_through_json_and_are_checked() -> None:
+    import json
+
+    from segmenter.serialize import GraphFormatError, from_json, to_json
+
+    graph = capture(lambda x: x.mH, [_c(2, 3)])
+    assert any(m.conj for n in graph.nodes for m in n.metas if m)
+    assert from_json(to_json(graph)) == graph
+    d = json.loads(to_json(capture(lambda r: r * 2, [torch.randn(3)])))
+    d["inputs"][0]["meta"]["conj"] = True  # a float value cannot carry the conjugate bit
+    with pytest.raises(GraphFormatError, match=r"inputs\[0\]"):
+        from_json(json.dumps(d))
+    d["inputs"][0]["meta"]["conj"] = "yes"
+    with pytest.raises(GraphFormatError, match="conj"):
+        from_json(json.dumps(d))
