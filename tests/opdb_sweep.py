@@ -45,7 +45,8 @@ from segmenter.reference import clone_inputs
 from .util import alias_pattern, layout
 
 # torch.testing.assert_close's defaults, what OpInfo's tests use unless an op overrides them
-TOLERANCES = {torch.float32: (1.3e-6, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (1e-3, 1e-5)}
+TOLERANCES = {torch.float32: (1.3e-6, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (1e-3, 1e-5),
+              torch.complex64: (1.3e-6, 1e-5)}
 # ops whose outputs hold uninitialized memory: only their layouts are compared
 _GARBAGE = re.compile(r"(^|\W|_)empty")
 
@@ -74,6 +75,7 @@ class Tally:
     outcomes: list[Outcome] = field(default_factory=list)
     seconds: float = 0.0
     captures: int = 0
+    generated_kernels: int = 0  # segments the C++ backend ran with a generated kernel
 
     def counts(self) -> Counter:
         c: Counter = Counter()
@@ -86,7 +88,8 @@ class Tally:
 
     def __str__(self) -> str:
         c = self.counts()
-        lines = [f"op_db sweep: {len(self.outcomes)} cases, {self.captures} captures, {self.seconds:.0f} s; "
+        lines = [f"op_db sweep: {len(self.outcomes)} cases, {self.captures} captures, "
+                 f"{self.generated_kernels} generated C++ kernels run, {self.seconds:.0f} s; "
                  f"pass {c['pass']}, crash {c['crash']}, wrong {c['wrong']}, "
                  f"refused {sum(n for k, n in c.items() if k.startswith('refused'))}"]
         for k, n in sorted(c.items(), key=lambda kv: -kv[1]):
@@ -290,6 +293,7 @@ def run_batch(cases: Sequence[Case], backends: Sequence[str], tally: Tally) -> l
             got_in = clone_inputs(tensors)
             torch.manual_seed(0)
             got_out = program(*bind_inputs(graph, None, got_in))
+            tally.generated_kernels += sum(b == "cpp" for b in program.backend_of.values())
         except PlanError as e:
             raise _Crash(f"{backend}: {e}") from e
         except GraphError:
@@ -371,7 +375,7 @@ def op_db_ops(names: Sequence[str] | None = None) -> list:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dtype", action="append", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", action="append", choices=["float32", "bfloat16", "float16", "complex64"])
     p.add_argument("--backend", action="append", choices=["torch", "cpp"])
     p.add_argument("--ops", default="")
     p.add_argument("--batch", type=int, default=8)

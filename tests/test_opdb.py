@@ -19,7 +19,7 @@ import torch
 from runtime.codegen.build import cpu_compiler
 from segmenter import CaptureError, capture
 
-from .opdb_sweep import Case, make_cases, op_db_ops, sweep
+from .opdb_sweep import Case, _compare, make_cases, op_db_ops, sweep
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (the [test] extra installs it)
 
@@ -64,3 +64,22 @@ def test_sparse_output_is_refused_cleanly() -> None:
     """op_db's to_sparse crashed inside capture (NotImplementedError from the storage lookup)."""
     with pytest.raises(CaptureError, match="sparse"):
         capture(lambda x: x.to_sparse(), [torch.randn(3, 4)])
+
+
+def test_the_comparison_catches_what_it_must() -> None:
+    """The sweep's judge fails on each kind of difference (a sweep that cannot fail proves nothing)."""
+    x = torch.randn(3, 4)
+    case = Case("planted", torch.float32, [x], lambda t: t, values=True)
+    ok = x * 2
+    assert _compare(case, [x.clone()], [ok], [x.clone()], [ok.clone()], 0, 0) is None
+    planted = {
+        "values": [ok + 1e-3],
+        "layout": [ok.t().contiguous().t()],
+        "bits": [torch.randn(3, 4, dtype=torch.complex64).conj()],
+    }
+    for what, got in planted.items():
+        e = ok if what != "bits" else got[0].resolve_conj()
+        assert _compare(case, [x.clone()], [e], [x.clone()], got, 0, 0) is not None, what
+    view = x.view(-1)  # eager returns a view of its input; ours a copy
+    assert "aliasing" in _compare(case, [x], [view], [x.clone()], [view.clone()], 0, 0)
+    assert "input 0" in _compare(case, [x.clone()], [ok], [x + 1], [ok.clone()], 0, 0)
