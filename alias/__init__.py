@@ -11,13 +11,13 @@ from typing import Literal
 from segmenter import SegmentedFusion
 
 from .analysis import SegmentAliases, analyze_segment, is_true_view
-from .check import check
+from .check import PlanError, check, plan_problems
 from .layout import Layout, NeedsCopy, apply_view_op
 from .report import AliasReport
 from .rewrite import SegmentReport, rewrite
 
-__all__ = ["MODES", "AliasReport", "Layout", "NeedsCopy", "apply_view_op", "SegmentAliases", "SegmentReport", "analyze_segment", "apply_aliases", "check",
-           "is_true_view"]
+__all__ = ["MODES", "AliasReport", "Layout", "NeedsCopy", "PlanError", "SegmentAliases", "SegmentReport",
+           "analyze_segment", "apply_aliases", "apply_view_op", "check", "is_true_view", "plan_problems"]
 
 MODES = ("post", "pre", "off")
 

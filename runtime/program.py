@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from alias.check import PlanError, plan_problems
 from segmenter import FusionGraph, GraphError, Node, Segment, SegmentedFusion, SegmentKind, TensorMeta
 from segmenter.ir import OpRef, ValueRef
 from segmenter.meta import run_node
@@ -78,7 +79,8 @@ def compile_node(node: Node) -> Callable[[Env], list[torch.Tensor | None]]:
 
 
 def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
-    """Each output as one as_strided over the tensor its view chain starts from."""
+    """Each output as one as_strided over the tensor its view chain starts from, with the output's
+    conj/neg bits (as_strided keeps its source's; see Note [conjugate and negative bits])."""
     made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
     plans = []
     for o in seg.outputs:
@@ -89,7 +91,7 @@ def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
         if want.dtype != have.dtype:  # view(dtype) somewhere in the chain: replay the ops
             plans.append((o, None, None))
             continue
-        plans.append((o, src, (want.shape, want.stride, want.storage_offset - have.storage_offset)))
+        plans.append((o, src, (want, want.storage_offset - have.storage_offset)))
     nodes = seg.nodes
 
     def run(env: Env) -> None:
@@ -104,8 +106,8 @@ def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
                     replayed = True
                 continue
             t = env[src]
-            shape, stride, delta = layout
-            env[o] = t.as_strided(shape, stride, t.storage_offset() + delta)
+            want, delta = layout
+            env[o] = want.with_bits(t.as_strided(want.shape, want.stride, t.storage_offset() + delta))
 
     return run
 
@@ -168,8 +170,10 @@ def _torch_launch(
             elif o in materialize:
                 # a fresh dense buffer, dims in the planned order (a plain .contiguous() would turn
                 # a permuted layout, e.g. CUDA attention's output, into one a later view cannot take)
-                t = torch.empty_strided(m.shape, dense_strides(m.shape, m.stride), dtype=m.dtype, device=t.device).copy_(t)
-            elif (storage_key(t) in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m):
+                t = m.with_bits(torch.empty_strided(m.shape, dense_strides(m.shape, m.stride), dtype=m.dtype,
+                                                    device=t.device)).copy_(t)
+            elif ((storage_key(t) in in_storages and seg.kind != SegmentKind.OPAQUE) or not _same_strides(t, m)
+                  or t.is_conj() != m.conj or t.is_neg() != m.neg):
                 # A launch writes its outputs, in the layout the plan was compiled for (graph
                 # outputs keep eager's strides even where a contiguous copy fed the kernel).
                 t = _fresh_in_layout(t, m)
@@ -183,11 +187,22 @@ def _fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
     dim, as an expanded output has), the values along that dim are equal: one copy of them is
     written and the dim is expanded over it (copy_ refuses to write overlapping elements)."""
     if not any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
-        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
+        return m.with_bits(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device)).copy_(t)
     one = tuple(1 if st == 0 else n for n, st in zip(m.shape, m.stride))
-    base = torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device)
+    base = m.with_bits(torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device))
     base.copy_(t[tuple(slice(0, 1) if st == 0 else slice(None) for st in m.stride)])
     return base.expand(m.shape)
+
+
+def _view_bits(graph: FusionGraph, seg: Segment) -> str | None:
+    """Why generated kernels cannot run ``seg``: a value it touches carries a conj/neg bit, which
+    a kernel reading raw storage would not see (Note [conjugate and negative bits]); else None."""
+    values = (*seg.inputs, *(o for n in seg.nodes for o in n.outputs if o is not None))
+    for v in values:
+        m = graph.metas[v]
+        if m.conj or m.neg:
+            return f"%{v} carries the {'conjugate' if m.conj else 'negative'} bit: left to torch"
+    return None
 
 
 def _same_strides(t: torch.Tensor, m: TensorMeta) -> bool:
@@ -198,6 +213,11 @@ class CompiledProgram:
     """Call it like the graph: ``program(*inputs) -> list of outputs``."""
 
     def __init__(self, plan: SegmentedFusion, backend: str = "auto") -> None:
+        problems = plan_problems(plan)  # linear time; the full alias.check runs in the tests
+        if problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise PlanError(f"graph {plan.graph.name!r}: the plan breaks the alias invariants, so it is not run: "
+                            + "; ".join(problems[:5]) + more)
         self.plan = plan
         self.graph = graph = plan.graph
         #: per kernel segment, the backends passed over and why (segment index -> [(backend, reason)])
@@ -235,8 +255,11 @@ class CompiledProgram:
                 launches.append(Launch(seg.index, seg.kind, "torch", torch_run, frees))
                 continue
             passed: list[tuple[str, str]] = []
+            bits = _view_bits(graph, seg)
             for b, why in choices:
                 run = torch_run if b.name == "torch" else None
+                if why is None and run is None and bits is not None:
+                    why = bits
                 if why is None and run is None:
                     try:
                         run = self._build(b.name, seg, materialize, frees, torch_run)

@@ -62,6 +62,37 @@ class _Program(torch.nn.Module):
         return self.fn(*args, **self.kwargs)
 
 
+# Note [ops kept whole in low precision]: eager computes these in fp32 and rounds once; their
+# core-ATen decompositions round to fp16/bf16 after every step (logit's clamp/div/log, addr's
+# outer product, cross's index arithmetic, linear/bicubic/trilinear interpolation weights), which
+# lands beyond OpInfo's tolerances. With a half-precision tensor argument they stay one ATen op
+# (run by torch, as eager runs it); in other dtypes they decompose and fuse as before.
+_KEEP_IN_LOW_PRECISION = (
+    "logit.default", "addr.default", "linalg_cross.default", "cross.default", "upsample_bicubic2d.vec",
+    "upsample_linear1d.vec", "upsample_linear1d.default", "upsample_trilinear3d.vec",
+)
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _low_precision_guard(decomp: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        leaves = pytree.tree_leaves((args, kwargs))
+        if any(isinstance(t, torch.Tensor) and t.dtype in _LOW for t in leaves):
+            return NotImplemented  # the op stays whole
+        return decomp(*args, **kwargs)
+
+    return run
+
+
+def _default_decompositions() -> Any:
+    table = torch.export.default_decompositions()
+    for name in _KEEP_IN_LOW_PRECISION:
+        op = getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1])
+        if op in table:
+            table[op] = _low_precision_guard(table[op])
+    return table
+
+
 def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
     """Same sizes, strides and offset as ``t``, in a storage of its own."""
     extent = TensorMeta.from_tensor(t).storage_extent
@@ -181,7 +212,7 @@ def _capture(
     export_args = tuple(_fresh_copy(t) for t in user) if shared else tuple(user)
     try:
         ep = torch.export.export(program, export_args, kwargs=call_kwargs, strict=False)
-        ep = ep.run_decompositions(decompositions) if decompositions is not None else ep.run_decompositions()
+        ep = ep.run_decompositions(decompositions if decompositions is not None else _default_decompositions())
     except Exception as e:  # noqa: BLE001 - export's errors are long; keep the first line, chain it
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export failed on {graph_name}: {first}") from e

@@ -302,6 +302,8 @@ def observed_aliases(inputs: Sequence[object], outputs: Sequence[object]) -> lis
         if not isinstance(t, torch.Tensor):
             result.append(None)
             continue
+        if t.layout != torch.strided:  # a sparse/nested output has no one storage (it crashed here)
+            raise CaptureError(f"output {j}: a {t.layout} tensor; only strided (dense) tensors are supported")
         key = StorageWeakRef(t.untyped_storage())
         alias = by_storage.get(key)
         result.append(None if alias is None else Alias(alias.source, alias.index, TensorMeta.from_tensor(t)))

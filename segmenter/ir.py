@@ -47,17 +47,30 @@ class GraphError(ValueError):
     """A FusionGraph that breaks an invariant; the message names the node and field."""
 
 
+# Note [conjugate and negative bits]: torch makes ``x.conj()`` (complex) and ``x.conj().imag``
+# zero-cost views that carry a bit saying "read me conjugated / negated"; the storage is not
+# touched. A view op that drops or adds such a bit changes the values read, so the bits are part
+# of a value's layout here: recorded from FakeTensors like strides, compared by ``same_layout``
+# and the checker, restored on every view the runtime makes (``with_bits``), and kept on copies.
+# Generated kernels read raw storage, so segments touching a value with a bit stay on torch.
+
+
 @dataclass(frozen=True)
 class TensorMeta:
-    """Layout of one tensor value: sizes, strides and offset in elements of its storage."""
+    """Layout of one tensor value: sizes, strides and offset in elements of its storage, and
+    the lazy view bits torch keeps on it (see Note [conjugate and negative bits])."""
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     storage_offset: int
     dtype: torch.dtype
     device: str = "cpu"
+    conj: bool = False  # reads as the conjugate of what its storage holds (x.conj(), x.mH)
+    neg: bool = False  # reads as the negation of what its storage holds (x.conj().imag)
 
     def __post_init__(self) -> None:
+        if self.conj and not self.dtype.is_complex:
+            raise GraphError(f"the conjugate bit on a {self.dtype} value (only complex values have one)")
         if len(self.shape) != len(self.stride):
             raise GraphError(f"shape {self.shape} and stride {self.stride} differ in rank")
         if any(s < 0 for s in self.shape):
@@ -73,7 +86,18 @@ class TensorMeta:
             int(t.storage_offset()),
             t.dtype,
             device or str(t.device),
+            bool(t.is_conj()),
+            bool(t.is_neg()),
         )
+
+    def with_bits(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (a view of the right storage and layout) with this meta's conj/neg bits: each
+        bit is flipped by its own zero-cost view op where ``t``'s differs."""
+        if t.is_conj() != self.conj:
+            t = torch._conj(t)
+        if t.is_neg() != self.neg:
+            t = torch._neg_view(t)
+        return t
 
     @cached_property
     def device_type(self) -> str:
@@ -111,12 +135,13 @@ class TensorMeta:
         return self.distinct_elements * self.itemsize
 
     def _replace_offset(self, offset: int) -> TensorMeta:
-        return TensorMeta(self.shape, self.stride, offset, self.dtype, self.device)
+        return dataclasses.replace(self, storage_offset=offset)
 
     def same_layout(self, other: TensorMeta) -> bool:
         """Equal up to what cannot be observed: the strides of size-1 dims, and the offset of
         an empty tensor (torch's meta and real kernels may disagree there)."""
-        if (self.shape, self.dtype, self.device) != (other.shape, other.dtype, other.device):
+        if (self.shape, self.dtype, self.device, self.conj, self.neg) != (
+                other.shape, other.dtype, other.device, other.conj, other.neg):
             return False
         if self.numel == 0:
             return True
@@ -137,6 +162,7 @@ class TensorMeta:
         layout = "" if self.is_contiguous() and self.storage_offset == 0 else f" stride={list(self.stride)}"
         if self.storage_offset:
             layout += f" offset={self.storage_offset}"
+        layout += " conj" * self.conj + " neg" * self.neg
         return f"{dt}{list(self.shape)}{layout}"
 
 

@@ -15,10 +15,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, disable_fake_tensor_cache
 
 from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
-from .ops import resolve_op
+from .ops import OpKind, op_info, resolve_op
 
 __all__ = ["fake_inputs", "meta_mismatches", "propagate_metas"]
 
@@ -46,7 +46,7 @@ def fake_inputs(mode: FakeTensorMode, inputs: Sequence[GraphInput]) -> list[torc
             if base is None or base.dtype != m.dtype:
                 base = torch.empty(max(extent[inp.storage], 1), dtype=m.dtype, device=_fakeable(m.device))
                 bases.setdefault(inp.storage, base)
-            out.append(base.as_strided(m.shape, m.stride, m.storage_offset))
+            out.append(m.with_bits(base.as_strided(m.shape, m.stride, m.storage_offset)))
     return out
 
 
@@ -96,7 +96,11 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
                 _declare(node, env, mode)
                 continue
             try:
-                results = run_node(node, env)
+                if _offset_input(node, env):  # see Note [FakeTensor cache and storage offsets]
+                    with disable_fake_tensor_cache(mode):
+                        results = run_node(node, env)
+                else:
+                    results = run_node(node, env)
             except GraphError:
                 raise
             except Exception as e:  # noqa: BLE001  # torch's own error, with the node named
@@ -113,12 +117,27 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
     return dataclasses.replace(graph, nodes=tuple(nodes))
 
 
+# Note [FakeTensor cache and storage offsets]: torch 2.13's FakeTensor dispatch cache rebuilds a
+# non-view op's output with storage offset 0, while the op itself (and the real kernel) may give
+# another: ``aten.copy(x[..., 1:], y)`` returns a fresh tensor laid out as its ``self``, offset 1
+# included (circular pad, instance norm). The first propagation computed 1, a later one hit the
+# cache and said 0, and the checker flagged a correct graph. Only an input with a nonzero offset
+# can pass one on, so those few calls bypass the cache.
+
+
+def _offset_input(node: Node, env: dict[str, torch.Tensor]) -> bool:
+    """A non-view op (views keep their offsets through the cache) reading a tensor at an offset."""
+    if op_info(node.op).kind == OpKind.VIEW:
+        return False
+    return any(env[v].storage_offset() != 0 for v in node.inputs if v in env)
+
+
 def _declare(node: Node, env: dict[str, torch.Tensor], mode: FakeTensorMode) -> None:
     with mode:
         for name, m in zip(node.outputs, node.metas):
             if name is not None and m is not None:
                 base = torch.empty(max(m.storage_extent, 1), dtype=m.dtype, device=_fakeable(m.device))
-                env[name] = base.as_strided(m.shape, m.stride, m.storage_offset)
+                env[name] = m.with_bits(base.as_strided(m.shape, m.stride, m.storage_offset))
 
 
 def meta_mismatches(graph: FusionGraph) -> list[str]:

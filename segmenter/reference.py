@@ -33,7 +33,8 @@ def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
             raise GraphError(f"input {spec.name!r}: expected a tensor, got {type(t).__name__}")
         want = spec.meta
         if (t.shape != want.shape or t.stride() != want.stride or t.storage_offset() != want.storage_offset
-                or t.dtype != want.dtype or t.device.type != want.device_type):
+                or t.dtype != want.dtype or t.device.type != want.device_type
+                or t.is_conj() != want.conj or t.is_neg() != want.neg):
             got = TensorMeta.from_tensor(t)
             raise GraphError(f"input {spec.name!r}: expected {want} on {want.device}, got {got} on {got.device}")
     seen: dict[object, int] = {}
@@ -72,8 +73,10 @@ def clone_inputs(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in its own storage, same layout and same conj/neg bits (copy_ into a view
+    with the bits stores the values so that the view reads as ``t`` does)."""
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return out.copy_(t)
+    return TensorMeta.from_tensor(t).with_bits(out).copy_(t)
 
 
 def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -128,7 +131,9 @@ def finish(
         layout = alias.layout or graph.metas[name]
         if layout.dtype != base.dtype:  # a view(dtype) of the input: same storage, read as another dtype
             view = torch.empty(0, dtype=layout.dtype, device=base.device)
-            result.append(view.set_(base.untyped_storage(), layout.storage_offset, layout.shape, layout.stride))
+            view = view.set_(base.untyped_storage(), layout.storage_offset, layout.shape, layout.stride)
         else:
-            result.append(base.as_strided(layout.shape, layout.stride, layout.storage_offset))
+            view = base.as_strided(layout.shape, layout.stride, layout.storage_offset)
+        # as_strided keeps the base's conj/neg bits; the view has its own (x.conj(), x.mH)
+        result.append(layout.with_bits(view))
     return result

@@ -11,7 +11,8 @@ Schema "fusion-segmenter/graph", version 1::
      "output_aliases": [null | {"source": "input"|"output", "index": int, "layout": META|null}...],
      "mutations": [{"input": int, "value": str}...]}
 
-    META = {"shape": [int], "stride": [int], "storage_offset": int, "dtype": "float32", "device": "cpu"}
+    META = {"shape": [int], "stride": [int], "storage_offset": int, "dtype": "float32", "device": "cpu",
+            "conj": bool, "neg": bool}   (conj/neg optional, false when absent: torch's lazy view bits)
     ARG  = int | float | bool | null | str | [ARG...]
          | {"value": name}            a tensor value
          | {"op": "mylib.foo.default"}  an op (the custom op inside auto_functionalized)
@@ -62,8 +63,12 @@ class GraphFormatError(GraphError):
 def _meta_out(m: TensorMeta | None) -> dict[str, Any] | None:
     if m is None:
         return None
-    return {"shape": list(m.shape), "stride": list(m.stride), "storage_offset": m.storage_offset,
-            "dtype": str(m.dtype).removeprefix("torch."), "device": m.device}
+    out = {"shape": list(m.shape), "stride": list(m.stride), "storage_offset": m.storage_offset,
+           "dtype": str(m.dtype).removeprefix("torch."), "device": m.device}
+    for bit in ("conj", "neg"):  # written only when set: files without them read as before
+        if getattr(m, bit):
+            out[bit] = True
+    return out
 
 
 def _arg_out(a: Arg) -> Any:
@@ -145,8 +150,9 @@ def _meta_in(d: Any, where: str) -> TensorMeta:
         torch.device(device)
     except RuntimeError:
         raise GraphFormatError(f"{where}.device: unknown device {device!r}") from None
+    bits = {bit: _need(d, bit, bool, where) for bit in ("conj", "neg") if bit in d}
     try:
-        return TensorMeta(shape, stride, offset, _DTYPES[dtype_name], device)
+        return TensorMeta(shape, stride, offset, _DTYPES[dtype_name], device, **bits)
     except GraphError as e:
         raise GraphFormatError(f"{where}: {e}") from None
 

@@ -1,11 +1,15 @@
-"""Print the fuzzer's coverage counters at the end of a test run."""
+"""Print the fuzzer's coverage counters and the op_db sweep's tally at the end of a test run."""
 
 from __future__ import annotations
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's hook signature
+    import sys
+
     from tests import test_fuzz
 
     if test_fuzz.COVERAGE:
         items = sorted(test_fuzz.COVERAGE.items())
         terminalreporter.write_line("fuzz coverage: " + ", ".join(f"{k}={v}" for k, v in items))
+    for line in getattr(sys.modules.get("tests.test_opdb"), "SUMMARY", ()):
+        terminalreporter.write_line(line)
