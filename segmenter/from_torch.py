@@ -26,13 +26,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
 from .ir import FusionGraph, GraphInput, Mutation, TensorMeta, ValueRef
-from .meta import propagate_metas
+from .meta import fake_mode, propagate_metas
+from .metadata_mutation import LayoutChange, refusal, watch_layouts
+from .reference import clone_inputs
 
 __all__ = ["bind_inputs", "capture"]
 
@@ -127,11 +134,7 @@ def capture(
     except _SharedMutation:
         # See Note [inputs that share a storage]: one input per shared storage, the arguments views of it.
         bases, roles, wrapped = _storage_bases(program, user)
-        graph = _capture(wrapped, bases, roles, [None] * len(bases), {}, graph_name, decompositions)
-        # the wrapper holds the module as "program": its weights keep their own names
-        return dataclasses.replace(graph, inputs=tuple(
-            dataclasses.replace(i, target=i.target.removeprefix("program.")) if i.role not in ("user", "storage")
-            and i.target else i for i in graph.inputs))
+        return _strip_prefix(_capture(wrapped, bases, roles, [None] * len(bases), {}, graph_name, decompositions))
 
 
 class _SharedMutation(CaptureError):
@@ -178,15 +181,20 @@ def _capture(
     decompositions: Mapping[Any, Callable[..., Any]] | None,
 ) -> FusionGraph:
     shared = len(set(storage_ids(user))) != len(user)
+    seen = _observe(program, user, call_kwargs, names, graph_name, shared)
     export_args = tuple(_fresh_copy(t) for t in user) if shared else tuple(user)
+    export_program = program
+    if seen.changes:  # Note [metadata mutation]: trace the program on aliases of those arguments
+        export_program = _AliasedArgs(program, {c.index for c in seen.changes})
+        export_args = tuple(_unbased(t) for t in export_args)
     try:
-        ep = torch.export.export(program, export_args, kwargs=call_kwargs, strict=False)
+        ep = torch.export.export(export_program, export_args, kwargs=call_kwargs, strict=False)
         ep = ep.run_decompositions(decompositions) if decompositions is not None else ep.run_decompositions()
     except Exception as e:  # noqa: BLE001 - export's errors are long; keep the first line, chain it
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export failed on {graph_name}: {first}") from e
 
-    state = _state(program)
+    state = _state(export_program)
     sig = ep.graph_signature
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     graph_tensors: list[torch.Tensor] = []
@@ -212,8 +220,11 @@ def _capture(
         else:
             raise CaptureError(f"input {ph.name!r}: unsupported export input kind {spec.kind.name}")
     storage = storage_ids(graph_tensors)
+    finals = {c.index: c.after for c in seen.changes}
+    user_positions = [i for i, (_, role, _) in enumerate(inputs_spec) if role in ("user", "storage")]
+    final_of = {user_positions[k]: m for k, m in finals.items()}
     inputs = tuple(
-        GraphInput(vname, TensorMeta.from_tensor(t), role, target, storage[i])  # type: ignore[arg-type]
+        GraphInput(vname, TensorMeta.from_tensor(t), role, target, storage[i], final_of.get(i))  # type: ignore[arg-type]
         for i, ((vname, role, target), t) in enumerate(zip(inputs_spec, graph_tensors))
     )
     target_index = {inp.target: i for i, inp in enumerate(inputs) if inp.target is not None}
@@ -247,45 +258,133 @@ def _capture(
         else:
             raise CaptureError(f"output {i}: unsupported export output kind {spec.kind.name}")
 
-    eager_outputs, eager_inputs = _run_on_fakes(program, user, call_kwargs, inputs_spec, graph_tensors)
-    if len(eager_outputs) != len(user_outputs):
+    if len(seen.outputs) != len(user_outputs):
         raise CaptureError(
-            f"eager returned {len(eager_outputs)} tensors but the exported graph {len(user_outputs)}"
+            f"eager returned {len(seen.outputs)} tensors but the exported graph {len(user_outputs)}"
         )
+    user_fakes = iter(seen.user)
+    eager_inputs = [next(user_fakes) if role in ("user", "storage") else seen.fake(t)
+                    for (_, role, _), t in zip(inputs_spec, graph_tensors)]
     graph = FusionGraph(
         inputs=inputs,
         nodes=tuple(conv.nodes),
         outputs=tuple(user_outputs),
-        output_aliases=tuple(observed_aliases(eager_inputs, eager_outputs)),
+        output_aliases=tuple(observed_aliases(eager_inputs, seen.outputs)),
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=graph_name,
     )
-    return propagate_metas(graph)
+    graph = propagate_metas(graph)
+    return _strip_prefix(graph) if export_program is not program else graph
 
 
-def _run_on_fakes(
-    program: torch.nn.Module,
-    user: Sequence[torch.Tensor],
-    kwargs: Mapping[str, Any],
-    inputs_spec: Sequence[tuple[str, str, str | None]],
-    graph_tensors: Sequence[torch.Tensor],
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Run the original program on FakeTensor copies; return its tensor outputs and the fakes
-    standing for each graph input (so storages can be compared)."""
-    existing = next((t.fake_mode for t in (*user, *graph_tensors) if isinstance(t, FakeTensor)), None)
-    mode = existing or FakeTensorMode(allow_non_fake_inputs=False)
+class _AliasedArgs(torch.nn.Module):
+    """Hands the program ``aten.alias`` of the arguments whose metadata it changes (Note
+    [metadata mutation]): the change stays on the alias, the data writes reach the input."""
+
+    def __init__(self, program: torch.nn.Module, which: set[int]) -> None:
+        super().__init__()
+        self.program = program
+        self.which = which
+
+    def forward(self, *tensors: torch.Tensor, **kwargs: Any) -> Any:
+        args = [torch.ops.aten.alias.default(t) if i in self.which else t for i, t in enumerate(tensors)]
+        return self.program(*args, **kwargs)
+
+
+def _strip_prefix(graph: FusionGraph) -> FusionGraph:
+    """A wrapper holds the module as "program": its weights keep their own names."""
+    return dataclasses.replace(graph, inputs=tuple(
+        dataclasses.replace(i, target=i.target.removeprefix("program.")) if i.role not in ("user", "storage")
+        and i.target else i for i in graph.inputs))
+
+
+def _unbased(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (same storage and layout) without a ``_base``: export guards on a view input's base
+    when the program changes the input's metadata, and then fails retracing without one."""
+    if t._base is None or isinstance(t, FakeTensor) or t.device.type == "meta":
+        return t
+    out = torch.empty(0, dtype=t.dtype, device=t.device)
+    with torch.no_grad():
+        return out.set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
+@dataclasses.dataclass
+class _Observed:
+    """What the program does when run on FakeTensors."""
+
+    outputs: list[torch.Tensor]  # its tensor outputs
+    user: list[torch.Tensor]  # the fakes standing for the user's tensors
+    fake: Callable[[torch.Tensor], torch.Tensor]  # the fake standing for any other tensor
+    changes: list[LayoutChange]  # user tensors whose metadata it changes
+
+
+def _observe(
+    program: torch.nn.Module, user: Sequence[torch.Tensor], kwargs: Mapping[str, Any], names: Sequence[str | None],
+    graph_name: str, shared: bool,
+) -> _Observed:
+    """Run the original program on FakeTensor copies (no compute, no memory): which outputs
+    share a storage with an input (Note [what export loses]), and which inputs end with
+    another layout (Note [metadata mutation]); refuse what cannot be captured.
+
+    A program that needs its inputs' values to run (a data-dependent check, as ``istft`` makes)
+    is run once on real copies of its inputs and weights instead, where those are real."""
+    state = _state(program)
+    existing = next((t.fake_mode for t in (*user, *state.values()) if isinstance(t, FakeTensor)), None)
+    mode = existing or fake_mode()
 
     def fake(t: torch.Tensor) -> torch.Tensor:
         return t if isinstance(t, FakeTensor) else mode.from_tensor(t)
 
     fake_user = [fake(t) for t in user]
-    fake_state = {k: fake(v) for k, v in _state(program).items()}
-    with mode:
-        out = torch.func.functional_call(program, fake_state, tuple(fake_user), dict(kwargs))
-    user_iter = iter(fake_user)
-    fake_inputs = [next(user_iter) if role in ("user", "storage") else fake(t)
-                   for (_, role, _), t in zip(inputs_spec, graph_tensors)]
-    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)], fake_inputs
+    fake_state = {k: fake(v) for k, v in state.items()}
+    try:
+        seen = _run_watched(program, fake_user, fake_state, kwargs, mode, fake, graph_name)
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        op = str(e).strip() or type(e).__name__
+        tensors = [*user, *state.values()]
+        if any(isinstance(t, FakeTensor) or t.device.type == "meta" for t in tensors):
+            raise CaptureError(f"{graph_name}: {op} needs the values of its inputs, and the example inputs or "
+                               "weights are fake or on meta: capture with real tensors") from None
+        copies = clone_inputs(tensors)
+        real_user, real_state = copies[:len(user)], dict(zip(state, copies[len(user):]))
+        originals = {id(t): c for t, c in zip(tensors, copies)}
+        with torch.no_grad():
+            seen = _run_watched(program, real_user, real_state, kwargs, None, lambda t: originals.get(id(t), t),
+                                graph_name)
+    state_names = list(fake_state)
+    for c in seen.changes:
+        if c.index >= len(fake_user):
+            target = state_names[c.index - len(fake_user)]
+            raise CaptureError(f"{graph_name}: {c.op} changes the layout of {target!r} of the module: not supported")
+        name = names[c.index] if c.index < len(names) and names[c.index] else f"argument {c.index}"
+        why = refusal(c, name)
+        if why is None and shared:
+            why = f"{c.op} on input {name!r}, which shares a storage with another input: not supported"
+        if why is not None:
+            raise CaptureError(f"{graph_name}: {why}")
+    return seen
+
+
+def _run_watched(
+    program: torch.nn.Module, user: list[torch.Tensor], state: dict[str, torch.Tensor], kwargs: Mapping[str, Any],
+    mode: FakeTensorMode | None, stand_in: Callable[[torch.Tensor], torch.Tensor], graph_name: str,
+) -> _Observed:
+    with watch_layouts([*user, *state.values()], mode) as watch:
+        try:
+            out = torch.func.functional_call(program, state, tuple(user), dict(kwargs))
+        except (CaptureError, DataDependentOutputException, DynamicOutputShapeException):
+            raise
+        except Exception as e:  # noqa: BLE001 - the program's own error, with the op named
+            op, _ = watch.recorder.failed or ("the program", None)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            on = "FakeTensors" if mode is not None else "copies of the inputs"
+            raise CaptureError(f"{graph_name}: {op} failed when run on {on}: {type(e).__name__}: {first}") from e
+        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        changes = watch.changes()
+        # an output that is an input object itself keeps its final layout after the restore
+        watched = {id(t) for t in (*user, *state.values())}
+        outputs = [t.as_strided(t.shape, t.stride(), t.storage_offset()) if id(t) in watched else t for t in outputs]
+    return _Observed(outputs, user, stand_in, changes)
 
 
 def bind_inputs(graph: FusionGraph, module: torch.nn.Module | None, user_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

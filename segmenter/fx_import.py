@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import operator
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -25,6 +26,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
+from .meta import fake_mode
+from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .ops import NOT_COMPUTE, op_info, op_name
 
 __all__ = ["CaptureError", "eliminate_dead_nodes", "from_fx", "storage_ids"]
@@ -185,7 +188,7 @@ def needs_functionalization(gm: fx.GraphModule) -> bool:
 
 
 def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -194,7 +197,7 @@ def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.G
     if fakes:
         with fakes[0].fake_mode:
             return make_fx(fn, tracing_mode="real")(*example_inputs)
-    mode = FakeTensorMode()
+    mode = fake_mode()  # Note [fake tensor cache] in segmenter/meta.py
     fake_args = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     with mode:
         return make_fx(fn, tracing_mode="real")(*fake_args)
@@ -224,16 +227,25 @@ def from_fx(
     # Numbers (the sizes dynamo passes for symbolic shapes) are bound: the graph is specialized.
     tensor_pos = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)]
     tensors = [example_inputs[i] for i in tensor_pos]
-    original = gm  # aliasing is observed on the program as given, before functionalization
-    if needs_functionalization(gm) or len(tensors) != len(example_inputs):
-        if needs_functionalization(gm) and len(set(storage_ids(tensors))) != len(tensors):
+    shared = len(set(storage_ids(tensors))) != len(tensors)
+    # aliasing and layout changes are observed on the program as given, before functionalization
+    fake_in, fake_out, changes = _run_on_fakes(gm, example_inputs)
+    for c in changes:
+        why = refusal(c, placeholders[c.index].name)
+        if why is None and shared:
+            why = f"{c.op} on input {placeholders[c.index].name!r}, which shares a storage with another input: not supported"
+        if why is not None:
+            raise CaptureError(f"{name}: {why}")
+    if needs_functionalization(gm) or len(tensors) != len(example_inputs) or changes:
+        if needs_functionalization(gm) and shared:
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
-        gm = _retrace(gm, example_inputs)
+        gm = _retrace(_aliased(gm, {c.index for c in changes}) if changes else gm, example_inputs)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     storage = storage_ids(tensors)
+    finals = {c.index: c.after for c in changes}
     tensor_phs = [placeholders[i] for i in tensor_pos]
     inputs = tuple(
-        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}"), storage=storage[k])
+        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}"), storage=storage[k], final_layout=finals.get(tensor_pos[k]))
         for k, (ph, t) in enumerate(zip(tensor_phs, tensors))
     )
     bound: dict[fx.Node, Arg] = {ph: ValueRef(ph.name) for ph in tensor_phs}
@@ -247,7 +259,6 @@ def from_fx(
             raise CaptureError(f"input_updates: output {pos} -> input {idx} is out of range")
         mutations.append(Mutation(idx, outputs[pos]))
     keep = [i for i in range(len(outputs)) if i not in updates]
-    fake_in, fake_out = _run_on_fakes(original, example_inputs)
     aliases = observed_aliases([fake_in[i] for i in tensor_pos], [fake_out[i] for i in keep])
     live = set(outputs) | {m.value for m in mutations}
     return FusionGraph(
@@ -258,6 +269,16 @@ def from_fx(
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=name,
     )
+
+
+def _aliased(gm: fx.GraphModule, which: set[int]) -> Callable[..., Any]:
+    """``gm`` called on ``aten.alias`` of the arguments whose metadata it changes (Note [metadata
+    mutation] in segmenter/metadata_mutation.py)."""
+
+    def run(*args: Any) -> Any:
+        return gm(*[torch.ops.aten.alias.default(a) if i in which else a for i, a in enumerate(args)])
+
+    return run
 
 
 def eliminate_dead_nodes(nodes: Sequence[Node], live: set[str]) -> list[Node]:
@@ -271,18 +292,34 @@ def eliminate_dead_nodes(nodes: Sequence[Node], live: set[str]) -> list[Node]:
     return kept[::-1]
 
 
-def _run_on_fakes(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> tuple[list[object], list[object]]:
+def _run_on_fakes(
+    gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor],
+) -> tuple[list[object], list[object], list[LayoutChange]]:
     """Run the fx program itself on FakeTensor copies of the inputs (storages shared as in the
     caller's), so output aliasing is read from what the program does, not from ``meta['val']``
-    snapshots (which need not share storages)."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    snapshots (which need not share storages); and which inputs it leaves with another layout."""
+    from torch._subclasses.fake_tensor import FakeTensor
 
-    mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or FakeTensorMode()
+    mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or fake_mode()
     fakes = [t if isinstance(t, FakeTensor) or not isinstance(t, torch.Tensor) else mode.from_tensor(t)
              for t in example_inputs]
-    with mode:
-        out = fx.Interpreter(gm).run(*fakes)
-    return list(fakes), list(pytree.tree_leaves(out))
+    with watch_layouts(fakes, mode) as watch:
+        try:
+            out = pytree.tree_leaves(fx.Interpreter(gm).run(*fakes))
+        except Exception as e:  # noqa: BLE001 - torch's error, with the op and the input named
+            op, index = watch.recorder.failed or ("the graph", None)
+            on = f" on input {gm_placeholder_name(gm, index)!r}" if index is not None else ""
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise CaptureError(f"{op}{on} failed when run on FakeTensors: {type(e).__name__}: {first}") from e
+        changes = watch.changes()
+        # an output that is an input object itself keeps its final layout after the restore
+        watched = {id(t) for t in fakes}
+        out = [t.as_strided(t.shape, t.stride(), t.storage_offset()) if id(t) in watched else t for t in out]
+    return list(fakes), out, changes
+
+
+def gm_placeholder_name(gm: fx.GraphModule, index: int) -> str:
+    return [n.name for n in gm.graph.nodes if n.op == "placeholder"][index]
 
 
 def _value_name(a: Arg, renamed: Mapping[str, str], where: str) -> str:

@@ -10,7 +10,9 @@ graph cannot say by itself:
 * ``output_aliases[i]``: graph output ``i`` was, in the original program, a view of graph input
   ``k`` (``Alias("input", k)``) or of an earlier output ``k`` (``Alias("output", k)``);
 * ``mutations``: input ``k`` ends holding the value ``v`` (the write-back epilogue);
-* ``GraphInput.storage``: inputs with the same storage id share one storage in the caller.
+* ``GraphInput.storage``: inputs with the same storage id share one storage in the caller;
+* ``GraphInput.final_layout``: the caller's tensor ends with this layout (``t_()``,
+  ``unsqueeze_()``... on the input: see Note [metadata mutation] in segmenter/metadata_mutation.py).
 
 Every value carries a TensorMeta (shape, stride, storage offset, dtype, device). Passes never
 mutate a graph; they build a new one.
@@ -40,6 +42,7 @@ __all__ = [
     "ValueRef",
     "iter_value_refs",
     "view_roots",
+    "within",
 ]
 
 
@@ -227,13 +230,18 @@ InputRole = Literal["user", "parameter", "buffer", "constant", "storage"]
 
 @dataclass(frozen=True)
 class GraphInput:
-    """A graph input. ``storage``: inputs with equal ids share one storage in the caller."""
+    """A graph input. ``storage``: inputs with equal ids share one storage in the caller.
+
+    ``final_layout``: where the original program changed the input's metadata (``a.t_()``), the
+    layout (absolute offset, same storage) the caller's tensor ends with. Values and write-backs
+    stay in ``meta``'s layout; the layout change is applied after the write-back."""
 
     name: str
     meta: TensorMeta
     role: InputRole = "user"
     target: str | None = None
     storage: int = -1  # -1: its own storage (the FusionGraph fills in its index)
+    final_layout: TensorMeta | None = None
 
 
 @dataclass(frozen=True)
@@ -326,13 +334,15 @@ class FusionGraph:
     def _validate(self) -> None:
         from .ops import op_info  # local: ops imports ir
 
-        if not self.outputs and not self.mutations:
+        if not self.outputs and not self.mutations and all(i.final_layout is None for i in self.inputs):
             raise GraphError(f"graph {self.name!r} has no outputs")  # and no effect on its inputs
         defined: dict[str, str] = {}
         for i, inp in enumerate(self.inputs):
             if inp.name in defined:
                 raise GraphError(f"inputs[{i}]: duplicate value name {inp.name!r}")
             defined[inp.name] = f"inputs[{i}]"
+            if inp.final_layout is not None:
+                _check_final_layout(inp, f"inputs[{i}] ({inp.name!r}).final_layout")
         all_defs = {o: n.name for n in self.nodes for o in n.outputs if o is not None}
         node_names: set[str] = set()
         for k, node in enumerate(self.nodes):
@@ -402,6 +412,8 @@ class FusionGraph:
             shared = [j.name for j in self.inputs if j.storage == inp.storage and j is not inp]
             if shared:
                 extra += f" shares storage with {', '.join(shared)}"
+            if inp.final_layout is not None:
+                extra += f", final layout {inp.final_layout}"
             lines.append(f"    %{inp.name}: {inp.meta}{extra}")
         lines.append("):")
         for node in self.nodes:
@@ -418,6 +430,61 @@ class FusionGraph:
             outs.append(f"%{o}{note}")
         lines.append(f"    return {', '.join(outs)}")
         return "\n".join(lines)
+
+
+def _check_final_layout(inp: GraphInput, where: str) -> None:
+    final = inp.final_layout
+    assert final is not None
+    if inp.role != "user":
+        raise GraphError(f"{where}: only a user input's layout may change (this one is a {inp.role})")
+    if final.dtype != inp.meta.dtype or final.device != inp.meta.device:
+        raise GraphError(f"{where}: {final} on {final.device} changes the dtype or device of {inp.meta} on "
+                         f"{inp.meta.device}")
+    if not within(final, inp.meta):
+        raise GraphError(f"{where}: {final} reaches outside the storage elements of the input ({inp.meta})")
+
+
+# Storage regions up to this many elements are compared element by element; beyond it only a
+# dense outer layout is decided (anything else is "not within": the safe answer).
+_WITHIN_LIMIT = 1 << 24
+
+
+def within(inner: TensorMeta, outer: TensorMeta) -> bool:
+    """True when every storage element ``inner`` addresses is one that ``outer`` addresses."""
+    if inner.numel == 0:
+        return True
+    if outer.numel == 0:
+        return False
+
+    def span(m: TensorMeta) -> tuple[int, int]:
+        lo = m.storage_offset + sum(min(0, (n - 1) * s) for n, s in zip(m.shape, m.stride))
+        hi = m.storage_offset + sum(max(0, (n - 1) * s) for n, s in zip(m.shape, m.stride))
+        return lo, hi
+
+    lo, hi = span(inner)
+    olo, ohi = span(outer)
+    if lo < olo or hi > ohi:
+        return False
+    dims = sorted((abs(s), n) for n, s in zip(outer.shape, outer.stride) if n != 1)
+    expected = 1
+    for s, n in dims:
+        if s != expected:
+            break
+        expected *= n
+    else:
+        return True  # outer is dense: it addresses every element of its span
+    if ohi - olo + 1 > _WITHIN_LIMIT or hi - lo + 1 > _WITHIN_LIMIT:
+        return False
+    mask = torch.zeros(ohi - olo + 1, dtype=torch.bool)
+    mask[_positions(outer) - olo] = True
+    return bool(mask[_positions(inner) - olo].all())
+
+
+def _positions(m: TensorMeta) -> torch.Tensor:
+    pos = torch.full((), m.storage_offset, dtype=torch.int64)
+    for n, s in zip(m.shape, m.stride):
+        pos = pos.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * s
+    return pos.reshape(-1)
 
 
 def view_roots(graph: FusionGraph, include_maybe_copies: bool = True) -> dict[str, str]:

@@ -20,7 +20,22 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
 from .ops import resolve_op
 
-__all__ = ["fake_inputs", "meta_mismatches", "propagate_metas"]
+__all__ = ["fake_inputs", "fake_mode", "meta_mismatches", "propagate_metas"]
+
+
+def fake_mode() -> FakeTensorMode:
+    """A FakeTensorMode without torch's fake-kernel cache.
+
+    Note [fake tensor cache]: torch caches fake kernel results process-wide, and a hit can hand
+    back the storage offset of an earlier call: ``select_scatter`` of a non-dense input at offset
+    9 (eager's result sits at offset 9) came back at offset 0 after the same op had run on an input
+    at offset 0, so recorded metas depended on what ran before in the process (JSON graphs were
+    refused as contradicting their ops, in one test order only). Metas we record are computed
+    without it.
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode.cache_enabled = False
+    return mode
 
 
 def _fakeable(device: str) -> str:
@@ -86,7 +101,7 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
 
     Nodes whose op torch does not know (OPAQUE, unknown) keep the metas they declare.
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = fake_mode()  # Note [fake tensor cache]
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, fake_inputs(mode, graph.inputs)))
     nodes = []
     with mode:

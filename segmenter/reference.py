@@ -1,7 +1,8 @@
 """Run a FusionGraph node by node with torch: the semantics every later stage must keep.
 
 This is the meaning of a FusionGraph, written once: compute the functional values, write each
-mutated input's final value into it, and hand back each output either as a fresh tensor or, where
+mutated input's final value into it, give inputs whose layout the program changed their final
+layout (``GraphInput.final_layout``), and hand back each output either as a fresh tensor or, where
 the original program returned a view (``output_aliases``), as a view of the same storage with
 the original layout.
 """
@@ -118,6 +119,11 @@ def finish(
         fresh.append(t)
     for i, val in finals.items():
         inputs[i].copy_(val)
+    for i, inp in enumerate(graph.inputs):
+        if inp.final_layout is not None:  # Note [metadata mutation]: after the write-back, in the old layout
+            m = inp.final_layout
+            with torch.no_grad():
+                inputs[i].as_strided_(m.shape, m.stride, m.storage_offset)
     result: list[torch.Tensor] = []
     for name, alias, val in zip(graph.outputs, graph.output_aliases, fresh):
         if alias is None:

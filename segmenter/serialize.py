@@ -4,7 +4,7 @@ Schema "fusion-segmenter/graph", version 1::
 
     {"schema": "fusion-segmenter/graph", "version": 1, "name": str,
      "inputs":  [{"name": str, "meta": META, "role": "user"|"parameter"|"buffer"|"constant"|"storage",
-                  "target": str|null, "storage": int}],
+                  "target": str|null, "storage": int, "final_layout": META (optional)}],
      "nodes":   [{"name": str, "op": "aten.add.Tensor", "args": [ARG...], "kwargs": {str: ARG},
                   "outputs": [str|null...], "metas": [META|null...]}],
      "outputs": [str...],
@@ -18,7 +18,9 @@ Schema "fusion-segmenter/graph", version 1::
          | {"dtype": "bfloat16"} | {"device": "cuda:0"} | {"layout": "strided"}
          | {"memory_format": "contiguous_format"} | {"float": "inf"|"-inf"|"nan"}
 
-Inputs with the same ``storage`` share one storage in the caller. Nodes may come in any order;
+Inputs with the same ``storage`` share one storage in the caller. ``final_layout``: the layout
+(same storage, absolute offset) a user input ends with where the program changed its metadata
+(``a.t_()``); it may address only storage elements that ``meta`` addresses. Nodes may come in any order;
 they are sorted topologically, and a cycle is an error naming its nodes. Every error names the
 field that is wrong (``nodes[3] ("add_1").args[0]: ...``); nothing half-loaded survives. An op
 unknown to the op table loads with a warning and runs as OPAQUE. A graph may hold in-place
@@ -90,7 +92,7 @@ def graph_to_dict(g: FusionGraph) -> dict[str, Any]:
     return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "name": g.name,
         "inputs": [{"name": i.name, "meta": _meta_out(i.meta), "role": i.role, "target": i.target,
-                    "storage": i.storage} for i in g.inputs],
+                    "storage": i.storage, **_final_layout_out(i)} for i in g.inputs],
         "nodes": [{"name": n.name, "op": n.op, "args": [_arg_out(a) for a in n.args],
                    "kwargs": {k: _arg_out(v) for k, v in n.kwargs}, "outputs": list(n.outputs),
                    "metas": [_meta_out(m) for m in n.metas]} for n in g.nodes],
@@ -286,7 +288,8 @@ def graph_from_dict(d: Any) -> FusionGraph:
         if target is not None and not isinstance(target, str):
             raise GraphFormatError(f"{where}.target: expected a string or null")
         inputs.append(GraphInput(_need(raw, "name", str, where), _meta_in(_need(raw, "meta", dict, where), f"{where}.meta"),
-                                 role, target, _need(raw, "storage", int, where)))  # type: ignore[arg-type]
+                                 role, target, _need(raw, "storage", int, where),  # type: ignore[arg-type]
+                                 _final_layout_in(raw, where)))
     nodes = [_node_in(n, k) for k, n in enumerate(_need(d, "nodes", list, "graph"))]
     outputs = _need(d, "outputs", list, "graph")
     if not all(isinstance(o, str) for o in outputs):
@@ -309,15 +312,29 @@ def graph_from_dict(d: Any) -> FusionGraph:
         warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
     try:
         if any(op_info(n.op).mutates for n in ordered):
-            if any(a is not None for a in aliases) or mutations:
-                raise GraphFormatError("a graph with in-place nodes must not also list output_aliases or mutations: "
-                                       "they are read from its in-place ops")
+            if any(a is not None for a in aliases) or mutations or any(i.final_layout for i in inputs):
+                raise GraphFormatError("a graph with in-place nodes must not also list output_aliases, mutations or "
+                                       "final layouts: they are read from its in-place ops")
             return functionalize(name, inputs, ordered, outputs)
         return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name)
     except GraphFormatError:
         raise
     except GraphError as e:
         raise GraphFormatError(str(e)) from None
+
+
+# -- optional input fields -------------------------------------------------------------------
+
+def _final_layout_out(inp: GraphInput) -> dict[str, Any]:
+    """``final_layout`` only where the program changes the input's layout (older files stay as they were)."""
+    return {} if inp.final_layout is None else {"final_layout": _meta_out(inp.final_layout)}
+
+
+def _final_layout_in(raw: dict[str, Any], where: str) -> TensorMeta | None:
+    """The layout the caller's tensor ends with; the FusionGraph checks it against the input's
+    (same dtype and device, no storage element the input did not address)."""
+    final = raw.get("final_layout")
+    return None if final is None else _meta_in(final, f"{where}.final_layout")
 
 
 def from_json(text: str, check_metas: bool = True) -> FusionGraph:
