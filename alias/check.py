@@ -59,7 +59,7 @@ def check(original: SegmentedFusion | FusionGraph, rewritten: SegmentedFusion, m
         problems.append(f"nodes in no segment: {missing[:5]}")
     for seg in rewritten.segments:
         for v in seg.inputs:
-            if v not in g.input_names and made.get(v, seg.index) >= seg.index:
+            if v not in g.input_names and v not in g.constant_names and made.get(v, seg.index) >= seg.index:
                 problems.append(f"s{seg.index} reads %{v} before it is made")
         if seg.kind == SegmentKind.METADATA:
             for node in seg.nodes:
@@ -83,7 +83,7 @@ def check(original: SegmentedFusion | FusionGraph, rewritten: SegmentedFusion, m
     if g.mutations != orig.mutations:
         problems.append(f"write-backs differ from the original program's: {orig.mutations} vs {g.mutations}")
     for m in g.mutations:
-        if m.value not in made and m.value not in g.input_names:
+        if m.value not in made and m.value not in g.input_names and m.value not in g.constant_names:
             problems.append(f"the final value %{m.value} of input {g.inputs[m.input].name!r} is never produced")
     roots = storage_roots(rewritten)
     owner: dict[tuple[str, object], int] = {}

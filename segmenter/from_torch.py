@@ -36,7 +36,7 @@ from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
-from .ir import FusionGraph, GraphInput, Mutation, TensorMeta, ValueRef
+from .ir import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
 from .meta import fake_mode, propagate_metas
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .reference import clone_inputs
@@ -46,7 +46,6 @@ __all__ = ["bind_inputs", "capture"]
 _ROLE = {
     InputKind.PARAMETER: "parameter",
     InputKind.BUFFER: "buffer",
-    InputKind.CONSTANT_TENSOR: "constant",
     InputKind.USER_INPUT: "user",
 }
 _MUTATION = {OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION, OutputKind.PARAMETER_MUTATION}
@@ -200,9 +199,21 @@ def _capture(
     graph_tensors: list[torch.Tensor] = []
     inputs_spec: list[tuple[str, str, str | None]] = []  # (value name, role, target)
     bound: dict[Any, Any] = {}
+    constants: list[GraphConstant] = []
     user_iter = iter(zip(user, user_roles))
     for spec, ph in zip(sig.input_specs, placeholders):
-        if spec.kind == InputKind.USER_INPUT:
+        if spec.kind == InputKind.CONSTANT_TENSOR:  # a tensor the program builds or holds: the graph's own
+            value = ep.constants.get(spec.target)
+            if value is None:
+                value = _attr(export_program, spec.target)
+            if not isinstance(value, torch.Tensor):
+                raise CaptureError(f"input {ph.name!r}: constant {spec.target!r} is not a tensor")
+            try:
+                constants.append(GraphConstant.from_tensor(ph.name, value))
+            except GraphError as e:
+                raise CaptureError(f"input {ph.name!r}: {e}") from None
+            bound[ph] = ValueRef(ph.name)
+        elif spec.kind == InputKind.USER_INPUT:
             if not isinstance(spec.arg, TensorArgument):
                 bound[ph] = getattr(spec.arg, "value", None)
                 continue
@@ -272,6 +283,7 @@ def _capture(
         output_aliases=tuple(observed_aliases(eager_inputs, seen.outputs)),
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=graph_name,
+        constants=tuple(constants),
     )
     graph = propagate_metas(graph)
     return _strip_prefix(graph) if export_program is not program else graph
@@ -289,6 +301,13 @@ class _AliasedArgs(torch.nn.Module):
     def forward(self, *tensors: torch.Tensor, **kwargs: Any) -> Any:
         args = [torch.ops.aten.alias.default(t) if i in self.which else t for i, t in enumerate(tensors)]
         return self.program(*args, **kwargs)
+
+
+def _attr(module: torch.nn.Module, target: str) -> object:
+    value: object = module
+    for part in target.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 def _strip_prefix(graph: FusionGraph) -> FusionGraph:
@@ -330,7 +349,7 @@ def _observe(
     is run once on real copies of its inputs and weights instead, where those are real."""
     state = _state(program)
     existing = next((t.fake_mode for t in (*user, *state.values()) if isinstance(t, FakeTensor)), None)
-    mode = existing or fake_mode()
+    mode = existing or fake_mode(allow_non_fake_inputs=True)  # a module's plain tensor attributes
 
     def fake(t: torch.Tensor) -> torch.Tensor:
         return t if isinstance(t, FakeTensor) else mode.from_tensor(t)

@@ -22,10 +22,23 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
+from .ir import (
+    Alias,
+    Arg,
+    FusionGraph,
+    GraphConstant,
+    GraphError,
+    GraphInput,
+    Mutation,
+    Node,
+    OpRef,
+    TensorMeta,
+    ValueRef,
+)
 from .meta import fake_mode
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .ops import NOT_COMPUTE, op_info, op_name
@@ -45,6 +58,7 @@ class _Converted:
     nodes: list[Node]
     env: dict[fx.Node, Arg]
     outputs: list[Arg]
+    constants: list[GraphConstant]  # tensors read with get_attr, held by value
 
 
 def storage_ids(tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -71,6 +85,7 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
     env: dict[fx.Node, Arg] = dict(placeholders)
     nodes: list[Node] = []
     outputs: list[Arg] = []
+    constants: list[GraphConstant] = []
 
     def arg(a: object, where: str) -> Arg:
         if isinstance(a, fx.Node):
@@ -94,7 +109,15 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
             outputs = list(pytree.tree_leaves(arg(n.args[0], "output")))
             continue
         if n.op == "get_attr":
-            raise CaptureError(f"node {n.name!r}: get_attr {n.target!r}; lift constants to inputs first")
+            value = fetch_attr(gm, n.target)
+            if not isinstance(value, torch.Tensor):
+                raise CaptureError(f"node {n.name!r}: get_attr {n.target!r} is a {type(value).__name__}, not a tensor")
+            try:
+                constants.append(GraphConstant.from_tensor(n.name, value))
+            except GraphError as e:
+                raise CaptureError(f"node {n.name!r}: get_attr {n.target!r}: {e}") from None
+            env[n] = ValueRef(n.name)
+            continue
         if n.op != "call_function":
             raise CaptureError(
                 f"node {n.name!r}: {n.op} {n.target!r} is not ATen-level; capture with "
@@ -126,7 +149,31 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
             outs, metas = (n.name,), (_meta_of(val, f"node {n.name!r}"),)
             env[n] = ValueRef(n.name)
         nodes.append(Node(n.name, name, args, kwargs, outs, metas))
-    return _Converted(nodes, env, outputs)
+    return _Converted(nodes, env, outputs, constants)
+
+
+def fetch_attr(gm: fx.GraphModule, target: str) -> object:
+    """The attribute a get_attr node reads (``a.b.c``)."""
+    value: object = gm
+    for part in target.split("."):
+        if not hasattr(value, part):
+            raise CaptureError(f"get_attr {target!r}: the module has no attribute {part!r}")
+        value = getattr(value, part)
+    return value
+
+
+class _FakeConstants(fx.Interpreter):
+    """Runs a graph on FakeTensors, its get_attr tensors made fake in the same mode."""
+
+    def __init__(self, gm: fx.GraphModule, mode: object) -> None:
+        super().__init__(gm)
+        self.mode = mode
+
+    def get_attr(self, target, args, kwargs):  # noqa: ANN001, ANN201 - fx's signature
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return self.mode.from_tensor(value)
+        return value
 
 
 def _tuple_outputs(n: fx.Node, val: Sequence[object]) -> tuple[str | None, ...]:
@@ -188,7 +235,6 @@ def needs_functionalization(gm: fx.GraphModule) -> bool:
 
 
 def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
-    from torch._subclasses.fake_tensor import FakeTensor
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -261,13 +307,16 @@ def from_fx(
     keep = [i for i in range(len(outputs)) if i not in updates]
     aliases = observed_aliases([fake_in[i] for i in tensor_pos], [fake_out[i] for i in keep])
     live = set(outputs) | {m.value for m in mutations}
+    kept = eliminate_dead_nodes(nodes, live)
+    used = {v for n in kept for v in n.inputs} | live
     return FusionGraph(
         inputs=inputs,
-        nodes=tuple(eliminate_dead_nodes(nodes, live)),
+        nodes=tuple(kept),
         outputs=tuple(outputs[i] for i in keep),
         output_aliases=tuple(aliases),
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=name,
+        constants=tuple(c for c in conv.constants if c.name in used),
     )
 
 
@@ -298,14 +347,13 @@ def _run_on_fakes(
     """Run the fx program itself on FakeTensor copies of the inputs (storages shared as in the
     caller's), so output aliasing is read from what the program does, not from ``meta['val']``
     snapshots (which need not share storages); and which inputs it leaves with another layout."""
-    from torch._subclasses.fake_tensor import FakeTensor
 
     mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or fake_mode()
     fakes = [t if isinstance(t, FakeTensor) or not isinstance(t, torch.Tensor) else mode.from_tensor(t)
              for t in example_inputs]
     with watch_layouts(fakes, mode) as watch:
         try:
-            out = pytree.tree_leaves(fx.Interpreter(gm).run(*fakes))
+            out = pytree.tree_leaves(_FakeConstants(gm, mode).run(*fakes))
         except Exception as e:  # noqa: BLE001 - torch's error, with the op and the input named
             op, index = watch.recorder.failed or ("the graph", None)
             on = f" on input {gm_placeholder_name(gm, index)!r}" if index is not None else ""

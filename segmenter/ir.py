@@ -11,6 +11,8 @@ graph cannot say by itself:
   ``k`` (``Alias("input", k)``) or of an earlier output ``k`` (``Alias("output", k)``);
 * ``mutations``: input ``k`` ends holding the value ``v`` (the write-back epilogue);
 * ``GraphInput.storage``: inputs with the same storage id share one storage in the caller;
+* ``constants``: tensors the graph holds by value (``GraphConstant``), used by name like inputs
+  but never passed in;
 * ``GraphInput.final_layout``: the caller's tensor ends with this layout (``t_()``,
   ``unsqueeze_()``... on the input: see Note [metadata mutation] in segmenter/metadata_mutation.py).
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal, Union
 
@@ -33,6 +35,7 @@ __all__ = [
     "Alias",
     "Arg",
     "FusionGraph",
+    "GraphConstant",
     "GraphError",
     "GraphInput",
     "Mutation",
@@ -245,6 +248,53 @@ class GraphInput:
 
 
 @dataclass(frozen=True)
+class GraphConstant:
+    """A tensor the graph holds by value: a ``torch.tensor([...])`` built in the program, the index
+    of ``x[[1, 2]]``, a module's plain tensor attribute. Nodes use it by ``name`` as they use an
+    input; it is never passed in. ``meta`` is contiguous at offset 0 on the device the program
+    used; ``data`` its bytes in little-endian order (None where it was captured on fake or meta
+    tensors: such a graph can be segmented, not run). Equal graphs hold equal bytes."""
+
+    name: str
+    meta: TensorMeta
+    data: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.meta.is_contiguous() or self.meta.storage_offset != 0:
+            raise GraphError(f"constant {self.name!r}: {self.meta} is not contiguous at offset 0")
+        want = self.meta.numel * self.meta.itemsize
+        if self.data is not None and len(self.data) != want:
+            raise GraphError(f"constant {self.name!r}: {len(self.data)} bytes of data for {self.meta} ({want} bytes)")
+
+    @classmethod
+    def from_tensor(cls, name: str, t: torch.Tensor, device: str | None = None) -> GraphConstant:
+        from .constants import tensor_bytes
+
+        t = t.detach()
+        meta = TensorMeta.from_tensor(t.contiguous() if t.device.type == "meta" else t, device)
+        if not meta.is_contiguous() or meta.storage_offset != 0:
+            meta = TensorMeta(meta.shape, _contiguous_strides(meta.shape), 0, meta.dtype, meta.device)
+        return cls(name, meta, tensor_bytes(t, f"constant {name!r}"))
+
+    def tensor(self, device: str | torch.device | None = None) -> torch.Tensor:
+        """A fresh tensor holding the constant, on ``device`` (default: its own)."""
+        from .constants import tensor_from_bytes
+
+        if self.data is None:
+            raise GraphError(f"constant {self.name!r} was captured without its values (on fake or meta tensors)")
+        t = tensor_from_bytes(self.data, self.meta)
+        return t.to(device if device is not None else self.meta.device)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
 class Alias:
     """Graph output was a view of graph input ``index`` or of the earlier output ``index``.
 
@@ -274,6 +324,7 @@ class FusionGraph:
     output_aliases: tuple[Alias | None, ...] = ()
     mutations: tuple[Mutation, ...] = ()
     name: str = "graph"
+    constants: tuple[GraphConstant, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.output_aliases:
@@ -289,8 +340,9 @@ class FusionGraph:
 
     @cached_property
     def metas(self) -> dict[str, TensorMeta]:
-        """Meta of every value (inputs and node outputs) by name."""
+        """Meta of every value (inputs, constants and node outputs) by name."""
         out = {inp.name: inp.meta for inp in self.inputs}
+        out.update((c.name, c.meta) for c in self.constants)
         for node in self.nodes:
             for name, meta in zip(node.outputs, node.metas):
                 if name is not None and meta is not None:
@@ -319,6 +371,10 @@ class FusionGraph:
         return tuple(i.name for i in self.inputs)
 
     @property
+    def constant_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.constants)
+
+    @property
     def mutated_inputs(self) -> tuple[int, ...]:
         return tuple(m.input for m in self.mutations)
 
@@ -343,6 +399,10 @@ class FusionGraph:
             defined[inp.name] = f"inputs[{i}]"
             if inp.final_layout is not None:
                 _check_final_layout(inp, f"inputs[{i}] ({inp.name!r}).final_layout")
+        for i, c in enumerate(self.constants):
+            if c.name in defined:
+                raise GraphError(f"constants[{i}]: value name {c.name!r} is also {defined[c.name]}")
+            defined[c.name] = f"constants[{i}]"
         all_defs = {o: n.name for n in self.nodes for o in n.outputs if o is not None}
         node_names: set[str] = set()
         for k, node in enumerate(self.nodes):
@@ -416,6 +476,8 @@ class FusionGraph:
                 extra += f", final layout {inp.final_layout}"
             lines.append(f"    %{inp.name}: {inp.meta}{extra}")
         lines.append("):")
+        for c in self.constants:
+            lines.append(f"    constant %{c.name}: {c.meta}")
         for node in self.nodes:
             metas = ", ".join(str(m) for m in node.metas if m is not None)
             lines.append(f"    {node}  # {op_info(node.op).kind.name} -> {metas}")

@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
+from .ir import Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
 from .ops import resolve_op
 
-__all__ = ["fake_inputs", "fake_mode", "meta_mismatches", "propagate_metas"]
+__all__ = ["fake_constants", "fake_inputs", "fake_mode", "meta_mismatches", "propagate_metas"]
 
 
-def fake_mode() -> FakeTensorMode:
+def fake_mode(allow_non_fake_inputs: bool = False) -> FakeTensorMode:
     """A FakeTensorMode without torch's fake-kernel cache.
 
     Note [fake tensor cache]: torch caches fake kernel results process-wide, and a hit can hand
@@ -31,9 +31,10 @@ def fake_mode() -> FakeTensorMode:
     9 (eager's result sits at offset 9) came back at offset 0 after the same op had run on an input
     at offset 0, so recorded metas depended on what ran before in the process (JSON graphs were
     refused as contradicting their ops, in one test order only). Metas we record are computed
-    without it.
+    without it. ``allow_non_fake_inputs``: real tensors met while running (a module's plain tensor
+    attributes, constants) are faked on the fly.
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = FakeTensorMode(allow_non_fake_inputs=allow_non_fake_inputs)
     mode.cache_enabled = False
     return mode
 
@@ -62,6 +63,20 @@ def fake_inputs(mode: FakeTensorMode, inputs: Sequence[GraphInput]) -> list[torc
                 base = torch.empty(max(extent[inp.storage], 1), dtype=m.dtype, device=_fakeable(m.device))
                 bases.setdefault(inp.storage, base)
             out.append(base.as_strided(m.shape, m.stride, m.storage_offset))
+    return out
+
+
+def fake_constants(mode: FakeTensorMode, constants: Sequence[GraphConstant]) -> dict[str, torch.Tensor]:
+    """FakeTensors for the graph's constants; where the values are known (and the device can be
+    faked) they come along, so ops that read a constant's values (an index) see them."""
+    out = {}
+    for c in constants:
+        device = _fakeable(c.meta.device)
+        if c.data is not None and device == c.meta.device:
+            out[c.name] = mode.from_tensor(c.tensor(), static_shapes=True)
+        else:
+            with mode:
+                out[c.name] = torch.empty_strided(c.meta.shape, c.meta.stride, dtype=c.meta.dtype, device=device)
     return out
 
 
@@ -103,6 +118,7 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
     """
     mode = fake_mode()  # Note [fake tensor cache]
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, fake_inputs(mode, graph.inputs)))
+    env.update(fake_constants(mode, graph.constants))
     nodes = []
     with mode:
         for node in graph.nodes:

@@ -48,6 +48,7 @@ def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
 def evaluate(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every value of the graph, computed functionally (no write-back, no aliasing restored)."""
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, inputs))
+    env.update((c.name, c.tensor()) for c in graph.constants)
     for node in graph.nodes:
         for name, val in zip(node.outputs, run_node(node, env)):
             if name is not None:
@@ -91,9 +92,12 @@ def finish(
     same storage, with the original layout, where the original program returned a view; a
     tensor sharing no storage with an input or another output everywhere else."""
     input_storages = {storage_key(t) for t in inputs}
+    # the graph's constants are its own: the caller gets copies (what it does to them must not
+    # reach the next call)
+    input_storages.update(storage_key(env[c.name]) for c in graph.constants if c.name in env)
 
     def detached(t: torch.Tensor) -> torch.Tensor:
-        # Functional values may still be views of inputs; copy them before any write-back.
+        # Functional values may still be views of inputs or constants; copy them before any write-back.
         return _fresh(t) if storage_key(t) in input_storages else t
 
     for m in graph.mutations:

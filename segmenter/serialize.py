@@ -9,7 +9,8 @@ Schema "fusion-segmenter/graph", version 1::
                   "outputs": [str|null...], "metas": [META|null...]}],
      "outputs": [str...],
      "output_aliases": [null | {"source": "input"|"output", "index": int, "layout": META|null}...],
-     "mutations": [{"input": int, "value": str}...]}
+     "mutations": [{"input": int, "value": str}...],
+     "constants": [{"name": str, "meta": META, "data": str|null}...]}   (optional)
 
     META = {"shape": [int], "stride": [int], "storage_offset": int, "dtype": "float32", "device": "cpu"}
     ARG  = int | float | bool | null | str | [ARG...]
@@ -18,7 +19,12 @@ Schema "fusion-segmenter/graph", version 1::
          | {"dtype": "bfloat16"} | {"device": "cuda:0"} | {"layout": "strided"}
          | {"memory_format": "contiguous_format"} | {"float": "inf"|"-inf"|"nan"}
 
-Inputs with the same ``storage`` share one storage in the caller. ``final_layout``: the layout
+``constants``: tensors the graph holds by value, used by name like inputs. ``meta`` is contiguous
+at offset 0 with a dtype whose elements are plain bytes; ``data`` is the base64 (RFC 4648, with
+padding) of the elements' bytes in row-major order, each element little-endian (exactly
+numel * itemsize bytes), or null where the graph was captured without values (on meta/fake
+tensors: such a graph can be segmented, not run). All constants of a file together are bounded
+(``MAX_CONSTANT_BYTES``). Inputs with the same ``storage`` share one storage in the caller. ``final_layout``: the layout
 (same storage, absolute offset) a user input ends with where the program changed its metadata
 (``a.t_()``); it may address only storage elements that ``meta`` addresses. Nodes may come in any order;
 they are sorted topologically, and a cycle is an error naming its nodes. Every error names the
@@ -30,6 +36,8 @@ its output aliasing and write-backs are then read from what its in-place ops do.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import heapq
 import json
 import math
@@ -38,8 +46,21 @@ from typing import Any
 
 import torch
 
+from .constants import BYTE_DTYPES
 from .functionalize import functionalize
-from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
+from .ir import (
+    Alias,
+    Arg,
+    FusionGraph,
+    GraphConstant,
+    GraphError,
+    GraphInput,
+    Mutation,
+    Node,
+    OpRef,
+    TensorMeta,
+    ValueRef,
+)
 from .ops import op_info
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
@@ -100,6 +121,7 @@ def graph_to_dict(g: FusionGraph) -> dict[str, Any]:
         "output_aliases": [None if a is None else {"source": a.source, "index": a.index, "layout": _meta_out(a.layout)}
                            for a in g.output_aliases],
         "mutations": [{"input": m.input, "value": m.value} for m in g.mutations],
+        **_constants_out(g),
     }
 
 
@@ -307,7 +329,8 @@ def graph_from_dict(d: Any) -> FusionGraph:
                              None if layout is None else _meta_in(layout, f"output_aliases[{i}].layout")))
     mutations = [Mutation(_need(m, "input", int, f"mutations[{i}]"), _need(m, "value", str, f"mutations[{i}]"))
                  for i, m in enumerate(_optional_list(d, "mutations"))]
-    ordered = _topological(nodes, {i.name for i in inputs})
+    constants = _constants_in(d)
+    ordered = _topological(nodes, {i.name for i in inputs} | {c.name for c in constants})
     for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
         warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
     try:
@@ -315,8 +338,9 @@ def graph_from_dict(d: Any) -> FusionGraph:
             if any(a is not None for a in aliases) or mutations or any(i.final_layout for i in inputs):
                 raise GraphFormatError("a graph with in-place nodes must not also list output_aliases, mutations or "
                                        "final layouts: they are read from its in-place ops")
-            return functionalize(name, inputs, ordered, outputs)
-        return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name)
+            return functionalize(name, inputs, ordered, outputs, constants)
+        return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name,
+                           tuple(constants))
     except GraphFormatError:
         raise
     except GraphError as e:
@@ -335,6 +359,55 @@ def _final_layout_in(raw: dict[str, Any], where: str) -> TensorMeta | None:
     (same dtype and device, no storage element the input did not address)."""
     final = raw.get("final_layout")
     return None if final is None else _meta_in(final, f"{where}.final_layout")
+
+
+# -- constants ---------------------------------------------------------------------------------
+
+MAX_CONSTANT_BYTES = 64 << 20  # all constants of one file together; a bigger tensor is a weight: pass it in
+
+
+def _constants_out(g: FusionGraph) -> dict[str, Any]:
+    """``constants`` only where the graph holds some (older files stay as they were)."""
+    if not g.constants:
+        return {}
+    return {"constants": [{"name": c.name, "meta": _meta_out(c.meta),
+                           "data": None if c.data is None else base64.b64encode(c.data).decode("ascii")}
+                          for c in g.constants]}
+
+
+def _constants_in(d: dict[str, Any]) -> list[GraphConstant]:
+    """Each constant's meta is checked (known dtype held as plain bytes, contiguous, offset 0) and
+    its size bounded before its data is decoded; the data must be exactly its elements' bytes."""
+    out: list[GraphConstant] = []
+    total = 0
+    for i, raw in enumerate(_optional_list(d, "constants")):
+        where = f"constants[{i}]"
+        name = _need(raw, "name", str, where)
+        if not (name.isidentifier() and name.isascii()):
+            raise GraphFormatError(f"{where}.name: {name[:60]!r} is not an identifier")
+        meta = _meta_in(_need(raw, "meta", dict, where), f"{where}.meta")
+        if meta.dtype not in BYTE_DTYPES:
+            raise GraphFormatError(f"{where}.meta.dtype: {meta.dtype} cannot be held as a constant")
+        size = meta.numel * meta.itemsize
+        total += size
+        if total > MAX_CONSTANT_BYTES:
+            raise GraphFormatError(f"{where}: {size} bytes, over the limit of {MAX_CONSTANT_BYTES} bytes for the "
+                                   "constants of one graph (pass big tensors as inputs)")
+        data = raw.get("data")
+        if data is not None:
+            if not isinstance(data, str):
+                raise GraphFormatError(f"{where}.data: expected a base64 string or null, got {type(data).__name__}")
+            if len(data) > 4 * (size // 3 + 1):
+                raise GraphFormatError(f"{where}.data: {len(data)} characters of base64 for {size} bytes")
+            try:
+                data = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                raise GraphFormatError(f"{where}.data: not valid base64") from None
+        try:
+            out.append(GraphConstant(name, meta, data))
+        except GraphError as e:
+            raise GraphFormatError(f"{where}: {e}") from None
+    return out
 
 
 def from_json(text: str, check_metas: bool = True) -> FusionGraph:
