@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,12 +34,12 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
-from torch.utils import _pytree as pytree
 
 from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
 from .ir import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
 from .meta import fake_mode, propagate_metas
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
+from .outputs import FlatOutputs, output_tensors
 from .reference import clone_inputs
 
 __all__ = ["bind_inputs", "capture"]
@@ -183,9 +184,16 @@ def _capture(
     seen = _observe(program, user, call_kwargs, names, graph_name, shared)
     export_args = tuple(_fresh_copy(t) for t in user) if shared else tuple(user)
     export_program = program
-    if seen.changes:  # Note [metadata mutation]: trace the program on aliases of those arguments
-        export_program = _AliasedArgs(program, {c.index for c in seen.changes})
-        export_args = tuple(_unbased(t) for t in export_args)
+    if seen.changes or seen.flat.needs_flattening:
+        # Note [metadata mutation]: trace the program on aliases of those arguments;
+        # Note [model outputs]: and with its outputs flattened to tensors (a cache object)
+        export_program = _Prepared(program, {c.index for c in seen.changes}, seen.flat.needs_flattening)
+        export_args = tuple(_unbased(t) for t in export_args) if seen.changes else export_args
+    if seen.flat.dropped or seen.flat.objects:
+        said = [f"flattened to their tensors: {', '.join(seen.flat.objects)}"] if seen.flat.objects else []
+        said += [f"left out (not tensors): {', '.join(seen.flat.dropped)}"] if seen.flat.dropped else []
+        warnings.warn(f"{graph_name}: the graph's outputs are the tensors the program returns; " + "; ".join(said),
+                      stacklevel=3)
     try:
         ep = torch.export.export(export_program, export_args, kwargs=call_kwargs, strict=False)
         ep = ep.run_decompositions(decompositions) if decompositions is not None else ep.run_decompositions()
@@ -289,18 +297,22 @@ def _capture(
     return _strip_prefix(graph) if export_program is not program else graph
 
 
-class _AliasedArgs(torch.nn.Module):
+class _Prepared(torch.nn.Module):
     """Hands the program ``aten.alias`` of the arguments whose metadata it changes (Note
-    [metadata mutation]): the change stays on the alias, the data writes reach the input."""
+    [metadata mutation]: the change stays on the alias, the data writes reach the input), and
+    returns its outputs as a flat tuple of tensors where export could not flatten them (Note
+    [model outputs])."""
 
-    def __init__(self, program: torch.nn.Module, which: set[int]) -> None:
+    def __init__(self, program: torch.nn.Module, aliased: set[int], flatten: bool) -> None:
         super().__init__()
         self.program = program
-        self.which = which
+        self.aliased = aliased
+        self.flatten = flatten
 
     def forward(self, *tensors: torch.Tensor, **kwargs: Any) -> Any:
-        args = [torch.ops.aten.alias.default(t) if i in self.which else t for i, t in enumerate(tensors)]
-        return self.program(*args, **kwargs)
+        args = [torch.ops.aten.alias.default(t) if i in self.aliased else t for i, t in enumerate(tensors)]
+        out = self.program(*args, **kwargs)
+        return tuple(output_tensors(out).tensors) if self.flatten else out
 
 
 def _attr(module: torch.nn.Module, target: str) -> object:
@@ -335,6 +347,7 @@ class _Observed:
     user: list[torch.Tensor]  # the fakes standing for the user's tensors
     fake: Callable[[torch.Tensor], torch.Tensor]  # the fake standing for any other tensor
     changes: list[LayoutChange]  # user tensors whose metadata it changes
+    flat: FlatOutputs  # how its outputs flatten to tensors
 
 
 def _observe(
@@ -398,12 +411,13 @@ def _run_watched(
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             on = "FakeTensors" if mode is not None else "copies of the inputs"
             raise CaptureError(f"{graph_name}: {op} failed when run on {on}: {type(e).__name__}: {first}") from e
-        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        flat = output_tensors(out)
+        outputs = flat.tensors
         changes = watch.changes()
         # an output that is an input object itself keeps its final layout after the restore
         watched = {id(t) for t in (*user, *state.values())}
         outputs = [t.as_strided(t.shape, t.stride(), t.storage_offset()) if id(t) in watched else t for t in outputs]
-    return _Observed(outputs, user, stand_in, changes)
+    return _Observed(outputs, user, stand_in, changes, flat)
 
 
 def bind_inputs(graph: FusionGraph, module: torch.nn.Module | None, user_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
