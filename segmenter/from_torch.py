@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
-from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
+from .fx_import import CaptureError, ScalarRead, convert_graph, observed_aliases, storage_ids
 from .ir import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
 from .meta import fake_mode, propagate_metas
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
@@ -189,14 +189,12 @@ def _capture(
         # Note [model outputs]: and with its outputs flattened to tensors (a cache object)
         export_program = _Prepared(program, {c.index for c in seen.changes}, seen.flat.needs_flattening)
         export_args = tuple(_unbased(t) for t in export_args) if seen.changes else export_args
-    if seen.flat.dropped or seen.flat.objects:
-        said = [f"flattened to their tensors: {', '.join(seen.flat.objects)}"] if seen.flat.objects else []
-        said += [f"left out (not tensors): {', '.join(seen.flat.dropped)}"] if seen.flat.dropped else []
-        warnings.warn(f"{graph_name}: the graph's outputs are the tensors the program returns; " + "; ".join(said),
-                      stacklevel=3)
     try:
         ep = torch.export.export(export_program, export_args, kwargs=call_kwargs, strict=False)
         ep = ep.run_decompositions(decompositions) if decompositions is not None else ep.run_decompositions()
+        ep = _without_effect_tokens(ep)
+    except CaptureError:
+        raise
     except Exception as e:  # noqa: BLE001 - export's errors are long; keep the first line, chain it
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export failed on {graph_name}: {first}") from e
@@ -262,7 +260,7 @@ def _capture(
     placeholder_args.update(bound)
     conv = convert_graph(ep.graph_module, placeholder_args)
     mutations: list[Mutation] = []
-    user_outputs: list[str] = []
+    returned: list[Any] = []
     for i, (spec, out) in enumerate(zip(sig.output_specs, conv.outputs)):
         if spec.kind in _MUTATION:
             idx = target_index.get(spec.target, index_of.get(spec.target))
@@ -272,15 +270,10 @@ def _capture(
                 raise _SharedMutation(f"input {inputs[idx].name!r} shares a storage with another input and is mutated")
             mutations.append(Mutation(idx, out.name))
         elif spec.kind == OutputKind.USER_OUTPUT:
-            if isinstance(out, ValueRef):
-                user_outputs.append(out.name)
+            returned.append(out)
         else:
             raise CaptureError(f"output {i}: unsupported export output kind {spec.kind.name}")
-
-    if len(seen.outputs) != len(user_outputs):
-        raise CaptureError(
-            f"eager returned {len(seen.outputs)} tensors but the exported graph {len(user_outputs)}"
-        )
+    user_outputs, scalar_outputs, eager_outputs = _user_outputs(returned, seen.flat, graph_name)
     user_fakes = iter(seen.user)
     eager_inputs = [next(user_fakes) if role in ("user", "storage") else seen.fake(t)
                     for (_, role, _), t in zip(inputs_spec, graph_tensors)]
@@ -288,13 +281,62 @@ def _capture(
         inputs=inputs,
         nodes=tuple(conv.nodes),
         outputs=tuple(user_outputs),
-        output_aliases=tuple(observed_aliases(eager_inputs, seen.outputs)),
+        output_aliases=tuple(observed_aliases(eager_inputs, eager_outputs)),
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=graph_name,
         constants=tuple(constants),
+        scalar_outputs=tuple(scalar_outputs),
     )
     graph = propagate_metas(graph)
     return _strip_prefix(graph) if export_program is not program else graph
+
+
+def _user_outputs(
+    returned: list[Any], flat: FlatOutputs, graph_name: str,
+) -> tuple[list[str], list[int], list[torch.Tensor | None]]:
+    """The graph's outputs from export's, matched with what eager returned (Note [model outputs]):
+    tensors; numbers read back with ``.item()`` (returned as numbers: ``scalar_outputs``); and
+    literals, the same at every call, left out and named in a warning with what else was."""
+    if len(returned) != len(flat.leaves):
+        raise CaptureError(f"{graph_name}: eager returned {len(flat.leaves)} values but the exported graph "
+                           f"{len(returned)}")
+    outputs: list[str] = []
+    scalars: list[int] = []
+    eager: list[torch.Tensor | None] = []  # per output, the eager tensor (None for numbers)
+    dropped = list(flat.dropped)
+    for out, (path, value) in zip(returned, flat.leaves):
+        if isinstance(out, ValueRef):
+            if not isinstance(value, torch.Tensor):
+                raise CaptureError(f"{graph_name}: {path} is a {type(value).__name__} in eager, a tensor in the graph")
+            outputs.append(out.name)
+            eager.append(value)
+        elif isinstance(out, ScalarRead):
+            scalars.append(len(outputs))
+            outputs.append(out.tensor.name)
+            eager.append(None)
+        else:
+            dropped.append(f"{path} ({type(value).__name__})")
+    if dropped or flat.objects:
+        said = [f"flattened to their tensors: {', '.join(flat.objects)}"] if flat.objects else []
+        said += [f"left out (not tensors): {', '.join(dropped)}"] if dropped else []
+        warnings.warn(f"{graph_name}: the graph's outputs are the tensors the program returns; " + "; ".join(said),
+                      stacklevel=4)
+    return outputs, scalars, eager
+
+
+def _without_effect_tokens(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Note [effect tokens]: export orders ops with side effects (``_linalg_check_errors``, which
+    raises for a singular matrix in ``linalg.inv``) by threading a token input through
+    ``with_effects`` calls. The graph keeps such an op as a node whose result nothing uses, in
+    program order (it runs on torch, and raises as eager does); the token goes."""
+    if not any(s.kind == InputKind.TOKEN for s in ep.graph_signature.input_specs):
+        return ep
+    try:
+        from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
+    except ImportError:  # a private pass of torch.export: name what is missing rather than misread
+        raise CaptureError("the program has ops with side effects (effect tokens), and this torch has no pass "
+                           "to remove them") from None
+    return _remove_effect_tokens(ep)
 
 
 class _Prepared(torch.nn.Module):
@@ -312,7 +354,7 @@ class _Prepared(torch.nn.Module):
     def forward(self, *tensors: torch.Tensor, **kwargs: Any) -> Any:
         args = [torch.ops.aten.alias.default(t) if i in self.aliased else t for i, t in enumerate(tensors)]
         out = self.program(*args, **kwargs)
-        return tuple(output_tensors(out).tensors) if self.flatten else out
+        return tuple(v for _, v in output_tensors(out).leaves) if self.flatten else out
 
 
 def _attr(module: torch.nn.Module, target: str) -> object:
@@ -343,7 +385,6 @@ def _unbased(t: torch.Tensor) -> torch.Tensor:
 class _Observed:
     """What the program does when run on FakeTensors."""
 
-    outputs: list[torch.Tensor]  # its tensor outputs
     user: list[torch.Tensor]  # the fakes standing for the user's tensors
     fake: Callable[[torch.Tensor], torch.Tensor]  # the fake standing for any other tensor
     changes: list[LayoutChange]  # user tensors whose metadata it changes
@@ -412,12 +453,12 @@ def _run_watched(
             on = "FakeTensors" if mode is not None else "copies of the inputs"
             raise CaptureError(f"{graph_name}: {op} failed when run on {on}: {type(e).__name__}: {first}") from e
         flat = output_tensors(out)
-        outputs = flat.tensors
         changes = watch.changes()
         # an output that is an input object itself keeps its final layout after the restore
         watched = {id(t) for t in (*user, *state.values())}
-        outputs = [t.as_strided(t.shape, t.stride(), t.storage_offset()) if id(t) in watched else t for t in outputs]
-    return _Observed(outputs, user, stand_in, changes, flat)
+        flat.leaves = [(p, v.as_strided(v.shape, v.stride(), v.storage_offset()) if id(v) in watched else v)
+                       for p, v in flat.leaves]
+    return _Observed(user, stand_in, changes, flat)
 
 
 def bind_inputs(graph: FusionGraph, module: torch.nn.Module | None, user_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

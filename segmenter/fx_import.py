@@ -43,14 +43,14 @@ from .meta import fake_mode
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .ops import NOT_COMPUTE, op_info, op_name
 
-__all__ = ["CaptureError", "eliminate_dead_nodes", "from_fx", "storage_ids"]
+__all__ = ["CaptureError", "ScalarRead", "eliminate_dead_nodes", "from_fx", "storage_ids"]
 
 
 class CaptureError(GraphError):
     """A program that cannot be turned into a FusionGraph; the message says which node and why."""
 
 
-_LITERALS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_LITERALS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
 @dataclass
@@ -67,11 +67,36 @@ def storage_ids(tensors: Sequence[torch.Tensor]) -> list[int]:
     return [first.setdefault(StorageWeakRef(t.untyped_storage()), i) for i, t in enumerate(tensors)]
 
 
+@dataclass(frozen=True)
+class ScalarRead:
+    """``t.item()`` in the program: the Python number read from the one-element tensor ``tensor``.
+    Only a returned value may be one (the graph returns ``tensor`` and the run reads the number)."""
+
+    tensor: ValueRef
+    node: str
+
+
+def _data_dependent(values: Sequence[object]) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(v)
+               for v in values)
+
+
+def _symbolic(what: str, values: Sequence[object]) -> str:
+    """Why a symbolic size is refused: a data-dependent one cannot be made concrete by the caller."""
+    if _data_dependent(values):
+        return (f"{what} depends on the values of the inputs, not only on their shapes (as the output of "
+                "nonzero / masked_select / unique does): a FusionGraph holds static shapes, so this op is not "
+                "supported")
+    return f"{what} is symbolic; pass concrete example inputs (the graph is specialized to their shapes)"
+
+
 def _meta_of(val: object, where: str) -> TensorMeta:
     if not isinstance(val, torch.Tensor):
         raise CaptureError(f"{where}: expected a tensor value, got {type(val).__name__}")
     if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
-        raise CaptureError(f"{where}: symbolic shape {tuple(val.shape)}; pass concrete example inputs")
+        raise CaptureError(f"{where}: " + _symbolic(f"the shape {tuple(val.shape)}", (*val.shape, *val.stride())))
     return TensorMeta.from_tensor(val)
 
 
@@ -87,26 +112,30 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
     outputs: list[Arg] = []
     constants: list[GraphConstant] = []
 
-    def arg(a: object, where: str) -> Arg:
+    def arg(a: object, where: str, scalars: bool = False) -> Arg:
         if isinstance(a, fx.Node):
             if a not in env:
                 raise CaptureError(f"{where}: uses {a.name!r}, which is not a value of the graph")
-            return env[a]
+            value = env[a]
+            if isinstance(value, ScalarRead) and not scalars:
+                raise CaptureError(f"{where}: uses the number that {value.node!r} reads back from a tensor (.item()); "
+                                   "a number read back to Python is supported only as a returned value")
+            return value  # type: ignore[return-value]
         if isinstance(a, (list, tuple)):
-            return tuple(arg(x, f"{where}[{i}]") for i, x in enumerate(a))
+            return tuple(arg(x, f"{where}[{i}]", scalars) for i, x in enumerate(a))
         if isinstance(a, _LITERALS):
             return a
         if isinstance(a, torch._ops.OpOverload):
             return OpRef(op_name(a))
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            raise CaptureError(f"{where}: symbolic value {a}; pass concrete example inputs")
+            raise CaptureError(f"{where}: " + _symbolic(f"the value {a}", (a,)))
         raise CaptureError(f"{where}: unsupported argument of type {type(a).__name__}")
 
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             continue
         if n.op == "output":
-            outputs = list(pytree.tree_leaves(arg(n.args[0], "output")))
+            outputs = list(pytree.tree_leaves(arg(n.args[0], "output", scalars=True)))
             continue
         if n.op == "get_attr":
             value = fetch_attr(gm, n.target)
@@ -133,6 +162,12 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
             continue
         if name in NOT_COMPUTE:
             continue
+        if name == "aten._local_scalar_dense.default":  # t.item(): see ScalarRead
+            src = arg(n.args[0], f"node {n.name!r} args[0]")
+            if not isinstance(src, ValueRef):
+                raise CaptureError(f"node {n.name!r}: .item() of {src!r}, which is not a tensor value")
+            env[n] = ScalarRead(src, n.name)  # type: ignore[assignment]
+            continue
         info = op_info(name)
         if not info.known:
             warnings.warn(f"op {name} (node {n.name!r}) is not in the op table: it will run as OPAQUE", stacklevel=2)
@@ -141,12 +176,13 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
         kwargs = tuple((k, arg(v, f"node {n.name!r} kwargs[{k!r}]")) for k, v in n.kwargs.items())
         if isinstance(val, (list, tuple)):
             outs = _tuple_outputs(n, val)
-            metas = tuple(None if o is None else _meta_of(v, f"node {n.name!r}[{i}]") for i, (o, v) in enumerate(zip(outs, val)))
+            metas = tuple(None if o is None else _meta_of(v, f"node {n.name!r}[{i}] ({name})") for i, (o, v) in enumerate(zip(outs, val)))
             env[n] = tuple(None if o is None else ValueRef(o) for o in outs)
-        elif val is None and info.mutates:
+        elif val is None and (info.mutates or _returns_nothing(n.target)):
+            # an in-place op whose result is not used, or an op run for its effect (Note [effect tokens])
             outs, metas = (None,), (None,)
         else:
-            outs, metas = (n.name,), (_meta_of(val, f"node {n.name!r}"),)
+            outs, metas = (n.name,), (_meta_of(val, f"node {n.name!r} ({name})"),)
             env[n] = ValueRef(n.name)
         nodes.append(Node(n.name, name, args, kwargs, outs, metas))
     return _Converted(nodes, env, outputs, constants)
@@ -174,6 +210,10 @@ class _FakeConstants(fx.Interpreter):
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
             return self.mode.from_tensor(value)
         return value
+
+
+def _returns_nothing(target: object) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and not target._schema.returns
 
 
 def _tuple_outputs(n: fx.Node, val: Sequence[object]) -> tuple[str | None, ...]:

@@ -11,6 +11,8 @@ graph cannot say by itself:
   ``k`` (``Alias("input", k)``) or of an earlier output ``k`` (``Alias("output", k)``);
 * ``mutations``: input ``k`` ends holding the value ``v`` (the write-back epilogue);
 * ``GraphInput.storage``: inputs with the same storage id share one storage in the caller;
+* ``scalar_outputs``: outputs the program returned as Python numbers (``x.sum().item()``): computed
+  as one-element tensors, handed back as numbers;
 * ``constants``: tensors the graph holds by value (``GraphConstant``), used by name like inputs
   but never passed in;
 * ``GraphInput.final_layout``: the caller's tensor ends with this layout (``t_()``,
@@ -166,10 +168,10 @@ class OpRef:
         return self.name
 
 
-# Arguments are literals (int, float, bool, None, str, torch.dtype/device/layout/memory_format),
+# Arguments are literals (int, float, complex, bool, None, str, torch.dtype/device/layout/memory_format),
 # value references, or tuples of those.
 Arg = Union[  # noqa: UP007 - a runtime alias; | on torch types needs 3.10+ objects
-    None, bool, int, float, str, ValueRef, OpRef, torch.dtype, torch.device, torch.layout,
+    None, bool, int, float, complex, str, ValueRef, OpRef, torch.dtype, torch.device, torch.layout,
     torch.memory_format, tuple,
 ]
 
@@ -325,6 +327,7 @@ class FusionGraph:
     mutations: tuple[Mutation, ...] = ()
     name: str = "graph"
     constants: tuple[GraphConstant, ...] = ()
+    scalar_outputs: tuple[int, ...] = ()  # outputs handed back as Python numbers (``t.item()``)
 
     def __post_init__(self) -> None:
         if not self.output_aliases:
@@ -445,6 +448,12 @@ class FusionGraph:
                 raise GraphError(f"output_aliases[{i}]: output {a.index} is not an earlier output")
             if a.source not in ("input", "output"):
                 raise GraphError(f"output_aliases[{i}]: source must be 'input' or 'output', not {a.source!r}")
+        for k, i in enumerate(self.scalar_outputs):
+            if not (isinstance(i, int) and 0 <= i < len(self.outputs)) or i in self.scalar_outputs[:k]:
+                raise GraphError(f"scalar_outputs[{k}]: {i!r} is not an output index (or is listed twice)")
+            if self.metas[self.outputs[i]].numel != 1 or self.output_aliases[i] is not None:
+                raise GraphError(f"scalar_outputs[{k}]: output {i} (%{self.outputs[i]}, "
+                                 f"{self.metas[self.outputs[i]]}) is not a one-element tensor of its own")
         seen_inputs: set[int] = set()
         for i, m in enumerate(self.mutations):
             if not 0 <= m.input < len(self.inputs):
@@ -484,8 +493,8 @@ class FusionGraph:
         for m in self.mutations:
             lines.append(f"    write-back: {self.inputs[m.input].name} <- %{m.value}")
         outs = []
-        for o, a in zip(self.outputs, self.output_aliases):
-            note = ""
+        for k, (o, a) in enumerate(zip(self.outputs, self.output_aliases)):
+            note = " (as a number)" if k in self.scalar_outputs else ""
             if a is not None:
                 tgt = self.inputs[a.index].name if a.source == "input" else f"output {a.index}"
                 note = f" (view of {tgt})"

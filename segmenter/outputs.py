@@ -8,8 +8,9 @@ program returned the same way for every object: tensors in order; tuples, lists 
 (``ModelOutput`` included) element by element; any other plain object (a cache, its layers)
 through its attributes in definition order, where the tensors sit (a DynamicCache gives, per
 layer, its keys then its values). Modules are not entered. What is not a tensor (None, numbers,
-strings, a cache's dtype and flags) is left out; leaves of the returned structure that are left
-out are named in a warning (``dropped``), attributes of objects are not (they are bookkeeping).
+strings, a cache's dtype and flags) is not a tensor output: numbers the program computed
+(``x.sum().item()``) come back as numbers, other leaves of the returned structure are left out and
+named in a warning; attributes of objects other than tensors are bookkeeping and left out silently.
 """
 
 from __future__ import annotations
@@ -25,13 +26,21 @@ __all__ = ["FlatOutputs", "output_tensors"]
 _MAX_DEPTH = 8  # objects inside objects: a cache holds layers; deeper is not a program's output
 
 
+_VALUES = (bool, int, float, complex, str)  # leaves torch.export returns as they are
+
+
 @dataclass
 class FlatOutputs:
-    tensors: list[torch.Tensor] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)  # "output.x (int)": leaves left out
+    # every leaf in order: tensors, and the numbers and strings of the returned structure
+    leaves: list[tuple[str, object]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # "output.x (dtype)": leaves that are no value at all
     objects: list[str] = field(default_factory=list)  # "output.past_key_values (DynamicCache)": flattened
     # True when torch.export could not flatten the structure by itself (an object in it)
     needs_flattening: bool = False
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [v for _, v in self.leaves if isinstance(v, torch.Tensor)]
 
 
 def output_tensors(out: object) -> FlatOutputs:
@@ -41,7 +50,11 @@ def output_tensors(out: object) -> FlatOutputs:
 
     def walk(x: object, path: str, depth: int, in_object: bool) -> None:
         if isinstance(x, torch.Tensor):
-            flat.tensors.append(x)
+            flat.leaves.append((path, x))
+            return
+        if isinstance(x, _VALUES):
+            if not in_object:  # inside an object: bookkeeping (a cache's flags), not a result
+                flat.leaves.append((path, x))
             return
         if depth > _MAX_DEPTH or id(x) in seen:
             return
@@ -62,17 +75,18 @@ def output_tensors(out: object) -> FlatOutputs:
             return
         if hasattr(x, "__dict__") and not isinstance(x, (torch.nn.Module, type)) and not callable(x):
             seen.add(id(x))
-            before = len(flat.tensors)
+            before = len(flat.leaves)
             for k, v in vars(x).items():
                 walk(v, f"{path}.{k}", depth + 1, True)
             flat.needs_flattening = True
-            if not in_object and len(flat.tensors) > before:
-                flat.objects.append(f"{path} ({type(x).__name__}: {len(flat.tensors) - before} tensors)")
+            if not in_object and len(flat.leaves) > before:
+                flat.objects.append(f"{path} ({type(x).__name__}: {len(flat.leaves) - before} tensors)")
             elif not in_object:
                 flat.dropped.append(f"{path} ({type(x).__name__})")
             return
-        if not in_object and x is not None:
+        if not in_object and x is not None:  # a dtype, a device...: export could not return it either
             flat.dropped.append(f"{path} ({type(x).__name__})")
+            flat.needs_flattening = True
 
     walk(out, "output", 0, False)
     return flat

@@ -2,7 +2,7 @@
 
 This is the meaning of a FusionGraph, written once: compute the functional values, write each
 mutated input's final value into it, give inputs whose layout the program changed their final
-layout (``GraphInput.final_layout``), and hand back each output either as a fresh tensor or, where
+layout (``GraphInput.final_layout``), and hand back (numbers where the program returned ``t.item()``) each output either as a fresh tensor or, where
 the original program returned a view (``output_aliases``), as a view of the same storage with
 the original layout.
 """
@@ -141,4 +141,6 @@ def finish(
             result.append(view.set_(base.untyped_storage(), layout.storage_offset, layout.shape, layout.stride))
         else:
             result.append(base.as_strided(layout.shape, layout.stride, layout.storage_offset))
+    for i in graph.scalar_outputs:  # ``t.item()`` in the program: a Python number, as eager returns
+        result[i] = result[i].item()  # type: ignore[call-overload]
     return result

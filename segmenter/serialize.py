@@ -10,7 +10,8 @@ Schema "fusion-segmenter/graph", version 1::
      "outputs": [str...],
      "output_aliases": [null | {"source": "input"|"output", "index": int, "layout": META|null}...],
      "mutations": [{"input": int, "value": str}...],
-     "constants": [{"name": str, "meta": META, "data": str|null}...]}   (optional)
+     "constants": [{"name": str, "meta": META, "data": str|null}...],   (optional)
+     "scalar_outputs": [int...]}   (optional: outputs handed back as Python numbers, ``t.item()``)
 
     META = {"shape": [int], "stride": [int], "storage_offset": int, "dtype": "float32", "device": "cpu"}
     ARG  = int | float | bool | null | str | [ARG...]
@@ -18,6 +19,7 @@ Schema "fusion-segmenter/graph", version 1::
          | {"op": "mylib.foo.default"}  an op (the custom op inside auto_functionalized)
          | {"dtype": "bfloat16"} | {"device": "cuda:0"} | {"layout": "strided"}
          | {"memory_format": "contiguous_format"} | {"float": "inf"|"-inf"|"nan"}
+         | {"complex": [re, im]}          re, im: a number or {"float": ...}
 
 ``constants``: tensors the graph holds by value, used by name like inputs. ``meta`` is contiguous
 at offset 0 with a dtype whose elements are plain bytes; ``data`` is the base64 (RFC 4648, with
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import heapq
 import json
 import math
@@ -106,6 +109,8 @@ def _arg_out(a: Arg) -> Any:
         return {"memory_format": str(a).removeprefix("torch.")}
     if isinstance(a, float) and not math.isfinite(a):
         return {"float": "nan" if math.isnan(a) else ("inf" if a > 0 else "-inf")}
+    if isinstance(a, complex):
+        return _complex_out(a)
     return a
 
 
@@ -122,6 +127,7 @@ def graph_to_dict(g: FusionGraph) -> dict[str, Any]:
                            for a in g.output_aliases],
         "mutations": [{"input": m.input, "value": m.value} for m in g.mutations],
         **_constants_out(g),
+        **_scalar_outputs_out(g),
     }
 
 
@@ -196,6 +202,8 @@ def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
                 return torch.device(val)
             except RuntimeError:
                 pass
+        if key == "complex":
+            return _complex_in(val, where)
         if key == "float" and val in ("inf", "-inf", "nan"):
             # nan != nan: only the one math.nan object lets graphs compare equal (tuples check identity first)
             return math.nan if val == "nan" else float(val)
@@ -338,13 +346,50 @@ def graph_from_dict(d: Any) -> FusionGraph:
             if any(a is not None for a in aliases) or mutations or any(i.final_layout for i in inputs):
                 raise GraphFormatError("a graph with in-place nodes must not also list output_aliases, mutations or "
                                        "final layouts: they are read from its in-place ops")
-            return functionalize(name, inputs, ordered, outputs, constants)
+            functional = functionalize(name, inputs, ordered, outputs, constants)
+            scalars = _scalar_outputs_in(d)
+            return dataclasses.replace(functional, scalar_outputs=scalars) if scalars else functional
         return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name,
-                           tuple(constants))
+                           tuple(constants), _scalar_outputs_in(d))
     except GraphFormatError:
         raise
     except GraphError as e:
         raise GraphFormatError(str(e)) from None
+
+
+# -- scalar outputs ----------------------------------------------------------------------------
+
+def _scalar_outputs_out(g: FusionGraph) -> dict[str, Any]:
+    return {"scalar_outputs": list(g.scalar_outputs)} if g.scalar_outputs else {}
+
+
+def _scalar_outputs_in(d: dict[str, Any]) -> tuple[int, ...]:
+    """Indices of outputs handed back as Python numbers; the FusionGraph checks each is a
+    one-element tensor output of its own."""
+    v = _optional_list(d, "scalar_outputs")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise GraphFormatError("scalar_outputs: expected a list of output indices")
+    return tuple(v)
+
+
+# -- complex literals --------------------------------------------------------------------------
+
+def _complex_out(c: complex) -> dict[str, Any]:
+    """{"complex": [re, im]}, each part a JSON number or {"float": "inf"|"-inf"|"nan"}."""
+    return {"complex": [_arg_out(c.real), _arg_out(c.imag)]}
+
+
+def _complex_in(val: Any, where: str) -> complex:
+    def part(p: Any, name: str) -> float:
+        if isinstance(p, dict) and len(p) == 1 and p.get("float") in ("inf", "-inf", "nan"):
+            return float(p["float"])
+        if isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p):
+            return float(p)
+        raise GraphFormatError(f"{where}: complex {name} part {json.dumps(p)[:40]} is not a number")
+
+    if not isinstance(val, list) or len(val) != 2:
+        raise GraphFormatError(f"{where}: a complex argument is [real, imag], got {json.dumps(val)[:60]}")
+    return complex(part(val[0], "real"), part(val[1], "imaginary"))
 
 
 # -- optional input fields -------------------------------------------------------------------
