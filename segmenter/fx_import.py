@@ -41,7 +41,7 @@ from .ir import (
 )
 from .meta import fake_mode
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
-from .ops import NOT_COMPUTE, op_info, op_name
+from .ops import NOT_COMPUTE, op_info, op_name, resolve_op
 
 __all__ = ["CaptureError", "ScalarRead", "eliminate_dead_nodes", "from_fx", "storage_ids"]
 
@@ -147,6 +147,9 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
                 raise CaptureError(f"node {n.name!r}: get_attr {n.target!r}: {e}") from None
             env[n] = ValueRef(n.name)
             continue
+        if n.op == "call_function" and n.target is torch.ops.higher_order.with_effects:
+            raise CaptureError(f"node {n.name!r}: with_effects (an effect token) in the graph; "
+                               "runtime.dynamo.strip_effect_tokens removes them from AOTAutograd graphs")
         if n.op != "call_function":
             raise CaptureError(
                 f"node {n.name!r}: {n.op} {n.target!r} is not ATen-level; capture with "
@@ -214,6 +217,12 @@ class _FakeConstants(fx.Interpreter):
 
 def _returns_nothing(target: object) -> bool:
     return isinstance(target, torch._ops.OpOverload) and not target._schema.returns
+
+
+def runs_for_effect(op: str) -> bool:
+    """An op that returns nothing and writes nothing: run only for its effect (a check that raises)."""
+    target = resolve_op(op)
+    return _returns_nothing(target) and not op_info(op).mutates
 
 
 def _tuple_outputs(n: fx.Node, val: Sequence[object]) -> tuple[str | None, ...]:
@@ -371,11 +380,12 @@ def _aliased(gm: fx.GraphModule, which: set[int]) -> Callable[..., Any]:
 
 
 def eliminate_dead_nodes(nodes: Sequence[Node], live: set[str]) -> list[Node]:
-    """Drop nodes none of whose outputs is used (a functional graph has no other effects)."""
+    """Drop nodes none of whose outputs is used (a functional graph has no other effects, but
+    for ops that return nothing, run for their effect: Note [effect tokens])."""
     needed = set(live)
     kept: list[Node] = []
     for node in reversed(nodes):
-        if any(o is not None and o in needed for o in node.outputs):
+        if any(o is not None and o in needed for o in node.outputs) or runs_for_effect(node.op):
             kept.append(node)
             needed.update(node.inputs)
     return kept[::-1]

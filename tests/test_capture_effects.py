@@ -187,3 +187,41 @@ def test_program_inputs_survive_the_real_run() -> None:
 
     graph = capture(f, (x,))
     assert torch.equal(x, before) and list(graph.mutated_inputs) == [0]
+
+
+def _mutate_then_inv(x):
+    x.add_(1)
+    return torch.linalg.inv(x)
+
+
+@pytest.mark.parametrize("name,fn", [*LINALG, ("mutate-then-inv", _mutate_then_inv)],
+                         ids=[c[0] for c in LINALG] + ["mutate-then-inv"])
+def test_effect_tokens_through_torch_compile(name, fn) -> None:
+    """AOTAutograd threads effect tokens through its graph as inputs (None at run time) and
+    outputs (dropped): runtime.dynamo strips them; the check still raises."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from runtime.dynamo import FusegCompiler
+
+    torch._dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        x = _spd()
+        compiler = FusegCompiler()
+        compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=compiler, keep_inference_input_mutations=True))
+        (e_in,), (c_in,) = clone_inputs([x]), clone_inputs([x])
+        expected, got = fn(e_in), compiled(c_in)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(c_in, e_in)
+        assert compiler.compiled
+        singular = torch.zeros(3, 3) - (1 if name == "mutate-then-inv" else 0)
+        try:
+            fn(singular.clone())
+        except torch.linalg.LinAlgError:
+            with pytest.raises(torch.linalg.LinAlgError):
+                compiled(singular.clone())
+            assert any(n.op == "aten._linalg_check_errors.default" for p in compiler.compiled for n in p.graph.nodes)
+        else:  # inv_ex reports through its info output instead
+            compiled(singular.clone())
+    finally:
+        torch._dynamo.reset()
