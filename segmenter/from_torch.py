@@ -268,6 +268,8 @@ def _capture(
                 raise CaptureError(f"output {i}: mutation of {spec.target!r}, which is not an input")
             if shared and any(inputs[j].storage == inputs[idx].storage for j in range(len(inputs)) if j != idx):
                 raise _SharedMutation(f"input {inputs[idx].name!r} shares a storage with another input and is mutated")
+            _check_write_back(inputs[idx], out.name, conv, seen,
+                              user_positions.index(idx) if idx in user_positions else None, graph_name)
             mutations.append(Mutation(idx, out.name))
         elif spec.kind == OutputKind.USER_OUTPUT:
             returned.append(out)
@@ -289,6 +291,18 @@ def _capture(
     )
     graph = propagate_metas(graph)
     return _strip_prefix(graph) if export_program is not program else graph
+
+
+def _check_write_back(inp: GraphInput, value: str, conv: Any, seen: _Observed, user_index: int | None,
+                      graph_name: str) -> None:
+    """A write-back must fit the input; where it does not, export has read a change of the
+    input's layout as a write (``resize_as_``): refuse, naming the op."""
+    meta = next((m for n in conv.nodes for o, m in zip(n.outputs, n.metas) if o == value), None)
+    if meta is None or (meta.shape == inp.meta.shape and meta.dtype == inp.meta.dtype):
+        return
+    op = next((c.op for c in seen.changes if c.index == user_index), "an in-place op")
+    raise CaptureError(f"{graph_name}: {op} on input {inp.name!r} changes its layout ({inp.meta} -> {meta}) in a way "
+                       "torch.export records as a write of another shape: not supported")
 
 
 def _user_outputs(

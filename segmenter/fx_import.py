@@ -325,6 +325,7 @@ def from_fx(
     shared = len(set(storage_ids(tensors))) != len(tensors)
     # aliasing and layout changes are observed on the program as given, before functionalization
     fake_in, fake_out, changes = _run_on_fakes(gm, example_inputs)
+    given_names = [ph.name for ph in placeholders]  # retracing renames the placeholders
     for c in changes:
         why = refusal(c, placeholders[c.index].name)
         if why is None and shared:
@@ -346,7 +347,14 @@ def from_fx(
     bound: dict[fx.Node, Arg] = {ph: ValueRef(ph.name) for ph in tensor_phs}
     bound.update({placeholders[i]: example_inputs[i] for i in range(len(placeholders)) if i not in tensor_pos})
     conv = convert_graph(gm, bound)
-    nodes, mutations, renamed = split_epilogue(conv, {ph.name: k for k, ph in enumerate(tensor_phs)})
+    try:
+        nodes, mutations, renamed = split_epilogue(conv, {ph.name: k for k, ph in enumerate(tensor_phs)})
+    except CaptureError as e:
+        if not changes:
+            raise
+        c = changes[0]  # torch's functionalization could not express the layout change as a write
+        raise CaptureError(f"{name}: {c.op} on input {given_names[c.index]!r} changes its layout in a way "
+                           f"functionalization cannot express ({e}): not supported") from None
     outputs = [_value_name(a, renamed, f"output {i}") for i, a in enumerate(conv.outputs)]
     updates = dict(input_updates or {})
     for pos, idx in updates.items():

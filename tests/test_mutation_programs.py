@@ -123,6 +123,43 @@ def _metadata_and_other_input(a, b):
     return a, b.t()
 
 
+def _detached_t_(a):
+    a.detach().t_()  # the metadata of another tensor object: a is unchanged
+    return a + 1
+
+
+def _view_unsqueeze_(a):
+    a.view(-1).unsqueeze_(0)
+    return a * 2
+
+
+def _t_return_self(a):
+    return a.t_()
+
+
+def _unsqueeze_twice(a):
+    return a.unsqueeze_(0).unsqueeze_(0) * 1
+
+
+def _as_strided_no_data(a):
+    return a.as_strided_((2,), (1,), 1) + 0
+
+
+def _transpose_view_write(a):
+    a.transpose_(0, 1)[0].fill_(5)
+    return a.sum(0)
+
+
+def _t_then_slice(a):
+    a.t_()
+    return a[1:]
+
+
+def _resize_as(a):
+    a.resize_as_(torch.empty(3, 2))
+    return a * 1
+
+
 def _resize_grow(a):
     a.resize_(20)
     return a + 1
@@ -168,6 +205,14 @@ PROGRAMS = [
     ("strided-input", _transpose_mul, _strided, None),
     ("strided-input-view-returned", _t_row_write, _strided, None),
     ("metadata-and-other-input", _metadata_and_other_input, _two_inputs, None),
+    ("detached-t_", _detached_t_, _mat(2, 3), None),
+    ("view-unsqueeze_", _view_unsqueeze_, _mat(2, 3), None),
+    ("t_-returns-self", _t_return_self, _mat(2, 3), None),
+    ("unsqueeze_-twice", _unsqueeze_twice, _mat(2, 3), None),
+    ("as_strided_-no-data", _as_strided_no_data, _mat(2, 3), None),
+    ("transpose_-view-write", _transpose_view_write, _mat(2, 3), None),
+    ("t_-then-slice-returned", _t_then_slice, _mat(2, 3), None),
+    ("resize_as_", _resize_as, _mat(2, 3), ("resize_as_", "a")),
     ("resize_-grow", _resize_grow, _mat(2, 3), ("resize_", "a")),
     ("set_", _set_other, _setters, ("set_", "a")),
     ("as_strided_-outside-the-view", _as_strided_outside, _in_bigger_storage, ("as_strided_", "a")),
