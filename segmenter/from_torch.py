@@ -128,6 +128,9 @@ def capture(
         call_kwargs = {}
     user = [a for a in example_inputs if isinstance(a, torch.Tensor)]
     graph_name = name or getattr(fn_or_module, "__name__", type(fn_or_module).__name__)
+    for where, t in [*((f"argument {i}", t) for i, t in enumerate(user)), *_state(program).items()]:
+        if t.layout != torch.strided:
+            raise CaptureError(f"{graph_name}: {where} is a {t.layout} tensor: only strided tensors are supported")
     names = _param_names(fn_or_module, example_inputs)
     try:
         return _capture(program, user, [("user", None)] * len(user), names, call_kwargs, graph_name, decompositions)
@@ -197,6 +200,11 @@ def _capture(
         raise
     except Exception as e:  # noqa: BLE001 - export's errors are long; keep the first line, chain it
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, DataDependentOutputException):
+            first += (" computes a value from the data of its inputs (not their shapes), which the program "
+                      "then uses as a Python value: torch.export cannot trace that")
+        elif "data-dependent" in first:
+            first += " (the program branches on a value computed from tensor data)"
         raise CaptureError(f"torch.export failed on {graph_name}: {first}") from e
 
     state = _state(export_program)
@@ -467,6 +475,9 @@ def _run_watched(
             on = "FakeTensors" if mode is not None else "copies of the inputs"
             raise CaptureError(f"{graph_name}: {op} failed when run on {on}: {type(e).__name__}: {first}") from e
         flat = output_tensors(out)
+        for path, v in flat.leaves:
+            if isinstance(v, torch.Tensor) and v.layout != torch.strided:
+                raise CaptureError(f"{graph_name}: {path} is a {v.layout} tensor: only strided tensors are supported")
         changes = watch.changes()
         # an output that is an input object itself keeps its final layout after the restore
         watched = {id(t) for t in (*user, *state.values())}

@@ -225,3 +225,17 @@ def test_effect_tokens_through_torch_compile(name, fn) -> None:
             compiled(singular.clone())
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fn,words", [
+    (lambda x: x.to_sparse(), "output is a torch.sparse_coo tensor"),
+    (lambda x: torch.equal(x, x + 1), "aten.equal.default computes a value from the data of its inputs"),
+], ids=["sparse-output", "equal"])
+def test_clean_refusals(fn, words) -> None:
+    with pytest.raises(CaptureError, match=words):
+        capture(fn, (torch.randn(3, 2),))
+
+
+def test_sparse_input_is_refused() -> None:
+    with pytest.raises(CaptureError, match="argument 0 is a torch.sparse_coo tensor"):
+        capture(lambda x: x * 2, (torch.randn(3, 2).to_sparse(),))
