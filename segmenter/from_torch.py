@@ -7,7 +7,8 @@ Note [what export loses]: an exported program is functional, so it cannot say th
 was a view of an input in the original program (``y = x[0]; x.add_(1); return y`` exports as
 ``select(add(x, 1), 0)``, while eager returns a view of ``x``). So capture also runs the original
 program once on FakeTensor copies of the inputs (no compute, no memory) and records which outputs
-share a storage with an input or an earlier output, and the layout eager gives them.
+share a storage with an input or an earlier output, and the layout eager gives them
+(segmenter/observe.py).
 
 Note [inputs that share a storage]: export misreads ``f(x, x)`` and ``f(base, base[:2])``. Capture
 detects the overlap, exports on distinct copies (same layouts, fresh storages) and records the
@@ -22,25 +23,21 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
-    DynamicOutputShapeException,
     FakeTensor,
-    FakeTensorMode,
 )
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
-from .fx_import import CaptureError, ScalarRead, convert_graph, observed_aliases, storage_ids
+from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
 from .ir import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
-from .meta import fake_mode, propagate_metas
-from .metadata_mutation import LayoutChange, refusal, watch_layouts
-from .outputs import FlatOutputs, output_tensors
-from .reference import clone_inputs
+from .meta import propagate_metas
+from .observe import check_write_back, module_state, observe, user_outputs
+from .outputs import output_tensors
 
 __all__ = ["bind_inputs", "capture"]
 
@@ -95,12 +92,6 @@ def _param_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str | None
     return names
 
 
-def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    state = dict(module.named_parameters(remove_duplicate=False))
-    state.update(module.named_buffers(remove_duplicate=False))
-    return state
-
-
 def capture(
     fn_or_module: Callable[..., Any] | torch.nn.Module,
     example_inputs: Sequence[Any],
@@ -128,7 +119,7 @@ def capture(
         call_kwargs = {}
     user = [a for a in example_inputs if isinstance(a, torch.Tensor)]
     graph_name = name or getattr(fn_or_module, "__name__", type(fn_or_module).__name__)
-    for where, t in [*((f"argument {i}", t) for i, t in enumerate(user)), *_state(program).items()]:
+    for where, t in [*((f"argument {i}", t) for i, t in enumerate(user)), *module_state(program).items()]:
         if t.layout != torch.strided:
             raise CaptureError(f"{graph_name}: {where} is a {t.layout} tensor: only strided tensors are supported")
     names = _param_names(fn_or_module, example_inputs)
@@ -184,7 +175,7 @@ def _capture(
     decompositions: Mapping[Any, Callable[..., Any]] | None,
 ) -> FusionGraph:
     shared = len(set(storage_ids(user))) != len(user)
-    seen = _observe(program, user, call_kwargs, names, graph_name, shared)
+    seen = observe(program, user, call_kwargs, names, graph_name, shared)
     export_args = tuple(_fresh_copy(t) for t in user) if shared else tuple(user)
     export_program = program
     if seen.changes or seen.flat.needs_flattening:
@@ -207,7 +198,7 @@ def _capture(
             first += " (the program branches on a value computed from tensor data)"
         raise CaptureError(f"torch.export failed on {graph_name}: {first}") from e
 
-    state = _state(export_program)
+    state = module_state(export_program)
     sig = ep.graph_signature
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     graph_tensors: list[torch.Tensor] = []
@@ -276,21 +267,21 @@ def _capture(
                 raise CaptureError(f"output {i}: mutation of {spec.target!r}, which is not an input")
             if shared and any(inputs[j].storage == inputs[idx].storage for j in range(len(inputs)) if j != idx):
                 raise _SharedMutation(f"input {inputs[idx].name!r} shares a storage with another input and is mutated")
-            _check_write_back(inputs[idx], out.name, conv, seen,
+            check_write_back(inputs[idx], out.name, conv, seen,
                               user_positions.index(idx) if idx in user_positions else None, graph_name)
             mutations.append(Mutation(idx, out.name))
         elif spec.kind == OutputKind.USER_OUTPUT:
             returned.append(out)
         else:
             raise CaptureError(f"output {i}: unsupported export output kind {spec.kind.name}")
-    user_outputs, scalar_outputs, eager_outputs = _user_outputs(returned, seen.flat, graph_name)
+    outputs, scalar_outputs, eager_outputs = user_outputs(returned, seen.flat, graph_name)
     user_fakes = iter(seen.user)
     eager_inputs = [next(user_fakes) if role in ("user", "storage") else seen.fake(t)
                     for (_, role, _), t in zip(inputs_spec, graph_tensors)]
     graph = FusionGraph(
         inputs=inputs,
         nodes=tuple(conv.nodes),
-        outputs=tuple(user_outputs),
+        outputs=tuple(outputs),
         output_aliases=tuple(observed_aliases(eager_inputs, eager_outputs)),
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=graph_name,
@@ -299,51 +290,6 @@ def _capture(
     )
     graph = propagate_metas(graph)
     return _strip_prefix(graph) if export_program is not program else graph
-
-
-def _check_write_back(inp: GraphInput, value: str, conv: Any, seen: _Observed, user_index: int | None,
-                      graph_name: str) -> None:
-    """A write-back must fit the input; where it does not, export has read a change of the
-    input's layout as a write (``resize_as_``): refuse, naming the op."""
-    meta = next((m for n in conv.nodes for o, m in zip(n.outputs, n.metas) if o == value), None)
-    if meta is None or (meta.shape == inp.meta.shape and meta.dtype == inp.meta.dtype):
-        return
-    op = next((c.op for c in seen.changes if c.index == user_index), "an in-place op")
-    raise CaptureError(f"{graph_name}: {op} on input {inp.name!r} changes its layout ({inp.meta} -> {meta}) in a way "
-                       "torch.export records as a write of another shape: not supported")
-
-
-def _user_outputs(
-    returned: list[Any], flat: FlatOutputs, graph_name: str,
-) -> tuple[list[str], list[int], list[torch.Tensor | None]]:
-    """The graph's outputs from export's, matched with what eager returned (Note [model outputs]):
-    tensors; numbers read back with ``.item()`` (returned as numbers: ``scalar_outputs``); and
-    literals, the same at every call, left out and named in a warning with what else was."""
-    if len(returned) != len(flat.leaves):
-        raise CaptureError(f"{graph_name}: eager returned {len(flat.leaves)} values but the exported graph "
-                           f"{len(returned)}")
-    outputs: list[str] = []
-    scalars: list[int] = []
-    eager: list[torch.Tensor | None] = []  # per output, the eager tensor (None for numbers)
-    dropped = list(flat.dropped)
-    for out, (path, value) in zip(returned, flat.leaves):
-        if isinstance(out, ValueRef):
-            if not isinstance(value, torch.Tensor):
-                raise CaptureError(f"{graph_name}: {path} is a {type(value).__name__} in eager, a tensor in the graph")
-            outputs.append(out.name)
-            eager.append(value)
-        elif isinstance(out, ScalarRead):
-            scalars.append(len(outputs))
-            outputs.append(out.tensor.name)
-            eager.append(None)
-        else:
-            dropped.append(f"{path} ({type(value).__name__})")
-    if dropped or flat.objects:
-        said = [f"flattened to their tensors: {', '.join(flat.objects)}"] if flat.objects else []
-        said += [f"left out (not tensors): {', '.join(dropped)}"] if dropped else []
-        warnings.warn(f"{graph_name}: the graph's outputs are the tensors the program returns; " + "; ".join(said),
-                      stacklevel=4)
-    return outputs, scalars, eager
 
 
 def _without_effect_tokens(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -403,95 +349,12 @@ def _unbased(t: torch.Tensor) -> torch.Tensor:
         return out.set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
 
-@dataclasses.dataclass
-class _Observed:
-    """What the program does when run on FakeTensors."""
-
-    user: list[torch.Tensor]  # the fakes standing for the user's tensors
-    fake: Callable[[torch.Tensor], torch.Tensor]  # the fake standing for any other tensor
-    changes: list[LayoutChange]  # user tensors whose metadata it changes
-    flat: FlatOutputs  # how its outputs flatten to tensors
-
-
-def _observe(
-    program: torch.nn.Module, user: Sequence[torch.Tensor], kwargs: Mapping[str, Any], names: Sequence[str | None],
-    graph_name: str, shared: bool,
-) -> _Observed:
-    """Run the original program on FakeTensor copies (no compute, no memory): which outputs
-    share a storage with an input (Note [what export loses]), and which inputs end with
-    another layout (Note [metadata mutation]); refuse what cannot be captured.
-
-    A program that needs its inputs' values to run (a data-dependent check, as ``istft`` makes)
-    is run once on real copies of its inputs and weights instead, where those are real."""
-    state = _state(program)
-    existing = next((t.fake_mode for t in (*user, *state.values()) if isinstance(t, FakeTensor)), None)
-    mode = existing or fake_mode(allow_non_fake_inputs=True)  # a module's plain tensor attributes
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        return t if isinstance(t, FakeTensor) else mode.from_tensor(t)
-
-    fake_user = [fake(t) for t in user]
-    fake_state = {k: fake(v) for k, v in state.items()}
-    try:
-        seen = _run_watched(program, fake_user, fake_state, kwargs, mode, fake, graph_name)
-    except (DataDependentOutputException, DynamicOutputShapeException) as e:
-        op = str(e).strip() or type(e).__name__
-        tensors = [*user, *state.values()]
-        if any(isinstance(t, FakeTensor) or t.device.type == "meta" for t in tensors):
-            raise CaptureError(f"{graph_name}: {op} needs the values of its inputs, and the example inputs or "
-                               "weights are fake or on meta: capture with real tensors") from None
-        copies = clone_inputs(tensors)
-        real_user, real_state = copies[:len(user)], dict(zip(state, copies[len(user):]))
-        originals = {id(t): c for t, c in zip(tensors, copies)}
-        with torch.no_grad():
-            seen = _run_watched(program, real_user, real_state, kwargs, None, lambda t: originals.get(id(t), t),
-                                graph_name)
-    state_names = list(fake_state)
-    for c in seen.changes:
-        if c.index >= len(fake_user):
-            target = state_names[c.index - len(fake_user)]
-            raise CaptureError(f"{graph_name}: {c.op} changes the layout of {target!r} of the module: not supported")
-        name = names[c.index] if c.index < len(names) and names[c.index] else f"argument {c.index}"
-        why = refusal(c, name)
-        if why is None and shared:
-            why = f"{c.op} on input {name!r}, which shares a storage with another input: not supported"
-        if why is not None:
-            raise CaptureError(f"{graph_name}: {why}")
-    return seen
-
-
-def _run_watched(
-    program: torch.nn.Module, user: list[torch.Tensor], state: dict[str, torch.Tensor], kwargs: Mapping[str, Any],
-    mode: FakeTensorMode | None, stand_in: Callable[[torch.Tensor], torch.Tensor], graph_name: str,
-) -> _Observed:
-    with watch_layouts([*user, *state.values()], mode) as watch:
-        try:
-            out = torch.func.functional_call(program, state, tuple(user), dict(kwargs))
-        except (CaptureError, DataDependentOutputException, DynamicOutputShapeException):
-            raise
-        except Exception as e:  # noqa: BLE001 - the program's own error, with the op named
-            op, _ = watch.recorder.failed or ("the program", None)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            on = "FakeTensors" if mode is not None else "copies of the inputs"
-            raise CaptureError(f"{graph_name}: {op} failed when run on {on}: {type(e).__name__}: {first}") from e
-        flat = output_tensors(out)
-        for path, v in flat.leaves:
-            if isinstance(v, torch.Tensor) and v.layout != torch.strided:
-                raise CaptureError(f"{graph_name}: {path} is a {v.layout} tensor: only strided tensors are supported")
-        changes = watch.changes()
-        # an output that is an input object itself keeps its final layout after the restore
-        watched = {id(t) for t in (*user, *state.values())}
-        flat.leaves = [(p, v.as_strided(v.shape, v.stride(), v.storage_offset()) if id(v) in watched else v)
-                       for p, v in flat.leaves]
-    return _Observed(user, stand_in, changes, flat)
-
-
 def bind_inputs(graph: FusionGraph, module: torch.nn.Module | None, user_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The full input list of a captured graph: the user's tensors (or, for arguments that share
     a storage and are mutated, one flat view of that storage), then the module's parameters and
     buffers looked up by ``target``."""
     user_iter = iter(user_inputs)
-    state = _state(module) if module is not None else {}
+    state = module_state(module) if module is not None else {}
     out = []
     for inp in graph.inputs:
         if inp.role == "storage":  # the storage that arguments i, j, ... share ("args:i,j")

@@ -319,6 +319,8 @@ def from_fx(
     for i, t in enumerate(example_inputs):
         if not isinstance(t, (torch.Tensor, int, float, bool)):
             raise CaptureError(f"example_inputs[{i}]: expected a tensor or a number, got {type(t).__name__}")
+        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+            raise CaptureError(f"example_inputs[{i}]: a {t.layout} tensor: only strided tensors are supported")
     # Numbers (the sizes dynamo passes for symbolic shapes) are bound: the graph is specialized.
     tensor_pos = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)]
     tensors = [example_inputs[i] for i in tensor_pos]

@@ -47,7 +47,6 @@ __all__ = [
     "ValueRef",
     "iter_value_refs",
     "view_roots",
-    "within",
 ]
 
 
@@ -511,51 +510,10 @@ def _check_final_layout(inp: GraphInput, where: str) -> None:
     if final.dtype != inp.meta.dtype or final.device != inp.meta.device:
         raise GraphError(f"{where}: {final} on {final.device} changes the dtype or device of {inp.meta} on "
                          f"{inp.meta.device}")
+    from .elements import within  # local: elements imports ir
+
     if not within(final, inp.meta):
         raise GraphError(f"{where}: {final} reaches outside the storage elements of the input ({inp.meta})")
-
-
-# Storage regions up to this many elements are compared element by element; beyond it only a
-# dense outer layout is decided (anything else is "not within": the safe answer).
-_WITHIN_LIMIT = 1 << 24
-
-
-def within(inner: TensorMeta, outer: TensorMeta) -> bool:
-    """True when every storage element ``inner`` addresses is one that ``outer`` addresses."""
-    if inner.numel == 0:
-        return True
-    if outer.numel == 0:
-        return False
-
-    def span(m: TensorMeta) -> tuple[int, int]:
-        lo = m.storage_offset + sum(min(0, (n - 1) * s) for n, s in zip(m.shape, m.stride))
-        hi = m.storage_offset + sum(max(0, (n - 1) * s) for n, s in zip(m.shape, m.stride))
-        return lo, hi
-
-    lo, hi = span(inner)
-    olo, ohi = span(outer)
-    if lo < olo or hi > ohi:
-        return False
-    dims = sorted((abs(s), n) for n, s in zip(outer.shape, outer.stride) if n != 1)
-    expected = 1
-    for s, n in dims:
-        if s != expected:
-            break
-        expected *= n
-    else:
-        return True  # outer is dense: it addresses every element of its span
-    if ohi - olo + 1 > _WITHIN_LIMIT or hi - lo + 1 > _WITHIN_LIMIT:
-        return False
-    mask = torch.zeros(ohi - olo + 1, dtype=torch.bool)
-    mask[_positions(outer) - olo] = True
-    return bool(mask[_positions(inner) - olo].all())
-
-
-def _positions(m: TensorMeta) -> torch.Tensor:
-    pos = torch.full((), m.storage_offset, dtype=torch.int64)
-    for n, s in zip(m.shape, m.stride):
-        pos = pos.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * s
-    return pos.reshape(-1)
 
 
 def view_roots(graph: FusionGraph, include_maybe_copies: bool = True) -> dict[str, str]:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .ir import TensorMeta, within
+from .elements import within
+from .ir import TensorMeta
 from .ops import op_name
 
 __all__ = ["LayoutChange", "LayoutWatch", "refusal", "watch_layouts"]
