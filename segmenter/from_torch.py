@@ -27,10 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    FakeTensor,
-)
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
 from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
@@ -194,6 +191,8 @@ def _capture(
         if isinstance(e, DataDependentOutputException):
             first += (" computes a value from the data of its inputs (not their shapes), which the program "
                       "then uses as a Python value: torch.export cannot trace that")
+        elif isinstance(e, DynamicOutputShapeException):
+            first += " has an output shape that depends on the values of its inputs: torch.export cannot trace it"
         elif "data-dependent" in first:
             first += " (the program branches on a value computed from tensor data)"
         raise CaptureError(f"torch.export failed on {graph_name}: {first}") from e

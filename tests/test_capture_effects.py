@@ -239,3 +239,8 @@ def test_clean_refusals(fn, words) -> None:
 def test_sparse_input_is_refused() -> None:
     with pytest.raises(CaptureError, match="argument 0 is a torch.sparse_coo tensor"):
         capture(lambda x: x * 2, (torch.randn(3, 2).to_sparse(),))
+
+
+def test_export_failure_on_a_data_dependent_shape_says_why() -> None:
+    with pytest.raises(CaptureError, match="linalg_lstsq.default has an output shape that depends on the values"):
+        capture(lambda a, b: torch.linalg.lstsq(a, b).solution, (torch.randn(4, 3), torch.randn(4, 2)))
