@@ -120,12 +120,17 @@ def capture(
         if t.layout != torch.strided:
             raise CaptureError(f"{graph_name}: {where} is a {t.layout} tensor: only strided tensors are supported")
     names = _param_names(fn_or_module, example_inputs)
-    try:
-        return _capture(program, user, [("user", None)] * len(user), names, call_kwargs, graph_name, decompositions)
-    except _SharedMutation:
-        # See Note [inputs that share a storage]: one input per shared storage, the arguments views of it.
-        bases, roles, wrapped = _storage_bases(program, user)
-        return _strip_prefix(_capture(wrapped, bases, roles, [None] * len(bases), {}, graph_name, decompositions))
+    # Capture draws no random numbers of the caller's (the run on real copies in segmenter/observe.py
+    # would: dropout before an .item()).
+    devices = sorted({t.device.index or 0 for t in (*user, *module_state(program).values()) if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        try:
+            return _capture(program, user, [("user", None)] * len(user), names, call_kwargs, graph_name,
+                            decompositions)
+        except _SharedMutation:
+            # See Note [inputs that share a storage]: one input per shared storage, the arguments views of it.
+            bases, roles, wrapped = _storage_bases(program, user)
+            return _strip_prefix(_capture(wrapped, bases, roles, [None] * len(bases), {}, graph_name, decompositions))
 
 
 class _SharedMutation(CaptureError):

@@ -26,13 +26,14 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .elements import within
 from .ir import TensorMeta
 from .ops import op_name
 
-__all__ = ["LayoutChange", "LayoutWatch", "refusal", "watch_layouts"]
+__all__ = ["ForeignWrite", "LayoutChange", "LayoutWatch", "refusal", "watch_layouts"]
 
 
 @dataclass(frozen=True)
@@ -50,36 +51,64 @@ def _state(t: torch.Tensor) -> tuple:
     return tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.untyped_storage()._cdata
 
 
-class _Recorder(TorchDispatchMode):
-    """Notes, per watched tensor object, the ops that changed its metadata."""
+class ForeignWrite(RuntimeError):
+    """A program run on real copies writes to a tensor it was not given (a global, a closure's)."""
 
-    def __init__(self, watched: dict[int, int]) -> None:
+
+class _Recorder(TorchDispatchMode):
+    """Notes, per watched tensor object, the ops that changed its metadata. With ``writable``, every
+    write must go to one of those storages or to one the run made: anything else is the
+    caller's, and is refused before it is written."""
+
+    supports_higher_order_operators = True  # auto_functionalized & co. pass through (they write nothing)
+
+    def __init__(self, watched: dict[int, int], writable: set[int] | None = None) -> None:
         super().__init__()
         self.watched = watched
+        self.writable = writable
         self.ops: dict[int, str] = {}
         self.failed: tuple[str, int | None] | None = None  # the op that raised, and its watched input
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's hook
+        kwargs = kwargs or {}
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         index = self.watched.get(id(target)) if target is not None else None
         before = _state(target) if index is not None else None
         try:
-            out = func(*args, **(kwargs or {}))
+            if self.writable is not None:
+                self._check_writes(func, args, kwargs)
+            out = func(*args, **kwargs)
         except Exception:
             if self.failed is None:
                 self.failed = (op_name(func), index)
             raise
         if index is not None and index not in self.ops and _state(target) != before:
             self.ops[index] = op_name(func)
+        if self.writable is not None:
+            self.writable.update(t.untyped_storage()._cdata for t in pytree.tree_leaves(out)
+                                 if isinstance(t, torch.Tensor) and t.layout == torch.strided)
         return out
+
+    def _check_writes(self, func: object, args: tuple, kwargs: dict) -> None:
+        schema = getattr(func, "_schema", None)
+        for i, a in enumerate(schema.arguments if schema is not None else ()):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            for t in pytree.tree_leaves(value):
+                if (isinstance(t, torch.Tensor) and t.layout == torch.strided
+                        and t.untyped_storage()._cdata not in self.writable):  # type: ignore[operator]
+                    raise ForeignWrite(f"it writes to a tensor the program was not given (argument {a.name!r}: "
+                                       "a global or a closure's tensor); capture does not run that")
 
 
 class LayoutWatch:
-    def __init__(self, tensors: Sequence[object]) -> None:
+    def __init__(self, tensors: Sequence[object], guard_writes: bool = False) -> None:
         self.tensors = list(tensors)
         self.before = {i: (TensorMeta.from_tensor(t), t.untyped_storage(), _state(t))
                        for i, t in enumerate(tensors) if isinstance(t, torch.Tensor)}
-        self.recorder = _Recorder({id(t): i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor)})
+        writable = {t.untyped_storage()._cdata for t in tensors if isinstance(t, torch.Tensor)} if guard_writes else None
+        self.recorder = _Recorder({id(t): i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor)}, writable)
 
     def changes(self) -> list[LayoutChange]:
         """The watched tensors whose layout or storage differs from before the run."""
@@ -102,10 +131,12 @@ class LayoutWatch:
 
 @contextmanager
 def watch_layouts(tensors: Sequence[object], mode: TorchDispatchMode | None) -> Iterator[LayoutWatch]:
-    """Run the body under ``mode`` (a FakeTensorMode, or None for real tensors) with the in-place
-    metadata changes of ``tensors`` recorded. Read ``changes()``, and anything that depends on the
-    new layouts, inside the block: on leaving it every tensor is put back as it was."""
-    watch = LayoutWatch(tensors)
+    """Run the body under ``mode`` (a FakeTensorMode, or None for real copies of the inputs) with
+    the in-place metadata changes of ``tensors`` recorded, and writes to any tensor but those and
+    what the run makes refused before they happen (``ForeignWrite``: FakeTensorMode runs an op
+    on real tensors for real, so a global's ``add_`` would land). Read ``changes()``, and anything
+    that depends on the new layouts, inside the block: on leaving it every tensor is put back."""
+    watch = LayoutWatch(tensors, guard_writes=True)
     try:
         with mode or nullcontext(), watch.recorder:  # the recorder innermost: it sees each op before the kernel
             yield watch

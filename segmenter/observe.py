@@ -56,8 +56,10 @@ def observe(
     share a storage with an input (Note [what export loses]), and which inputs end with
     another layout (Note [metadata mutation]); refuse what cannot be captured.
 
-    A program that needs its inputs' values to run (a data-dependent check, as ``istft`` makes)
-    is run once on real copies of its inputs and weights instead, where those are real."""
+    A program that needs its inputs' values to run (a data-dependent check, as ``istft`` makes;
+    ``x.item()``) is run once on real copies of its inputs and weights instead, where those are
+    real. In both runs a write to any tensor the program
+    was not given is refused before it happens (the caller's globals stay as they were)."""
     state = module_state(program)
     existing = next((t.fake_mode for t in (*user, *state.values()) if isinstance(t, FakeTensor)), None)
     mode = existing or fake_mode(allow_non_fake_inputs=True)  # a module's plain tensor attributes
@@ -78,7 +80,7 @@ def observe(
         copies = clone_inputs(tensors)
         real_user, real_state = copies[:len(user)], dict(zip(state, copies[len(user):]))
         originals = {id(t): c for t, c in zip(tensors, copies)}
-        with torch.no_grad():
+        with torch.no_grad():  # capture() keeps the caller's random state around all of this
             seen = _run_watched(program, real_user, real_state, kwargs, None, lambda t: originals.get(id(t), t),
                                 graph_name)
     state_names = list(fake_state)

@@ -244,3 +244,37 @@ def test_sparse_input_is_refused() -> None:
 def test_export_failure_on_a_data_dependent_shape_says_why() -> None:
     with pytest.raises(CaptureError, match="linalg_lstsq.default has an output shape that depends on the values"):
         capture(lambda a, b: torch.linalg.lstsq(a, b).solution, (torch.randn(4, 3), torch.randn(4, 2)))
+
+
+_GLOBAL = torch.zeros(3)
+
+
+def _writes_a_global(x):
+    _GLOBAL.add_(1)
+    return x + _GLOBAL
+
+
+def _writes_a_global_and_reads_back(x):
+    _GLOBAL.add_(1)
+    return x.sum().item()
+
+
+@pytest.mark.parametrize("fn", [_writes_a_global, _writes_a_global_and_reads_back], ids=lambda f: f.__name__)
+def test_capture_never_writes_the_callers_globals(fn) -> None:
+    """FakeTensorMode runs an op on real tensors for real: the observation run refuses a write to
+    a tensor the program was not given before it lands (export would mutate it too)."""
+    with pytest.raises(CaptureError, match="writes to a tensor the program was not given"):
+        capture(fn, (torch.randn(3),))
+    assert torch.equal(_GLOBAL, torch.zeros(3))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.nn.functional.dropout(x, 0.5) * 2,
+                                lambda x: torch.nn.functional.dropout(x, 0.5).sum().item()],
+                         ids=["dropout", "dropout-item"])
+def test_capture_keeps_the_random_state(fn) -> None:
+    """The run on real copies (``.item()``) draws from the generator; the caller's state is kept."""
+    x = torch.randn(4)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    capture(fn, (x,))
+    assert torch.equal(torch.get_rng_state(), before)
