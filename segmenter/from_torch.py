@@ -275,7 +275,8 @@ def _capture(
                               user_positions.index(idx) if idx in user_positions else None, graph_name)
             mutations.append(Mutation(idx, out.name))
         elif spec.kind == OutputKind.USER_OUTPUT:
-            returned.append(out)
+            if out is not None:  # a program returning None: export lists it, eager returned nothing
+                returned.append(out)
         else:
             raise CaptureError(f"output {i}: unsupported export output kind {spec.kind.name}")
     outputs, scalar_outputs, eager_outputs = user_outputs(returned, seen.flat, graph_name)

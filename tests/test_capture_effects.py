@@ -278,3 +278,14 @@ def test_capture_keeps_the_random_state(fn) -> None:
     before = torch.get_rng_state()
     capture(fn, (x,))
     assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("fn", [lambda x: None, lambda x: (x + 1, None), lambda x: (None, x * 2, None)],
+                         ids=["none", "tensor-none", "none-tensor-none"])
+def test_none_outputs_are_not_values(fn) -> None:
+    graph = capture(fn, (torch.randn(3),)) if fn(torch.randn(3)) is not None else None
+    if graph is None:  # returns nothing and mutates nothing: no graph to make
+        with pytest.raises(Exception, match="has no outputs"):
+            capture(fn, (torch.randn(3),))
+        return
+    assert len(graph.outputs) == 1
