@@ -228,6 +228,10 @@ class CompiledProgram:
         #: per segment run by nvFuser, how many kernels nvFuser ran for it (read from its profile)
         self.nvfuser_kernels: dict[int, int] = {}
         keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names)
+        # the graph's constants, bound now on the device the program used (never passed in; kept
+        # for the whole call, so outputs that are constants are handed out as copies)
+        self.constants: dict[str, torch.Tensor] = {c.name: c.tensor() for c in graph.constants}
+        keep |= set(self.constants)
         last_use: dict[str, int] = {}
         for seg in plan.segments:
             for v in seg.inputs:
@@ -301,6 +305,7 @@ class CompiledProgram:
         graph = self.graph
         check_inputs(graph, inputs)
         env: Env = dict(zip(graph.input_names, inputs))
+        env.update(self.constants)
         for launch in self.launches:
             launch.run(env)
             for v in launch.frees:

@@ -15,19 +15,29 @@ from collections.abc import Sequence
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .fx_import import CaptureError, from_fx
-from .ir import Arg, FusionGraph, GraphInput, Node, TensorMeta, ValueRef
-from .meta import fake_inputs
+from .ir import Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, TensorMeta, ValueRef
+from .meta import fake_inputs, fake_mode
 from .ops import resolve_op
 
 __all__ = ["functionalize"]
 
 
-def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node], outputs: Sequence[str]) -> FusionGraph:
+def functionalize(
+    name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node], outputs: Sequence[str],
+    constants: Sequence[GraphConstant] = (),
+) -> FusionGraph:
     g = fx.Graph()
+    root = torch.nn.Module()
     env: dict[str, fx.Node] = {inp.name: g.placeholder(inp.name) for inp in inputs}
+    for k, c in enumerate(constants):  # read with get_attr, as torch.compile hands them over
+        try:
+            value = c.tensor()
+        except GraphError as e:
+            raise CaptureError(f"{e}: a graph with in-place ops cannot be functionalized without it") from None
+        setattr(root, f"_constant{k}", value)
+        env[c.name] = g.get_attr(f"_constant{k}")
 
     def arg(a: Arg) -> object:
         if isinstance(a, ValueRef):
@@ -50,8 +60,8 @@ def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node]
                 if o is not None:
                     env[o] = g.call_function(operator.getitem, (call, i))
     g.output(tuple(env[o] for o in outputs))
-    gm = fx.GraphModule(torch.nn.Module(), g)
-    functional = from_fx(gm, fake_inputs(FakeTensorMode(), inputs), name=name)
+    gm = fx.GraphModule(root, g)
+    functional = from_fx(gm, fake_inputs(fake_mode(allow_non_fake_inputs=True), inputs), name=name)
     functional = _rename(functional, {new.name: orig.name for orig, new in zip(inputs, functional.inputs)})
     device = inputs[0].meta.device if inputs else "cpu"
 
@@ -61,7 +71,8 @@ def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node]
 
     return dataclasses.replace(
         functional,
-        inputs=tuple(dataclasses.replace(orig, meta=fix(new.meta)) for orig, new in zip(inputs, functional.inputs)),
+        inputs=tuple(dataclasses.replace(orig, meta=fix(new.meta), final_layout=fix(new.final_layout))
+                     for orig, new in zip(inputs, functional.inputs)),
         nodes=tuple(dataclasses.replace(n, metas=tuple(fix(m) for m in n.metas)) for n in functional.nodes),
     )
 

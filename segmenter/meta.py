@@ -17,10 +17,26 @@ from collections.abc import Callable, Sequence
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, disable_fake_tensor_cache
 
-from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
+from .ir import Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
 from .ops import OpKind, op_info, resolve_op
 
-__all__ = ["fake_inputs", "meta_mismatches", "propagate_metas"]
+__all__ = ["fake_constants", "fake_inputs", "fake_mode", "meta_mismatches", "propagate_metas"]
+
+
+def fake_mode(allow_non_fake_inputs: bool = False) -> FakeTensorMode:
+    """A FakeTensorMode without torch's fake-kernel cache.
+
+    Note [fake tensor cache]: torch caches fake kernel results process-wide, and a hit can hand
+    back the storage offset of an earlier call: ``select_scatter`` of a non-dense input at offset
+    9 (eager's result sits at offset 9) came back at offset 0 after the same op had run on an input
+    at offset 0, so recorded metas depended on what ran before in the process (JSON graphs were
+    refused as contradicting their ops, in one test order only). Metas we record are computed
+    without it. ``allow_non_fake_inputs``: real tensors met while running (a module's plain tensor
+    attributes, constants) are faked on the fly.
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=allow_non_fake_inputs)
+    mode.cache_enabled = False
+    return mode
 
 
 def _fakeable(device: str) -> str:
@@ -47,6 +63,20 @@ def fake_inputs(mode: FakeTensorMode, inputs: Sequence[GraphInput]) -> list[torc
                 base = torch.empty(max(extent[inp.storage], 1), dtype=m.dtype, device=_fakeable(m.device))
                 bases.setdefault(inp.storage, base)
             out.append(m.with_bits(base.as_strided(m.shape, m.stride, m.storage_offset)))
+    return out
+
+
+def fake_constants(mode: FakeTensorMode, constants: Sequence[GraphConstant]) -> dict[str, torch.Tensor]:
+    """FakeTensors for the graph's constants; where the values are known (and the device can be
+    faked) they come along, so ops that read a constant's values (an index) see them."""
+    out = {}
+    for c in constants:
+        device = _fakeable(c.meta.device)
+        if c.data is not None and device == c.meta.device:
+            out[c.name] = mode.from_tensor(c.tensor(), static_shapes=True)
+        else:
+            with mode:
+                out[c.name] = torch.empty_strided(c.meta.shape, c.meta.stride, dtype=c.meta.dtype, device=device)
     return out
 
 
@@ -86,8 +116,9 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
 
     Nodes whose op torch does not know (OPAQUE, unknown) keep the metas they declare.
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = fake_mode()  # Note [fake tensor cache]
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, fake_inputs(mode, graph.inputs)))
+    env.update(fake_constants(mode, graph.constants))
     nodes = []
     with mode:
         for node in graph.nodes:

@@ -1,7 +1,8 @@
 """Run a FusionGraph node by node with torch: the semantics every later stage must keep.
 
 This is the meaning of a FusionGraph, written once: compute the functional values, write each
-mutated input's final value into it, and hand back each output either as a fresh tensor or, where
+mutated input's final value into it, give inputs whose layout the program changed their final
+layout (``GraphInput.final_layout``), and hand back (numbers where the program returned ``t.item()``) each output either as a fresh tensor or, where
 the original program returned a view (``output_aliases``), as a view of the same storage with
 the original layout.
 """
@@ -48,6 +49,7 @@ def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
 def evaluate(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every value of the graph, computed functionally (no write-back, no aliasing restored)."""
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, inputs))
+    env.update((c.name, c.tensor()) for c in graph.constants)
     for node in graph.nodes:
         for name, val in zip(node.outputs, run_node(node, env)):
             if name is not None:
@@ -93,9 +95,12 @@ def finish(
     same storage, with the original layout, where the original program returned a view; a
     tensor sharing no storage with an input or another output everywhere else."""
     input_storages = {storage_key(t) for t in inputs}
+    # the graph's constants are its own: the caller gets copies (what it does to them must not
+    # reach the next call)
+    input_storages.update(storage_key(env[c.name]) for c in graph.constants if c.name in env)
 
     def detached(t: torch.Tensor) -> torch.Tensor:
-        # Functional values may still be views of inputs; copy them before any write-back.
+        # Functional values may still be views of inputs or constants; copy them before any write-back.
         return _fresh(t) if storage_key(t) in input_storages else t
 
     for m in graph.mutations:
@@ -121,6 +126,11 @@ def finish(
         fresh.append(t)
     for i, val in finals.items():
         inputs[i].copy_(val)
+    for i, inp in enumerate(graph.inputs):
+        if inp.final_layout is not None:  # Note [metadata mutation]: after the write-back, in the old layout
+            m = inp.final_layout
+            with torch.no_grad():
+                inputs[i].as_strided_(m.shape, m.stride, m.storage_offset)
     result: list[torch.Tensor] = []
     for name, alias, val in zip(graph.outputs, graph.output_aliases, fresh):
         if alias is None:
@@ -136,4 +146,6 @@ def finish(
             view = base.as_strided(layout.shape, layout.stride, layout.storage_offset)
         # as_strided keeps the base's conj/neg bits; the view has its own (x.conj(), x.mH)
         result.append(layout.with_bits(view))
+    for i in graph.scalar_outputs:  # ``t.item()`` in the program: a Python number, as eager returns
+        result[i] = result[i].item()  # type: ignore[call-overload]
     return result

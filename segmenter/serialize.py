@@ -4,12 +4,14 @@ Schema "fusion-segmenter/graph", version 1::
 
     {"schema": "fusion-segmenter/graph", "version": 1, "name": str,
      "inputs":  [{"name": str, "meta": META, "role": "user"|"parameter"|"buffer"|"constant"|"storage",
-                  "target": str|null, "storage": int}],
+                  "target": str|null, "storage": int, "final_layout": META (optional)}],
      "nodes":   [{"name": str, "op": "aten.add.Tensor", "args": [ARG...], "kwargs": {str: ARG},
                   "outputs": [str|null...], "metas": [META|null...]}],
      "outputs": [str...],
      "output_aliases": [null | {"source": "input"|"output", "index": int, "layout": META|null}...],
-     "mutations": [{"input": int, "value": str}...]}
+     "mutations": [{"input": int, "value": str}...],
+     "constants": [{"name": str, "meta": META, "data": str|null}...],   (optional)
+     "scalar_outputs": [int...]}   (optional: outputs handed back as Python numbers, ``t.item()``)
 
     META = {"shape": [int], "stride": [int], "storage_offset": int, "dtype": "float32", "device": "cpu",
             "conj": bool, "neg": bool}   (conj/neg optional, false when absent: torch's lazy view bits)
@@ -18,8 +20,16 @@ Schema "fusion-segmenter/graph", version 1::
          | {"op": "mylib.foo.default"}  an op (the custom op inside auto_functionalized)
          | {"dtype": "bfloat16"} | {"device": "cuda:0"} | {"layout": "strided"}
          | {"memory_format": "contiguous_format"} | {"float": "inf"|"-inf"|"nan"}
+         | {"complex": [re, im]}          re, im: a number or {"float": ...}
 
-Inputs with the same ``storage`` share one storage in the caller. Nodes may come in any order;
+``constants``: tensors the graph holds by value, used by name like inputs. ``meta`` is contiguous
+at offset 0 with a dtype whose elements are plain bytes; ``data`` is the base64 (RFC 4648, with
+padding) of the elements' bytes in row-major order, each element little-endian (exactly
+numel * itemsize bytes), or null where the graph was captured without values (on meta/fake
+tensors: such a graph can be segmented, not run). All constants of a file together are bounded
+(``MAX_CONSTANT_BYTES``). Inputs with the same ``storage`` share one storage in the caller. ``final_layout``: the layout
+(same storage, absolute offset) a user input ends with where the program changed its metadata
+(``a.t_()``); it may address only storage elements that ``meta`` addresses. Nodes may come in any order;
 they are sorted topologically, and a cycle is an error naming its nodes. Every error names the
 field that is wrong (``nodes[3] ("add_1").args[0]: ...``); nothing half-loaded survives. An op
 unknown to the op table loads with a warning and runs as OPAQUE. A graph may hold in-place
@@ -29,6 +39,9 @@ its output aliasing and write-backs are then read from what its in-place ops do.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
 import heapq
 import json
 import math
@@ -37,8 +50,21 @@ from typing import Any
 
 import torch
 
+from .constants import BYTE_DTYPES
 from .functionalize import functionalize
-from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
+from .ir import (
+    Alias,
+    Arg,
+    FusionGraph,
+    GraphConstant,
+    GraphError,
+    GraphInput,
+    Mutation,
+    Node,
+    OpRef,
+    TensorMeta,
+    ValueRef,
+)
 from .ops import op_info
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
@@ -88,6 +114,8 @@ def _arg_out(a: Arg) -> Any:
         return {"memory_format": str(a).removeprefix("torch.")}
     if isinstance(a, float) and not math.isfinite(a):
         return {"float": "nan" if math.isnan(a) else ("inf" if a > 0 else "-inf")}
+    if isinstance(a, complex):
+        return _complex_out(a)
     return a
 
 
@@ -95,7 +123,7 @@ def graph_to_dict(g: FusionGraph) -> dict[str, Any]:
     return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "name": g.name,
         "inputs": [{"name": i.name, "meta": _meta_out(i.meta), "role": i.role, "target": i.target,
-                    "storage": i.storage} for i in g.inputs],
+                    "storage": i.storage, **_final_layout_out(i)} for i in g.inputs],
         "nodes": [{"name": n.name, "op": n.op, "args": [_arg_out(a) for a in n.args],
                    "kwargs": {k: _arg_out(v) for k, v in n.kwargs}, "outputs": list(n.outputs),
                    "metas": [_meta_out(m) for m in n.metas]} for n in g.nodes],
@@ -103,6 +131,8 @@ def graph_to_dict(g: FusionGraph) -> dict[str, Any]:
         "output_aliases": [None if a is None else {"source": a.source, "index": a.index, "layout": _meta_out(a.layout)}
                            for a in g.output_aliases],
         "mutations": [{"input": m.input, "value": m.value} for m in g.mutations],
+        **_constants_out(g),
+        **_scalar_outputs_out(g),
     }
 
 
@@ -178,6 +208,8 @@ def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
                 return torch.device(val)
             except RuntimeError:
                 pass
+        if key == "complex":
+            return _complex_in(val, where)
         if key == "float" and val in ("inf", "-inf", "nan"):
             # nan != nan: only the one math.nan object lets graphs compare equal (tuples check identity first)
             return math.nan if val == "nan" else float(val)
@@ -292,7 +324,8 @@ def graph_from_dict(d: Any) -> FusionGraph:
         if target is not None and not isinstance(target, str):
             raise GraphFormatError(f"{where}.target: expected a string or null")
         inputs.append(GraphInput(_need(raw, "name", str, where), _meta_in(_need(raw, "meta", dict, where), f"{where}.meta"),
-                                 role, target, _need(raw, "storage", int, where)))  # type: ignore[arg-type]
+                                 role, target, _need(raw, "storage", int, where),  # type: ignore[arg-type]
+                                 _final_layout_in(raw, where)))
     nodes = [_node_in(n, k) for k, n in enumerate(_need(d, "nodes", list, "graph"))]
     outputs = _need(d, "outputs", list, "graph")
     if not all(isinstance(o, str) for o in outputs):
@@ -310,20 +343,122 @@ def graph_from_dict(d: Any) -> FusionGraph:
                              None if layout is None else _meta_in(layout, f"output_aliases[{i}].layout")))
     mutations = [Mutation(_need(m, "input", int, f"mutations[{i}]"), _need(m, "value", str, f"mutations[{i}]"))
                  for i, m in enumerate(_optional_list(d, "mutations"))]
-    ordered = _topological(nodes, {i.name for i in inputs})
+    constants = _constants_in(d)
+    ordered = _topological(nodes, {i.name for i in inputs} | {c.name for c in constants})
     for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
         warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
     try:
         if any(op_info(n.op).mutates for n in ordered):
-            if any(a is not None for a in aliases) or mutations:
-                raise GraphFormatError("a graph with in-place nodes must not also list output_aliases or mutations: "
-                                       "they are read from its in-place ops")
-            return functionalize(name, inputs, ordered, outputs)
-        return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name)
+            if any(a is not None for a in aliases) or mutations or any(i.final_layout for i in inputs):
+                raise GraphFormatError("a graph with in-place nodes must not also list output_aliases, mutations or "
+                                       "final layouts: they are read from its in-place ops")
+            functional = functionalize(name, inputs, ordered, outputs, constants)
+            scalars = _scalar_outputs_in(d)
+            return dataclasses.replace(functional, scalar_outputs=scalars) if scalars else functional
+        return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name,
+                           tuple(constants), _scalar_outputs_in(d))
     except GraphFormatError:
         raise
     except GraphError as e:
         raise GraphFormatError(str(e)) from None
+
+
+# -- scalar outputs ----------------------------------------------------------------------------
+
+def _scalar_outputs_out(g: FusionGraph) -> dict[str, Any]:
+    return {"scalar_outputs": list(g.scalar_outputs)} if g.scalar_outputs else {}
+
+
+def _scalar_outputs_in(d: dict[str, Any]) -> tuple[int, ...]:
+    """Indices of outputs handed back as Python numbers; the FusionGraph checks each is a
+    one-element tensor output of its own."""
+    v = _optional_list(d, "scalar_outputs")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise GraphFormatError("scalar_outputs: expected a list of output indices")
+    return tuple(v)
+
+
+# -- complex literals --------------------------------------------------------------------------
+
+def _complex_out(c: complex) -> dict[str, Any]:
+    """{"complex": [re, im]}, each part a JSON number or {"float": "inf"|"-inf"|"nan"}."""
+    return {"complex": [_arg_out(c.real), _arg_out(c.imag)]}
+
+
+def _complex_in(val: Any, where: str) -> complex:
+    def part(p: Any, name: str) -> float:
+        if isinstance(p, dict) and len(p) == 1 and p.get("float") in ("inf", "-inf", "nan"):
+            return float(p["float"])
+        if isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p):
+            return float(p)
+        raise GraphFormatError(f"{where}: complex {name} part {json.dumps(p)[:40]} is not a number")
+
+    if not isinstance(val, list) or len(val) != 2:
+        raise GraphFormatError(f"{where}: a complex argument is [real, imag], got {json.dumps(val)[:60]}")
+    return complex(part(val[0], "real"), part(val[1], "imaginary"))
+
+
+# -- optional input fields -------------------------------------------------------------------
+
+def _final_layout_out(inp: GraphInput) -> dict[str, Any]:
+    """``final_layout`` only where the program changes the input's layout (older files stay as they were)."""
+    return {} if inp.final_layout is None else {"final_layout": _meta_out(inp.final_layout)}
+
+
+def _final_layout_in(raw: dict[str, Any], where: str) -> TensorMeta | None:
+    """The layout the caller's tensor ends with; the FusionGraph checks it against the input's
+    (same dtype and device, no storage element the input did not address)."""
+    final = raw.get("final_layout")
+    return None if final is None else _meta_in(final, f"{where}.final_layout")
+
+
+# -- constants ---------------------------------------------------------------------------------
+
+MAX_CONSTANT_BYTES = 64 << 20  # all constants of one file together; a bigger tensor is a weight: pass it in
+
+
+def _constants_out(g: FusionGraph) -> dict[str, Any]:
+    """``constants`` only where the graph holds some (older files stay as they were)."""
+    if not g.constants:
+        return {}
+    return {"constants": [{"name": c.name, "meta": _meta_out(c.meta),
+                           "data": None if c.data is None else base64.b64encode(c.data).decode("ascii")}
+                          for c in g.constants]}
+
+
+def _constants_in(d: dict[str, Any]) -> list[GraphConstant]:
+    """Each constant's meta is checked (known dtype held as plain bytes, contiguous, offset 0) and
+    its size bounded before its data is decoded; the data must be exactly its elements' bytes."""
+    out: list[GraphConstant] = []
+    total = 0
+    for i, raw in enumerate(_optional_list(d, "constants")):
+        where = f"constants[{i}]"
+        name = _need(raw, "name", str, where)
+        if not (name.isidentifier() and name.isascii()):
+            raise GraphFormatError(f"{where}.name: {name[:60]!r} is not an identifier")
+        meta = _meta_in(_need(raw, "meta", dict, where), f"{where}.meta")
+        if meta.dtype not in BYTE_DTYPES:
+            raise GraphFormatError(f"{where}.meta.dtype: {meta.dtype} cannot be held as a constant")
+        size = meta.numel * meta.itemsize
+        total += size
+        if total > MAX_CONSTANT_BYTES:
+            raise GraphFormatError(f"{where}: {size} bytes, over the limit of {MAX_CONSTANT_BYTES} bytes for the "
+                                   "constants of one graph (pass big tensors as inputs)")
+        data = raw.get("data")
+        if data is not None:
+            if not isinstance(data, str):
+                raise GraphFormatError(f"{where}.data: expected a base64 string or null, got {type(data).__name__}")
+            if len(data) > 4 * (size // 3 + 1):
+                raise GraphFormatError(f"{where}.data: {len(data)} characters of base64 for {size} bytes")
+            try:
+                data = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                raise GraphFormatError(f"{where}.data: not valid base64") from None
+        try:
+            out.append(GraphConstant(name, meta, data))
+        except GraphError as e:
+            raise GraphFormatError(f"{where}: {e}") from None
+    return out
 
 
 def from_json(text: str, check_metas: bool = True) -> FusionGraph:
