@@ -20,10 +20,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
 from .ops import resolve_op
 
-__all__ = ["fake_inputs", "meta_mismatches", "propagate_metas"]
+__all__ = ["fake_inputs", "fakeable", "meta_mismatches", "propagate_metas"]
 
 
-def _fakeable(device: str) -> str:
+def fakeable(device: str) -> str:
+    """The device FakeTensors stand for ``device`` on: itself, or ``meta`` where this machine has none."""
     kind = torch.device(device).type
     if kind in ("cpu", "meta"):
         return device
@@ -44,7 +45,7 @@ def fake_inputs(mode: FakeTensorMode, inputs: Sequence[GraphInput]) -> list[torc
             m = inp.meta
             base = bases.get(inp.storage)
             if base is None or base.dtype != m.dtype:
-                base = torch.empty(max(extent[inp.storage], 1), dtype=m.dtype, device=_fakeable(m.device))
+                base = torch.empty(max(extent[inp.storage], 1), dtype=m.dtype, device=fakeable(m.device))
                 bases.setdefault(inp.storage, base)
             out.append(base.as_strided(m.shape, m.stride, m.storage_offset))
     return out
@@ -56,7 +57,7 @@ def _materialize(arg: Arg, env: dict[str, torch.Tensor]) -> object:
     if isinstance(arg, tuple):
         return [_materialize(a, env) for a in arg]
     if isinstance(arg, torch.device):
-        return torch.device(_fakeable(str(arg)))
+        return torch.device(fakeable(str(arg)))
     if isinstance(arg, OpRef):
         op = resolve_op(arg.name)
         if op is None:
@@ -117,7 +118,7 @@ def _declare(node: Node, env: dict[str, torch.Tensor], mode: FakeTensorMode) -> 
     with mode:
         for name, m in zip(node.outputs, node.metas):
             if name is not None and m is not None:
-                base = torch.empty(max(m.storage_extent, 1), dtype=m.dtype, device=_fakeable(m.device))
+                base = torch.empty(max(m.storage_extent, 1), dtype=m.dtype, device=fakeable(m.device))
                 env[name] = base.as_strided(m.shape, m.stride, m.storage_offset)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import keyword
 import math
 import warnings
 from typing import Any
@@ -38,7 +39,7 @@ import torch
 
 from .functionalize import functionalize
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
-from .ops import op_info
+from .ops import op_info, op_name_problem, op_refusal
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
            "load", "to_json"]
@@ -125,6 +126,55 @@ def _need(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     return v
 
 
+# Note [names are identifiers of the graph only]: a name (of the graph, an input, a node, a
+# value) is used as a key and printed in messages, never as code (see segmenter/functionalize.py,
+# Note [no name reaches generated code]). So any printable text is a name; what is refused is
+# what breaks messages and logs: empty names, control and format characters (newlines, bidi
+# overrides), and names longer than MAX_NAME. Keyword-argument names go into torch calls: they
+# must be Python identifiers, not keywords and not dunders. Op names: segmenter.ops.op_name_problem.
+MAX_NAME = 256
+MAX_STRING = 1024  # a string argument (a mode such as gelu's "tanh", an einsum equation)
+
+
+def _name_problem(v: object) -> str | None:
+    if not isinstance(v, str):
+        return f"expected a name (string), got {type(v).__name__}"
+    if not v:
+        return "empty name"
+    if len(v) > MAX_NAME:
+        return f"name of {len(v)} characters (at most {MAX_NAME})"
+    if not v.isprintable():
+        bad = next(c for c in v if not c.isprintable())
+        return f"name {v[:40]!r} holds the control or format character {bad!r}"
+    return None
+
+
+def _name(v: Any, where: str) -> str:
+    problem = _name_problem(v)
+    if problem is not None:
+        raise GraphFormatError(f"{where}: {problem}")
+    return v
+
+
+def _need_name(d: Any, key: str, where: str) -> str:
+    return _name(_need(d, key, str, where), f"{where}.{key}")
+
+
+def _op_name(v: Any, where: str) -> str:
+    problem = op_name_problem(v)
+    if problem is None:
+        problem = op_refusal(v)
+    if problem is not None:
+        raise GraphFormatError(f"{where}: {problem}")
+    return v
+
+
+def _kwarg_name(k: str, where: str) -> str:
+    if not (k.isidentifier() and k.isascii()) or keyword.iskeyword(k) or k.startswith("__"):
+        raise GraphFormatError(f"{where}: keyword {k[:40]!r} is not an argument name (an identifier)")
+    return k
+
+
 def _ints(v: Any, where: str) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         raise GraphFormatError(f"{where}: expected a list of integers")
@@ -152,7 +202,11 @@ def _meta_in(d: Any, where: str) -> TensorMeta:
 
 
 def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
-    if a is None or isinstance(a, (bool, int, float, str)):
+    if isinstance(a, str):
+        if len(a) > MAX_STRING or not a.isprintable():
+            raise GraphFormatError(f"{where}: a string argument must be printable and at most {MAX_STRING} characters")
+        return a
+    if a is None or isinstance(a, (bool, int, float)):
         return a
     if isinstance(a, list):
         if depth >= MAX_NESTING:
@@ -161,9 +215,9 @@ def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
     if isinstance(a, dict) and len(a) == 1:
         (key, val), = a.items()
         if key == "value" and isinstance(val, str):
-            return ValueRef(val)
+            return ValueRef(_name(val, where))
         if key == "op" and isinstance(val, str):
-            return OpRef(val)
+            return OpRef(_op_name(val, where))
         table = {"dtype": _DTYPES, "layout": _LAYOUTS, "memory_format": _FORMATS}.get(key)
         if table is not None and isinstance(val, str) and val in table:  # a list/object is unhashable
             return table[val]
@@ -181,15 +235,19 @@ def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
 
 def _node_in(d: Any, k: int) -> Node:
     where = f"nodes[{k}]"
-    name = _need(d, "name", str, where)
-    where = f'nodes[{k}] ("{name}")'
-    op = _need(d, "op", str, where)
+    name = _need_name(d, "name", where)
+    where = f'nodes[{k}] ({json.dumps(name)})'
+    op = _op_name(_need(d, "op", str, where), f"{where}.op")
     args = tuple(_arg_in(a, f"{where}.args[{i}]") for i, a in enumerate(_need(d, "args", list, where)))
-    kwargs = tuple((key, _arg_in(v, f"{where}.kwargs.{key}")) for key, v in _need(d, "kwargs", dict, where).items())
+    kwargs = tuple((_kwarg_name(key, f"{where}.kwargs"), _arg_in(v, f"{where}.kwargs.{key}"))
+                   for key, v in _need(d, "kwargs", dict, where).items())
     outputs = _need(d, "outputs", list, where)
     metas = _need(d, "metas", list, where)
     if not all(o is None or isinstance(o, str) for o in outputs):
         raise GraphFormatError(f"{where}.outputs: expected names or null")
+    for i, o in enumerate(outputs):
+        if o is not None:
+            _name(o, f"{where}.outputs[{i}]")
     if len(metas) != len(outputs):
         raise GraphFormatError(f"{where}.metas: {len(metas)} metas for {len(outputs)} outputs")
     metas_in = tuple(None if m is None else _meta_in(m, f"{where}.metas[{i}]") for i, m in enumerate(metas))
@@ -275,7 +333,7 @@ def graph_from_dict(d: Any) -> FusionGraph:
     if type(version) is not int or version != SCHEMA_VERSION:  # True and 1.0 both == 1
         what = "missing" if "version" not in d else f"{json.dumps(version)} is not supported"
         raise GraphFormatError(f"version: {what} (supported: {SCHEMA_VERSION})")
-    name = _need(d, "name", str, "graph")
+    name = _need_name(d, "name", "graph")
     inputs = []
     for i, raw in enumerate(_need(d, "inputs", list, "graph")):
         where = f"inputs[{i}]"
@@ -283,14 +341,14 @@ def graph_from_dict(d: Any) -> FusionGraph:
         if role not in _ROLES:
             raise GraphFormatError(f"{where}.role: {role!r} is not one of {', '.join(_ROLES)}")
         target = raw.get("target")
-        if target is not None and not isinstance(target, str):
-            raise GraphFormatError(f"{where}.target: expected a string or null")
-        inputs.append(GraphInput(_need(raw, "name", str, where), _meta_in(_need(raw, "meta", dict, where), f"{where}.meta"),
+        if target is not None:
+            _name(target, f"{where}.target")
+        inputs.append(GraphInput(_need_name(raw, "name", where), _meta_in(_need(raw, "meta", dict, where), f"{where}.meta"),
                                  role, target, _need(raw, "storage", int, where)))  # type: ignore[arg-type]
     nodes = [_node_in(n, k) for k, n in enumerate(_need(d, "nodes", list, "graph"))]
     outputs = _need(d, "outputs", list, "graph")
-    if not all(isinstance(o, str) for o in outputs):
-        raise GraphFormatError("outputs: expected a list of value names")
+    for i, o in enumerate(outputs):
+        _name(o, f"outputs[{i}]")
     aliases = []
     for i, a in enumerate(_optional_list(d, "output_aliases") or [None] * len(outputs)):
         if a is None:
@@ -302,7 +360,7 @@ def graph_from_dict(d: Any) -> FusionGraph:
         layout = a.get("layout")
         aliases.append(Alias(source, _need(a, "index", int, f"output_aliases[{i}]"),  # type: ignore[arg-type]
                              None if layout is None else _meta_in(layout, f"output_aliases[{i}].layout")))
-    mutations = [Mutation(_need(m, "input", int, f"mutations[{i}]"), _need(m, "value", str, f"mutations[{i}]"))
+    mutations = [Mutation(_need(m, "input", int, f"mutations[{i}]"), _need_name(m, "value", f"mutations[{i}]"))
                  for i, m in enumerate(_optional_list(d, "mutations"))]
     ordered = _topological(nodes, {i.name for i in inputs})
     for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
