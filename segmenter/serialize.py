@@ -40,6 +40,7 @@ import torch
 from .functionalize import functionalize
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
 from .ops import op_info, op_name_problem, op_refusal
+from .recorded import check_recorded_effects
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
            "load", "to_json"]
@@ -370,8 +371,11 @@ def graph_from_dict(d: Any) -> FusionGraph:
             if any(a is not None for a in aliases) or mutations:
                 raise GraphFormatError("a graph with in-place nodes must not also list output_aliases or mutations: "
                                        "they are read from its in-place ops")
-            return functionalize(name, inputs, ordered, outputs)
-        return FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name)
+            graph = functionalize(name, inputs, ordered, outputs)
+        else:
+            graph = FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name)
+        check_recorded_effects(graph)  # whatever the loader's flags: later stages believe these facts
+        return graph
     except GraphFormatError:
         raise
     except GraphError as e:
