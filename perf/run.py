@@ -33,11 +33,15 @@ def random_inputs(graph: FusionGraph) -> list[torch.Tensor]:
         extent[inp.storage] = (max(n, inp.meta.storage_extent), inp.meta.dtype, inp.meta.device)
     bases = {}
     for sid, (n, dtype, device) in extent.items():
-        if dtype.is_floating_point:
-            base = torch.randn(max(n, 1), generator=g).to(dtype)
-        else:
-            base = torch.randint(0, 2 if dtype == torch.bool else 8, (max(n, 1),), generator=g).to(dtype)
-        bases[sid] = base.to(device if torch.device(device).type == "cpu" or torch.cuda.is_available() else "cpu")
+        try:  # the sizes come from a file: too large a storage is the file's error, said in a line
+            if dtype.is_floating_point:
+                base = torch.randn(max(n, 1), generator=g).to(dtype)
+            else:
+                base = torch.randint(0, 2 if dtype == torch.bool else 8, (max(n, 1),), generator=g).to(dtype)
+            bases[sid] = base.to(device if torch.device(device).type == "cpu" or torch.cuda.is_available() else "cpu")
+        except (RuntimeError, MemoryError) as e:
+            raise TargetError(f"{graph.name}: cannot make random inputs of {n} elements of {dtype}: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     return [bases[i.storage].as_strided(i.meta.shape, i.meta.stride, i.meta.storage_offset) for i in graph.inputs]
 
 

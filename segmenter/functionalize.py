@@ -19,8 +19,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .fx_import import CaptureError, from_fx
-from .ir import Arg, FusionGraph, GraphInput, Node, OpRef, TensorMeta, ValueRef
-from .meta import fake_inputs, fakeable
+from .ir import Alias, Arg, FusionGraph, GraphInput, Node, OpRef, TensorMeta, ValueRef
+from .meta import fake_inputs, fakeable, shallow
 from .ops import resolve_op
 
 __all__ = ["functionalize"]
@@ -58,7 +58,8 @@ def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node]
             for i, o in enumerate(node.outputs):
                 if o is not None:
                     env[o] = g.call_function(operator.getitem, (call, i))
-    g.output(tuple(env[o] for o in outputs))
+    unique = list(dict.fromkeys(outputs))  # a name listed a million times is traced once
+    g.output(tuple(env[o] for o in unique))
     try:
         gm = fx.GraphModule(torch.nn.Module(), g)
         functional = from_fx(gm, fake_inputs(FakeTensorMode(), inputs), name=name)
@@ -66,6 +67,7 @@ def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node]
         raise
     except Exception as e:  # noqa: BLE001 - torch's own error from functionalization, named as ours
         raise CaptureError(f"functionalizing the in-place graph failed: {type(e).__name__}: {_first_line(e)}") from None
+    functional = _repeat_outputs(functional, _positions(outputs))
     functional = _rename(functional, {new.name: orig.name for orig, new in zip(inputs, functional.inputs)})
     device = inputs[0].meta.device if inputs else "cpu"
 
@@ -78,6 +80,30 @@ def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node]
         inputs=tuple(dataclasses.replace(orig, meta=fix(new.meta)) for orig, new in zip(inputs, functional.inputs)),
         nodes=tuple(dataclasses.replace(n, metas=tuple(fix(m) for m in n.metas)) for n in functional.nodes),
     )
+
+
+def _positions(outputs: Sequence[str]) -> list[int]:
+    """For each listed output, the position of its name among the distinct names."""
+    first: dict[str, int] = {}
+    return [first.setdefault(o, len(first)) for o in outputs]
+
+
+def _repeat_outputs(graph: FusionGraph, positions: Sequence[int]) -> FusionGraph:
+    """The graph with its distinct outputs listed as the file lists them. A repeat is the same
+    tensor as its first listing: the same view of an input, or else a view of that output."""
+    if len(positions) == len(graph.outputs):
+        return graph
+    first: dict[int, int] = {}
+    outputs, aliases = [], []
+    for i, p in enumerate(positions):
+        outputs.append(graph.outputs[p])
+        if p in first:
+            earlier = aliases[first[p]]
+            aliases.append(earlier if earlier is not None else Alias("output", first[p], graph.metas[graph.outputs[p]]))
+        else:
+            first[p] = i
+            aliases.append(graph.output_aliases[p])
+    return dataclasses.replace(graph, outputs=tuple(outputs), output_aliases=tuple(aliases))
 
 
 def _first_line(e: BaseException) -> str:
@@ -142,7 +168,7 @@ def _run_on_fakes(inputs: Sequence[GraphInput], nodes: Sequence[Node]) -> list[b
                 if o is not None:
                     if not isinstance(val, torch.Tensor):
                         raise CaptureError(f"node {node.name!r}: output {o!r} is a {type(val).__name__}, not a tensor")
-                    env[o] = val
+                    env[o] = shallow(val)
             returns_tuple.append(tuple_like)
     return returns_tuple
 

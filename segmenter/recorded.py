@@ -35,8 +35,8 @@ from collections.abc import Sequence
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .ir import Alias, FusionGraph, GraphError, Node, TensorMeta
-from .meta import fake_inputs, fakeable, run_node
+from .ir import Alias, FusionGraph, GraphError, TensorMeta
+from .meta import fake_inputs, fakeable, run_node, shallow
 from .ops import OpKind, op_info
 
 __all__ = ["check_recorded_effects"]
@@ -84,32 +84,67 @@ def _check_mutations(graph: FusionGraph) -> None:
                              f"{graph.inputs[other].name!r}, also written back: the order of the writes is lost")
 
 
-def _chain(graph: FusionGraph, value: str) -> tuple[str, list[Node]]:
-    """The root ``value`` is viewed from, and the view nodes from the root to it (in order)."""
-    chain: list[Node] = []
-    producers = graph.producers
-    while value in producers and op_info(producers[value].op).kind == OpKind.VIEW and producers[value].inputs:
-        node = producers[value]
-        if len(chain) > len(graph.nodes):  # cannot happen in a checked graph; never loop on a broken one
-            break
-        chain.append(node)
-        value = node.inputs[0]
-    return value, chain[::-1]
+class _Views:
+    """Roots of view chains, and the chains replayed on FakeTensors, each value once (a graph
+    may hold a million outputs: nothing here is worse than linear in the graph)."""
 
+    def __init__(self, graph: FusionGraph) -> None:
+        self.graph = graph
+        self.mode = FakeTensorMode()
+        self.fakes = fake_inputs(self.mode, graph.inputs)
+        self.root: dict[str, str] = {}
+        self.through_as_strided: dict[str, bool] = {}
+        for node in graph.nodes:
+            if op_info(node.op).kind != OpKind.VIEW or not node.inputs:
+                continue
+            base = node.inputs[0]
+            strided = self.through_as_strided.get(base, False) or node.op == "aten.as_strided.default"
+            for o in node.outputs:
+                if o is not None:
+                    self.root[o] = self.root.get(base, base)
+                    self.through_as_strided[o] = strided
+        self._made: dict[tuple[str, str], torch.Tensor | None] = {}
+        self._starts: dict[str, torch.Tensor] = {}
 
-def _replay(chain: list[Node], root: str, start: torch.Tensor, want: str, mode: FakeTensorMode) -> torch.Tensor | None:
-    """The view ``want`` made by ``chain`` from ``start`` standing for ``root`` (None: it fails)."""
-    env: dict[str, torch.Tensor] = {root: start}
-    try:
-        with mode:
-            for node in chain:
-                for name, val in zip(node.outputs, run_node(node, env)):
-                    if name is not None:
-                        env[name] = val
-    except Exception:  # noqa: BLE001 - an op that does not take the layout: the claim does not hold
-        return None
-    out = env.get(want)
-    return out if isinstance(out, torch.Tensor) else None
+    def root_of(self, value: str) -> str:
+        return self.root.get(value, value)
+
+    def replay(self, value: str, start: torch.Tensor, key: str) -> torch.Tensor | None:
+        """``value`` made by its view chain from ``start`` standing for its root (None: an op of
+        the chain does not take that layout). ``key`` names ``start`` for the memo."""
+        root = self.root_of(value)
+        path: list[str] = []
+        v = value
+        while v != root and (key, v) not in self._made:
+            path.append(v)
+            v = self.graph.producers[v].inputs[0]
+        cur = start if v == root else self._made[(key, v)]
+        for v in reversed(path):
+            node = self.graph.producers[v]
+            if cur is None:
+                self._made[(key, v)] = None
+                continue
+            try:
+                with self.mode:
+                    vals = run_node(node, {node.inputs[0]: cur})
+            except Exception:  # noqa: BLE001 - a view op that does not take the layout: no view
+                vals = [None] * len(node.outputs)
+            for name, val in zip(node.outputs, vals):
+                if name is not None:
+                    with self.mode:
+                        self._made[(key, name)] = shallow(val) if isinstance(val, torch.Tensor) else None
+            cur = self._made[(key, v)]
+        return cur
+
+    def made_value(self, value: str) -> torch.Tensor:
+        """A FakeTensor standing for ``value`` (made by an op) at its recorded layout; one per value,
+        so replays from it are memoized under the key ``%value``."""
+        if value not in self._starts:
+            m = self.graph.metas[value]
+            with self.mode:
+                self._starts[value] = torch.empty(max(m.storage_extent, 1), dtype=m.dtype,
+                                                  device=fakeable(m.device)).as_strided(m.shape, m.stride, m.storage_offset)
+        return self._starts[value]
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -119,75 +154,79 @@ def _storage(t: torch.Tensor) -> int:
 def _check_output_aliases(graph: FusionGraph) -> None:
     if all(a is None for a in graph.output_aliases):
         return
-    mode = FakeTensorMode()
-    fakes = fake_inputs(mode, graph.inputs)
+    views = _Views(graph)
     index = {inp.name: i for i, inp in enumerate(graph.inputs)}
     written = {m.value: m.input for m in graph.mutations}
     group_written: dict[int, list[int]] = {}
     for m in graph.mutations:
         group_written.setdefault(graph.inputs[m.input].storage, []).append(m.input)
-    # per output: the input its claim resolves to (None: not a view of an input)
-    on_input: list[int | None] = []
+    first_unclaimed: dict[str, int] = {}  # root -> the first output viewing it that claims nothing
+    for i, (o, a) in enumerate(zip(graph.outputs, graph.output_aliases)):
+        if a is None:
+            first_unclaimed.setdefault(views.root_of(o), i)
+    on_input: list[int | None] = []  # per output: the input its claim resolves to
+    done: dict[tuple[str, Alias], int | None] = {}  # a claim repeated (``return x, x, ...``) is checked once
     for i, (o, a) in enumerate(zip(graph.outputs, graph.output_aliases)):
         if a is None:
             on_input.append(None)
             continue
-        where = f"output_aliases[{i}]"
-        layout = a.layout or graph.metas[o]
-        if a.source == "output" and on_input[a.index] is None:
-            _check_on_output(graph, i, a, layout, on_input, fakes, mode)
-            on_input.append(None)
-            continue
-        k = a.index if a.source == "input" else on_input[a.index]
-        group = graph.inputs[k].storage
-        root, chain = _chain(graph, o)
-        what = f"claims output {i} (%{o}) is a view of input {k} ({graph.inputs[k].name!r})"
-        if root in index and graph.inputs[index[root]].storage == group:
-            if group_written.get(group):
-                raise GraphError(f"{where}: {what}, but that storage is written back while %{o} reads it before")
-            j = index[root]
-        elif root in written and graph.inputs[written[root]].storage == group and group_written[group] == [written[root]]:
-            if any(n.op == "aten.as_strided.default" for n in chain):
-                raise GraphError(f"{where}: {what} through as_strided of the written-back value %{root}: "
-                                 "its elements cannot be followed")
-            j = written[root]
-        else:
-            made = graph.producers.get(root)
-            how = f"made by {made.op}" if made is not None else "another input"
-            raise GraphError(f"{where}: {what}, but it is not a view of it: %{root} is {how}")
-        got = _replay(chain, root, fakes[j], o, mode)
-        if got is None or _storage(got) != _storage(fakes[k]):
-            raise GraphError(f"{where}: {what}, but its view ops on that input do not give a view of it")
-        have = TensorMeta.from_tensor(got, device=layout.device)
-        if not have.same_layout(layout):
-            raise GraphError(f"{where}: {what} with layout {layout}, but its view ops give {have}")
-        on_input.append(k)
+        key = (o, a if a.source == "input" else Alias("input", on_input[a.index], a.layout)
+               if on_input[a.index] is not None else a)
+        if key not in done:
+            done[key] = _check_claim(graph, views, i, a, on_input, index, written, group_written, first_unclaimed)
+        on_input.append(done[key])
 
 
-def _check_on_output(graph: FusionGraph, i: int, a: Alias, layout: TensorMeta, on_input: Sequence[int | None],
-                     fakes: Sequence[torch.Tensor], mode: FakeTensorMode) -> None:
+def _check_claim(graph: FusionGraph, views: _Views, i: int, a: Alias, on_input: Sequence[int | None],
+                 index: dict[str, int], written: dict[str, int], group_written: dict[int, list[int]],
+                 first_unclaimed: dict[str, int]) -> int | None:
+    """Check output ``i``'s claim ``a``; return the input it is a view of (None: of an output)."""
     where = f"output_aliases[{i}]"
-    o, base = graph.outputs[i], graph.outputs[a.index]
-    what = f"claims output {i} (%{o}) is a view of output {a.index} (%{base})"
-    root, chain = _chain(graph, o)
-    base_root, base_chain = _chain(graph, base)
-    if root != base_root:
-        raise GraphError(f"{where}: {what}, but they view different values (%{root}, %{base_root})")
-    if root in graph.input_names:
-        raise GraphError(f"{where}: {what}, but both view input {root!r}, and output {a.index} is handed back "
-                         "as a copy (it claims no alias)")
-    for j in range(a.index):
-        if graph.output_aliases[j] is None and _chain(graph, graph.outputs[j])[0] == root:
-            raise GraphError(f"{where}: {what}, but output {j} views the same value first, so output "
-                             f"{a.index} is handed back as a copy")
-    m = graph.metas[root]
-    with mode:
-        start = torch.empty(max(m.storage_extent, 1), dtype=m.dtype, device=fakeable(m.device)).as_strided(
-            m.shape, m.stride, m.storage_offset)
-    got = _replay(chain, root, start, o, mode)
-    got_base = _replay(base_chain, root, start, base, mode)
-    if got is None or got_base is None or _storage(got) != _storage(got_base):
-        raise GraphError(f"{where}: {what}, but its view ops do not give a view of it")
+    o = graph.outputs[i]
+    layout = a.layout or graph.metas[o]
+    root = views.root_of(o)
+    if a.source == "output" and on_input[a.index] is None:
+        base = graph.outputs[a.index]
+        what = f"claims output {i} (%{o}) is a view of output {a.index} (%{base})"
+        if root != views.root_of(base):
+            raise GraphError(f"{where}: {what}, but they view different values (%{root}, %{views.root_of(base)})")
+        if root in index:
+            raise GraphError(f"{where}: {what}, but both view input {root!r}, and output {a.index} is handed back "
+                             "as a copy (it claims no alias)")
+        if first_unclaimed[root] < a.index:
+            raise GraphError(f"{where}: {what}, but output {first_unclaimed[root]} views the same value first, so "
+                             f"output {a.index} is handed back as a copy")
+        start = views.made_value(root)
+        got, got_base = views.replay(o, start, f"%{root}"), views.replay(base, start, f"%{root}")
+        if got is None or got_base is None or _storage(got) != _storage(got_base):
+            raise GraphError(f"{where}: {what}, but its view ops do not give a view of it")
+        _same(got, layout, where, what)
+        return None
+    k = a.index if a.source == "input" else on_input[a.index]
+    assert k is not None
+    group = graph.inputs[k].storage
+    what = f"claims output {i} (%{o}) is a view of input {k} ({graph.inputs[k].name!r})"
+    if root in index and graph.inputs[index[root]].storage == group:
+        if group_written.get(group):
+            raise GraphError(f"{where}: {what}, but that storage is written back while %{o} reads it before")
+        j = index[root]
+    elif root in written and graph.inputs[written[root]].storage == group and group_written[group] == [written[root]]:
+        if views.through_as_strided.get(o, False):
+            raise GraphError(f"{where}: {what} through as_strided of the written-back value %{root}: "
+                             "its elements cannot be followed")
+        j = written[root]
+    else:
+        made = graph.producers.get(root)
+        how = f"made by {made.op}" if made is not None else "another input"
+        raise GraphError(f"{where}: {what}, but it is not a view of it: %{root} is {how}")
+    got = views.replay(o, views.fakes[j], f"input {j}")
+    if got is None or _storage(got) != _storage(views.fakes[k]):
+        raise GraphError(f"{where}: {what}, but its view ops on that input do not give a view of it")
+    _same(got, layout, where, what)
+    return k
+
+
+def _same(got: torch.Tensor, layout: TensorMeta, where: str, what: str) -> None:
     have = TensorMeta.from_tensor(got, device=layout.device)
     if not have.same_layout(layout):
         raise GraphError(f"{where}: {what} with layout {layout}, but its view ops give {have}")

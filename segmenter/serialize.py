@@ -39,7 +39,7 @@ import torch
 
 from .functionalize import functionalize
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
-from .ops import op_info, op_name_problem, op_refusal
+from .ops import OpKind, op_info, op_name_problem, op_refusal
 from .recorded import check_recorded_effects
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
@@ -48,6 +48,8 @@ __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", 
 SCHEMA = "fusion-segmenter/graph"
 SCHEMA_VERSION = 1
 MAX_DIM = 2**48
+MAX_BYTES = 2**48  # the storage one tensor may address (256 TiB)
+MAX_RANK = 64
 MAX_NESTING = 32  # argument lists nest a level or two; deeper is a broken file, not a RecursionError
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _LAYOUTS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.layout)}
@@ -192,14 +194,22 @@ def _meta_in(d: Any, where: str) -> TensorMeta:
         raise GraphFormatError(f"{where}.dtype: unknown dtype {dtype_name!r}")
     if any(abs(x) > MAX_DIM for x in (*shape, *stride, offset)):
         raise GraphFormatError(f"{where}: huge dimension (over 2**48) in shape/stride/offset")
+    if len(shape) > MAX_RANK:
+        raise GraphFormatError(f"{where}.shape: rank {len(shape)} (at most {MAX_RANK})")
+    if any(s < 0 for s in stride):  # torch has no negative strides (as_strided refuses them)
+        raise GraphFormatError(f"{where}.stride: negative stride in {list(stride)}")
     try:
         torch.device(device)
     except RuntimeError:
         raise GraphFormatError(f"{where}.device: unknown device {device!r}") from None
     try:
-        return TensorMeta(shape, stride, offset, _DTYPES[dtype_name], device)
+        meta = TensorMeta(shape, stride, offset, _DTYPES[dtype_name], device)
     except GraphError as e:
         raise GraphFormatError(f"{where}: {e}") from None
+    if meta.storage_extent * meta.itemsize > MAX_BYTES:  # also bounds numel: no overflow in torch's int64
+        raise GraphFormatError(f"{where}: addresses {meta.storage_extent * meta.itemsize} bytes of storage "
+                               f"(at most 2**48)")
+    return meta
 
 
 def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
@@ -207,6 +217,8 @@ def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
         if len(a) > MAX_STRING or not a.isprintable():
             raise GraphFormatError(f"{where}: a string argument must be printable and at most {MAX_STRING} characters")
         return a
+    if isinstance(a, int) and not isinstance(a, bool) and not -(2**63) <= a < 2**63:
+        raise GraphFormatError(f"{where}: integer {a} does not fit in 64 bits")
     if a is None or isinstance(a, (bool, int, float)):
         return a
     if isinstance(a, list):
@@ -317,6 +329,24 @@ def _refs(a: Arg) -> list[str]:
     return []
 
 
+MAX_VIEW_DEPTH = 1024  # real programs chain a handful of views; torch's cost per view grows with the chain
+
+
+def _check_view_depth(nodes: list[Node]) -> None:
+    """Refuse chains of view ops deeper than MAX_VIEW_DEPTH: torch records a view's whole chain, so
+    every op on a deep view (in eager, on FakeTensors, in functionalization) costs time in its depth."""
+    depth: dict[str, int] = {}
+    for n in nodes:
+        if op_info(n.op).kind != OpKind.VIEW or not n.inputs:
+            continue
+        d = depth.get(n.inputs[0], 0) + 1
+        if d > MAX_VIEW_DEPTH:
+            raise GraphFormatError(f'node "{n.name}": a chain of {d} view ops (at most {MAX_VIEW_DEPTH})')
+        for o in n.outputs:
+            if o is not None:
+                depth[o] = d
+
+
 def _optional_list(d: dict[str, Any], key: str) -> list[Any]:
     """``output_aliases`` / ``mutations`` may be left out (or null) by a fuser that has none."""
     v = d.get(key)
@@ -363,7 +393,13 @@ def graph_from_dict(d: Any) -> FusionGraph:
                              None if layout is None else _meta_in(layout, f"output_aliases[{i}].layout")))
     mutations = [Mutation(_need(m, "input", int, f"mutations[{i}]"), _need_name(m, "value", f"mutations[{i}]"))
                  for i, m in enumerate(_optional_list(d, "mutations"))]
+    seen_nodes: dict[str, int] = {}
+    for k, n in enumerate(nodes):
+        first = seen_nodes.setdefault(n.name, k)
+        if first != k:
+            raise GraphFormatError(f"nodes[{k}]: duplicate node name {n.name!r} (also nodes[{first}])")
     ordered = _topological(nodes, {i.name for i in inputs})
+    _check_view_depth(ordered)
     for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
         warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
     try:
@@ -412,4 +448,8 @@ def _parse(text: str) -> FusionGraph:
 
 def load(path: str) -> FusionGraph:
     with open(path, encoding="utf-8") as f:
-        return from_json(f.read())
+        try:
+            text = f.read()
+        except UnicodeDecodeError as e:
+            raise GraphFormatError(f"not UTF-8 text: byte {e.start} ({e.object[e.start:e.start + 1]!r})") from None
+    return from_json(text)
