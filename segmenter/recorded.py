@@ -12,13 +12,14 @@ made by a chain of view ops (possibly empty) from a root ``r``, and either
 
   A. ``r`` is an input in ``k``'s storage group and no input of that group is written back: the
      view of ``k``'s storage at ``L`` then holds ``o``'s elements; or
-  B. ``r`` is the final value ``v`` of an input ``j`` in ``k``'s group, ``j`` is the only input of
-     the group written back, and no op of the chain is ``as_strided`` (the others map logical
-     indices, so the chain sees ``v``'s elements once ``j`` holds ``v``). This is the legit
-     ``y = x[0]; x.add_(1); return y``, exported as ``select(add(x, 1), 0)`` (Note [what export
-     loses] in segmenter/from_torch.py);
+  B. the chain passes through (or starts at) the final value ``v`` of an input ``j`` in ``k``'s
+     group, ``j`` is the only input of the group written back, and the chain from ``v`` on sees
+     ``v``'s elements once ``j`` holds ``v``: view ops map logical indices, so they do;
+     ``as_strided`` maps storage positions, so it does only where ``v`` and ``j`` have one dense
+     layout and the view stays inside it. This is the legit ``y = x[0]; x.add_(1); return y``,
+     exported as ``select(add(x, 1), 0)`` (Note [what export loses] in segmenter/from_torch.py);
 
-and the chain, replayed on FakeTensors from input ``j`` itself (its real layout, which
+and the chain (from ``r``, or from ``v``), replayed on FakeTensors from input ``j`` itself (its real layout, which
 ``check_inputs`` enforces at every call), gives a view of ``k``'s storage with layout ``L``.
 Output ``i`` claimed a view of an earlier output ``k``: if ``k`` is itself claimed a view of an
 input, ``i``'s claim is checked as a claim on that input; otherwise ``o`` and ``k``'s value must
@@ -93,32 +94,30 @@ class _Views:
         self.mode = FakeTensorMode()
         self.fakes = fake_inputs(self.mode, graph.inputs)
         self.root: dict[str, str] = {}
-        self.through_as_strided: dict[str, bool] = {}
         for node in graph.nodes:
             if op_info(node.op).kind != OpKind.VIEW or not node.inputs:
                 continue
             base = node.inputs[0]
-            strided = self.through_as_strided.get(base, False) or node.op == "aten.as_strided.default"
             for o in node.outputs:
                 if o is not None:
                     self.root[o] = self.root.get(base, base)
-                    self.through_as_strided[o] = strided
         self._made: dict[tuple[str, str], torch.Tensor | None] = {}
         self._starts: dict[str, torch.Tensor] = {}
 
     def root_of(self, value: str) -> str:
         return self.root.get(value, value)
 
-    def replay(self, value: str, start: torch.Tensor, key: str) -> torch.Tensor | None:
-        """``value`` made by its view chain from ``start`` standing for its root (None: an op of
-        the chain does not take that layout). ``key`` names ``start`` for the memo."""
-        root = self.root_of(value)
+    def replay(self, value: str, start: torch.Tensor, key: str, base: str | None = None) -> torch.Tensor | None:
+        """``value`` made by its view chain from ``start`` standing for ``base`` (a value on the
+        chain; default its root). None: an op of the chain does not take that layout. ``key``
+        names ``start`` for the memo."""
+        base = self.root_of(value) if base is None else base
         path: list[str] = []
         v = value
-        while v != root and (key, v) not in self._made:
+        while v != base and (key, v) not in self._made:
             path.append(v)
             v = self.graph.producers[v].inputs[0]
-        cur = start if v == root else self._made[(key, v)]
+        cur = start if v == base else self._made[(key, v)]
         for v in reversed(path):
             node = self.graph.producers[v]
             if cur is None:
@@ -184,8 +183,8 @@ def _check_claim(graph: FusionGraph, views: _Views, i: int, a: Alias, on_input: 
     where = f"output_aliases[{i}]"
     o = graph.outputs[i]
     layout = a.layout or graph.metas[o]
-    root = views.root_of(o)
     if a.source == "output" and on_input[a.index] is None:
+        root = views.root_of(o)
         base = graph.outputs[a.index]
         what = f"claims output {i} (%{o}) is a view of output {a.index} (%{base})"
         if root != views.root_of(base):
@@ -206,24 +205,44 @@ def _check_claim(graph: FusionGraph, views: _Views, i: int, a: Alias, on_input: 
     assert k is not None
     group = graph.inputs[k].storage
     what = f"claims output {i} (%{o}) is a view of input {k} ({graph.inputs[k].name!r})"
-    if root in index and graph.inputs[index[root]].storage == group:
+    # up the view chain to the first written-back value of the group (case B), else to the root
+    base, strided = o, False
+    while not (base in written and graph.inputs[written[base]].storage == group) and base in views.root:
+        node = graph.producers[base]
+        strided = strided or node.op == "aten.as_strided.default"
+        base = node.inputs[0]
+    if base in written and graph.inputs[written[base]].storage == group:
+        if group_written[group] != [written[base]]:
+            raise GraphError(f"{where}: {what}, but other inputs of that storage are written back too")
+        j = written[base]
+    elif base in index and graph.inputs[index[base]].storage == group:
         if group_written.get(group):
             raise GraphError(f"{where}: {what}, but that storage is written back while %{o} reads it before")
-        j = index[root]
-    elif root in written and graph.inputs[written[root]].storage == group and group_written[group] == [written[root]]:
-        if views.through_as_strided.get(o, False):
-            raise GraphError(f"{where}: {what} through as_strided of the written-back value %{root}: "
-                             "its elements cannot be followed")
-        j = written[root]
+        j = index[base]
     else:
-        made = graph.producers.get(root)
+        made = graph.producers.get(base)
         how = f"made by {made.op}" if made is not None else "another input"
-        raise GraphError(f"{where}: {what}, but it is not a view of it: %{root} is {how}")
-    got = views.replay(o, views.fakes[j], f"input {j}")
+        raise GraphError(f"{where}: {what}, but it is not a view of it: %{base} is {how}")
+    got = views.replay(o, views.fakes[j], f"input {j} as %{base}", base)
     if got is None or _storage(got) != _storage(views.fakes[k]):
         raise GraphError(f"{where}: {what}, but its view ops on that input do not give a view of it")
+    if base not in index and strided and not _reads_within(graph.inputs[j].meta, graph.metas[base],
+                                                           TensorMeta.from_tensor(got)):
+        raise GraphError(f"{where}: {what} through as_strided of the written-back value %{base}, which reads "
+                         "other elements of the storage than that value's")
     _same(got, layout, where, what)
     return k
+
+
+def _reads_within(inp: TensorMeta, value: TensorMeta, view: TensorMeta) -> bool:
+    """Whether ``as_strided`` over ``value`` means the same elements as over ``inp`` once ``inp``
+    holds ``value`` (case B of Note [an alias claim must hold]): the two have one layout, dense
+    (its elements are one run of the storage), and the view reads only inside that run."""
+    if not value.same_layout(inp) or overlaps_itself(inp) or inp.storage_extent - inp.storage_offset != inp.numel:
+        return False
+    if view.numel == 0:
+        return True
+    return inp.storage_offset <= view.storage_offset and view.storage_extent <= inp.storage_extent
 
 
 def _same(got: torch.Tensor, layout: TensorMeta, where: str, what: str) -> None:

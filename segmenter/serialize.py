@@ -39,8 +39,9 @@ import torch
 
 from .functionalize import functionalize
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
-from .ops import OpKind, op_info, op_name_problem, op_refusal
+from .ops import OpKind, op_info, op_name_problem, op_refusal, resolve_op
 from .recorded import check_recorded_effects
+from .schema import args_problem
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
            "load", "to_json"]
@@ -256,6 +257,12 @@ def _node_in(d: Any, k: int) -> Node:
                    for key, v in _need(d, "kwargs", dict, where).items())
     outputs = _need(d, "outputs", list, where)
     metas = _need(d, "metas", list, where)
+    found = resolve_op(op)
+    if isinstance(found, torch._ops.OpOverload):
+        problem = args_problem(found, op, args, kwargs)
+        if problem is not None:
+            field, message = problem
+            raise GraphFormatError(f"{where}{'.' + field if field else ''}: {message}")
     if not all(o is None or isinstance(o, str) for o in outputs):
         raise GraphFormatError(f"{where}.outputs: expected names or null")
     for i, o in enumerate(outputs):
@@ -407,6 +414,10 @@ def graph_from_dict(d: Any) -> FusionGraph:
             if any(a is not None for a in aliases) or mutations:
                 raise GraphFormatError("a graph with in-place nodes must not also list output_aliases or mutations: "
                                        "they are read from its in-place ops")
+            defined = {i.name for i in inputs} | {o for n in ordered for o in n.outputs if o is not None}
+            for i, o in enumerate(outputs):
+                if o not in defined:
+                    raise GraphFormatError(f"outputs[{i}]: undefined value %{o}")
             graph = functionalize(name, inputs, ordered, outputs)
         else:
             graph = FusionGraph(tuple(inputs), tuple(ordered), tuple(outputs), tuple(aliases), tuple(mutations), name)

@@ -40,6 +40,18 @@ def _dtype_view_after_mutation(x):
     return y
 
 
+def _as_strided_after_mutation(x):
+    y = x.as_strided((2, 2), (1, 2), 1)
+    x.mul_(2)
+    return y
+
+
+def _write_through_a_view(x):
+    v = x.view(2, 6)
+    v.add_(1)
+    return v.view(4, 3)[1:], x
+
+
 def _views_of_an_output(x):
     t = x + 1
     return t[0:2], t[2:], t.t()
@@ -63,6 +75,9 @@ LEGIT: list[tuple[str, Callable[..., Any], list[torch.Tensor]]] = [
     ("view-after-mutation", _after_mutation, [torch.randn(3, 4)]),
     ("transposed-view-after-mutation", _transposed_after_mutation, [torch.randn(4, 4)]),
     ("dtype-view-after-mutation", _dtype_view_after_mutation, [torch.randn(3, 4)]),
+    ("as-strided-after-mutation", _as_strided_after_mutation, [torch.randn(3, 4)]),
+    # the written-back value is itself a view (of add): the output's chain passes through it
+    ("write-through-a-view", _write_through_a_view, [torch.randn(3, 4)]),
     ("views-of-an-output", _views_of_an_output, [torch.randn(4, 4)]),
     ("shared-storage", _shared_storage, [_BASE, _BASE[2:6].view(2, 2)]),
     ("returned-twice", _twice, [torch.randn(2, 3)]),
@@ -104,7 +119,8 @@ _CAPTURED: dict[str, str] = {}
 
 def _captured(fn: Callable[..., Any], *inputs: torch.Tensor) -> dict[str, Any]:
     """A fresh dict of the captured graph (captured once per program: capture takes a second)."""
-    key = f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}:{[tuple(t.shape) for t in inputs]}"
+    layouts = [(tuple(t.shape), t.stride(), t.storage_offset()) for t in inputs]
+    key = f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}:{layouts}"
     if key not in _CAPTURED:
         _CAPTURED[key] = json.dumps(graph_to_dict(capture(fn, list(inputs))))
     return json.loads(_CAPTURED[key])
@@ -145,9 +161,12 @@ def _reads_before_the_write() -> dict[str, Any]:
 
 
 def _as_strided_of_the_written_value() -> dict[str, Any]:
-    d = _captured(_after_mutation, torch.randn(3, 4))
+    """as_strided maps storage positions: over the fresh value at offset 0 it reads other elements
+    than over the input, which starts at offset 2."""
+    d = _captured(_after_mutation, torch.randn(14)[2:].view(3, 4))
     n = _node(d, "aten.select.int")
     n.update(op="aten.as_strided.default", args=[n["args"][0], [4], [1], 0])
+    d["output_aliases"][0]["layout"].update(storage_offset=0)
     return d
 
 
@@ -202,7 +221,9 @@ REFUSED: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
     ("view-of-the-other-input", _view_of_the_other_input, "but it is not a view of it: %x is another input"),
     ("reads-before-the-write", _reads_before_the_write, "output_aliases[0]: claims output 0 (%select_1) is a view of "
      "input 0 ('x'), but that storage is written back"),
-    ("as-strided-of-the-written-value", _as_strided_of_the_written_value, "through as_strided of the written-back"),
+    ("as-strided-of-the-written-value", _as_strided_of_the_written_value, "output_aliases[0]: claims output 0 "
+     "(%select_1) is a view of input 0 ('x') through as_strided of the written-back value %add, which reads other "
+     "elements of the storage than that value's"),
     ("output-views-another-value", _output_views_another_value, "output_aliases[1]: claims output 1 (%slice_2) is a "
      "view of output 0 (%slice_1), but they view different values (%x, %add)"),
     ("view-of-an-output-handed-back-as-a-copy", _output_of_a_copied_output, "both view input 'x'"),

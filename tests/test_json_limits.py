@@ -47,6 +47,12 @@ def _with_kwargs(d: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def _gelu_mode(mode: str) -> dict[str, Any]:
+    d = _graph(ADD_ + [("g", "aten.gelu.default", [{"value": "a"}])], ["g"])
+    d["nodes"][1]["kwargs"] = {"approximate": mode}
+    return d
+
+
 SIN = [("a", "aten.sin.default", [X])]
 ADD_ = [("a", "aten.add_.Tensor", [X, 1])]
 
@@ -61,12 +67,24 @@ BAD: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
      f'node "v{MAX_VIEW_DEPTH}": a chain of {MAX_VIEW_DEPTH + 1} view ops (at most {MAX_VIEW_DEPTH})'),
     ("duplicate-node-in-inplace-graph", lambda: _graph(ADD_ + [("a", "aten.mul_.Tensor", [X, 2])], ["a"]),
      "nodes[1]: duplicate node name 'a' (also nodes[0])"),
-    ("torch-error-in-functionalization", lambda: _graph([("a", "aten.add_.Tensor", [X, "one"])], ["a"]),
-     "node 'a' (aten.add_.Tensor): RuntimeError: aten::add_() Expected a value of type 'Tensor' for argument 'other'"),
-    ("missing-argument-in-inplace-graph", lambda: _graph([("a", "aten.add_.Tensor", [X])], ["a"]),
-     "node 'a' (aten.add_.Tensor): RuntimeError: aten::add_() is missing value for argument 'other'"),
+    ("torch-error-in-functionalization", lambda: _gelu_mode("bogus"),
+     "node 'g' (aten.gelu.default): RuntimeError: approximate argument must be either none or tanh"),
+    ("argument-of-the-wrong-type", lambda: _graph([("a", "aten.add_.Tensor", [X, "one"])], ["a"]),
+     "nodes[0] (\"a\").args[1]: aten.add_.Tensor takes Tensor for 'other', got str 'one'"),
+    ("list-where-a-tensor-goes", lambda: _graph([("a", "aten.sin.default", [[X]])], ["a"]),
+     "nodes[0] (\"a\").args[0]: aten.sin.default takes Tensor for 'self', got a list of 1"),
+    ("tensor-where-ints-go", lambda: _graph([("a", "aten.sum.dim_IntList", [X, X])], ["a"]),
+     "nodes[0] (\"a\").args[1]: aten.sum.dim_IntList takes Optional[List[int]] for 'dim', got tensor %x"),
+    ("too-many-arguments", lambda: _graph([("a", "aten.sin.default", [X, 1])], ["a"]),
+     "nodes[0] (\"a\"): aten.sin.default takes 1 positional arguments, got 2"),
+    ("missing-argument", lambda: _graph([("a", "aten.add_.Tensor", [X])], ["a"]),
+     "nodes[0] (\"a\"): aten.add_.Tensor: argument 'other' is missing"),
     ("keyword-the-op-lacks", lambda: _with_kwargs(_graph(ADD_, ["a"]), {"alpah": 2}),
-     "node 'a': aten.add_.Tensor has no argument 'alpah'"),
+     "nodes[0] (\"a\").kwargs.alpah: aten.add_.Tensor has no argument 'alpah'"),
+    ("keyword-given-twice", lambda: _with_kwargs(_graph(ADD_, ["a"]), {"other": 2}),
+     "nodes[0] (\"a\").kwargs.other: aten.add_.Tensor: argument 'other' given twice"),
+    ("op-as-an-argument-of-an-aten-op", lambda: _graph([("a", "aten.add.Tensor", [X, {"op": "aten.sin.default"}])], ["a"]),
+     "nodes[0] (\"a\").args[1]: aten.add.Tensor takes Tensor for 'other', got op aten.sin.default"),
     ("non-tensor-output-of-inplace-graph", lambda: _graph(ADD_ + [("s", "aten.sym_size.int", [X, 0])], ["s"]),
      "node 's': output 's' is a int, not a tensor"),
     ("unknown-op-among-inplace-ops", lambda: _graph(ADD_ + [("f", "mylib.frob.default", [X])], ["f"]),

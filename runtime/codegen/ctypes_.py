@@ -69,7 +69,7 @@ def load(dtype: torch.dtype, ref: str) -> str:
         return f"fuseg_h2f({ref})"
     if dtype == torch.bfloat16:
         return f"fuseg_bf2f({ref})"
-    return f"(({COMPUTE[dtype]}){ref})"
+    return f"(({compute_type(dtype)}){ref})"  # declines a dtype it has no type for (uint16/32/64)
 
 
 def store(dtype: torch.dtype, expr: str) -> str:
@@ -77,7 +77,7 @@ def store(dtype: torch.dtype, expr: str) -> str:
         return f"fuseg_f2h((float)({expr}))"
     if dtype == torch.bfloat16:
         return f"fuseg_f2bf((float)({expr}))"
-    return f"(({STORAGE[dtype]})({expr}))"
+    return f"(({storage_type(dtype)})({expr}))"
 
 
 _COMMON = r"""
