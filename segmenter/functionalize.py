@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .fx_import import CaptureError, from_fx
 from .ir import Alias, Arg, FusionGraph, GraphInput, Node, OpRef, TensorMeta, ValueRef
-from .meta import fake_inputs, fakeable, shallow
+from .meta import fake_inputs, fakeable, quiet_fake_errors, shallow
 from .ops import resolve_op
 
 __all__ = ["functionalize"]
@@ -35,7 +35,8 @@ def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node]
     call nodes are named by fx after their op, every keyword is an argument name of the op's
     schema, op arguments are the resolved ops, and the input names are put back afterwards.
     """
-    returns_tuple = _run_on_fakes(inputs, nodes)  # torch's errors named by node, before fx sees anything
+    with quiet_fake_errors():
+        returns_tuple = _run_on_fakes(inputs, nodes)  # torch's errors named by node, before fx sees anything
     g = fx.Graph()
     env: dict[str, fx.Node] = {inp.name: g.placeholder(f"in_{i}") for i, inp in enumerate(inputs)}
 
@@ -62,7 +63,8 @@ def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node]
     g.output(tuple(env[o] for o in unique))
     try:
         gm = fx.GraphModule(torch.nn.Module(), g)
-        functional = from_fx(gm, fake_inputs(FakeTensorMode(), inputs), name=name)
+        with quiet_fake_errors():
+            functional = from_fx(gm, fake_inputs(FakeTensorMode(), inputs), name=name)
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001 - torch's own error from functionalization, named as ours

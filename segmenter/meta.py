@@ -11,8 +11,10 @@ layout rules are the same; the recorded device string is kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -20,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
 from .ops import resolve_op
 
-__all__ = ["fake_inputs", "fakeable", "meta_mismatches", "propagate_metas", "shallow"]
+__all__ = ["fake_inputs", "fakeable", "meta_mismatches", "propagate_metas", "quiet_fake_errors", "shallow"]
 
 
 def fakeable(device: str) -> str:
@@ -49,6 +51,19 @@ def fake_inputs(mode: FakeTensorMode, inputs: Sequence[GraphInput]) -> list[torc
                 bases.setdefault(inp.storage, base)
             out.append(base.as_strided(m.shape, m.stride, m.storage_offset))
     return out
+
+
+@contextlib.contextmanager
+def quiet_fake_errors() -> Iterator[None]:
+    """FakeTensorMode logs the whole traceback of every op it cannot run, then raises; our callers
+    name the node in one line instead (``fuseg`` prints one line for a bad file)."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    was = log.disabled
+    log.disabled = True
+    try:
+        yield
+    finally:
+        log.disabled = was
 
 
 def shallow(t: torch.Tensor) -> torch.Tensor:
@@ -100,7 +115,7 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, fake_inputs(mode, graph.inputs)))
     nodes = []
-    with mode:
+    with mode, quiet_fake_errors():
         for node in graph.nodes:
             if resolve_op(node.op) is None:
                 nodes.append(node)

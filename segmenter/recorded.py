@@ -37,7 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .ir import Alias, FusionGraph, GraphError, TensorMeta
-from .meta import fake_inputs, fakeable, run_node, shallow
+from .meta import fake_inputs, fakeable, quiet_fake_errors, run_node, shallow
 from .ops import OpKind, op_info
 
 __all__ = ["check_recorded_effects"]
@@ -124,7 +124,7 @@ class _Views:
                 self._made[(key, v)] = None
                 continue
             try:
-                with self.mode:
+                with self.mode, quiet_fake_errors():
                     vals = run_node(node, {node.inputs[0]: cur})
             except Exception:  # noqa: BLE001 - a view op that does not take the layout: no view
                 vals = [None] * len(node.outputs)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import runtime
-from alias import apply_aliases
+from alias import apply_aliases, check
 from segmenter import capture, segment
 from segmenter.reference import clone_inputs, run_graph, storage_key
 from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
@@ -110,6 +110,23 @@ def test_a_view_output_that_claims_nothing_is_handed_back_as_a_copy() -> None:
             (out,) = run([xi])
             torch.testing.assert_close(out, x.t()[1:], rtol=0, atol=0)
             assert storage_key(out) != storage_key(xi)
+
+
+def test_an_input_returned_without_a_claim_is_a_copy() -> None:
+    """Found by the hostile fuzzer: alias.check said such an output "would alias an input"; the
+    runtime (like finish) hands back a copy, which is what a graph claiming nothing means."""
+    d = _captured(lambda x: x.sin(), torch.randn(4))
+    d["outputs"].insert(0, d["inputs"][0]["name"])
+    d["output_aliases"] = [None, None]
+    g = from_json(json.dumps(d))
+    sf = segment(g)
+    for mode in ("post", "pre", "off"):
+        plan = apply_aliases(sf, mode)
+        assert check(sf, plan) == []
+        for backend in ("torch", "cpp"):
+            x = torch.randn(4)
+            out = runtime.compile(plan, backend=backend)(x)
+            assert torch.equal(out[0], x) and storage_key(out[0]) != storage_key(x)
 
 
 # -- claims the ops contradict ------------------------------------------------------------

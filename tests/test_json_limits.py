@@ -4,6 +4,9 @@ stall (issue 14): through ``from_json`` and through ``fuseg segment`` (exit stat
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -153,3 +156,21 @@ def test_the_deepest_view_chain_loads_fast() -> None:
     start = time.perf_counter()
     g = from_json(text)
     assert time.perf_counter() - start < 10 and len(g.nodes) == MAX_VIEW_DEPTH
+
+
+def test_torch_does_not_add_its_own_traceback(tmp_path: Path) -> None:
+    """FakeTensorMode logs a 30-line traceback for an op it cannot run; fuseg's error stays one line
+    (a subprocess: pytest's log capture would hide the logging)."""
+    d = _graph([("a", "aten.mul.Tensor", [X, X])], ["a"])
+    d["inputs"][0]["meta"] = _meta([4, 6])
+    d["nodes"][0]["metas"] = [_meta([4, 4])]
+    d["inputs"].append({"name": "w", "meta": _meta([4, 4]), "role": "user", "target": None, "storage": 1})
+    d["nodes"][0]["args"] = [X, {"value": "w"}]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-m", "perf.cli", "segment", str(path)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.startswith("fuseg: error: shape metadata contradicts the ops: node 'a' (aten.mul.Tensor): "
+                                  "RuntimeError: Attempting to broadcast") and done.stderr.count("\n") == 1, done.stderr
