@@ -16,6 +16,7 @@ import torch
 import runtime
 from alias import apply_aliases, check
 from segmenter import capture, segment
+from segmenter.ir import GraphError
 from segmenter.reference import clone_inputs, run_graph, storage_key
 from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 
@@ -260,3 +261,21 @@ def test_claims_the_ops_contradict_are_refused(name, make, message: str, check_m
     with pytest.raises(GraphFormatError) as err:
         from_json(json.dumps(make()), check_metas=check_metas)
     assert message in str(err.value)
+
+
+def test_inputs_declared_to_share_a_storage_must_share_it() -> None:
+    """A claim on input 1 proved through input 0 holds only if the two really share a storage at
+    the call: inputs that are declared to and do not are refused (they were read as if they did)."""
+    base = torch.randn(16)
+    d = _captured(lambda x, y: x.t(), base[:16].view(4, 4), base[:16].view(4, 4))
+    assert d["inputs"][0]["storage"] == d["inputs"][1]["storage"]
+    d["output_aliases"][0]["index"] = 1
+    g = from_json(json.dumps(d))  # the claim holds for inputs that share a storage
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    prog = runtime.compile(apply_aliases(segment(g), "post"), backend="torch")
+    for run in (lambda: run_graph(g, [x, y]), lambda: prog(x, y)):
+        with pytest.raises(GraphError, match="input 'y' should share a storage with input 'x'"):
+            run()
+    shared = torch.randn(16)
+    (out,) = prog(shared.view(4, 4), shared.view(4, 4))
+    assert torch.equal(out, shared.view(4, 4).t())
