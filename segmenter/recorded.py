@@ -199,7 +199,7 @@ def _check_claim(graph: FusionGraph, views: _Views, i: int, a: Alias, on_input: 
         got, got_base = views.replay(o, start, f"%{root}"), views.replay(base, start, f"%{root}")
         if got is None or got_base is None or _storage(got) != _storage(got_base):
             raise GraphError(f"{where}: {what}, but its view ops do not give a view of it")
-        _same(got, layout, where, what)
+        _same(got, layout, graph.metas[root].device, where, what)
         return None
     k = a.index if a.source == "input" else on_input[a.index]
     assert k is not None
@@ -230,7 +230,7 @@ def _check_claim(graph: FusionGraph, views: _Views, i: int, a: Alias, on_input: 
                                                            TensorMeta.from_tensor(got)):
         raise GraphError(f"{where}: {what} through as_strided of the written-back value %{base}, which reads "
                          "other elements of the storage than that value's")
-    _same(got, layout, where, what)
+    _same(got, layout, graph.inputs[k].meta.device, where, what)
     return k
 
 
@@ -245,7 +245,10 @@ def _reads_within(inp: TensorMeta, value: TensorMeta, view: TensorMeta) -> bool:
     return inp.storage_offset <= view.storage_offset and view.storage_extent <= inp.storage_extent
 
 
-def _same(got: torch.Tensor, layout: TensorMeta, where: str, what: str) -> None:
-    have = TensorMeta.from_tensor(got, device=layout.device)
+def _same(got: torch.Tensor, layout: TensorMeta, device: str, where: str, what: str) -> None:
+    """The claimed layout is the replayed one (the fakes' device may stand in for ``device``)."""
+    have = TensorMeta.from_tensor(got, device=device)
+    if torch.device(layout.device) != torch.device(device):
+        raise GraphError(f"{where}: {what} on device {layout.device}, but it is on {device}")
     if not have.same_layout(layout):
         raise GraphError(f"{where}: {what} with layout {layout}, but its view ops give {have}")

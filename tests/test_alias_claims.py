@@ -165,6 +165,12 @@ def _wrong_layout() -> dict[str, Any]:
     return d
 
 
+def _layout_on_another_device() -> dict[str, Any]:
+    d = _captured(lambda x: x.t(), torch.randn(4, 4))
+    d["output_aliases"][0]["layout"]["device"] = "meta"
+    return d
+
+
 def _view_of_the_other_input() -> dict[str, Any]:
     d = _captured(lambda x, y: x.t(), torch.randn(4, 4), torch.randn(4, 4))
     d["output_aliases"][0]["index"] = 1
@@ -236,6 +242,8 @@ REFUSED: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
     ("float64-layout-over-a-computed-output", lambda: _sin_claimed_a_view("float64"), "output_aliases[0]: claims"),
     ("view-with-another-layout", _wrong_layout, "output_aliases[0]: claims output 0 (%permute) is a view of input 0 "
      "('x') with layout float32[4, 4], but its view ops give float32[4, 4] stride=[1, 4]"),
+    ("layout-on-another-device", _layout_on_another_device, "output_aliases[0]: claims output 0 (%permute) is a view "
+     "of input 0 ('x') on device meta, but it is on cpu"),
     ("view-of-the-other-input", _view_of_the_other_input, "but it is not a view of it: %x is another input"),
     ("reads-before-the-write", _reads_before_the_write, "output_aliases[0]: claims output 0 (%select_1) is a view of "
      "input 0 ('x'), but that storage is written back"),
