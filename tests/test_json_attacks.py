@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,30 +113,31 @@ def test_names_never_run_through_the_cli(make, tmp_path: Path, monkeypatch: pyte
 
 # -- op names ------------------------------------------------------------------------------
 
-@pytest.fixture
-def evil_library(tmp_path: Path) -> tuple[Path, Path]:
+@pytest.fixture(scope="module")
+def evil_library(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A shared library whose constructor writes a marker file when it is loaded."""
     cxx = cpu_compiler()
     if cxx is None:
         pytest.skip("no C++ compiler")
-    marker = tmp_path / "so_loaded"
-    src = tmp_path / "evil.cpp"
+    tmp = tmp_path_factory.mktemp("evil_so")
+    marker = tmp / "so_loaded"
+    src = tmp / "evil.cpp"
     src.write_text('#include <cstdio>\n__attribute__((constructor)) static void boom() {\n'
                    f'  FILE* f = fopen("{marker}", "w"); if (f) fclose(f);\n}}\n')
-    lib = tmp_path / "evil.so"
+    lib = tmp / "evil.so"
     subprocess.run([cxx, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
     return lib, marker
 
 
-@pytest.fixture
-def evil_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+@pytest.fixture(scope="module")
+def evil_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """An importable module that writes a marker file when it is imported."""
-    marker = tmp_path / "module_imported"
-    pkg = tmp_path / "mods"
-    pkg.mkdir()
-    (pkg / "fuseg_evil_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-    monkeypatch.syspath_prepend(str(pkg))
-    yield "fuseg_evil_mod", marker
+    tmp = tmp_path_factory.mktemp("evil_mod")
+    marker = tmp / "module_imported"
+    (tmp / "fuseg_evil_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(tmp))
+        yield "fuseg_evil_mod", marker
     sys.modules.pop("fuseg_evil_mod", None)
 
 
