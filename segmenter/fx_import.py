@@ -228,7 +228,10 @@ def from_fx(
     if needs_functionalization(gm) or len(tensors) != len(example_inputs):
         if needs_functionalization(gm) and len(set(storage_ids(tensors))) != len(tensors):
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
-        gm = _retrace(gm, example_inputs)
+        try:
+            gm = _retrace(gm, example_inputs)
+        except Exception as e:  # noqa: BLE001 - torch's error from make_fx/functionalize, as ours
+            raise CaptureError(f"functionalizing the graph failed: {type(e).__name__}: {_first_line(e)}") from e
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     storage = storage_ids(tensors)
     tensor_phs = [placeholders[i] for i in tensor_pos]
@@ -247,7 +250,10 @@ def from_fx(
             raise CaptureError(f"input_updates: output {pos} -> input {idx} is out of range")
         mutations.append(Mutation(idx, outputs[pos]))
     keep = [i for i in range(len(outputs)) if i not in updates]
-    fake_in, fake_out = _run_on_fakes(original, example_inputs)
+    try:
+        fake_in, fake_out = _run_on_fakes(original, example_inputs)
+    except Exception as e:  # noqa: BLE001 - torch's error from running the graph on FakeTensors, as ours
+        raise CaptureError(f"running the graph on FakeTensors failed: {type(e).__name__}: {_first_line(e)}") from e
     aliases = observed_aliases([fake_in[i] for i in tensor_pos], [fake_out[i] for i in keep])
     live = set(outputs) | {m.value for m in mutations}
     return FusionGraph(
@@ -283,6 +289,11 @@ def _run_on_fakes(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
     with mode:
         out = fx.Interpreter(gm).run(*fakes)
     return list(fakes), list(pytree.tree_leaves(out))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 def _value_name(a: Arg, renamed: Mapping[str, str], where: str) -> str:

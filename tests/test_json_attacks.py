@@ -54,6 +54,12 @@ def _input_name_attack(marker: Path) -> dict[str, Any]:
     return _graph([_node("a", "aten.add_.Tensor", [{"value": name}, 1])], ["a"], input_name=name)
 
 
+def _the_issues_input_name(marker: Path) -> dict[str, Any]:
+    """The issue's exact reproduction: ``touch p`` in the working directory."""
+    name = "x=__import__('os').system('touch p')"
+    return _graph([_node("a", "aten.add_.Tensor", [{"value": name}, 1])], ["a"], input_name=name)
+
+
 def _kwarg_key_attack(marker: Path) -> dict[str, Any]:
     """A keyword-argument name, which fx wrote unquoted into the call it generated."""
     key = f"alpha={_shell(marker)},beta"
@@ -77,6 +83,7 @@ def _string_arg_attack(marker: Path) -> dict[str, Any]:
 
 
 CODE_IN_NAMES = [
+    ("the issue's input name", _the_issues_input_name),
     ("input name", _input_name_attack),
     ("kwarg key", _kwarg_key_attack),
     ("node name", _node_name_attack),
@@ -95,7 +102,7 @@ def test_names_in_an_inplace_graph_never_run(make, tmp_path: Path, monkeypatch: 
         pass
     else:  # loaded: the names are kept as they were, as names
         assert {make(marker)["inputs"][0]["name"]} == set(g.input_names)
-    assert not marker.exists()
+    assert not marker.exists() and not (tmp_path / "p").exists()
 
 
 @pytest.mark.parametrize("make", [c[1] for c in CODE_IN_NAMES], ids=[c[0] for c in CODE_IN_NAMES])
@@ -107,7 +114,7 @@ def test_names_never_run_through_the_cli(make, tmp_path: Path, monkeypatch: pyte
     path.write_text(json.dumps(make(marker)))
     code = main(["segment", str(path)])
     err = capsys.readouterr().err
-    assert not marker.exists()
+    assert not marker.exists() and not (tmp_path / "p").exists()
     assert code == 0 or (code == 2 and err.startswith("fuseg: error: ") and err.count("\n") == 1), err
 
 
