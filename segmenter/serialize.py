@@ -21,16 +21,22 @@ Schema "fusion-segmenter/graph", version 1::
 Inputs with the same ``storage`` share one storage in the caller. Nodes may come in any order;
 they are sorted topologically, and a cycle is an error naming its nodes. Every error names the
 field that is wrong (``nodes[3] ("add_1").args[0]: ...``); nothing half-loaded survives. An op
-unknown to the op table loads with a warning and runs as OPAQUE. A graph may hold in-place
-nodes (``aten.add_.Tensor``): it is functionalized on the way in (segmenter/functionalize.py), and
-its output aliasing and write-backs are then read from what its in-place ops do.
+unknown to the op table loads with a warning and runs as OPAQUE (one torch does not have is
+refused when the graph is compiled). A graph may hold in-place nodes (``aten.add_.Tensor``): it
+is functionalized on the way in (segmenter/functionalize.py), and its output aliasing and
+write-backs are then read from what its in-place ops do.
+
+A file is untrusted input, and these checks run whatever the loader's flags: names and sizes
+(segmenter/limits.py), op names (Note [op names are data] in segmenter/ops.py), each node's
+arguments against its op's schema (segmenter/schema.py), and the recorded aliasing, write-backs
+and shared storages against the ops (Note [an alias claim must hold] in segmenter/recorded.py).
+``check_metas`` adds the check of every recorded shape, stride and dtype against the ops.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
-import keyword
 import math
 import warnings
 from typing import Any
@@ -39,19 +45,26 @@ import torch
 
 from .functionalize import functionalize
 from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
-from .ops import OpKind, op_info, op_name_problem, op_refusal, resolve_op
+from .limits import (
+    MAX_BYTES,
+    MAX_DIM,
+    MAX_NESTING,
+    MAX_RANK,
+    MAX_STRING,
+    MAX_VIEW_DEPTH,
+    keyword_problem,
+    name_problem,
+    view_depth_problem,
+)
+from .ops import op_info, op_name_problem, op_refusal, resolve_op
 from .recorded import check_recorded_effects
 from .schema import args_problem
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
+__all__ = ["MAX_VIEW_DEPTH", "SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
            "load", "to_json"]
 
 SCHEMA = "fusion-segmenter/graph"
 SCHEMA_VERSION = 1
-MAX_DIM = 2**48
-MAX_BYTES = 2**48  # the storage one tensor may address (256 TiB)
-MAX_RANK = 64
-MAX_NESTING = 32  # argument lists nest a level or two; deeper is a broken file, not a RecursionError
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _LAYOUTS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.layout)}
 _FORMATS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.memory_format)}
@@ -130,31 +143,8 @@ def _need(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     return v
 
 
-# Note [names are identifiers of the graph only]: a name (of the graph, an input, a node, a
-# value) is used as a key and printed in messages, never as code (see segmenter/functionalize.py,
-# Note [no name reaches generated code]). So any printable text is a name; what is refused is
-# what breaks messages and logs: empty names, control and format characters (newlines, bidi
-# overrides), and names longer than MAX_NAME. Keyword-argument names go into torch calls: they
-# must be Python identifiers, not keywords and not dunders. Op names: segmenter.ops.op_name_problem.
-MAX_NAME = 256
-MAX_STRING = 1024  # a string argument (a mode such as gelu's "tanh", an einsum equation)
-
-
-def _name_problem(v: object) -> str | None:
-    if not isinstance(v, str):
-        return f"expected a name (string), got {type(v).__name__}"
-    if not v:
-        return "empty name"
-    if len(v) > MAX_NAME:
-        return f"name of {len(v)} characters (at most {MAX_NAME})"
-    if not v.isprintable():
-        bad = next(c for c in v if not c.isprintable())
-        return f"name {v[:40]!r} holds the control or format character {bad!r}"
-    return None
-
-
 def _name(v: Any, where: str) -> str:
-    problem = _name_problem(v)
+    problem = name_problem(v)
     if problem is not None:
         raise GraphFormatError(f"{where}: {problem}")
     return v
@@ -174,8 +164,9 @@ def _op_name(v: Any, where: str) -> str:
 
 
 def _kwarg_name(k: str, where: str) -> str:
-    if not (k.isidentifier() and k.isascii()) or keyword.iskeyword(k) or k.startswith("__"):
-        raise GraphFormatError(f"{where}: keyword {k[:40]!r} is not an argument name (an identifier)")
+    problem = keyword_problem(k)
+    if problem is not None:
+        raise GraphFormatError(f"{where}: {problem}")
     return k
 
 
@@ -336,24 +327,6 @@ def _refs(a: Arg) -> list[str]:
     return []
 
 
-MAX_VIEW_DEPTH = 1024  # real programs chain a handful of views; torch's cost per view grows with the chain
-
-
-def _check_view_depth(nodes: list[Node]) -> None:
-    """Refuse chains of view ops deeper than MAX_VIEW_DEPTH: torch records a view's whole chain, so
-    every op on a deep view (in eager, on FakeTensors, in functionalization) costs time in its depth."""
-    depth: dict[str, int] = {}
-    for n in nodes:
-        if op_info(n.op).kind != OpKind.VIEW or not n.inputs:
-            continue
-        d = depth.get(n.inputs[0], 0) + 1
-        if d > MAX_VIEW_DEPTH:
-            raise GraphFormatError(f'node "{n.name}": a chain of {d} view ops (at most {MAX_VIEW_DEPTH})')
-        for o in n.outputs:
-            if o is not None:
-                depth[o] = d
-
-
 def _optional_list(d: dict[str, Any], key: str) -> list[Any]:
     """``output_aliases`` / ``mutations`` may be left out (or null) by a fuser that has none."""
     v = d.get(key)
@@ -406,7 +379,9 @@ def graph_from_dict(d: Any) -> FusionGraph:
         if first != k:
             raise GraphFormatError(f"nodes[{k}]: duplicate node name {n.name!r} (also nodes[{first}])")
     ordered = _topological(nodes, {i.name for i in inputs})
-    _check_view_depth(ordered)
+    problem = view_depth_problem(ordered)
+    if problem is not None:
+        raise GraphFormatError(problem)
     for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
         warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
     try:
