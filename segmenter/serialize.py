@@ -383,7 +383,11 @@ def graph_from_dict(d: Any) -> FusionGraph:
     if problem is not None:
         raise GraphFormatError(problem)
     for op in sorted({n.op for n in ordered if not op_info(n.op).known}):
-        warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
+        if resolve_op(op) is None:
+            warnings.warn(f"unknown op {op}: torch has no such op; it loads as OPAQUE, and compiling the graph "
+                          "will refuse it", stacklevel=3)
+        else:
+            warnings.warn(f"unknown op {op}: it will run as OPAQUE on torch", stacklevel=3)
     try:
         if any(op_info(n.op).mutates for n in ordered):
             if any(a is not None for a in aliases) or mutations:
