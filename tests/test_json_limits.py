@@ -134,6 +134,19 @@ def test_run_with_inputs_too_large_to_make(tmp_path: Path, capsys) -> None:
     assert err.startswith("fuseg: error: g: cannot make random inputs of 17592186044416 elements") and err.count("\n") == 1
 
 
+def test_run_a_graph_whose_ops_refuse_random_inputs(tmp_path: Path, capsys) -> None:
+    """An embedding of 2 rows indexed with random ints up to 7: the graph's own error, one line."""
+    d = _graph([("a", "aten.embedding.default", [{"value": "w"}, {"value": "i"}])], ["a"], x=_meta([2, 4]))
+    d["inputs"] = [{"name": "w", "meta": _meta([2, 4]), "role": "user", "target": None, "storage": 0},
+                   {"name": "i", "meta": {**_meta([3]), "dtype": "int64"}, "role": "user", "target": None, "storage": 1}]
+    d["nodes"][0]["metas"] = [_meta([3, 4])]
+    path = tmp_path / "embed.json"
+    path.write_text(json.dumps(d))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == "fuseg: error: g: the graph's ops raise on random inputs: IndexError: index out of range in self\n"
+
+
 # -- size: near-linear loading -------------------------------------------------------------
 
 def test_many_outputs_of_an_inplace_graph_load_fast() -> None:
