@@ -65,7 +65,9 @@ __all__ = ["MAX_VIEW_DEPTH", "SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "du
 
 SCHEMA = "fusion-segmenter/graph"
 SCHEMA_VERSION = 1
-_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+# quantized dtypes (qint8, quint4x2, ...) are left out: no FakeTensor of them can be made
+_DTYPES = {name: d for d in vars(torch).values() if isinstance(d, torch.dtype)
+           for name in [str(d).removeprefix("torch.")] if not name.startswith(("qint", "quint"))}
 _LAYOUTS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.layout)}
 _FORMATS = {str(x).removeprefix("torch."): x for x in vars(torch).values() if isinstance(x, torch.memory_format)}
 _ROLES = ("user", "parameter", "buffer", "constant", "storage")

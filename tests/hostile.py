@@ -267,9 +267,14 @@ def mutate(seed: dict[str, Any], rng: random.Random, marker: Path) -> tuple[str,
     d = copy.deepcopy(seed)
     names, steps = [], []
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
-        name, fn, _w = rng.choices(MUTATORS, weights=[w for *_, w in MUTATORS])[0]
-        names.append(name)
-        steps.append(fn(d, rng, marker))
+        for _attempt in range(8):  # an earlier mutation may have left nothing this one can work on
+            name, fn, _w = rng.choices(MUTATORS, weights=[w for *_, w in MUTATORS])[0]
+            try:
+                steps.append(fn(d, rng, marker))
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+                continue
+            names.append(name)
+            break
     return "+".join(names), "; ".join(steps), json.dumps(d)
 
 

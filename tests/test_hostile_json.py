@@ -24,7 +24,7 @@ import torch
 
 from perf.zoo import rope_it_all
 from segmenter import capture
-from segmenter.serialize import graph_to_dict
+from segmenter.serialize import GraphFormatError, from_json, graph_to_dict
 
 from .hostile import check_mutant, mutate
 
@@ -142,6 +142,16 @@ def test_finding_unsigned_input_of_a_generated_kernel(dtype: str) -> None:
     d = _seed("inplace-nodes")
     d["inputs"][1]["meta"]["dtype"] = dtype
     assert check_mutant(json.dumps(d)) == ("ran and matched", None)
+
+
+@pytest.mark.parametrize("dtype", ["qint8", "quint8", "qint32"])
+def test_finding_quantized_dtype(dtype: str) -> None:
+    """from_json raised NotImplementedError: no tensor (nor FakeTensor) of a quantized dtype can be made."""
+    d = _seed("norm-and-matmul")
+    d["inputs"][1]["meta"]["dtype"] = dtype
+    assert check_mutant(json.dumps(d)) == ("refused at load", None)
+    with pytest.raises(GraphFormatError, match=f"inputs\\[1\\].meta.dtype: unknown dtype '{dtype}'"):
+        from_json(json.dumps(d))
 
 
 @pytest.mark.xfail(strict=True, reason="issue 14: the in-place write-back calls _to_copy.out with a dtype keyword; "
