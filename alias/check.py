@@ -88,7 +88,7 @@ def plan_problems(plan: SegmentedFusion) -> list[str]:
         root = roots.get(v)
         if root is None:
             continue
-        if root[0] == "input":
+        if root[0] == "input" and v not in g.input_names:  # an input itself: finish hands back a copy
             problems.append(f"output {i} (%{v}) would alias an input; in the original program it is a copy")
         elif root in owner and g.outputs[owner[root]] != v:
             problems.append(f"output {i} (%{v}) would share a storage with output {owner[root]}")

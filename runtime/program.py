@@ -49,6 +49,8 @@ def _arg_getter(a: object) -> Callable[[Env], object]:
         return lambda env: env[name]
     if isinstance(a, OpRef):
         op = resolve_op(a.name)
+        if op is None:  # never hand an op we cannot vouch for to the op that calls it
+            raise GraphError(f"op argument {a.name} is not known to torch; it cannot be run")
         return lambda env: op
     if isinstance(a, tuple):
         if not any(isinstance(x, (ValueRef, tuple)) for x in a):

@@ -39,7 +39,7 @@ from .ir import (
     TensorMeta,
     ValueRef,
 )
-from .meta import fake_mode
+from .meta import fake_mode, quiet_fake_errors
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .ops import NOT_COMPUTE, op_info, op_name, resolve_op
 
@@ -326,7 +326,13 @@ def from_fx(
     tensors = [example_inputs[i] for i in tensor_pos]
     shared = len(set(storage_ids(tensors))) != len(tensors)
     # aliasing and layout changes are observed on the program as given, before functionalization
-    fake_in, fake_out, changes = _run_on_fakes(gm, example_inputs)
+    try:
+        with quiet_fake_errors():
+            fake_in, fake_out, changes = _run_on_fakes(gm, example_inputs)
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch's error from running the graph on FakeTensors, as ours
+        raise CaptureError(f"running the graph on FakeTensors failed: {type(e).__name__}: {_first_line(e)}") from e
     given_names = [ph.name for ph in placeholders]  # retracing renames the placeholders
     for c in changes:
         why = refusal(c, placeholders[c.index].name)
@@ -337,7 +343,10 @@ def from_fx(
     if needs_functionalization(gm) or len(tensors) != len(example_inputs) or changes:
         if needs_functionalization(gm) and shared:
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
-        gm = _retrace(_aliased(gm, {c.index for c in changes}) if changes else gm, example_inputs)
+        try:
+            gm = _retrace(_aliased(gm, {c.index for c in changes}) if changes else gm, example_inputs)
+        except Exception as e:  # noqa: BLE001 - torch's error from make_fx/functionalize, as ours
+            raise CaptureError(f"functionalizing the graph failed: {type(e).__name__}: {_first_line(e)}") from e
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     storage = storage_ids(tensors)
     finals = {c.index: c.after for c in changes}
@@ -428,6 +437,11 @@ def _run_on_fakes(
 
 def gm_placeholder_name(gm: fx.GraphModule, index: int) -> str:
     return [n.name for n in gm.graph.nodes if n.op == "placeholder"][index]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 def _value_name(a: Arg, renamed: Mapping[str, str], where: str) -> str:

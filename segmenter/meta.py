@@ -11,8 +11,10 @@ layout rules are the same; the recorded device string is kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, disable_fake_tensor_cache
@@ -20,7 +22,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode, disable_fake_tensor_ca
 from .ir import Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
 from .ops import OpKind, op_info, resolve_op
 
-__all__ = ["fake_constants", "fake_inputs", "fake_mode", "meta_mismatches", "propagate_metas"]
+__all__ = ["fake_constants", "fake_inputs", "fake_mode", "fakeable", "meta_mismatches", "propagate_metas",
+           "quiet_fake_errors", "shallow"]
 
 
 def fake_mode(allow_non_fake_inputs: bool = False) -> FakeTensorMode:
@@ -39,7 +42,8 @@ def fake_mode(allow_non_fake_inputs: bool = False) -> FakeTensorMode:
     return mode
 
 
-def _fakeable(device: str) -> str:
+def fakeable(device: str) -> str:
+    """The device FakeTensors stand for ``device`` on: itself, or ``meta`` where this machine has none."""
     kind = torch.device(device).type
     if kind in ("cpu", "meta"):
         return device
@@ -60,7 +64,7 @@ def fake_inputs(mode: FakeTensorMode, inputs: Sequence[GraphInput]) -> list[torc
             m = inp.meta
             base = bases.get(inp.storage)
             if base is None or base.dtype != m.dtype:
-                base = torch.empty(max(extent[inp.storage], 1), dtype=m.dtype, device=_fakeable(m.device))
+                base = torch.empty(max(extent[inp.storage], 1), dtype=m.dtype, device=fakeable(m.device))
                 bases.setdefault(inp.storage, base)
             out.append(m.with_bits(base.as_strided(m.shape, m.stride, m.storage_offset)))
     return out
@@ -71,7 +75,7 @@ def fake_constants(mode: FakeTensorMode, constants: Sequence[GraphConstant]) -> 
     faked) they come along, so ops that read a constant's values (an index) see them."""
     out = {}
     for c in constants:
-        device = _fakeable(c.meta.device)
+        device = fakeable(c.meta.device)
         if c.data is not None and device == c.meta.device:
             out[c.name] = mode.from_tensor(c.tensor(), static_shapes=True)
         else:
@@ -80,13 +84,36 @@ def fake_constants(mode: FakeTensorMode, constants: Sequence[GraphConstant]) -> 
     return out
 
 
+@contextlib.contextmanager
+def quiet_fake_errors() -> Iterator[None]:
+    """FakeTensorMode logs the whole traceback of every op it cannot run, then raises; our callers
+    name the node in one line instead (``fuseg`` prints one line for a bad file)."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    was = log.disabled
+    log.disabled = True
+    try:
+        yield
+    finally:
+        log.disabled = was
+
+
+def shallow(t: torch.Tensor) -> torch.Tensor:
+    """``t`` re-made as one view of its base. torch keeps a view's whole chain of view ops, so
+    each view of a view costs time in the depth of the chain: propagating a chain of n views is
+    quadratic (4000 chained ``alias`` ops: 14 s on FakeTensors) unless each is made shallow."""
+    base = t._base
+    if base is None or base.dtype != t.dtype:
+        return t
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def _materialize(arg: Arg, env: dict[str, torch.Tensor]) -> object:
     if isinstance(arg, ValueRef):
         return env[arg.name]
     if isinstance(arg, tuple):
         return [_materialize(a, env) for a in arg]
     if isinstance(arg, torch.device):
-        return torch.device(_fakeable(str(arg)))
+        return torch.device(fakeable(str(arg)))
     if isinstance(arg, OpRef):
         op = resolve_op(arg.name)
         if op is None:
@@ -120,7 +147,7 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, fake_inputs(mode, graph.inputs)))
     env.update(fake_constants(mode, graph.constants))
     nodes = []
-    with mode:
+    with mode, quiet_fake_errors():
         for node in graph.nodes:
             if resolve_op(node.op) is None:
                 nodes.append(node)
@@ -141,7 +168,7 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
                 if name is None or not isinstance(val, torch.Tensor):
                     metas.append(None if name is None else declared)
                     continue
-                env[name] = val
+                env[name] = shallow(val)
                 device = declared.device if declared is not None else str(val.device)
                 metas.append(TensorMeta.from_tensor(val, device=device))
             nodes.append(dataclasses.replace(node, metas=tuple(metas)))
@@ -167,7 +194,7 @@ def _declare(node: Node, env: dict[str, torch.Tensor], mode: FakeTensorMode) -> 
     with mode:
         for name, m in zip(node.outputs, node.metas):
             if name is not None and m is not None:
-                base = torch.empty(max(m.storage_extent, 1), dtype=m.dtype, device=_fakeable(m.device))
+                base = torch.empty(max(m.storage_extent, 1), dtype=m.dtype, device=fakeable(m.device))
                 env[name] = m.with_bits(base.as_strided(m.shape, m.stride, m.storage_offset))
 
 

@@ -39,11 +39,17 @@ def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
             got = TensorMeta.from_tensor(t)
             raise GraphError(f"input {spec.name!r}: expected {want} on {want.device}, got {got} on {got.device}")
     seen: dict[object, int] = {}
+    declared: dict[int, tuple[object, int]] = {}
     for i, t in enumerate(inputs):
         key = storage_key(t)
         first = seen.setdefault(key, graph.inputs[i].storage)
         if first != graph.inputs[i].storage and t.numel():
             raise GraphError(f"input {graph.inputs[i].name!r} shares a storage the graph does not expect it to")
+        # and the converse: the graph's recorded aliasing was proved for inputs that share one
+        other = declared.setdefault(graph.inputs[i].storage, (key, i)) if t.numel() else (key, i)
+        if other[0] != key:
+            raise GraphError(f"input {graph.inputs[i].name!r} should share a storage with input "
+                             f"{graph.inputs[other[1]].name!r} (the graph says they do), but does not")
 
 
 def evaluate(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
