@@ -112,7 +112,9 @@ def _metadata_launch(graph: FusionGraph, seg: Segment) -> Callable[[Env], None]:
 
 def _in_place_node(node: Node, target: str) -> Callable[[Env], list[torch.Tensor | None]]:
     """``node`` computed by its ``.out`` overload straight into the input ``target``."""
-    op = out_overload(node.op)
+    op, why_not = out_overload(node)
+    if op is None:  # plan_in_place_writes only picks nodes with a usable .out overload
+        raise AssertionError(f"node {node.name!r}: {why_not}")
     getters = [_arg_getter(a) for a in node.args]
     kw = [(k, _arg_getter(v)) for k, v in node.kwargs]
 

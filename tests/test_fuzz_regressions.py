@@ -61,6 +61,11 @@ def _cases() -> dict[str, tuple[Program, list[torch.Tensor]]]:
                         ("to", 0, torch.float32), ("view_dtype", 3, torch.float64), ("scalar", 6, "add", 0.5),
                         ("inplace", 0, "add_", 1), ("unsqueeze", 1, 1)], [3, 4]),
             [_transposed_int(), torch.tensor([-1.4813, 0.6044, 0.8091], dtype=torch.float64)]),
+        # the in-place write-back called _to_copy.out with the dtype keyword it does not take
+        "write-back-through-a-cast": (
+            Program(1, [("expand", 0, (2, 0)), ("inplace", 1, "add_", 1), ("to", 0, torch.float32),
+                        ("to", 0, torch.float32), ("where", 2, 0)], [1]),
+            [torch.empty(0, dtype=torch.int32)]),
     }
 
 
