@@ -26,13 +26,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
 from .ir import FusionGraph, GraphInput, Mutation, TensorMeta, ValueRef
-from .meta import propagate_metas
+from .meta import fake_mode, propagate_metas, uncached
 
 __all__ = ["bind_inputs", "capture"]
 
@@ -273,14 +273,14 @@ def _run_on_fakes(
     """Run the original program on FakeTensor copies; return its tensor outputs and the fakes
     standing for each graph input (so storages can be compared)."""
     existing = next((t.fake_mode for t in (*user, *graph_tensors) if isinstance(t, FakeTensor)), None)
-    mode = existing or FakeTensorMode(allow_non_fake_inputs=False)
+    mode = existing or fake_mode(allow_non_fake_inputs=False)
 
     def fake(t: torch.Tensor) -> torch.Tensor:
         return t if isinstance(t, FakeTensor) else mode.from_tensor(t)
 
     fake_user = [fake(t) for t in user]
     fake_state = {k: fake(v) for k, v in _state(program).items()}
-    with mode:
+    with uncached(mode):  # Note [FakeTensor dispatch cache]
         out = torch.func.functional_call(program, fake_state, tuple(fake_user), dict(kwargs))
     user_iter = iter(fake_user)
     fake_inputs = [next(user_iter) if role in ("user", "storage") else fake(t)

@@ -15,11 +15,10 @@ from collections.abc import Sequence
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .fx_import import CaptureError, from_fx
 from .ir import Arg, FusionGraph, GraphInput, Node, TensorMeta, ValueRef
-from .meta import fake_inputs
+from .meta import fake_inputs, fake_mode
 from .ops import resolve_op
 
 __all__ = ["functionalize"]
@@ -51,7 +50,7 @@ def functionalize(name: str, inputs: Sequence[GraphInput], nodes: Sequence[Node]
                     env[o] = g.call_function(operator.getitem, (call, i))
     g.output(tuple(env[o] for o in outputs))
     gm = fx.GraphModule(torch.nn.Module(), g)
-    functional = from_fx(gm, fake_inputs(FakeTensorMode(), inputs), name=name)
+    functional = from_fx(gm, fake_inputs(fake_mode(), inputs), name=name)
     functional = _rename(functional, {new.name: orig.name for orig, new in zip(inputs, functional.inputs)})
     device = inputs[0].meta.device if inputs else "cpu"
 

@@ -185,16 +185,18 @@ def needs_functionalization(gm: fx.GraphModule) -> bool:
 
 
 def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .meta import fake_mode, uncached
 
     fn = functionalize(gm, remove="mutations")
     fakes = [t for t in example_inputs if isinstance(t, FakeTensor)]
     if fakes:
-        with fakes[0].fake_mode:
+        with uncached(fakes[0].fake_mode):  # Note [FakeTensor dispatch cache] in meta.py
             return make_fx(fn, tracing_mode="real")(*example_inputs)
-    mode = FakeTensorMode()
+    mode = fake_mode()
     fake_args = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     with mode:
         return make_fx(fn, tracing_mode="real")(*fake_args)
@@ -275,12 +277,14 @@ def _run_on_fakes(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
     """Run the fx program itself on FakeTensor copies of the inputs (storages shared as in the
     caller's), so output aliasing is read from what the program does, not from ``meta['val']``
     snapshots (which need not share storages)."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor
 
-    mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or FakeTensorMode()
+    from .meta import fake_mode, uncached
+
+    mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or fake_mode()
     fakes = [t if isinstance(t, FakeTensor) or not isinstance(t, torch.Tensor) else mode.from_tensor(t)
              for t in example_inputs]
-    with mode:
+    with uncached(mode):  # Note [FakeTensor dispatch cache] in meta.py
         out = fx.Interpreter(gm).run(*fakes)
     return list(fakes), list(pytree.tree_leaves(out))
 

@@ -11,8 +11,9 @@ layout rules are the same; the recorded device string is kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -20,7 +21,33 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .ir import Arg, FusionGraph, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
 from .ops import resolve_op
 
-__all__ = ["fake_inputs", "meta_mismatches", "propagate_metas"]
+__all__ = ["fake_inputs", "fake_mode", "meta_mismatches", "propagate_metas", "uncached"]
+
+
+# Note [FakeTensor dispatch cache]: FakeTensorMode caches each op's output metadata in one dict
+# per process, shared by every mode, and on a hit rebuilds a non-view output with empty_strided:
+# its storage offset is lost. A scatter op (slice_scatter...) of an offset input keeps the input's
+# offset in eager (clone_preserve_strides), so the first graph to meet it in a process recorded
+# offset 3 and every later one 0 (issue 14: the fuzzer's flaky finding, "recorded offset 3, torch
+# computes 0"). Every FakeTensor run of ours is therefore uncached: the same answer, eager's,
+# whatever ran before it in the process.
+def fake_mode(**kwargs: object) -> FakeTensorMode:
+    """A FakeTensorMode whose dispatch cache is off (Note [FakeTensor dispatch cache])."""
+    mode = FakeTensorMode(**kwargs)  # type: ignore[arg-type]
+    mode.cache_enabled = False
+    return mode
+
+
+@contextlib.contextmanager
+def uncached(mode: FakeTensorMode) -> Iterator[FakeTensorMode]:
+    """``mode`` (one we were handed) with its dispatch cache off while we run in it."""
+    old = mode.cache_enabled
+    mode.cache_enabled = False
+    try:
+        with mode:
+            yield mode
+    finally:
+        mode.cache_enabled = old
 
 
 def _fakeable(device: str) -> str:
@@ -86,7 +113,7 @@ def propagate_metas(graph: FusionGraph) -> FusionGraph:
 
     Nodes whose op torch does not know (OPAQUE, unknown) keep the metas they declare.
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = fake_mode(allow_non_fake_inputs=False)
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, fake_inputs(mode, graph.inputs)))
     nodes = []
     with mode:
