@@ -105,8 +105,11 @@ def slice_bounds(a: dict, n: int) -> tuple[int, int, int]:
 
 
 def shape_ints(values: Iterable[object], what: str, lo: int = 0) -> tuple[int, ...]:
+    """A list of plain ints, each in [lo, MAX_EXTENT]."""
     if not isinstance(values, (tuple, list)):
         raise Declined(f"{what} must be a list of integers, got {_what(values)}")
+    if all(type(v) is int for v in values) and (not values or (min(values) >= lo and max(values) <= MAX_EXTENT)):
+        return tuple(values)  # the common case, checked at once (a layout per value of every kernel)
     return tuple(int_arg(v, f"{what}[{k}]", lo) for k, v in enumerate(values))
 
 
