@@ -196,6 +196,16 @@ def test_every_formatted_layout_is_checked(case: str, monkeypatch) -> None:
         lower_segment(graph, seg, layouts(graph, seg, frozenset(), {}))
 
 
+def test_recomputing_metas_never_allocates() -> None:
+    """A factory op's size is the graph's to choose: the recomputation runs on the meta device,
+    with or without a device argument (the default device would allocate 4 TiB here)."""
+    from runtime.codegen.checks import check_segment_metas
+
+    for kwargs in ((), (("device", torch.device("cpu")),)):
+        graph, seg = _one_op("aten.full.default", ((2**40,), 1.0), (2**40,), kwargs=kwargs)
+        check_segment_metas(graph, seg, {})  # consistent metas: nothing to decline, nothing allocated
+
+
 def test_good_values_still_compile_and_match_eager() -> None:
     """The checks refuse nothing a real program makes (the kernel cases cover the rest)."""
     from .util import assert_matches_eager

@@ -129,8 +129,10 @@ def check_layout(shape: object, stride: object, what: str) -> tuple[tuple[int, .
 _Spec = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]  # shape, stride, offset, dtype
 #: (op, arguments) -> the specs of its tensor outputs (None: not a tensor). Torch's meta kernels
 #: of elementwise ops run in Python (150-300 us a call); a graph repeats a few (op, layouts)
-#: thousands of times. The key is everything the meta kernel sees: the op, every argument with
-#: its type (1, 1.0 and True are different keys) and each tensor's full layout and dtype.
+#: thousands of times. The key is everything the meta kernel sees: the op, the default dtype,
+#: every argument with its type (1, 1.0 and True are different keys) and each tensor's full
+#: layout and dtype; a hit rebuilds each output with its offset (the lesson of Note [FakeTensor
+#: dispatch cache] in segmenter/meta.py).
 _META_CACHE: dict[tuple, tuple[_Spec | None, ...]] = {}
 _META_CACHE_MAX = 1 << 16
 
@@ -186,15 +188,17 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> None
         schema = op._schema.arguments
         args = [_meta_arg(a, env, node) for a in node.args]
         kwargs = {k: _meta_arg(v, env, node) for k, v in node.kwargs}
-        # a device argument (full, arange, _to_copy...) is the meta device here: never a real allocation
+        # the device argument of a factory op (full, arange, _to_copy...) is the meta device here,
+        # given or not (absent, it would be the default device): never a real allocation
         for k, a in enumerate(schema):
             if "Device" in str(a.type):
                 if k < len(args):
                     args[k] = meta
-                elif a.name in kwargs:
+                else:
                     kwargs[a.name] = meta
         try:
-            key = (node.op, _key(node.args, env), tuple((k, _key(v, env)) for k, v in node.kwargs))
+            key = (node.op, torch.get_default_dtype(), _key(node.args, env),
+                   tuple((k, _key(v, env)) for k, v in node.kwargs))
             cached = _META_CACHE.get(key)
         except TypeError:  # an unhashable argument: no caching
             key, cached = None, None
