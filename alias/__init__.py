@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Literal
 
 from segmenter import SegmentedFusion
@@ -31,8 +32,16 @@ def apply_aliases(segmented: SegmentedFusion, mode: Literal["post", "pre", "off"
         raise ValueError(f"alias mode must be one of {', '.join(MODES)}, not {mode!r}")
     if segmented.alias_mode not in (None, mode):
         raise ValueError(f"this segmentation already went through the {segmented.alias_mode!r} alias pass")
-    out, reports, elided = rewrite(segmented, mode)
-    stats_before, stats_after = segmented.stats(), out.stats()
+    # the pass frees nothing until it returns: the cyclic collector would only rescan the plan
+    # (2.5 of 5 s on 100k nodes), as in segmenter.segment
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        out, reports, elided = rewrite(segmented, mode)
+        stats_before, stats_after = segmented.stats(), out.stats()
+    finally:
+        if was_enabled:
+            gc.enable()
     report = AliasReport(mode, tuple(reports), stats_before["kernels"], stats_after["kernels"], stats_after["metadata"],
                          tuple(elided))
     object.__setattr__(out, "alias_report", report)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from segmenter import FusionGraph, OpKind, Segment, op_info
+from segmenter import FusionGraph, GraphError, OpKind, Segment, op_info
 
 from .codegen import Kernel, lower_segment
 from .codegen.build import build_cpu, build_cuda
@@ -60,6 +60,24 @@ def _same(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...], dtyp
             and all(a == b for n, a, b in zip(shape, t.stride(), stride) if n != 1))
 
 
+def _span(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes from a tensor's first element to the end of its last one, in this layout."""
+    if 0 in shape:
+        return 0
+    return (sum((n - 1) * st for n, st in zip(shape, stride)) + 1) * dtype.itemsize
+
+
+def _check_storage(t: torch.Tensor, span: int, value: str) -> None:
+    """Note [kernel reads stay in storage]: the kernel indexes a tensor from its data pointer
+    (its storage offset included) by the planned shape and strides, which ``_same`` compared
+    with the tensor's; what is left is that the storage really holds that span past the offset.
+    torch's own views always do, but a storage resized (or set_) behind a tensor's back does not,
+    and eager itself would read out of bounds there: refused."""
+    if t.storage_offset() * t.itemsize + span > t.untyped_storage().nbytes():
+        raise GraphError(f"value %{value}: its storage holds {t.untyped_storage().nbytes()} bytes, fewer than "
+                         f"its layout reaches ({t.storage_offset() * t.itemsize + span}): not read")
+
+
 def generated_launch(graph: FusionGraph, seg: Segment, target: str, materialize: frozenset[str],
                      dying: tuple[str, ...], in_place: dict[str, int], fallback: Callable[[Env], None],
                      ) -> tuple[Callable[[Env], None], Kernel]:
@@ -75,8 +93,10 @@ def generated_launch(graph: FusionGraph, seg: Segment, target: str, materialize:
     view_plans = [(o, b, graph.metas[o], graph.metas[o].storage_offset - graph.metas[b].storage_offset)
                   for o, b in views.items()]
     fn = build_cuda(kernel) if target == "cuda" else build_cpu(kernel)
-    ins = [p for p in kernel.params if not p.output]
+    ins = [(p, _span(p.shape, p.stride, p.dtype)) for p in kernel.params if not p.output]
     outs = [p for p in kernel.params if p.output]
+    # an output written into an input (in place) is read and written through it: checked as the inputs
+    targets_in = [(p, _span(p.shape, p.stride, p.dtype)) for p in outs if p.target]
     device = torch.device(graph.inputs[0].meta.device) if graph.inputs else torch.device("cpu")
     if target == "cuda":
         call = _cuda_caller(fn, kernel)
@@ -88,13 +108,21 @@ def generated_launch(graph: FusionGraph, seg: Segment, target: str, materialize:
 
     def run(env: Env) -> None:
         args = []
-        for p in ins:
+        for p, span in ins:
             t = env[p.value]
             if not _same(t, p.shape, p.stride, p.dtype):
                 stats["layout_fallbacks"] += 1
                 fallback(env)
                 return
+            _check_storage(t, span, p.value)
             args.append(t)
+        for p, span in targets_in:
+            t = env[p.target]
+            if not _same(t, p.shape, p.stride, p.dtype):
+                stats["layout_fallbacks"] += 1
+                fallback(env)
+                return
+            _check_storage(t, span, p.target)
         results = []
         for p in outs:
             t = env[p.target] if p.target else torch.empty_strided(p.shape, p.stride, dtype=p.dtype, device=device)

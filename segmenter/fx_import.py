@@ -39,7 +39,7 @@ from .ir import (
     TensorMeta,
     ValueRef,
 )
-from .meta import fake_mode, quiet_fake_errors
+from .meta import fake_mode, quiet_fake_errors, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .ops import NOT_COMPUTE, op_info, op_name, resolve_op
 
@@ -284,13 +284,14 @@ def needs_functionalization(gm: fx.GraphModule) -> bool:
 
 
 def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fn = functionalize(gm, remove="mutations")
     fakes = [t for t in example_inputs if isinstance(t, FakeTensor)]
     if fakes:
-        with fakes[0].fake_mode:
+        with uncached(fakes[0].fake_mode):  # Note [fake tensor cache] in meta.py
             return make_fx(fn, tracing_mode="real")(*example_inputs)
     mode = fake_mode()  # Note [fake tensor cache] in segmenter/meta.py
     fake_args = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
@@ -420,7 +421,7 @@ def _run_on_fakes(
     mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or fake_mode()
     fakes = [t if isinstance(t, FakeTensor) or not isinstance(t, torch.Tensor) else mode.from_tensor(t)
              for t in example_inputs]
-    with watch_layouts(fakes, mode) as watch:
+    with uncached(mode, enter=False), watch_layouts(fakes, mode) as watch:  # Note [fake tensor cache] in meta.py
         try:
             out = pytree.tree_leaves(_FakeConstants(gm, mode).run(*fakes))
         except Exception as e:  # noqa: BLE001 - torch's error, with the op and the input named

@@ -23,7 +23,7 @@ from .ir import Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, O
 from .ops import OpKind, op_info, resolve_op
 
 __all__ = ["fake_constants", "fake_inputs", "fake_mode", "fakeable", "meta_mismatches", "propagate_metas",
-           "quiet_fake_errors", "shallow"]
+           "quiet_fake_errors", "shallow", "uncached"]
 
 
 def fake_mode(allow_non_fake_inputs: bool = False) -> FakeTensorMode:
@@ -40,6 +40,22 @@ def fake_mode(allow_non_fake_inputs: bool = False) -> FakeTensorMode:
     mode = FakeTensorMode(allow_non_fake_inputs=allow_non_fake_inputs)
     mode.cache_enabled = False
     return mode
+
+
+@contextlib.contextmanager
+def uncached(mode: FakeTensorMode, enter: bool = True) -> Iterator[FakeTensorMode]:
+    """A FakeTensorMode we were handed (dynamo's, the caller's) with its dispatch cache off while we
+    run in it (Note [fake tensor cache]); ``enter``: also enter the mode."""
+    old = mode.cache_enabled
+    mode.cache_enabled = False
+    try:
+        if enter:
+            with mode:
+                yield mode
+        else:
+            yield mode
+    finally:
+        mode.cache_enabled = old
 
 
 def fakeable(device: str) -> str:

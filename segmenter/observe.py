@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import (
 
 from .fx_import import CaptureError, ScalarRead
 from .ir import GraphInput, ValueRef
-from .meta import fake_mode
+from .meta import fake_mode, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .outputs import FlatOutputs, output_tensors
 from .reference import clone_inputs
@@ -70,7 +70,8 @@ def observe(
     fake_user = [fake(t) for t in user]
     fake_state = {k: fake(v) for k, v in state.items()}
     try:
-        seen = _run_watched(program, fake_user, fake_state, kwargs, mode, fake, graph_name)
+        with uncached(mode, enter=False):  # a handed mode's cache too (Note [fake tensor cache])
+            seen = _run_watched(program, fake_user, fake_state, kwargs, mode, fake, graph_name)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         op = str(e).strip() or type(e).__name__
         tensors = [*user, *state.values()]
