@@ -15,7 +15,7 @@ setup(
         "pandas",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "transformers", "matplotlib"],
+        "test": ["pytest", "hypothesis", "transformers", "matplotlib", "expecttest"],  # expecttest: op_db
         "cuda": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.

@@ -16,28 +16,33 @@ from dataclasses import dataclass, field
 
 from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
 
+from .layout import Layout, NeedsCopy, apply_view_op
+
 __all__ = ["SegmentAliases", "analyze_segment", "is_true_view"]
 
-# View ops that may copy, by op: decided by the layout algebra from the input's layout.
-_MAYBE_COPY = frozenset({"aten.reshape.default"})
-
-
 def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
-    """Whether ``node`` returns views of its (first) tensor input, with the reason if not."""
+    """Whether ``node`` returns views of its (first) tensor input, with the reason if not.
+
+    Only where the layout algebra derives each output's recorded layout, bits and dtype
+    included (Note [views from metas]): a VIEW-kind op the algebra does not model (``contiguous``
+    and ``resolve_conj`` may copy; ``real`` of a conj view...) stays with the kernel, which runs it on
+    torch, instead of being guessed at with as_strided.
+    """
     info = op_info(node.op)
     if info.kind != OpKind.VIEW:
         return False, f"{node.op} computes a new tensor"
     if not node.inputs:
         return False, f"{node.op} has no tensor input"
-    if node.op in _MAYBE_COPY:
-        try:
-            from .layout import Layout, NeedsCopy, apply_view_op
-        except ImportError:  # pragma: no cover - the algebra is part of this package
-            return False, "reshape: no layout algebra to decide"
-        src = graph.metas[node.inputs[0]]
-        result = apply_view_op(Layout.from_meta(src), node.op, node.args[1:], dict(node.kwargs))
-        if isinstance(result, NeedsCopy):
-            return False, f"reshape needs a copy: {result.reason}"
+    src = graph.metas[node.inputs[0]]
+    result = apply_view_op(Layout.from_meta(src), node.op, node.args[1:], dict(node.kwargs))
+    if isinstance(result, NeedsCopy):
+        return False, result.reason
+    derived = result if isinstance(result, tuple) else (result,)
+    if len(derived) != len(node.outputs):
+        return False, f"{node.op}: {len(derived)} views derived for {len(node.outputs)} outputs"
+    for o, lay in zip(node.outputs, derived):
+        if o is not None and not lay.matches(graph.metas[o]):
+            return False, f"{node.op}: recorded layout {graph.metas[o]} is not the view's ({lay.to_meta()})"
     return True, ""
 
 

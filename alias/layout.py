@@ -4,12 +4,14 @@ A layout is sizes, strides (in elements), an absolute storage offset and a dtype
 returns the layout of the view torch would make, or ``NeedsCopy(reason)`` where torch would copy
 (``reshape``) or refuse (``view``). It follows ATen's own rules (``computeStride`` for view and
 reshape, the clamping of ``slice``, ``inferUnsqueezeGeometry``, the itemsize rules of
-``view(dtype)``) and is property-tested against torch. Conservative: an op it does not model
+``view(dtype)``, ``diagonal``, ``unfold``, ``view_as_real/complex``; the conj/neg bits of
+``_conj``/``_neg_view``) and is property-tested against torch. Conservative: an op it does not model
 is ``NeedsCopy``, never a guessed view.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,9 +21,9 @@ import torch
 from segmenter import TensorMeta
 
 __all__ = [
-    "Layout", "NeedsCopy", "alias", "apply_view_op", "as_strided", "expand", "narrow", "permute", "reshape",
-    "select", "slice_", "split", "split_with_sizes", "squeeze", "t", "transpose", "unbind", "unsqueeze", "view",
-    "view_dtype",
+    "Layout", "NeedsCopy", "alias", "apply_view_op", "as_strided", "conj", "diagonal", "expand", "narrow", "neg_view",
+    "permute", "reshape", "select", "slice_", "split", "split_with_sizes", "squeeze", "t", "transpose", "unbind",
+    "unfold", "unsqueeze", "view", "view_as_complex", "view_as_real", "view_dtype",
 ]
 
 _MAX = 2**63 - 1
@@ -33,17 +35,33 @@ class Layout:
     stride: tuple[int, ...]
     offset: int
     dtype: torch.dtype
+    conj: bool = False  # torch's lazy view bits (segmenter.ir Note [conjugate and negative bits])
+    neg: bool = False
 
     @classmethod
     def from_meta(cls, m: TensorMeta) -> Layout:
-        return cls(m.shape, m.stride, m.storage_offset, m.dtype)
+        return cls(m.shape, m.stride, m.storage_offset, m.dtype, m.conj, m.neg)
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> Layout:
-        return cls(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+        return cls(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg())
 
     def to_meta(self, device: str = "cpu") -> TensorMeta:
-        return TensorMeta(self.shape, self.stride, self.offset, self.dtype, device)
+        return TensorMeta(self.shape, self.stride, self.offset, self.dtype, device, self.conj, self.neg)
+
+    def matches(self, m: TensorMeta) -> bool:
+        """``m`` is this layout, up to what cannot be observed (TensorMeta.same_layout)."""
+        if (self.shape, self.dtype, self.conj, self.neg) != (m.shape, m.dtype, m.conj, m.neg):
+            return False
+        if 0 in self.shape:
+            return True
+        return self.offset == m.storage_offset and all(
+            a == b for n, a, b in zip(self.shape, self.stride, m.stride) if n > 1)
+
+    def moved(self, shape: Sequence[int], stride: Sequence[int], offset: int | None = None) -> Layout:
+        """The same storage, dtype and bits, seen with other sizes, strides (and offset)."""
+        return Layout(tuple(shape), tuple(stride), self.offset if offset is None else offset, self.dtype,
+                      self.conj, self.neg)
 
     @property
     def numel(self) -> int:
@@ -115,7 +133,7 @@ def view(lay: Layout, shape: Sequence[int]) -> Result:
     if stride is None:
         return NeedsCopy(f"view {list(lay.shape)} -> {list(new)} merges dims that are not contiguous with each other "
                          f"(strides {list(lay.stride)})")
-    return Layout(new, stride, lay.offset, lay.dtype)
+    return lay.moved(new, stride)
 
 
 reshape = view  # the same layout when a view is possible; otherwise torch copies
@@ -123,7 +141,7 @@ reshape = view  # the same layout when a view is possible; otherwise torch copie
 
 def permute(lay: Layout, dims: Sequence[int]) -> Layout:
     dims = [_dim(d, len(lay.shape)) for d in dims]
-    return Layout(tuple(lay.shape[d] for d in dims), tuple(lay.stride[d] for d in dims), lay.offset, lay.dtype)
+    return lay.moved([lay.shape[d] for d in dims], [lay.stride[d] for d in dims])
 
 
 def transpose(lay: Layout, d0: int, d1: int) -> Layout:
@@ -154,7 +172,7 @@ def slice_(lay: Layout, dim: int = 0, start: int | None = None, end: int | None 
     shape[d] = (end - start + step - 1) // step
     offset = lay.offset + start * stride[d]
     stride[d] *= step
-    return Layout(tuple(shape), tuple(stride), offset, lay.dtype)
+    return lay.moved(shape, stride, offset)
 
 
 def narrow(lay: Layout, dim: int, start: int, length: int) -> Layout:
@@ -168,8 +186,8 @@ def select(lay: Layout, dim: int, index: int) -> Layout:
     d = _dim(dim, len(lay.shape))
     if index < 0:
         index += lay.shape[d]
-    return Layout(lay.shape[:d] + lay.shape[d + 1:], lay.stride[:d] + lay.stride[d + 1:],
-                  lay.offset + index * lay.stride[d], lay.dtype)
+    return lay.moved(lay.shape[:d] + lay.shape[d + 1:], lay.stride[:d] + lay.stride[d + 1:],
+                     lay.offset + index * lay.stride[d])
 
 
 def expand(lay: Layout, sizes: Sequence[int]) -> Layout:
@@ -189,7 +207,7 @@ def expand(lay: Layout, sizes: Sequence[int]) -> Layout:
                 raise ValueError(f"cannot expand size {size} to {want}")
             size, st = want, 0
         shape[i], stride[i] = size, st
-    return Layout(tuple(shape), tuple(stride), lay.offset, lay.dtype)
+    return lay.moved(shape, stride)
 
 
 def squeeze(lay: Layout, dims: Sequence[int] | int | None = None) -> Layout:
@@ -199,14 +217,13 @@ def squeeze(lay: Layout, dims: Sequence[int] | int | None = None) -> Layout:
         dims = [dims] if isinstance(dims, int) else dims
         drop = {d for d in (_dim(x, len(lay.shape)) for x in dims) if lay.shape and lay.shape[d] == 1}
     keep = [d for d in range(len(lay.shape)) if d not in drop]
-    return Layout(tuple(lay.shape[d] for d in keep), tuple(lay.stride[d] for d in keep), lay.offset, lay.dtype)
+    return lay.moved([lay.shape[d] for d in keep], [lay.stride[d] for d in keep])
 
 
 def unsqueeze(lay: Layout, dim: int) -> Layout:
     d = _dim(dim, len(lay.shape) + 1)
     new_stride = 1 if d >= len(lay.shape) else lay.shape[d] * lay.stride[d]
-    return Layout(lay.shape[:d] + (1,) + lay.shape[d:], lay.stride[:d] + (new_stride,) + lay.stride[d:],
-                  lay.offset, lay.dtype)
+    return lay.moved(lay.shape[:d] + (1,) + lay.shape[d:], lay.stride[:d] + (new_stride,) + lay.stride[d:])
 
 
 def split_with_sizes(lay: Layout, sizes: Sequence[int], dim: int = 0) -> tuple[Layout, ...]:
@@ -237,10 +254,12 @@ def alias(lay: Layout) -> Layout:
 
 
 def as_strided(lay: Layout, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Layout:
-    return Layout(tuple(size), tuple(stride), lay.offset if storage_offset is None else storage_offset, lay.dtype)
+    return lay.moved(size, stride, storage_offset)
 
 
 def view_dtype(lay: Layout, dtype: torch.dtype) -> Result:
+    if lay.conj or lay.neg:
+        return NeedsCopy("torch refuses view(dtype) of a tensor with the conjugate or negative bit")
     old, new = lay.dtype.itemsize, dtype.itemsize
     if old == new:
         return Layout(lay.shape, lay.stride, lay.offset, dtype)
@@ -258,6 +277,72 @@ def view_dtype(lay: Layout, dtype: torch.dtype) -> Result:
                          "strides divisible by the ratio")
     return Layout(lay.shape[:-1] + (lay.shape[-1] // r,), tuple(s // r for s in lay.stride[:-1]) + (1,),
                   lay.offset // r, dtype)
+
+
+def conj(lay: Layout) -> Result:
+    """``_conj`` (and ``conj`` on complex values): the same view with the conjugate bit flipped."""
+    if not lay.dtype.is_complex:
+        return NeedsCopy("_conj of a non-complex tensor (torch asserts)")
+    return dataclasses.replace(lay, conj=not lay.conj)
+
+
+def neg_view(lay: Layout) -> Layout:
+    return dataclasses.replace(lay, neg=not lay.neg)
+
+
+def view_as_real(lay: Layout) -> Result:
+    """Each complex element as two reals: a trailing dim of 2, strides and offset doubled."""
+    if not lay.dtype.is_complex:
+        return NeedsCopy("view_as_real of a non-complex tensor (torch refuses)")
+    if lay.conj:
+        return NeedsCopy("view_as_real of a conjugate view (torch refuses)")
+    return Layout(lay.shape + (2,), tuple(2 * s for s in lay.stride) + (1,), 2 * lay.offset, lay.dtype.to_real(),
+                  False, lay.neg)
+
+
+def view_as_complex(lay: Layout) -> Result:
+    """ATen's view_as_complex: a last dim of size 2 and stride 1 becomes one complex element."""
+    if lay.dtype not in (torch.float16, torch.float32, torch.float64):
+        return NeedsCopy(f"view_as_complex of a {lay.dtype} tensor (torch refuses)")
+    if not lay.shape or lay.shape[-1] != 2 or lay.stride[-1] != 1:
+        return NeedsCopy("view_as_complex needs a last dim of size 2 and stride 1")
+    if lay.offset % 2 or any(s % 2 for s in lay.stride[:-1]):
+        return NeedsCopy("view_as_complex needs the offset and the other strides even")
+    return Layout(lay.shape[:-1], tuple(s // 2 for s in lay.stride[:-1]), lay.offset // 2, lay.dtype.to_complex(),
+                  False, lay.neg)
+
+
+def diagonal(lay: Layout, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Layout:
+    """ATen's diagonal: dims ``dim1`` and ``dim2`` go, a last dim walks both at once (stride the
+    sum of theirs), starting ``offset`` above (or below) the main diagonal."""
+    nd = len(lay.shape)
+    d1, d2 = _dim(dim1, nd), _dim(dim2, nd)
+    if d1 == d2:
+        raise ValueError("diagonal dimensions cannot be identical")
+    n1, n2 = lay.shape[d1], lay.shape[d2]
+    size = max(min(n1, n2 - offset), 0) if offset >= 0 else max(min(n1 + offset, n2), 0)
+    start = lay.offset
+    if size:  # ATen leaves the offset alone for an empty diagonal
+        start += offset * lay.stride[d2] if offset >= 0 else -offset * lay.stride[d1]
+    keep = [d for d in range(nd) if d not in (d1, d2)]
+    return lay.moved([lay.shape[d] for d in keep] + [size],
+                     [lay.stride[d] for d in keep] + [lay.stride[d1] + lay.stride[d2]], start)
+
+
+def unfold(lay: Layout, dim: int, size: int, step: int) -> Layout:
+    """ATen's unfold: windows of ``size`` every ``step`` along ``dim``, as a new last dim."""
+    nd = len(lay.shape)
+    d = _dim(dim, nd)
+    limit = lay.shape[d] if nd else 1
+    if not 0 <= size <= limit or step <= 0:
+        raise ValueError(f"unfold: size {size} / step {step} out of range for a dim of {limit}")
+    shape, stride = list(lay.shape), list(lay.stride)
+    shape.append(size)
+    stride.append(lay.stride[d] if nd else 1)
+    if nd:
+        shape[d] = (shape[d] - size) // step + 1
+        stride[d] *= step
+    return lay.moved(shape, stride)
 
 
 def apply_view_op(lay: Layout, op: str, args: Sequence[object], kwargs: dict[str, object] | None = None
@@ -304,6 +389,20 @@ def apply_view_op(lay: Layout, op: str, args: Sequence[object], kwargs: dict[str
             return alias(lay)
         if op == "aten.as_strided.default":
             return as_strided(lay, arg(0, "size"), arg(1, "stride"), arg(2, "storage_offset"))  # type: ignore[arg-type]
+        if op == "aten._conj.default" or (op == "aten.conj.default" and lay.dtype.is_complex):
+            return conj(lay)
+        if op == "aten.conj.default":
+            return alias(lay)
+        if op == "aten._neg_view.default":
+            return neg_view(lay)
+        if op == "aten.view_as_real.default":
+            return view_as_real(lay)
+        if op == "aten.view_as_complex.default":
+            return view_as_complex(lay)
+        if op == "aten.diagonal.default":
+            return diagonal(lay, arg(0, "offset", 0), arg(1, "dim1", 0), arg(2, "dim2", 1))  # type: ignore[arg-type]
+        if op == "aten.unfold.default":
+            return unfold(lay, arg(0, "dimension"), arg(1, "size"), arg(2, "step"))  # type: ignore[arg-type]
     except (ValueError, IndexError, TypeError) as e:
         return NeedsCopy(f"{op}: {e}")
     if op == "aten.clone.default":

@@ -79,6 +79,10 @@ class _Rewriter:
                 return "pre: only graph outputs that are views of graph inputs become metadata"
             if self.global_root.get(v) not in self.graph_inputs or self.output_alias[v] is None:
                 return "pre: not a view of a graph input in the original program"
+            if facts.root.get(v) not in self.graph_inputs:
+                # its chain starts at a value an earlier launch made, which pre hands over as a
+                # contiguous copy: the recorded strides do not hold there
+                return "pre: a view of a value another launch makes (a contiguous copy in pre)"
             return None
         if not is_output or self.output_alias[v] is not None:
             return None

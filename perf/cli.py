@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from alias import apply_aliases
 from segmenter import FusionGraph, GraphError, OpKind, SegmenterOptions, op_info, segment
 from segmenter.explain import describe_segments, segmentation_to_dict
+from segmenter.ops import resolve_op
 from segmenter.serialize import dump, graph_to_dict
 
 from . import zoo
@@ -42,7 +43,12 @@ def describe_ops(graph: FusionGraph) -> str:
     opaque = Counter(n.op for n in graph.nodes if op_info(n.op).kind == OpKind.OPAQUE)
     for op, count in sorted(opaque.items()):
         info = op_info(op)
-        note = info.reason if info.known else "UNKNOWN op: not in the op table, runs on torch"
+        if info.known:
+            note = info.reason
+        elif resolve_op(op) is None:
+            note = "UNKNOWN op: torch has no such op; the graph cannot be run"
+        else:
+            note = "UNKNOWN op: not in the op table, runs on torch"
         lines.append(f"  OPAQUE {op} x{count}: {note}")
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 import runtime
 from alias import apply_aliases
 from runtime.memory import PeakTracker, modeled_peak
-from segmenter import FusionGraph, SegmenterOptions, segment
+from segmenter import FusionGraph, GraphError, SegmenterOptions, segment
 from segmenter.from_torch import bind_inputs
 from segmenter.reference import clone_inputs, run_graph, storage_key
 
@@ -33,11 +33,15 @@ def random_inputs(graph: FusionGraph) -> list[torch.Tensor]:
         extent[inp.storage] = (max(n, inp.meta.storage_extent), inp.meta.dtype, inp.meta.device)
     bases = {}
     for sid, (n, dtype, device) in extent.items():
-        if dtype.is_floating_point:
-            base = torch.randn(max(n, 1), generator=g).to(dtype)
-        else:
-            base = torch.randint(0, 2 if dtype == torch.bool else 8, (max(n, 1),), generator=g).to(dtype)
-        bases[sid] = base.to(device if torch.device(device).type == "cpu" or torch.cuda.is_available() else "cpu")
+        try:  # the sizes come from a file: too large a storage is the file's error, said in a line
+            if dtype.is_floating_point:
+                base = torch.randn(max(n, 1), generator=g).to(dtype)
+            else:
+                base = torch.randint(0, 2 if dtype == torch.bool else 8, (max(n, 1),), generator=g).to(dtype)
+            bases[sid] = base.to(device if torch.device(device).type == "cpu" or torch.cuda.is_available() else "cpu")
+        except (RuntimeError, MemoryError) as e:
+            raise TargetError(f"{graph.name}: cannot make random inputs of {n} elements of {dtype}: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     return [bases[i.storage].as_strided(i.meta.shape, i.meta.stride, i.meta.storage_offset) for i in graph.inputs]
 
 
@@ -63,7 +67,14 @@ def run_target(target: Target, mode: str = "post", options: SegmenterOptions | N
         inputs = random_inputs(graph)
         ref_in, ours_in = clone_inputs(inputs), clone_inputs(inputs)
         with PeakTracker() as eager_peak:
-            expected = run_graph(graph, ref_in)
+            try:
+                expected = run_graph(graph, ref_in)
+            except GraphError:
+                raise
+            except (RuntimeError, IndexError, ValueError) as e:  # the graph's own ops refuse random data
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise TargetError(f"{graph.name}: the graph's ops raise on random inputs: {type(e).__name__}: "
+                                  f"{first}") from None
         ref_user, ours_user = ref_in, ours_in
     on_cuda = any(t.is_cuda for t in ours_in)
     if on_cuda:  # the allocator knows: its own counter, not the dispatch-mode model

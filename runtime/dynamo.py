@@ -45,6 +45,7 @@ class FusegCompiler:
         self.compiled: list[CompiledProgram] = []  # every program built, for inspection and tests
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        tokens = strip_effect_tokens(gm)
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         outs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
         present = [o is not None for o in outs]
@@ -58,7 +59,7 @@ class FusegCompiler:
         def run(boxed: list[Any]) -> tuple[Any, ...]:
             # Boxed convention: we own the argument list and clear it, so AOTAutograd's inputs
             # (saved activations, in backward) can be freed as soon as our launches are done with them.
-            args = list(boxed)
+            args = [a for i, a in enumerate(boxed) if i not in tokens] if tokens else list(boxed)
             boxed.clear()
             if last and last[0].accepts(*args):  # one generated comparison of every input's layout
                 results = last[0].run_checked(*args)
@@ -81,6 +82,50 @@ class FusegCompiler:
 
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
+
+
+def strip_effect_tokens(gm: fx.GraphModule) -> frozenset[int]:
+    """Note [effect tokens] (segmenter/from_torch.py), for AOTAutograd's graphs: AOTAutograd passes
+    each effect token in as an input (None at run time) and drops the token outputs. Each
+    ``with_effects(token, op, *args)`` becomes a plain call of ``op`` in the same place (run for
+    its effect; the segmenter keeps ops that return nothing), the token outputs become None and
+    the token inputs go. Returns the positions of the token inputs: the call drops those."""
+    graph = gm.graph
+    with_effects = torch.ops.higher_order.with_effects
+    effects = [n for n in graph.nodes if n.op == "call_function" and n.target is with_effects]
+    if not effects:
+        return frozenset()
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    tokens: set[fx.Node] = set()
+    token_outs: list[fx.Node] = []
+    for n in effects:
+        tokens.add(n.args[0])
+        op, returns = n.args[1], len(n.args[1]._schema.returns)
+        with graph.inserting_before(n):
+            call = graph.call_function(op, tuple(n.args[2:]), dict(n.kwargs))
+        val = n.meta.get("val")
+        call.meta["val"] = None if returns == 0 or val is None else (val[1] if returns == 1 else tuple(val[1:]))
+        for user in list(n.users):  # getitem(with_effects, i): i == 0 is the token
+            if user.args[1] == 0:
+                tokens.add(user)
+                token_outs.append(user)
+            elif returns == 1:
+                user.replace_all_uses_with(call)
+                graph.erase_node(user)
+            else:
+                user.args = (call, user.args[1] - 1)
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else (out_node.args[0],)
+    out_node.args = (tuple(None if o in tokens else o for o in outs),)
+    for n in reversed(effects):  # later effects read earlier tokens: erase from the last
+        for t in [u for u in token_outs if u.args[0] is n]:
+            graph.erase_node(t)
+        graph.erase_node(n)
+    positions = frozenset(i for i, p in enumerate(placeholders) if p in tokens)
+    for i in positions:
+        graph.erase_node(placeholders[i])
+    gm.recompile()
+    return positions
 
 
 def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:

@@ -4,7 +4,8 @@ Note [in-place write-back]: a functional graph says "input x ends holding value 
 is a copy of v into x after the last launch. Where it is safe, the op that computes v writes it
 straight into x instead (its ``.out`` overload with ``out=x``), and no copy runs. Safe means:
   * v is made by an elementwise op (the write's index map is the identity: not ``x.copy_(x.t())``)
-    whose output has x's shape, dtype and strides, and which has an ``.out`` overload;
+    whose output has x's shape, dtype and strides, and which has an ``.out`` overload that takes
+    every argument the node passes (``_to_copy.out`` has no ``dtype``: a cast keeps the copy);
   * nothing reads x's old value after that op: no later node reads x or a view of x, no view of x
     is handed back as a separate output, and the op itself reads x only as x (same layout);
   * v is not also a graph output (seeds/003: ``y = x.clone(); x.copy_(y); return y`` keeps y apart);
@@ -16,22 +17,37 @@ from __future__ import annotations
 
 import torch
 
-from segmenter import OpKind, SegmentedFusion, SegmentKind, op_info
+from segmenter import Node, OpKind, SegmentedFusion, SegmentKind, op_info
 from segmenter.ir import view_roots
 
 __all__ = ["out_overload", "plan_in_place_writes"]
 
 
-def out_overload(op_name: str) -> torch._ops.OpOverload | None:
-    parts = op_name.split(".")
+def out_overload(node: Node) -> tuple[torch._ops.OpOverload | None, str | None]:
+    """The ``.out`` overload that computes ``node`` into a given tensor, or None and why not.
+    It must take every argument the node passes, by the same position or name: ``_to_copy.out``
+    takes no ``dtype`` (the out tensor's dtype is the cast), so a cast stays a copy."""
+    parts = node.op.split(".")
     if len(parts) != 3 or parts[0] != "aten":
-        return None
+        return None, f"{node.op} has no .out overload"
     packet = getattr(torch.ops.aten, parts[1], None)
+    functional = getattr(packet, parts[2], None) if packet is not None else None
+    if not isinstance(functional, torch._ops.OpOverload):
+        return None, f"{node.op} has no .out overload"
     for overload in ("out", f"{parts[2]}_out"):
-        op = getattr(packet, overload, None) if packet is not None else None
-        if op is not None and any(a.name == "out" for a in op._schema.arguments):
-            return op
-    return None
+        op = getattr(packet, overload, None)
+        if not isinstance(op, torch._ops.OpOverload) or not any(a.name == "out" for a in op._schema.arguments):
+            continue
+        positional = [a.name for a in op._schema.arguments if not a.kwarg_only]
+        named = {a.name for a in op._schema.arguments if a.name != "out"}
+        passed = [a.name for a in functional._schema.arguments[:len(node.args)]]
+        if len(node.args) > len(functional._schema.arguments) or positional[:len(passed)] != passed:
+            return None, f"{op} does not take {node.op}'s arguments in the same positions"
+        missing = [k for k, _ in node.kwargs if k not in named]
+        if missing:
+            return None, f"{op} takes no {', '.join(missing)} argument{'s' if len(missing) > 1 else ''}"
+        return op, None
+    return None, f"{node.op} has no .out overload"
 
 
 def plan_in_place_writes(plan: SegmentedFusion) -> tuple[dict[str, int], dict[int, str]]:
@@ -67,8 +83,8 @@ def plan_in_place_writes(plan: SegmentedFusion) -> tuple[dict[str, int], dict[in
         elif node is None or op_info(node.op).kind != OpKind.ELEMENTWISE or kind_of.get(node.name) in (
                 SegmentKind.OPAQUE, SegmentKind.METADATA):
             reason = "the final value is not made by an elementwise kernel op (not an identity write)"
-        elif out_overload(node.op) is None:
-            reason = f"{node.op} has no .out overload"
+        elif (no_out := out_overload(node)[1]) is not None:
+            reason = no_out
         elif not inp.meta.same_layout(g.metas[m.value]._replace_offset(inp.meta.storage_offset)):
             reason = "the final value's layout differs from the input's"
         else:

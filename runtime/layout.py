@@ -67,9 +67,9 @@ def fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
     dim, as an expanded output has), the values along that dim are equal: one copy of them is
     written and the dim is expanded over it (copy_ refuses to write overlapping elements)."""
     if not any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
-        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device).copy_(t)
+        return m.with_bits(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device)).copy_(t)
     one = tuple(1 if st == 0 else n for n, st in zip(m.shape, m.stride))
-    base = torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device)
+    base = m.with_bits(torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device))
     base.copy_(t[tuple(slice(0, 1) if st == 0 else slice(None) for st in m.stride)])
     return base.expand(m.shape)
 
@@ -77,7 +77,8 @@ def fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
 def dense_copy(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
     """A fresh dense buffer holding ``t``, dims in the planned order (a plain ``.contiguous()``
     would turn a permuted layout, e.g. CUDA attention's output, into one a later view cannot take)."""
-    return torch.empty_strided(m.shape, dense_strides(m.shape, m.stride), dtype=m.dtype, device=t.device).copy_(t)
+    return m.with_bits(torch.empty_strided(m.shape, dense_strides(m.shape, m.stride), dtype=m.dtype,
+                                           device=t.device)).copy_(t)
 
 
 def conform(t: torch.Tensor, m: TensorMeta, what: str) -> torch.Tensor:
@@ -88,9 +89,10 @@ def conform(t: torch.Tensor, m: TensorMeta, what: str) -> torch.Tensor:
     if t.dtype != m.dtype or tuple(t.shape) != m.shape:
         raise GraphError(f"{what}: the op made {str(t.dtype).removeprefix('torch.')}{list(t.shape)}, "
                          f"the graph says {m}")
-    if t.stride() == m.stride:
+    bits = t.is_conj() == m.conj and t.is_neg() == m.neg
+    if t.stride() == m.stride and bits:
         return t
-    if same_strides(t, m):  # only size-1 dims differ: same addresses, planned strides
+    if same_strides(t, m) and bits:  # only size-1 dims differ: same addresses, planned strides
         return reinterpret(t, m.shape, m.stride, 0)
-    return fresh_in_layout(t, m)
+    return fresh_in_layout(t, m)  # with the planned bits (Note [conjugate and negative bits])
 

@@ -34,6 +34,9 @@ def emit_metadata(code: Code, graph: FusionGraph, seg: Segment, dying: frozenset
     rt = code.const(layout.reinterpret_fn(code.fast))
     for o, src, want, delta in views:
         code.line(f"{code.var(o)} = {rt}({code.var(src)}, {code.const(want.shape)}, {code.const(want.stride)}, {delta})")
+        have = graph.metas[src]
+        if want.conj or want.neg or have.conj or have.neg:  # the view's own bits, not its source's
+            code.line(f"{code.var(o)} = {code.const(want.with_bits)}({code.var(o)})")
     dead = [v for v in seg.inputs if v in dying]
     if dead:
         code.dels(dead)

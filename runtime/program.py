@@ -14,17 +14,20 @@ function (Note [generated wrapper] in runtime/wrapper.py): ``program.source`` sh
 from __future__ import annotations
 
 import functools
+import gc
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from alias.check import PlanError, plan_problems
 from segmenter import Segment, SegmentedFusion, SegmentKind
 from segmenter.ir import view_roots
 from segmenter.reference import check_inputs, finish
 
 from .backends import BuildContext, SegmentLaunch, backends_for
+from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
 from .codegen import Declined
 from .inplace import plan_in_place_writes
@@ -70,19 +73,43 @@ def _last_uses(plan: SegmentedFusion, keep: set[str]) -> dict[int, frozenset[str
     return {k: frozenset(vs) for k, vs in dying.items()}
 
 
+def _without_cyclic_gc(fn: Callable) -> Callable:
+    """Compiling makes objects per segment and frees none until it returns: the cyclic collector
+    rescanned the whole plan again and again (4.6 of 6.2 s on 100k nodes)."""
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+    return wrapped
+
+
 class CompiledProgram:
     """Call it like the graph: ``program(*inputs) -> list of outputs``."""
 
+    @_without_cyclic_gc
     def __init__(self, plan: SegmentedFusion, backend: str = "auto") -> None:
+        problems = plan_problems(plan)  # linear time; the full alias.check runs in the tests
+        if problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise PlanError(f"graph {plan.graph.name!r}: the plan breaks the alias invariants, so it is not run: "
+                            + "; ".join(problems[:5]) + more)
         self.plan = plan
         self.graph = graph = plan.graph
+        # the graph's constants, bound now on the device the program used: never passed in, read
+        # like values computed when compiled (Note [folded segments])
+        self.constants: dict[str, torch.Tensor] = {c.name: c.tensor() for c in graph.constants}
         #: per kernel segment, the backends passed over and why (segment index -> [(backend, reason)])
         self.passed_over: dict[int, tuple[tuple[str, str], ...]] = {}
         self.backend_of: dict[int, str] = {}
         #: node -> the input it writes in place; input -> why its write-back stays a copy
         self.in_place, self.copy_write_backs = plan_in_place_writes(plan)
         self.written_in_place = frozenset(self.in_place.values())
-        keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names)
+        keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names) | set(self.constants)
         materialize: frozenset[str] = frozenset()
         if plan.alias_mode in ("pre", "off"):
             made = {o: s.index for s in plan.segments for o in s.outputs}
@@ -102,7 +129,12 @@ class CompiledProgram:
                 continue
             chosen[seg.index] = self._choose(choices, ctx, seg)
         for b, _ in choices:  # every backend compiles its kernels together
-            b.build_all([launch for launch in chosen.values() if launch.backend == b.name])
+            declined = b.build_all([launch for launch in chosen.values() if launch.backend == b.name])
+            for launch, why in (declined or {}).items():  # a build that failed (a killed compiler): torch
+                i = launch.segment.index
+                self.passed_over[i] = (*self.passed_over.get(i, ()), (b.name, why))
+                self.backend_of[i] = "torch"
+                chosen[i] = TorchLaunch(ctx, launch.segment)
         self._chosen = chosen
         self.folded, self._fixed = self._fold()
         self.launches = tuple(
@@ -122,7 +154,7 @@ class CompiledProgram:
         graph, plan = self.graph, self.plan
         roots = view_roots(graph)
         exposed = {roots.get(v, v) for v in (*graph.outputs, *(m.value for m in graph.mutations))}
-        made: set[str] = set()
+        made: set[str] = set(self.constants)
         folded: list[Segment] = []
         budget = FOLD_BYTES
         for seg in plan.segments:
@@ -137,18 +169,21 @@ class CompiledProgram:
             budget -= size
             made.update(seg.outputs)
             folded.append(seg)
+        fixed = dict(self.constants)
         if not folded:
-            return frozenset(), {}
+            return frozenset(), fixed
         done = {s.index for s in folded}
-        later = [v for s in plan.segments if s.index not in done for v in s.inputs if v in made]
+        later = [v for s in plan.segments if s.index not in done for v in s.inputs if v in made and v not in fixed]
         wanted = list(dict.fromkeys(later))
         code = Code(fast=False)
+        for v, t in fixed.items():
+            code.fixed(v, t)
         for seg in folded:
             self._emit_launch(code, seg, guard=False, dying=frozenset())
         fn, _ = code.function("fuseg_fold", [], code.lines, f"[{', '.join(code.var(v) for v in wanted)}]")
         with torch.no_grad():
             values = fn()
-        return frozenset(done), dict(zip(wanted, values))
+        return frozenset(done), {**fixed, **dict(zip(wanted, values))}
 
     def _choose(self, choices: list, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
         passed: list[tuple[str, str]] = []
@@ -198,7 +233,7 @@ class CompiledProgram:
             self._emit_launch(code, seg, guard=False)
             if timed is not None:
                 code.line(f"{acc}[{seg.index}] += {clock}() - _t0")
-        needed = list(dict.fromkeys([*graph.outputs, *(m.value for m in graph.mutations)]))
+        needed = list(dict.fromkeys([*graph.outputs, *(m.value for m in graph.mutations), *self.constants]))
         if self._plain_outputs():
             returns = f"[{', '.join(code.var(v) for v in graph.outputs)}]"
         else:
@@ -215,7 +250,7 @@ class CompiledProgram:
         if g.mutations or any(a is not None for a in g.output_aliases) or len(set(g.outputs)) < len(g.outputs):
             return False
         roots = view_roots(g)
-        inputs = set(g.input_names)
+        inputs = set(g.input_names) | set(self.constants)  # a constant's storage is the program's: copied
         seen: set[str] = set()
         for o in g.outputs:
             r = roots.get(o, o)
@@ -237,6 +272,8 @@ class CompiledProgram:
                                                                      f"{v}.device.type == {code.const(m.device_type)}")
             tests.append(f"{v}.dtype == {code.const(m.dtype)} and {v}.shape == {code.const(m.shape)} and "
                          f"{v}.stride() == {code.const(m.stride)} and {v}.storage_offset() == {m.storage_offset} and {dev}")
+        for i, need in self._storage_needs().items():  # Note [kernel reads stay in storage]
+            tests.append(f"{params[i]}.untyped_storage().nbytes() >= {need}")
         if len({i.storage for i in g.inputs}) == len(g.inputs) > 1:
             tests.append(f"len({{{', '.join(f'{v}.untyped_storage()._cdata' for v in params)}}}) == {len(params)}")
         elif g.storage_groups():
@@ -244,6 +281,25 @@ class CompiledProgram:
         body = [f"    return {' and '.join(tests) or 'True'}"]
         fn, _ = code.function("fuseg_check", params, body, None)
         return fn
+
+    def _storage_needs(self) -> dict[int, int]:
+        """Graph input index -> bytes its storage must hold, for the inputs generated kernels read
+        or write (Note [kernel reads stay in storage] in runtime/backends/kernels.py)."""
+        index = {v: i for i, v in enumerate(self.graph.input_names)}
+        needs: dict[int, int] = {}
+        for launch in self._chosen.values():
+            for p in getattr(getattr(launch, "kernel", None), "params", ()):
+                for v in (p.value, p.target):
+                    if v in index:
+                        m = self.graph.inputs[index[v]].meta
+                        need = m.storage_offset * m.itemsize + span_bytes(p.shape, p.stride, p.dtype)
+                        needs[index[v]] = max(needs.get(index[v], 0), need)
+        return needs
+
+    def _check_storages(self, inputs: Sequence[torch.Tensor]) -> None:
+        for i, need in self._storage_needs().items():
+            t = inputs[i]
+            check_storage(t, need - t.storage_offset() * t.itemsize, self.graph.inputs[i].name)
 
     @functools.cached_property
     def _safe(self) -> Callable[..., list[torch.Tensor]]:
@@ -266,8 +322,10 @@ class CompiledProgram:
     def _launch_function(self, launch: Launch) -> Callable[[Env], None]:
         seg = self.plan.segments[launch.segment]
         code = Code()
+        for v, t in self._fixed.items():
+            code.fixed(v, t)
         env = "env"
-        reads = list(dict.fromkeys([*seg.inputs, *self.ctx.targets(seg).values()]))
+        reads = [v for v in dict.fromkeys([*seg.inputs, *self.ctx.targets(seg).values()]) if v not in self._fixed]
         # (a launch run alone computes its values even where the program folded it)
         for v in reads:
             code.line(f"{code.var(v)} = {env}[{code.const(v)}]")
@@ -312,6 +370,7 @@ class CompiledProgram:
             ok = False
         if not ok:
             check_inputs(self.graph, inputs)
+            self._check_storages(inputs)
         return self.run_checked(*inputs)
 
     def run_checked(self, *inputs: torch.Tensor) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 
 from .from_torch import capture
 from .fx_import import CaptureError, from_fx
-from .ir import Alias, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .ir import Alias, FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
 from .ops import OPAQUE_OPS, OpInfo, OpKind, op_info
 from .options import SegmenterOptions
 from .partition import segment
@@ -14,6 +14,7 @@ __all__ = [
     "Boundary",
     "CaptureError",
     "FusionGraph",
+    "GraphConstant",
     "GraphError",
     "GraphInput",
     "Mutation",

@@ -7,7 +7,8 @@ Note [what export loses]: an exported program is functional, so it cannot say th
 was a view of an input in the original program (``y = x[0]; x.add_(1); return y`` exports as
 ``select(add(x, 1), 0)``, while eager returns a view of ``x``). So capture also runs the original
 program once on FakeTensor copies of the inputs (no compute, no memory) and records which outputs
-share a storage with an input or an earlier output, and the layout eager gives them.
+share a storage with an input or an earlier output, and the layout eager gives them
+(segmenter/observe.py).
 
 Note [inputs that share a storage]: export misreads ``f(x, x)`` and ``f(base, base[:2])``. Capture
 detects the overlap, exports on distinct copies (same layouts, fresh storages) and records the
@@ -26,20 +27,21 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
-from .ir import FusionGraph, GraphInput, Mutation, TensorMeta, ValueRef
+from .ir import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
 from .meta import propagate_metas
+from .observe import check_write_back, module_state, observe, user_outputs
+from .outputs import output_tensors
 
 __all__ = ["bind_inputs", "capture"]
 
 _ROLE = {
     InputKind.PARAMETER: "parameter",
     InputKind.BUFFER: "buffer",
-    InputKind.CONSTANT_TENSOR: "constant",
     InputKind.USER_INPUT: "user",
 }
 _MUTATION = {OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION, OutputKind.PARAMETER_MUTATION}
@@ -60,6 +62,37 @@ class _Program(torch.nn.Module):
         for i, t in zip(self.tensor_pos, tensors):
             args[i] = t
         return self.fn(*args, **self.kwargs)
+
+
+# Note [ops kept whole in low precision]: eager computes these in fp32 and rounds once; their
+# core-ATen decompositions round to fp16/bf16 after every step (logit's clamp/div/log, addr's
+# outer product, cross's index arithmetic, linear/bicubic/trilinear interpolation weights), which
+# lands beyond OpInfo's tolerances. With a half-precision tensor argument they stay one ATen op
+# (run by torch, as eager runs it); in other dtypes they decompose and fuse as before.
+_KEEP_IN_LOW_PRECISION = (
+    "logit.default", "addr.default", "linalg_cross.default", "cross.default", "upsample_bicubic2d.vec",
+    "upsample_linear1d.vec", "upsample_linear1d.default", "upsample_trilinear3d.vec",
+)
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _low_precision_guard(decomp: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        leaves = pytree.tree_leaves((args, kwargs))
+        if any(isinstance(t, torch.Tensor) and t.dtype in _LOW for t in leaves):
+            return NotImplemented  # the op stays whole
+        return decomp(*args, **kwargs)
+
+    return run
+
+
+def _default_decompositions() -> Any:
+    table = torch.export.default_decompositions()
+    for name in _KEEP_IN_LOW_PRECISION:
+        op = getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1])
+        if op in table:
+            table[op] = _low_precision_guard(table[op])
+    return table
 
 
 def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
@@ -86,12 +119,6 @@ def _param_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str | None
             p = params[i] if i < len(params) and params[i].kind != inspect.Parameter.VAR_POSITIONAL else None
             names.append(p.name if p is not None and p.name.isidentifier() else None)
     return names
-
-
-def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    state = dict(module.named_parameters(remove_duplicate=False))
-    state.update(module.named_buffers(remove_duplicate=False))
-    return state
 
 
 def capture(
@@ -121,17 +148,21 @@ def capture(
         call_kwargs = {}
     user = [a for a in example_inputs if isinstance(a, torch.Tensor)]
     graph_name = name or getattr(fn_or_module, "__name__", type(fn_or_module).__name__)
+    for where, t in [*((f"argument {i}", t) for i, t in enumerate(user)), *module_state(program).items()]:
+        if t.layout != torch.strided:
+            raise CaptureError(f"{graph_name}: {where} is a {t.layout} tensor: only strided tensors are supported")
     names = _param_names(fn_or_module, example_inputs)
-    try:
-        return _capture(program, user, [("user", None)] * len(user), names, call_kwargs, graph_name, decompositions)
-    except _SharedMutation:
-        # See Note [inputs that share a storage]: one input per shared storage, the arguments views of it.
-        bases, roles, wrapped = _storage_bases(program, user)
-        graph = _capture(wrapped, bases, roles, [None] * len(bases), {}, graph_name, decompositions)
-        # the wrapper holds the module as "program": its weights keep their own names
-        return dataclasses.replace(graph, inputs=tuple(
-            dataclasses.replace(i, target=i.target.removeprefix("program.")) if i.role not in ("user", "storage")
-            and i.target else i for i in graph.inputs))
+    # Capture draws no random numbers of the caller's (the run on real copies in segmenter/observe.py
+    # would: dropout before an .item()).
+    devices = sorted({t.device.index or 0 for t in (*user, *module_state(program).values()) if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        try:
+            return _capture(program, user, [("user", None)] * len(user), names, call_kwargs, graph_name,
+                            decompositions)
+        except _SharedMutation:
+            # See Note [inputs that share a storage]: one input per shared storage, the arguments views of it.
+            bases, roles, wrapped = _storage_bases(program, user)
+            return _strip_prefix(_capture(wrapped, bases, roles, [None] * len(bases), {}, graph_name, decompositions))
 
 
 class _SharedMutation(CaptureError):
@@ -178,23 +209,52 @@ def _capture(
     decompositions: Mapping[Any, Callable[..., Any]] | None,
 ) -> FusionGraph:
     shared = len(set(storage_ids(user))) != len(user)
+    seen = observe(program, user, call_kwargs, names, graph_name, shared)
     export_args = tuple(_fresh_copy(t) for t in user) if shared else tuple(user)
+    export_program = program
+    if seen.changes or seen.flat.needs_flattening:
+        # Note [metadata mutation]: trace the program on aliases of those arguments;
+        # Note [model outputs]: and with its outputs flattened to tensors (a cache object)
+        export_program = _Prepared(program, {c.index for c in seen.changes}, seen.flat.needs_flattening)
+        export_args = tuple(_unbased(t) for t in export_args) if seen.changes else export_args
     try:
-        ep = torch.export.export(program, export_args, kwargs=call_kwargs, strict=False)
-        ep = ep.run_decompositions(decompositions) if decompositions is not None else ep.run_decompositions()
+        ep = torch.export.export(export_program, export_args, kwargs=call_kwargs, strict=False)
+        ep = ep.run_decompositions(decompositions if decompositions is not None else _default_decompositions())
+        ep = _without_effect_tokens(ep)
+    except CaptureError:
+        raise
     except Exception as e:  # noqa: BLE001 - export's errors are long; keep the first line, chain it
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, DataDependentOutputException):
+            first += (" computes a value from the data of its inputs (not their shapes), which the program "
+                      "then uses as a Python value: torch.export cannot trace that")
+        elif isinstance(e, DynamicOutputShapeException):
+            first += " has an output shape that depends on the values of its inputs: torch.export cannot trace it"
+        elif "data-dependent" in first:
+            first += " (the program branches on a value computed from tensor data)"
         raise CaptureError(f"torch.export failed on {graph_name}: {first}") from e
 
-    state = _state(program)
+    state = module_state(export_program)
     sig = ep.graph_signature
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     graph_tensors: list[torch.Tensor] = []
     inputs_spec: list[tuple[str, str, str | None]] = []  # (value name, role, target)
     bound: dict[Any, Any] = {}
+    constants: list[GraphConstant] = []
     user_iter = iter(zip(user, user_roles))
     for spec, ph in zip(sig.input_specs, placeholders):
-        if spec.kind == InputKind.USER_INPUT:
+        if spec.kind == InputKind.CONSTANT_TENSOR:  # a tensor the program builds or holds: the graph's own
+            value = ep.constants.get(spec.target)
+            if value is None:
+                value = _attr(export_program, spec.target)
+            if not isinstance(value, torch.Tensor):
+                raise CaptureError(f"input {ph.name!r}: constant {spec.target!r} is not a tensor")
+            try:
+                constants.append(GraphConstant.from_tensor(ph.name, value))
+            except GraphError as e:
+                raise CaptureError(f"input {ph.name!r}: {e}") from None
+            bound[ph] = ValueRef(ph.name)
+        elif spec.kind == InputKind.USER_INPUT:
             if not isinstance(spec.arg, TensorArgument):
                 bound[ph] = getattr(spec.arg, "value", None)
                 continue
@@ -212,8 +272,11 @@ def _capture(
         else:
             raise CaptureError(f"input {ph.name!r}: unsupported export input kind {spec.kind.name}")
     storage = storage_ids(graph_tensors)
+    finals = {c.index: c.after for c in seen.changes}
+    user_positions = [i for i, (_, role, _) in enumerate(inputs_spec) if role in ("user", "storage")]
+    final_of = {user_positions[k]: m for k, m in finals.items()}
     inputs = tuple(
-        GraphInput(vname, TensorMeta.from_tensor(t), role, target, storage[i])  # type: ignore[arg-type]
+        GraphInput(vname, TensorMeta.from_tensor(t), role, target, storage[i], final_of.get(i))  # type: ignore[arg-type]
         for i, ((vname, role, target), t) in enumerate(zip(inputs_spec, graph_tensors))
     )
     target_index = {inp.target: i for i, inp in enumerate(inputs) if inp.target is not None}
@@ -232,7 +295,7 @@ def _capture(
     placeholder_args.update(bound)
     conv = convert_graph(ep.graph_module, placeholder_args)
     mutations: list[Mutation] = []
-    user_outputs: list[str] = []
+    returned: list[Any] = []
     for i, (spec, out) in enumerate(zip(sig.output_specs, conv.outputs)):
         if spec.kind in _MUTATION:
             idx = target_index.get(spec.target, index_of.get(spec.target))
@@ -240,52 +303,87 @@ def _capture(
                 raise CaptureError(f"output {i}: mutation of {spec.target!r}, which is not an input")
             if shared and any(inputs[j].storage == inputs[idx].storage for j in range(len(inputs)) if j != idx):
                 raise _SharedMutation(f"input {inputs[idx].name!r} shares a storage with another input and is mutated")
+            check_write_back(inputs[idx], out.name, conv, seen,
+                              user_positions.index(idx) if idx in user_positions else None, graph_name)
             mutations.append(Mutation(idx, out.name))
         elif spec.kind == OutputKind.USER_OUTPUT:
-            if isinstance(out, ValueRef):
-                user_outputs.append(out.name)
+            if out is not None:  # a program returning None: export lists it, eager returned nothing
+                returned.append(out)
         else:
             raise CaptureError(f"output {i}: unsupported export output kind {spec.kind.name}")
-
-    eager_outputs, eager_inputs = _run_on_fakes(program, user, call_kwargs, inputs_spec, graph_tensors)
-    if len(eager_outputs) != len(user_outputs):
-        raise CaptureError(
-            f"eager returned {len(eager_outputs)} tensors but the exported graph {len(user_outputs)}"
-        )
+    outputs, scalar_outputs, eager_outputs = user_outputs(returned, seen.flat, graph_name)
+    user_fakes = iter(seen.user)
+    eager_inputs = [next(user_fakes) if role in ("user", "storage") else seen.fake(t)
+                    for (_, role, _), t in zip(inputs_spec, graph_tensors)]
     graph = FusionGraph(
         inputs=inputs,
         nodes=tuple(conv.nodes),
-        outputs=tuple(user_outputs),
+        outputs=tuple(outputs),
         output_aliases=tuple(observed_aliases(eager_inputs, eager_outputs)),
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=graph_name,
+        constants=tuple(constants),
+        scalar_outputs=tuple(scalar_outputs),
     )
-    return propagate_metas(graph)
+    graph = propagate_metas(graph)
+    return _strip_prefix(graph) if export_program is not program else graph
 
 
-def _run_on_fakes(
-    program: torch.nn.Module,
-    user: Sequence[torch.Tensor],
-    kwargs: Mapping[str, Any],
-    inputs_spec: Sequence[tuple[str, str, str | None]],
-    graph_tensors: Sequence[torch.Tensor],
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Run the original program on FakeTensor copies; return its tensor outputs and the fakes
-    standing for each graph input (so storages can be compared)."""
-    existing = next((t.fake_mode for t in (*user, *graph_tensors) if isinstance(t, FakeTensor)), None)
-    mode = existing or FakeTensorMode(allow_non_fake_inputs=False)
+def _without_effect_tokens(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Note [effect tokens]: export orders ops with side effects (``_linalg_check_errors``, which
+    raises for a singular matrix in ``linalg.inv``) by threading a token input through
+    ``with_effects`` calls. The graph keeps such an op as a node whose result nothing uses, in
+    program order (it runs on torch, and raises as eager does); the token goes."""
+    if not any(s.kind == InputKind.TOKEN for s in ep.graph_signature.input_specs):
+        return ep
+    try:
+        from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
+    except ImportError:  # a private pass of torch.export: name what is missing rather than misread
+        raise CaptureError("the program has ops with side effects (effect tokens), and this torch has no pass "
+                           "to remove them") from None
+    return _remove_effect_tokens(ep)
 
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        return t if isinstance(t, FakeTensor) else mode.from_tensor(t)
 
-    fake_user = [fake(t) for t in user]
-    fake_state = {k: fake(v) for k, v in _state(program).items()}
-    with mode:
-        out = torch.func.functional_call(program, fake_state, tuple(fake_user), dict(kwargs))
-    user_iter = iter(fake_user)
-    fake_inputs = [next(user_iter) if role in ("user", "storage") else fake(t)
-                   for (_, role, _), t in zip(inputs_spec, graph_tensors)]
-    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)], fake_inputs
+class _Prepared(torch.nn.Module):
+    """Hands the program ``aten.alias`` of the arguments whose metadata it changes (Note
+    [metadata mutation]: the change stays on the alias, the data writes reach the input), and
+    returns its outputs as a flat tuple of tensors where export could not flatten them (Note
+    [model outputs])."""
+
+    def __init__(self, program: torch.nn.Module, aliased: set[int], flatten: bool) -> None:
+        super().__init__()
+        self.program = program
+        self.aliased = aliased
+        self.flatten = flatten
+
+    def forward(self, *tensors: torch.Tensor, **kwargs: Any) -> Any:
+        args = [torch.ops.aten.alias.default(t) if i in self.aliased else t for i, t in enumerate(tensors)]
+        out = self.program(*args, **kwargs)
+        return tuple(v for _, v in output_tensors(out).leaves) if self.flatten else out
+
+
+def _attr(module: torch.nn.Module, target: str) -> object:
+    value: object = module
+    for part in target.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _strip_prefix(graph: FusionGraph) -> FusionGraph:
+    """A wrapper holds the module as "program": its weights keep their own names."""
+    return dataclasses.replace(graph, inputs=tuple(
+        dataclasses.replace(i, target=i.target.removeprefix("program.")) if i.role not in ("user", "storage")
+        and i.target else i for i in graph.inputs))
+
+
+def _unbased(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (same storage and layout) without a ``_base``: export guards on a view input's base
+    when the program changes the input's metadata, and then fails retracing without one."""
+    if t._base is None or isinstance(t, FakeTensor) or t.device.type == "meta":
+        return t
+    out = torch.empty(0, dtype=t.dtype, device=t.device)
+    with torch.no_grad():
+        return out.set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
 
 def bind_inputs(graph: FusionGraph, module: torch.nn.Module | None, user_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -293,7 +391,7 @@ def bind_inputs(graph: FusionGraph, module: torch.nn.Module | None, user_inputs:
     a storage and are mutated, one flat view of that storage), then the module's parameters and
     buffers looked up by ``target``."""
     user_iter = iter(user_inputs)
-    state = _state(module) if module is not None else {}
+    state = module_state(module) if module is not None else {}
     out = []
     for inp in graph.inputs:
         if inp.role == "storage":  # the storage that arguments i, j, ... share ("args:i,j")

@@ -16,25 +16,41 @@ from __future__ import annotations
 
 import operator
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from .ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, OpRef, TensorMeta, ValueRef
-from .ops import NOT_COMPUTE, op_info, op_name
+from .ir import (
+    Alias,
+    Arg,
+    FusionGraph,
+    GraphConstant,
+    GraphError,
+    GraphInput,
+    Mutation,
+    Node,
+    OpRef,
+    TensorMeta,
+    ValueRef,
+)
+from .meta import fake_mode, quiet_fake_errors, uncached
+from .metadata_mutation import LayoutChange, refusal, watch_layouts
+from .ops import NOT_COMPUTE, op_info, op_name, resolve_op
 
-__all__ = ["CaptureError", "eliminate_dead_nodes", "from_fx", "storage_ids"]
+__all__ = ["CaptureError", "ScalarRead", "eliminate_dead_nodes", "from_fx", "storage_ids"]
 
 
 class CaptureError(GraphError):
     """A program that cannot be turned into a FusionGraph; the message says which node and why."""
 
 
-_LITERALS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_LITERALS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
 @dataclass
@@ -42,6 +58,7 @@ class _Converted:
     nodes: list[Node]
     env: dict[fx.Node, Arg]
     outputs: list[Arg]
+    constants: list[GraphConstant]  # tensors read with get_attr, held by value
 
 
 def storage_ids(tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -50,11 +67,36 @@ def storage_ids(tensors: Sequence[torch.Tensor]) -> list[int]:
     return [first.setdefault(StorageWeakRef(t.untyped_storage()), i) for i, t in enumerate(tensors)]
 
 
+@dataclass(frozen=True)
+class ScalarRead:
+    """``t.item()`` in the program: the Python number read from the one-element tensor ``tensor``.
+    Only a returned value may be one (the graph returns ``tensor`` and the run reads the number)."""
+
+    tensor: ValueRef
+    node: str
+
+
+def _data_dependent(values: Sequence[object]) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(v)
+               for v in values)
+
+
+def _symbolic(what: str, values: Sequence[object]) -> str:
+    """Why a symbolic size is refused: a data-dependent one cannot be made concrete by the caller."""
+    if _data_dependent(values):
+        return (f"{what} depends on the values of the inputs, not only on their shapes (as the output of "
+                "nonzero / masked_select / unique does): a FusionGraph holds static shapes, so this op is not "
+                "supported")
+    return f"{what} is symbolic; pass concrete example inputs (the graph is specialized to their shapes)"
+
+
 def _meta_of(val: object, where: str) -> TensorMeta:
     if not isinstance(val, torch.Tensor):
         raise CaptureError(f"{where}: expected a tensor value, got {type(val).__name__}")
     if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
-        raise CaptureError(f"{where}: symbolic shape {tuple(val.shape)}; pass concrete example inputs")
+        raise CaptureError(f"{where}: " + _symbolic(f"the shape {tuple(val.shape)}", (*val.shape, *val.stride())))
     return TensorMeta.from_tensor(val)
 
 
@@ -68,30 +110,46 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
     env: dict[fx.Node, Arg] = dict(placeholders)
     nodes: list[Node] = []
     outputs: list[Arg] = []
+    constants: list[GraphConstant] = []
 
-    def arg(a: object, where: str) -> Arg:
+    def arg(a: object, where: str, scalars: bool = False) -> Arg:
         if isinstance(a, fx.Node):
             if a not in env:
                 raise CaptureError(f"{where}: uses {a.name!r}, which is not a value of the graph")
-            return env[a]
+            value = env[a]
+            if isinstance(value, ScalarRead) and not scalars:
+                raise CaptureError(f"{where}: uses the number that {value.node!r} reads back from a tensor (.item()); "
+                                   "a number read back to Python is supported only as a returned value")
+            return value  # type: ignore[return-value]
         if isinstance(a, (list, tuple)):
-            return tuple(arg(x, f"{where}[{i}]") for i, x in enumerate(a))
+            return tuple(arg(x, f"{where}[{i}]", scalars) for i, x in enumerate(a))
         if isinstance(a, _LITERALS):
             return a
         if isinstance(a, torch._ops.OpOverload):
             return OpRef(op_name(a))
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            raise CaptureError(f"{where}: symbolic value {a}; pass concrete example inputs")
+            raise CaptureError(f"{where}: " + _symbolic(f"the value {a}", (a,)))
         raise CaptureError(f"{where}: unsupported argument of type {type(a).__name__}")
 
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             continue
         if n.op == "output":
-            outputs = list(pytree.tree_leaves(arg(n.args[0], "output")))
+            outputs = list(pytree.tree_leaves(arg(n.args[0], "output", scalars=True)))
             continue
         if n.op == "get_attr":
-            raise CaptureError(f"node {n.name!r}: get_attr {n.target!r}; lift constants to inputs first")
+            value = fetch_attr(gm, n.target)
+            if not isinstance(value, torch.Tensor):
+                raise CaptureError(f"node {n.name!r}: get_attr {n.target!r} is a {type(value).__name__}, not a tensor")
+            try:
+                constants.append(GraphConstant.from_tensor(n.name, value))
+            except GraphError as e:
+                raise CaptureError(f"node {n.name!r}: get_attr {n.target!r}: {e}") from None
+            env[n] = ValueRef(n.name)
+            continue
+        if n.op == "call_function" and n.target is torch.ops.higher_order.with_effects:
+            raise CaptureError(f"node {n.name!r}: with_effects (an effect token) in the graph; "
+                               "runtime.dynamo.strip_effect_tokens removes them from AOTAutograd graphs")
         if n.op != "call_function":
             raise CaptureError(
                 f"node {n.name!r}: {n.op} {n.target!r} is not ATen-level; capture with "
@@ -107,6 +165,12 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
             continue
         if name in NOT_COMPUTE:
             continue
+        if name == "aten._local_scalar_dense.default":  # t.item(): see ScalarRead
+            src = arg(n.args[0], f"node {n.name!r} args[0]")
+            if not isinstance(src, ValueRef):
+                raise CaptureError(f"node {n.name!r}: .item() of {src!r}, which is not a tensor value")
+            env[n] = ScalarRead(src, n.name)  # type: ignore[assignment]
+            continue
         info = op_info(name)
         if not info.known:
             warnings.warn(f"op {name} (node {n.name!r}) is not in the op table: it will run as OPAQUE", stacklevel=2)
@@ -115,15 +179,50 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
         kwargs = tuple((k, arg(v, f"node {n.name!r} kwargs[{k!r}]")) for k, v in n.kwargs.items())
         if isinstance(val, (list, tuple)):
             outs = _tuple_outputs(n, val)
-            metas = tuple(None if o is None else _meta_of(v, f"node {n.name!r}[{i}]") for i, (o, v) in enumerate(zip(outs, val)))
+            metas = tuple(None if o is None else _meta_of(v, f"node {n.name!r}[{i}] ({name})") for i, (o, v) in enumerate(zip(outs, val)))
             env[n] = tuple(None if o is None else ValueRef(o) for o in outs)
-        elif val is None and info.mutates:
+        elif val is None and (info.mutates or _returns_nothing(n.target)):
+            # an in-place op whose result is not used, or an op run for its effect (Note [effect tokens])
             outs, metas = (None,), (None,)
         else:
-            outs, metas = (n.name,), (_meta_of(val, f"node {n.name!r}"),)
+            outs, metas = (n.name,), (_meta_of(val, f"node {n.name!r} ({name})"),)
             env[n] = ValueRef(n.name)
         nodes.append(Node(n.name, name, args, kwargs, outs, metas))
-    return _Converted(nodes, env, outputs)
+    return _Converted(nodes, env, outputs, constants)
+
+
+def fetch_attr(gm: fx.GraphModule, target: str) -> object:
+    """The attribute a get_attr node reads (``a.b.c``)."""
+    value: object = gm
+    for part in target.split("."):
+        if not hasattr(value, part):
+            raise CaptureError(f"get_attr {target!r}: the module has no attribute {part!r}")
+        value = getattr(value, part)
+    return value
+
+
+class _FakeConstants(fx.Interpreter):
+    """Runs a graph on FakeTensors, its get_attr tensors made fake in the same mode."""
+
+    def __init__(self, gm: fx.GraphModule, mode: object) -> None:
+        super().__init__(gm)
+        self.mode = mode
+
+    def get_attr(self, target, args, kwargs):  # noqa: ANN001, ANN201 - fx's signature
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return self.mode.from_tensor(value)
+        return value
+
+
+def _returns_nothing(target: object) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and not target._schema.returns
+
+
+def runs_for_effect(op: str) -> bool:
+    """An op that returns nothing and writes nothing: run only for its effect (a check that raises)."""
+    target = resolve_op(op)
+    return _returns_nothing(target) and not op_info(op).mutates
 
 
 def _tuple_outputs(n: fx.Node, val: Sequence[object]) -> tuple[str | None, ...]:
@@ -185,16 +284,16 @@ def needs_functionalization(gm: fx.GraphModule) -> bool:
 
 
 def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fn = functionalize(gm, remove="mutations")
     fakes = [t for t in example_inputs if isinstance(t, FakeTensor)]
     if fakes:
-        with fakes[0].fake_mode:
+        with uncached(fakes[0].fake_mode):  # Note [fake tensor cache] in meta.py
             return make_fx(fn, tracing_mode="real")(*example_inputs)
-    mode = FakeTensorMode()
+    mode = fake_mode()  # Note [fake tensor cache] in segmenter/meta.py
     fake_args = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     with mode:
         return make_fx(fn, tracing_mode="real")(*fake_args)
@@ -221,25 +320,53 @@ def from_fx(
     for i, t in enumerate(example_inputs):
         if not isinstance(t, (torch.Tensor, int, float, bool)):
             raise CaptureError(f"example_inputs[{i}]: expected a tensor or a number, got {type(t).__name__}")
+        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+            raise CaptureError(f"example_inputs[{i}]: a {t.layout} tensor: only strided tensors are supported")
     # Numbers (the sizes dynamo passes for symbolic shapes) are bound: the graph is specialized.
     tensor_pos = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)]
     tensors = [example_inputs[i] for i in tensor_pos]
-    original = gm  # aliasing is observed on the program as given, before functionalization
-    if needs_functionalization(gm) or len(tensors) != len(example_inputs):
-        if needs_functionalization(gm) and len(set(storage_ids(tensors))) != len(tensors):
+    shared = len(set(storage_ids(tensors))) != len(tensors)
+    # aliasing and layout changes are observed on the program as given, before functionalization
+    try:
+        with quiet_fake_errors():
+            fake_in, fake_out, changes = _run_on_fakes(gm, example_inputs)
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch's error from running the graph on FakeTensors, as ours
+        raise CaptureError(f"running the graph on FakeTensors failed: {type(e).__name__}: {_first_line(e)}") from e
+    given_names = [ph.name for ph in placeholders]  # retracing renames the placeholders
+    for c in changes:
+        why = refusal(c, placeholders[c.index].name)
+        if why is None and shared:
+            why = f"{c.op} on input {placeholders[c.index].name!r}, which shares a storage with another input: not supported"
+        if why is not None:
+            raise CaptureError(f"{name}: {why}")
+    if needs_functionalization(gm) or len(tensors) != len(example_inputs) or changes:
+        if needs_functionalization(gm) and shared:
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
-        gm = _retrace(gm, example_inputs)
+        try:
+            gm = _retrace(_aliased(gm, {c.index for c in changes}) if changes else gm, example_inputs)
+        except Exception as e:  # noqa: BLE001 - torch's error from make_fx/functionalize, as ours
+            raise CaptureError(f"functionalizing the graph failed: {type(e).__name__}: {_first_line(e)}") from e
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     storage = storage_ids(tensors)
+    finals = {c.index: c.after for c in changes}
     tensor_phs = [placeholders[i] for i in tensor_pos]
     inputs = tuple(
-        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}"), storage=storage[k])
+        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}"), storage=storage[k], final_layout=finals.get(tensor_pos[k]))
         for k, (ph, t) in enumerate(zip(tensor_phs, tensors))
     )
     bound: dict[fx.Node, Arg] = {ph: ValueRef(ph.name) for ph in tensor_phs}
     bound.update({placeholders[i]: example_inputs[i] for i in range(len(placeholders)) if i not in tensor_pos})
     conv = convert_graph(gm, bound)
-    nodes, mutations, renamed = split_epilogue(conv, {ph.name: k for k, ph in enumerate(tensor_phs)})
+    try:
+        nodes, mutations, renamed = split_epilogue(conv, {ph.name: k for k, ph in enumerate(tensor_phs)})
+    except CaptureError as e:
+        if not changes:
+            raise
+        c = changes[0]  # torch's functionalization could not express the layout change as a write
+        raise CaptureError(f"{name}: {c.op} on input {given_names[c.index]!r} changes its layout in a way "
+                           f"functionalization cannot express ({e}): not supported") from None
     outputs = [_value_name(a, renamed, f"output {i}") for i, a in enumerate(conv.outputs)]
     updates = dict(input_updates or {})
     for pos, idx in updates.items():
@@ -247,42 +374,75 @@ def from_fx(
             raise CaptureError(f"input_updates: output {pos} -> input {idx} is out of range")
         mutations.append(Mutation(idx, outputs[pos]))
     keep = [i for i in range(len(outputs)) if i not in updates]
-    fake_in, fake_out = _run_on_fakes(original, example_inputs)
     aliases = observed_aliases([fake_in[i] for i in tensor_pos], [fake_out[i] for i in keep])
     live = set(outputs) | {m.value for m in mutations}
+    kept = eliminate_dead_nodes(nodes, live)
+    used = {v for n in kept for v in n.inputs} | live
     return FusionGraph(
         inputs=inputs,
-        nodes=tuple(eliminate_dead_nodes(nodes, live)),
+        nodes=tuple(kept),
         outputs=tuple(outputs[i] for i in keep),
         output_aliases=tuple(aliases),
         mutations=tuple(sorted(mutations, key=lambda m: m.input)),
         name=name,
+        constants=tuple(c for c in conv.constants if c.name in used),
     )
 
 
+def _aliased(gm: fx.GraphModule, which: set[int]) -> Callable[..., Any]:
+    """``gm`` called on ``aten.alias`` of the arguments whose metadata it changes (Note [metadata
+    mutation] in segmenter/metadata_mutation.py)."""
+
+    def run(*args: Any) -> Any:
+        return gm(*[torch.ops.aten.alias.default(a) if i in which else a for i, a in enumerate(args)])
+
+    return run
+
+
 def eliminate_dead_nodes(nodes: Sequence[Node], live: set[str]) -> list[Node]:
-    """Drop nodes none of whose outputs is used (a functional graph has no other effects)."""
+    """Drop nodes none of whose outputs is used (a functional graph has no other effects, but
+    for ops that return nothing, run for their effect: Note [effect tokens])."""
     needed = set(live)
     kept: list[Node] = []
     for node in reversed(nodes):
-        if any(o is not None and o in needed for o in node.outputs):
+        if any(o is not None and o in needed for o in node.outputs) or runs_for_effect(node.op):
             kept.append(node)
             needed.update(node.inputs)
     return kept[::-1]
 
 
-def _run_on_fakes(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> tuple[list[object], list[object]]:
+def _run_on_fakes(
+    gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor],
+) -> tuple[list[object], list[object], list[LayoutChange]]:
     """Run the fx program itself on FakeTensor copies of the inputs (storages shared as in the
     caller's), so output aliasing is read from what the program does, not from ``meta['val']``
-    snapshots (which need not share storages)."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    snapshots (which need not share storages); and which inputs it leaves with another layout."""
 
-    mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or FakeTensorMode()
+    mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or fake_mode()
     fakes = [t if isinstance(t, FakeTensor) or not isinstance(t, torch.Tensor) else mode.from_tensor(t)
              for t in example_inputs]
-    with mode:
-        out = fx.Interpreter(gm).run(*fakes)
-    return list(fakes), list(pytree.tree_leaves(out))
+    with uncached(mode, enter=False), watch_layouts(fakes, mode) as watch:  # Note [fake tensor cache] in meta.py
+        try:
+            out = pytree.tree_leaves(_FakeConstants(gm, mode).run(*fakes))
+        except Exception as e:  # noqa: BLE001 - torch's error, with the op and the input named
+            op, index = watch.recorder.failed or ("the graph", None)
+            on = f" on input {gm_placeholder_name(gm, index)!r}" if index is not None else ""
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise CaptureError(f"{op}{on} failed when run on FakeTensors: {type(e).__name__}: {first}") from e
+        changes = watch.changes()
+        # an output that is an input object itself keeps its final layout after the restore
+        watched = {id(t) for t in fakes}
+        out = [t.as_strided(t.shape, t.stride(), t.storage_offset()) if id(t) in watched else t for t in out]
+    return list(fakes), out, changes
+
+
+def gm_placeholder_name(gm: fx.GraphModule, index: int) -> str:
+    return [n.name for n in gm.graph.nodes if n.op == "placeholder"][index]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 def _value_name(a: Arg, renamed: Mapping[str, str], where: str) -> str:
@@ -302,6 +462,8 @@ def observed_aliases(inputs: Sequence[object], outputs: Sequence[object]) -> lis
         if not isinstance(t, torch.Tensor):
             result.append(None)
             continue
+        if t.layout != torch.strided:  # a sparse/nested output has no one storage (it crashed here)
+            raise CaptureError(f"output {j}: a {t.layout} tensor; only strided (dense) tensors are supported")
         key = StorageWeakRef(t.untyped_storage())
         alias = by_storage.get(key)
         result.append(None if alias is None else Alias(alias.source, alias.index, TensorMeta.from_tensor(t)))

@@ -10,7 +10,13 @@ graph cannot say by itself:
 * ``output_aliases[i]``: graph output ``i`` was, in the original program, a view of graph input
   ``k`` (``Alias("input", k)``) or of an earlier output ``k`` (``Alias("output", k)``);
 * ``mutations``: input ``k`` ends holding the value ``v`` (the write-back epilogue);
-* ``GraphInput.storage``: inputs with the same storage id share one storage in the caller.
+* ``GraphInput.storage``: inputs with the same storage id share one storage in the caller;
+* ``scalar_outputs``: outputs the program returned as Python numbers (``x.sum().item()``): computed
+  as one-element tensors, handed back as numbers;
+* ``constants``: tensors the graph holds by value (``GraphConstant``), used by name like inputs
+  but never passed in;
+* ``GraphInput.final_layout``: the caller's tensor ends with this layout (``t_()``,
+  ``unsqueeze_()``... on the input: see Note [metadata mutation] in segmenter/metadata_mutation.py).
 
 Every value carries a TensorMeta (shape, stride, storage offset, dtype, device). Passes never
 mutate a graph; they build a new one.
@@ -21,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal, Union
 
@@ -31,6 +37,7 @@ __all__ = [
     "Alias",
     "Arg",
     "FusionGraph",
+    "GraphConstant",
     "GraphError",
     "GraphInput",
     "Mutation",
@@ -47,17 +54,30 @@ class GraphError(ValueError):
     """A FusionGraph that breaks an invariant; the message names the node and field."""
 
 
+# Note [conjugate and negative bits]: torch makes ``x.conj()`` (complex) and ``x.conj().imag``
+# zero-cost views that carry a bit saying "read me conjugated / negated"; the storage is not
+# touched. A view op that drops or adds such a bit changes the values read, so the bits are part
+# of a value's layout here: recorded from FakeTensors like strides, compared by ``same_layout``
+# and the checker, restored on every view the runtime makes (``with_bits``), and kept on copies.
+# Generated kernels read raw storage, so segments touching a value with a bit stay on torch.
+
+
 @dataclass(frozen=True)
 class TensorMeta:
-    """Layout of one tensor value: sizes, strides and offset in elements of its storage."""
+    """Layout of one tensor value: sizes, strides and offset in elements of its storage, and
+    the lazy view bits torch keeps on it (see Note [conjugate and negative bits])."""
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     storage_offset: int
     dtype: torch.dtype
     device: str = "cpu"
+    conj: bool = False  # reads as the conjugate of what its storage holds (x.conj(), x.mH)
+    neg: bool = False  # reads as the negation of what its storage holds (x.conj().imag)
 
     def __post_init__(self) -> None:
+        if self.conj and not self.dtype.is_complex:
+            raise GraphError(f"the conjugate bit on a {self.dtype} value (only complex values have one)")
         if len(self.shape) != len(self.stride):
             raise GraphError(f"shape {self.shape} and stride {self.stride} differ in rank")
         if any(s < 0 for s in self.shape):
@@ -73,7 +93,18 @@ class TensorMeta:
             int(t.storage_offset()),
             t.dtype,
             device or str(t.device),
+            bool(t.is_conj()),
+            bool(t.is_neg()),
         )
+
+    def with_bits(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (a view of the right storage and layout) with this meta's conj/neg bits: each
+        bit is flipped by its own zero-cost view op where ``t``'s differs."""
+        if t.is_conj() != self.conj:
+            t = torch._conj(t)
+        if t.is_neg() != self.neg:
+            t = torch._neg_view(t)
+        return t
 
     @cached_property
     def device_type(self) -> str:
@@ -111,12 +142,13 @@ class TensorMeta:
         return self.distinct_elements * self.itemsize
 
     def _replace_offset(self, offset: int) -> TensorMeta:
-        return TensorMeta(self.shape, self.stride, offset, self.dtype, self.device)
+        return dataclasses.replace(self, storage_offset=offset)
 
     def same_layout(self, other: TensorMeta) -> bool:
         """Equal up to what cannot be observed: the strides of size-1 dims, and the offset of
         an empty tensor (torch's meta and real kernels may disagree there)."""
-        if (self.shape, self.dtype, self.device) != (other.shape, other.dtype, other.device):
+        if (self.shape, self.dtype, self.device, self.conj, self.neg) != (
+                other.shape, other.dtype, other.device, other.conj, other.neg):
             return False
         if self.numel == 0:
             return True
@@ -137,6 +169,7 @@ class TensorMeta:
         layout = "" if self.is_contiguous() and self.storage_offset == 0 else f" stride={list(self.stride)}"
         if self.storage_offset:
             layout += f" offset={self.storage_offset}"
+        layout += " conj" * self.conj + " neg" * self.neg
         return f"{dt}{list(self.shape)}{layout}"
 
 
@@ -160,10 +193,10 @@ class OpRef:
         return self.name
 
 
-# Arguments are literals (int, float, bool, None, str, torch.dtype/device/layout/memory_format),
+# Arguments are literals (int, float, complex, bool, None, str, torch.dtype/device/layout/memory_format),
 # value references, or tuples of those.
 Arg = Union[  # noqa: UP007 - a runtime alias; | on torch types needs 3.10+ objects
-    None, bool, int, float, str, ValueRef, OpRef, torch.dtype, torch.device, torch.layout,
+    None, bool, int, float, complex, str, ValueRef, OpRef, torch.dtype, torch.device, torch.layout,
     torch.memory_format, tuple,
 ]
 
@@ -227,13 +260,65 @@ InputRole = Literal["user", "parameter", "buffer", "constant", "storage"]
 
 @dataclass(frozen=True)
 class GraphInput:
-    """A graph input. ``storage``: inputs with equal ids share one storage in the caller."""
+    """A graph input. ``storage``: inputs with equal ids share one storage in the caller.
+
+    ``final_layout``: where the original program changed the input's metadata (``a.t_()``), the
+    layout (absolute offset, same storage) the caller's tensor ends with. Values and write-backs
+    stay in ``meta``'s layout; the layout change is applied after the write-back."""
 
     name: str
     meta: TensorMeta
     role: InputRole = "user"
     target: str | None = None
     storage: int = -1  # -1: its own storage (the FusionGraph fills in its index)
+    final_layout: TensorMeta | None = None
+
+
+@dataclass(frozen=True)
+class GraphConstant:
+    """A tensor the graph holds by value: a ``torch.tensor([...])`` built in the program, the index
+    of ``x[[1, 2]]``, a module's plain tensor attribute. Nodes use it by ``name`` as they use an
+    input; it is never passed in. ``meta`` is contiguous at offset 0 on the device the program
+    used; ``data`` its bytes in little-endian order (None where it was captured on fake or meta
+    tensors: such a graph can be segmented, not run). Equal graphs hold equal bytes."""
+
+    name: str
+    meta: TensorMeta
+    data: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.meta.is_contiguous() or self.meta.storage_offset != 0:
+            raise GraphError(f"constant {self.name!r}: {self.meta} is not contiguous at offset 0")
+        want = self.meta.numel * self.meta.itemsize
+        if self.data is not None and len(self.data) != want:
+            raise GraphError(f"constant {self.name!r}: {len(self.data)} bytes of data for {self.meta} ({want} bytes)")
+
+    @classmethod
+    def from_tensor(cls, name: str, t: torch.Tensor, device: str | None = None) -> GraphConstant:
+        from .constants import tensor_bytes
+
+        t = t.detach()
+        meta = TensorMeta.from_tensor(t.contiguous() if t.device.type == "meta" else t, device)
+        if not meta.is_contiguous() or meta.storage_offset != 0:
+            meta = TensorMeta(meta.shape, _contiguous_strides(meta.shape), 0, meta.dtype, meta.device)
+        return cls(name, meta, tensor_bytes(t, f"constant {name!r}"))
+
+    def tensor(self, device: str | torch.device | None = None) -> torch.Tensor:
+        """A fresh tensor holding the constant, on ``device`` (default: its own)."""
+        from .constants import tensor_from_bytes
+
+        if self.data is None:
+            raise GraphError(f"constant {self.name!r} was captured without its values (on fake or meta tensors)")
+        t = tensor_from_bytes(self.data, self.meta)
+        return t.to(device if device is not None else self.meta.device)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 @dataclass(frozen=True)
@@ -266,6 +351,8 @@ class FusionGraph:
     output_aliases: tuple[Alias | None, ...] = ()
     mutations: tuple[Mutation, ...] = ()
     name: str = "graph"
+    constants: tuple[GraphConstant, ...] = ()
+    scalar_outputs: tuple[int, ...] = ()  # outputs handed back as Python numbers (``t.item()``)
 
     def __post_init__(self) -> None:
         if not self.output_aliases:
@@ -281,8 +368,9 @@ class FusionGraph:
 
     @cached_property
     def metas(self) -> dict[str, TensorMeta]:
-        """Meta of every value (inputs and node outputs) by name."""
+        """Meta of every value (inputs, constants and node outputs) by name."""
         out = {inp.name: inp.meta for inp in self.inputs}
+        out.update((c.name, c.meta) for c in self.constants)
         for node in self.nodes:
             for name, meta in zip(node.outputs, node.metas):
                 if name is not None and meta is not None:
@@ -311,6 +399,10 @@ class FusionGraph:
         return tuple(i.name for i in self.inputs)
 
     @property
+    def constant_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.constants)
+
+    @property
     def mutated_inputs(self) -> tuple[int, ...]:
         return tuple(m.input for m in self.mutations)
 
@@ -326,13 +418,19 @@ class FusionGraph:
     def _validate(self) -> None:
         from .ops import op_info  # local: ops imports ir
 
-        if not self.outputs and not self.mutations:
+        if not self.outputs and not self.mutations and all(i.final_layout is None for i in self.inputs):
             raise GraphError(f"graph {self.name!r} has no outputs")  # and no effect on its inputs
         defined: dict[str, str] = {}
         for i, inp in enumerate(self.inputs):
             if inp.name in defined:
                 raise GraphError(f"inputs[{i}]: duplicate value name {inp.name!r}")
             defined[inp.name] = f"inputs[{i}]"
+            if inp.final_layout is not None:
+                _check_final_layout(inp, f"inputs[{i}] ({inp.name!r}).final_layout")
+        for i, c in enumerate(self.constants):
+            if c.name in defined:
+                raise GraphError(f"constants[{i}]: value name {c.name!r} is also {defined[c.name]}")
+            defined[c.name] = f"constants[{i}]"
         all_defs = {o: n.name for n in self.nodes for o in n.outputs if o is not None}
         node_names: set[str] = set()
         for k, node in enumerate(self.nodes):
@@ -375,6 +473,12 @@ class FusionGraph:
                 raise GraphError(f"output_aliases[{i}]: output {a.index} is not an earlier output")
             if a.source not in ("input", "output"):
                 raise GraphError(f"output_aliases[{i}]: source must be 'input' or 'output', not {a.source!r}")
+        for k, i in enumerate(self.scalar_outputs):
+            if not (isinstance(i, int) and 0 <= i < len(self.outputs)) or i in self.scalar_outputs[:k]:
+                raise GraphError(f"scalar_outputs[{k}]: {i!r} is not an output index (or is listed twice)")
+            if self.metas[self.outputs[i]].numel != 1 or self.output_aliases[i] is not None:
+                raise GraphError(f"scalar_outputs[{k}]: output {i} (%{self.outputs[i]}, "
+                                 f"{self.metas[self.outputs[i]]}) is not a one-element tensor of its own")
         seen_inputs: set[int] = set()
         for i, m in enumerate(self.mutations):
             if not 0 <= m.input < len(self.inputs):
@@ -402,22 +506,40 @@ class FusionGraph:
             shared = [j.name for j in self.inputs if j.storage == inp.storage and j is not inp]
             if shared:
                 extra += f" shares storage with {', '.join(shared)}"
+            if inp.final_layout is not None:
+                extra += f", final layout {inp.final_layout}"
             lines.append(f"    %{inp.name}: {inp.meta}{extra}")
         lines.append("):")
+        for c in self.constants:
+            lines.append(f"    constant %{c.name}: {c.meta}")
         for node in self.nodes:
             metas = ", ".join(str(m) for m in node.metas if m is not None)
             lines.append(f"    {node}  # {op_info(node.op).kind.name} -> {metas}")
         for m in self.mutations:
             lines.append(f"    write-back: {self.inputs[m.input].name} <- %{m.value}")
         outs = []
-        for o, a in zip(self.outputs, self.output_aliases):
-            note = ""
+        for k, (o, a) in enumerate(zip(self.outputs, self.output_aliases)):
+            note = " (as a number)" if k in self.scalar_outputs else ""
             if a is not None:
                 tgt = self.inputs[a.index].name if a.source == "input" else f"output {a.index}"
                 note = f" (view of {tgt})"
             outs.append(f"%{o}{note}")
         lines.append(f"    return {', '.join(outs)}")
         return "\n".join(lines)
+
+
+def _check_final_layout(inp: GraphInput, where: str) -> None:
+    final = inp.final_layout
+    assert final is not None
+    if inp.role != "user":
+        raise GraphError(f"{where}: only a user input's layout may change (this one is a {inp.role})")
+    if final.dtype != inp.meta.dtype or final.device != inp.meta.device:
+        raise GraphError(f"{where}: {final} on {final.device} changes the dtype or device of {inp.meta} on "
+                         f"{inp.meta.device}")
+    from .elements import within  # local: elements imports ir
+
+    if not within(final, inp.meta):
+        raise GraphError(f"{where}: {final} reaches outside the storage elements of the input ({inp.meta})")
 
 
 def view_roots(graph: FusionGraph, include_maybe_copies: bool = True) -> dict[str, str]:

@@ -22,18 +22,22 @@ An op that is in none of these places is OPAQUE and reported by the caller; neve
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 
 import torch
 
 __all__ = [
+    "HIGHER_ORDER_OPS",
     "NOT_COMPUTE",
     "OPAQUE_OPS",
     "OpInfo",
     "OpKind",
     "op_info",
     "op_name",
+    "op_name_problem",
+    "op_refusal",
     "resolve_op",
 ]
 
@@ -194,22 +198,109 @@ def op_name(target: object) -> str:
     return f"{module}.{getattr(target, '__name__', repr(target))}"
 
 
-@cache
-def resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.HigherOrderOperator | None:
-    """``aten.add.Tensor`` -> torch.ops.aten.add.Tensor, or None if torch has no such op."""
-    if name.startswith("higher_order."):
-        return getattr(torch.ops.higher_order, name.removeprefix("higher_order."), None)
+# Note [op names are data]: an op name in a graph file is looked up, never followed. torch.ops is a
+# module whose attributes include ``load_library`` and ``import_module``, and whose lookups make
+# up namespaces on demand, so ``getattr`` along a dotted name reaches arbitrary callables. A name
+# resolves only if it is ``namespace.op.overload`` (identifiers, no dunder namespace or overload),
+# the dispatcher itself has that schema (not a TorchScript-only op such as ``aten.save``), and the
+# objects found are an ``_OpNamespace``, an ``OpOverloadPacket`` and an ``OpOverload``; or if it is
+# one of the higher-order ops below. Ops that reach outside the graph's tensors (files, printing,
+# the profiler, other processes) are refused even though torch has them: see ``op_refusal``.
+HIGHER_ORDER_OPS = frozenset({"auto_functionalized", "auto_functionalized_v2", "with_effects"})
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MAX_OP_NAME = 256
+# Namespaces whose ops talk to other processes, the profiler or the TorchScript runtime.
+_OUTSIDE_NAMESPACES = frozenset({"prim", "profiler", "c10d", "_c10d_functional", "_c10d_functional_autograd",
+                                 "symm_mem", "debugprims", "debug_mode_ops", "_dtensor"})
+# String arguments that pick a mode of the computation. Any other string argument (a file name,
+# a message to print, a process group, a profiler range) reaches outside: its op is refused.
+_MODE_STRINGS = frozenset({
+    "approximate", "reduce", "rounding_mode", "mode", "interpolation", "padding", "padding_side", "equation",
+    "indexing", "UPLO", "ord", "p", "pad_mode", "side", "norm", "driver", "assert_msg", "api_name",
+    "attr", "binary_attr", "unary_attr", "unary_algorithm", "post_op_name", "post_op_algorithm",
+    "binary_post_op", "unary_post_op", "unary_post_op_algorithm",
+})
+
+
+def op_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be an op name at all (None: it is well formed). Well formed is
+    ``namespace.op.overload`` or ``higher_order.op``, of identifiers, with no dunder namespace or
+    overload (an op itself may be a dunder: ``aten.__and__.Tensor``)."""
+    if not isinstance(name, str):
+        return f"expected a string, got {type(name).__name__}"
+    if len(name) > _MAX_OP_NAME:
+        return f"op name of {len(name)} characters (at most {_MAX_OP_NAME})"
     parts = name.split(".")
-    if len(parts) != 3:
+    shape_ok = len(parts) == 3 or (len(parts) == 2 and parts[0] == "higher_order")
+    if not shape_ok or not all(_IDENT.fullmatch(p) for p in parts):
+        return f"{name!r} is not an op name (namespace.op.overload, each an identifier)"
+    if parts[0].startswith("__") or parts[-1].startswith("__"):
+        return f"{name!r} is not an op name (a dunder namespace or overload)"
+    return None
+
+
+def op_refusal(name: str) -> str | None:
+    """Why an op torch has may still not run from a graph (None: it may)."""
+    ns = name.split(".")[0]
+    if ns in _OUTSIDE_NAMESPACES:
+        return f"{name}: ops of namespace {ns!r} reach outside the graph's tensors"
+    op = resolve_op(name, checked=False)
+    if isinstance(op, torch._ops.OpOverload):
+        for a in op._schema.arguments:
+            if "str" in str(a.type) and a.name not in _MODE_STRINGS:
+                return f"{name}: its string argument {a.name!r} reaches outside the graph's tensors"
+    return None
+
+
+def _find_overload(ns: str, op: str, overload: str) -> torch._ops.OpOverload | None:
+    qualified = f"{ns}::{op}"
+    try:  # the dispatcher's own table: no Python attribute is touched yet
+        torch._C._dispatch_find_schema_or_throw(qualified, "" if overload == "default" else overload)
+    except RuntimeError:
         return None
-    ns, op, overload = parts
+    namespace = vars(torch.ops).get(ns)
+    if namespace is None:
+        if hasattr(type(torch.ops), ns):  # a method of torch.ops, not a namespace
+            return None
+        namespace = getattr(torch.ops, ns)  # makes the namespace: the dispatcher has ops in it
+    if not isinstance(namespace, torch._ops._OpNamespace):
+        return None
+    packet = vars(namespace).get(op)
+    if packet is None:
+        if hasattr(type(namespace), op):
+            return None
+        try:
+            packet = getattr(namespace, op)
+        except AttributeError:
+            return None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
     try:
-        return getattr(getattr(getattr(torch.ops, ns), op), overload)
-    except (AttributeError, RuntimeError):
+        found = getattr(packet, overload)
+    except AttributeError:
         return None
+    return found if isinstance(found, torch._ops.OpOverload) else None
 
 
-@cache
+@lru_cache(maxsize=4096)  # bounded: a hostile file may hold a million distinct names
+def resolve_op(name: str, checked: bool = True) -> torch._ops.OpOverload | torch._ops.HigherOrderOperator | None:
+    """``aten.add.Tensor`` -> torch.ops.aten.add.Tensor; None for anything that is not an op
+    torch has, or (``checked``) an op refused by ``op_refusal``. See Note [op names are data]."""
+    if op_name_problem(name) is not None:
+        return None
+    parts = name.split(".")
+    if len(parts) == 2:
+        if parts[1] not in HIGHER_ORDER_OPS:
+            return None
+        found = vars(torch.ops.higher_order).get(parts[1]) or torch._ops._higher_order_ops.get(parts[1])
+        return found if isinstance(found, torch._ops.HigherOrderOperator) else None
+    found = _find_overload(*parts)
+    if found is None or (checked and op_refusal(name) is not None):
+        return None
+    return found
+
+
+@lru_cache(maxsize=4096)
 def op_info(name: str) -> OpInfo:
     """Classify an op by name. Unknown ops are OPAQUE with ``known=False``, never an error."""
     if name in OPAQUE_OPS:

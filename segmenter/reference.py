@@ -1,7 +1,8 @@
 """Run a FusionGraph node by node with torch: the semantics every later stage must keep.
 
 This is the meaning of a FusionGraph, written once: compute the functional values, write each
-mutated input's final value into it, and hand back each output either as a fresh tensor or, where
+mutated input's final value into it, give inputs whose layout the program changed their final
+layout (``GraphInput.final_layout``), and hand back (numbers where the program returned ``t.item()``) each output either as a fresh tensor or, where
 the original program returned a view (``output_aliases``), as a view of the same storage with
 the original layout.
 """
@@ -33,20 +34,28 @@ def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
             raise GraphError(f"input {spec.name!r}: expected a tensor, got {type(t).__name__}")
         want = spec.meta
         if (t.shape != want.shape or t.stride() != want.stride or t.storage_offset() != want.storage_offset
-                or t.dtype != want.dtype or t.device.type != want.device_type):
+                or t.dtype != want.dtype or t.device.type != want.device_type
+                or t.is_conj() != want.conj or t.is_neg() != want.neg):
             got = TensorMeta.from_tensor(t)
             raise GraphError(f"input {spec.name!r}: expected {want} on {want.device}, got {got} on {got.device}")
     seen: dict[object, int] = {}
+    declared: dict[int, tuple[object, int]] = {}
     for i, t in enumerate(inputs):
         key = storage_key(t)
         first = seen.setdefault(key, graph.inputs[i].storage)
         if first != graph.inputs[i].storage and t.numel():
             raise GraphError(f"input {graph.inputs[i].name!r} shares a storage the graph does not expect it to")
+        # and the converse: the graph's recorded aliasing was proved for inputs that share one
+        other = declared.setdefault(graph.inputs[i].storage, (key, i)) if t.numel() else (key, i)
+        if other[0] != key:
+            raise GraphError(f"input {graph.inputs[i].name!r} should share a storage with input "
+                             f"{graph.inputs[other[1]].name!r} (the graph says they do), but does not")
 
 
 def evaluate(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every value of the graph, computed functionally (no write-back, no aliasing restored)."""
     env: dict[str, torch.Tensor] = dict(zip(graph.input_names, inputs))
+    env.update((c.name, c.tensor()) for c in graph.constants)
     for node in graph.nodes:
         for name, val in zip(node.outputs, run_node(node, env)):
             if name is not None:
@@ -72,8 +81,10 @@ def clone_inputs(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in its own storage, same layout and same conj/neg bits (copy_ into a view
+    with the bits stores the values so that the view reads as ``t`` does)."""
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return out.copy_(t)
+    return TensorMeta.from_tensor(t).with_bits(out).copy_(t)
 
 
 def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -90,9 +101,12 @@ def finish(
     same storage, with the original layout, where the original program returned a view; a
     tensor sharing no storage with an input or another output everywhere else."""
     input_storages = {storage_key(t) for t in inputs}
+    # the graph's constants are its own: the caller gets copies (what it does to them must not
+    # reach the next call)
+    input_storages.update(storage_key(env[c.name]) for c in graph.constants if c.name in env)
 
     def detached(t: torch.Tensor) -> torch.Tensor:
-        # Functional values may still be views of inputs; copy them before any write-back.
+        # Functional values may still be views of inputs or constants; copy them before any write-back.
         return _fresh(t) if storage_key(t) in input_storages else t
 
     for m in graph.mutations:
@@ -118,6 +132,11 @@ def finish(
         fresh.append(t)
     for i, val in finals.items():
         inputs[i].copy_(val)
+    for i, inp in enumerate(graph.inputs):
+        if inp.final_layout is not None:  # Note [metadata mutation]: after the write-back, in the old layout
+            m = inp.final_layout
+            with torch.no_grad():
+                inputs[i].as_strided_(m.shape, m.stride, m.storage_offset)
     result: list[torch.Tensor] = []
     for name, alias, val in zip(graph.outputs, graph.output_aliases, fresh):
         if alias is None:
@@ -128,7 +147,11 @@ def finish(
         layout = alias.layout or graph.metas[name]
         if layout.dtype != base.dtype:  # a view(dtype) of the input: same storage, read as another dtype
             view = torch.empty(0, dtype=layout.dtype, device=base.device)
-            result.append(view.set_(base.untyped_storage(), layout.storage_offset, layout.shape, layout.stride))
+            view = view.set_(base.untyped_storage(), layout.storage_offset, layout.shape, layout.stride)
         else:
-            result.append(base.as_strided(layout.shape, layout.stride, layout.storage_offset))
+            view = base.as_strided(layout.shape, layout.stride, layout.storage_offset)
+        # as_strided keeps the base's conj/neg bits; the view has its own (x.conj(), x.mH)
+        result.append(layout.with_bits(view))
+    for i in graph.scalar_outputs:  # ``t.item()`` in the program: a Python number, as eager returns
+        result[i] = result[i].item()  # type: ignore[call-overload]
     return result

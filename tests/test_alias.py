@@ -297,3 +297,74 @@ def test_old_value_read_after_the_write_keeps_the_copy() -> None:
     a, b = x.clone(), x.clone()
     torch.testing.assert_close(program(a)[0], run_graph(graph, [b])[0])
     torch.testing.assert_close(a, b)
+
+
+def test_compile_refuses_a_plan_the_checker_rejects() -> None:
+    """A plan that alias.check rejects must never run (issue 15): runtime.compile checks the
+    structure (linear time) and refuses, naming what is wrong."""
+    from alias import PlanError
+
+    sf, plan = _plan(lambda x: x.clone(), [torch.randn(3)], "post")
+    bad = _retag(plan, 0, SegmentKind.METADATA)  # the clone "becomes" a view of its input
+    assert check(sf, bad)
+    with pytest.raises(PlanError, match="not a view"):
+        runtime.compile(bad)
+    sf, plan = _plan(_mutate_input_and_view, [torch.randn(4)], "post")
+    segs = plan.segments
+    dropped = dataclasses.replace(plan, segments=segs[:-1]) if len(segs) > 1 else dataclasses.replace(
+        plan, segments=(dataclasses.replace(segs[0], nodes=segs[0].nodes[:-1]),))
+    with pytest.raises(PlanError, match="no segment|never produced"):
+        runtime.compile(dropped)
+
+
+def _view_chain_output(x):
+    return x[1:, ::2].t()
+
+
+def test_pre_mode_view_chain_cut_at_every_op() -> None:
+    """pre hands values between launches over as contiguous copies: a view output whose chain
+    starts at such a copy cannot be made with the recorded strides (it crashed in as_strided)."""
+    inputs = [torch.randn(3, 4)]
+    for mode in MODES:
+        _, plan = _plan(_view_chain_output, inputs, mode, ONE_OP)
+        assert_matches_eager(_view_chain_output, inputs, plan.graph, program=runtime.compile(plan))
+
+
+def test_view_kind_ops_the_algebra_does_not_model_stay_kernels() -> None:
+    """``contiguous`` has a view schema but copies when its input is not contiguous: from a JSON
+    graph it became a metadata op reading the transposed storage as contiguous (wrong values)."""
+    from segmenter import FusionGraph, GraphInput, Node, TensorMeta, ValueRef
+    from segmenter.reference import run_graph
+
+    xt = TensorMeta((3, 4), (1, 3), 0, torch.float32)
+    out = TensorMeta((3, 4), (4, 1), 0, torch.float32)
+    graph = FusionGraph(inputs=(GraphInput("x", xt),),
+                        nodes=(Node("c", "aten.contiguous.default", (ValueRef("x"),), (), ("c",), (out,)),
+                               Node("y", "aten.add.Tensor", (ValueRef("c"), 1), (), ("y",), (out,))),
+                        outputs=("y",))
+    for options in (None, ONE_OP):
+        sf = segment(graph, options)
+        for mode in MODES:
+            plan = apply_aliases(sf, mode)
+            assert check(sf, plan) == []
+            assert plan.stats()["metadata"] == 0
+            x = torch.randn(4, 3).t()
+            torch.testing.assert_close(runtime.compile(plan)(x)[0], run_graph(graph, [x.clone()])[0])
+            torch.testing.assert_close(runtime.compile(plan)(x)[0], x + 1)
+
+
+def _circular_pad(x):
+    return torch.nn.functional.pad(x, (1, 2), mode="circular")
+
+
+def test_checker_agrees_with_itself_on_copy_offsets() -> None:
+    """aten.copy of a slice returns a fresh tensor at its self's offset; torch's FakeTensor cache
+    said offset 0 on a second propagation, and the checker flagged correct plans (issue 15)."""
+    inputs = [torch.randn(2, 3, 5)]
+    for _ in range(2):  # the second capture and check run with the cache warm
+        sf, plan = _plan(_circular_pad, inputs, "post")
+        assert check(sf, plan) == []
+    assert_matches_eager(_circular_pad, inputs, plan.graph, program=runtime.compile(plan))
+    inorm = torch.nn.InstanceNorm1d(3)
+    sf, plan = _plan(inorm, [torch.randn(2, 3, 5)], "post")
+    assert check(sf, plan) == []

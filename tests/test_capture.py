@@ -7,12 +7,14 @@ import copy
 import pytest
 import torch
 
+from alias import apply_aliases
 from perf import zoo
+from runtime.program import CompiledProgram
 from segmenter import OPAQUE_OPS, Alias, FusionGraph, OpKind, TensorMeta, op_info, segment
 from segmenter.from_torch import bind_inputs, capture
-from segmenter.reference import clone_inputs, evaluate
+from segmenter.reference import clone_inputs, evaluate, run_graph
 
-from .util import assert_matches_eager, layout
+from .util import alias_pattern, assert_matches_eager, layout
 
 
 def _strided(shape: tuple[int, ...], offset: int = 3) -> torch.Tensor:
@@ -253,3 +255,47 @@ def test_unknown_op_is_opaque_and_reported() -> None:
     info = op_info(graph.nodes[0].op)
     assert info.kind == OpKind.OPAQUE and not info.known
     assert_matches_eager(f, [torch.randn(3)], graph)
+
+
+def _causal_lm(name: str) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    if name == "llama":
+        cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=64, vocab_size=100, max_position_embeddings=64)
+        return transformers.LlamaForCausalLM(cfg).eval()
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_causal_lm_with_its_default_cache_is_captured(name: str) -> None:
+    """use_cache is on by default: the model returns a DynamicCache, flattened to its tensors
+    (logits, then each layer's keys and values) with a warning saying so."""
+    from segmenter.outputs import output_tensors
+
+    torch.manual_seed(0)
+    model = _causal_lm(name)
+    assert model.config.use_cache
+    ids = torch.randint(0, 100, (1, 8))
+    with pytest.warns(UserWarning, match=r"flattened to their tensors: output.past_key_values \(DynamicCache: 4"):
+        graph = capture(model, (ids,))
+    with torch.no_grad():
+        expected = output_tensors(model(ids)).tensors
+        plan = apply_aliases(segment(graph), "post")
+        for got in (run_graph(graph, bind_inputs(graph, model, [ids])),
+                    CompiledProgram(plan)(*bind_inputs(graph, model, [ids]))):
+            assert len(got) == len(expected) == 5
+            for g, e in zip(got, expected):
+                assert layout(g) == layout(e)
+                torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+            assert alias_pattern([ids], got) == alias_pattern([ids], expected)
+
+
+def test_non_tensor_outputs_are_named_when_left_out() -> None:
+    def f(x):
+        return x + 1, 3, {"scale": 2.0, "y": x * 2}
+
+    with pytest.warns(UserWarning, match=r"left out \(not tensors\): output\[1\] \(int\), output\[2\].scale \(float\)"):
+        graph = capture(f, (torch.randn(3),))
+    assert len(graph.outputs) == 2

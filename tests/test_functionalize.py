@@ -86,3 +86,16 @@ def test_inplace_graph_may_not_also_claim_mutations() -> None:
     d["mutations"] = [{"input": 0, "value": "y"}]
     with pytest.raises(GraphFormatError, match="must not also list"):
         from_json(json.dumps(d))
+
+
+def test_from_fx_wraps_torch_errors_in_functionalization() -> None:
+    """torch's own error while functionalizing an fx graph comes out as a CaptureError (a GraphError)."""
+    import torch.fx as fx
+
+    from segmenter import CaptureError, from_fx
+
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    g.output((g.call_function(torch.ops.aten.add_.Tensor, (x, y)),))  # [4] += [3, 4]: cannot broadcast in place
+    with pytest.raises(CaptureError, match="RuntimeError: output with shape"):
+        from_fx(fx.GraphModule(torch.nn.Module(), g), [torch.randn(4), torch.randn(3, 4)])

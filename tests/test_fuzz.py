@@ -21,6 +21,7 @@ from alias import MODES, apply_aliases, check
 from runtime.codegen.build import cpu_compiler
 from segmenter import capture, segment
 from segmenter.reference import clone_inputs
+from segmenter.serialize import from_json, to_json
 
 from .programs import Program, programs
 from .util import assert_matches_eager
@@ -34,6 +35,7 @@ BACKENDS = ("torch", "cpp") if cpu_compiler() else ("torch",)
 def check_program(prog: Program, inputs: list[torch.Tensor]) -> None:
     fn = prog.as_function()
     graph = capture(fn, clone_inputs(inputs), name="fuzzed")
+    assert from_json(to_json(graph)) == graph  # a captured graph's recorded aliasing passes the loader's checks
     sf = segment(graph)
     for mode in MODES:
         plan = apply_aliases(sf, mode)

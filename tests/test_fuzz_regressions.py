@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from segmenter import capture
+
 from .programs import Program
 from .test_fuzz import check_program
 
@@ -61,6 +63,11 @@ def _cases() -> dict[str, tuple[Program, list[torch.Tensor]]]:
                         ("to", 0, torch.float32), ("view_dtype", 3, torch.float64), ("scalar", 6, "add", 0.5),
                         ("inplace", 0, "add_", 1), ("unsqueeze", 1, 1)], [3, 4]),
             [_transposed_int(), torch.tensor([-1.4813, 0.6044, 0.8091], dtype=torch.float64)]),
+        # the in-place write-back called _to_copy.out with the dtype keyword it does not take
+        "write-back-through-a-cast": (
+            Program(1, [("expand", 0, (2, 0)), ("inplace", 1, "add_", 1), ("to", 0, torch.float32),
+                        ("to", 0, torch.float32), ("where", 2, 0)], [1]),
+            [torch.empty(0, dtype=torch.int32)]),
     }
 
 
@@ -70,3 +77,23 @@ def test_fuzzer_finding_stays_fixed(name: str) -> None:
     if prog.same_input_twice:
         inputs[1] = inputs[0]
     check_program(prog, inputs)
+
+
+def test_programs_in_one_process_do_not_leak_metas_into_each_other() -> None:
+    """The flaky finding: FakeTensor's dispatch cache (one per process, shared by every
+    FakeTensorMode) rebuilt a cached non-view output without its storage offset. A slice_scatter
+    of an offset input (the functional form of an in-place op on a view of it) has eager's offset
+    (3) when first computed and 0 on every later hit: the first program to meet it recorded 3 at
+    capture and alias.check then computed 0; run again, both said 0 (and eager says 3)."""
+    def offset_input(n: int, seed: int) -> torch.Tensor:
+        return torch.randn(n + 5, generator=torch.Generator().manual_seed(seed))[3:3 + n]
+
+    a = Program(1, [("slice", 0, 0, 1, 7, 2), ("inplace", 1, "add_", 1), ("unary", 0, "sin")], [2])
+    b = Program(1, [("slice", 0, 0, 1, 7, 2), ("inplace", 1, "add_", 1), ("scalar", 0, "mul", 2.0)], [2])
+    for prog, seed in ((a, 0), (a, 1), (b, 2)):  # the sequence that leaked: a, a again, then b
+        check_program(prog, [offset_input(11, seed)])
+    graph = capture(a.as_function(), [offset_input(11, 3)])
+    scatter, = (n for n in graph.nodes if n.op == "aten.slice_scatter.default")
+    x = offset_input(11, 3)
+    eager = torch.ops.aten.slice_scatter.default(x, x[1:7:2] + 1, 0, 1, 7, 2)
+    assert scatter.metas[0].storage_offset == eager.storage_offset() == 3

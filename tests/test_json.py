@@ -149,7 +149,8 @@ def test_unknown_op_loads_as_opaque_with_one_warning() -> None:
     for n in d["nodes"]:
         if n["name"] in ("t", "t2"):
             n["op"] = "mylib.frob.default"
-    with pytest.warns(UserWarning, match="mylib.frob.default.*will run as OPAQUE") as record:
+    d["output_aliases"][2:4] = [None, None]  # an unknown op proves no view (see test_alias_claims.py)
+    with pytest.warns(UserWarning, match="mylib.frob.default: torch has no such op; it loads as OPAQUE") as record:
         g = from_json(json.dumps(d))
     assert sum("mylib.frob.default" in str(w.message) for w in record) == 1
     info = op_info(g.nodes[g.node_index["t"]].op)
@@ -185,8 +186,10 @@ BAD: list[tuple[str, str, str]] = [
      "nodes[1] (\"m\").args[0]: undefined value 'x9'"),
     ("undefined in list", _edit(lambda d: _node(d, 5)["args"][0].__setitem__(1, {"value": "q"})),
      "nodes[5] (\"cat\").args[0]: undefined value 'q'"),
-    ("undefined in kwargs", _edit(lambda d: _node(d, 9)["kwargs"].update(out={"value": "zz"})),
-     "nodes[9] (\"e\").kwargs.out: undefined value 'zz'"),
+    ("undefined in kwargs", _edit(lambda d: _node(d, 1).update(args=[{"value": "s"}], kwargs={"other": {"value": "zz"}})),
+     "nodes[1] (\"m\").kwargs.other: undefined value 'zz'"),
+    ("keyword the op does not take", _edit(lambda d: _node(d, 9)["kwargs"].update(out={"value": "zz"})),
+     "nodes[9] (\"e\").kwargs.out: aten.empty.memory_format has no argument 'out'"),
     ("undefined output", _edit(lambda d: d["outputs"].__setitem__(0, "zz")), "outputs[0]: undefined value %zz"),
     ("cycle", _edit(_swap_uses), "cycle between nodes 's' -> 'm' -> 's'"),
     ("self cycle", _edit(lambda d: _node(d, 7)["args"].__setitem__(0, {"value": "t"})), "cycle between nodes 't' -> 't'"),
@@ -212,6 +215,30 @@ BAD: list[tuple[str, str, str]] = [
     ("deep argument", _edit(lambda d: _node(d, 0)["args"].append(json.loads("[" * 200 + "]" * 200))),
      "nodes[0] (\"s\").args[4]"),
     ("huge integer", "[" + "9" * 5000 + "]", "not valid JSON"),
+    # names are identifiers of the graph only (Note [names are identifiers of the graph only])
+    ("empty input name", _edit(lambda d: d["inputs"][0].update(name="")), "inputs[0].name: empty name"),
+    ("newline in node name", _edit(lambda d: _node(d, 1).update(name="m\nx")), "nodes[1].name: name 'm\\nx' holds"),
+    ("bidi override in value name", _edit(lambda d: _node(d, 1).update(outputs=["m\u202e"])),
+     'nodes[1] ("m").outputs[0]: name'),
+    ("long graph name", _edit(lambda d: d.update(name="g" * 300)), "graph.name: name of 300 characters (at most 256)"),
+    ("name not a string", _edit(lambda d: d["outputs"].__setitem__(0, 3)), "outputs[0]: expected a name (string), got int"),
+    ("control in target", _edit(lambda d: d["inputs"][2].update(target="ln.\x00weight")), "inputs[2].target: name"),
+    ("control in mutation value", _edit(lambda d: d["mutations"][0].update(value="nb\r")), "mutations[0].value: name"),
+    ("keyword that is a Python keyword", _edit(lambda d: _node(d, 3)["kwargs"].update({"class": 1})),
+     "nodes[3] (\"c\").kwargs: keyword 'class' is not an argument name"),
+    ("keyword with code", _edit(lambda d: _node(d, 3)["kwargs"].update({"a=1,b": 1})), "keyword 'a=1,b' is not"),
+    ("dunder keyword", _edit(lambda d: _node(d, 3)["kwargs"].update({"__class__": 1})), "keyword '__class__' is not"),
+    ("string argument with a control character", _edit(lambda d: _node(d, 0)["args"].append("a\x00")),
+     "nodes[0] (\"s\").args[4]: a string argument must be printable"),
+    ("op that is not an op name", _edit(lambda d: _node(d, 1).update(op="load_library.__call__.__call__")),
+     "nodes[1] (\"m\").op: 'load_library.__call__.__call__' is not an op name (a dunder namespace or overload)"),
+    ("op of two parts", _edit(lambda d: _node(d, 1).update(op="torch.sin")), "nodes[1] (\"m\").op: 'torch.sin' is not"),
+    ("op reading a file", _edit(lambda d: _node(d, 1).update(op="aten.from_file.default")),
+     "nodes[1] (\"m\").op: aten.from_file.default: its string argument 'filename' reaches outside"),
+    ("op talking to other processes", _edit(lambda d: _node(d, 1).update(op="_c10d_functional.wait_tensor.default")),
+     "ops of namespace '_c10d_functional' reach outside"),
+    ("op argument that is not an op", _edit(lambda d: _node(d, 0)["args"].append({"op": "import_module.__call__.__call__"})),
+     "nodes[0] (\"s\").args[4]: 'import_module.__call__.__call__' is not an op name"),
 ]
 
 

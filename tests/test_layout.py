@@ -18,6 +18,20 @@ def L(t: torch.Tensor) -> Layout:
     return Layout.from_tensor(t)
 
 
+def test_conj_bits_and_complex_views() -> None:
+    x = torch.empty(3, 4, dtype=torch.complex64)[1:]
+    c = apply_view_op(L(x), "aten._conj.default", ())
+    assert c == L(x.conj()) and c.conj
+    assert isinstance(apply_view_op(c, "aten.view_as_real.default", ()), NeedsCopy)  # torch refuses too
+    n = apply_view_op(L(x), "aten._neg_view.default", ())
+    assert n == L(torch._neg_view(x)) and n.neg
+    r = apply_view_op(n, "aten.view_as_real.default", ())
+    assert r == L(torch.view_as_real(torch._neg_view(x)))
+    assert apply_view_op(r, "aten.view_as_complex.default", ()) == n
+    assert isinstance(apply_view_op(c, "aten.view.dtype", (torch.float64,)), NeedsCopy)
+    assert isinstance(apply_view_op(L(torch.empty(3)), "aten._conj.default", ()), NeedsCopy)
+
+
 def test_slice_then_view_dtype_from_the_issue() -> None:
     got = view_dtype(L(torch.empty(4, 8)[:, 2:6]), F64)
     assert got == Layout((4, 2), (4, 1), 1, F64)
@@ -38,6 +52,17 @@ CASES = [
      [("aten.slice.Tensor", (0, 1)), ("aten.as_strided.default", ((2, 2), (1, 8), 5))]),
     ("size-0-slice-then-view", lambda x: x[:, 8:].view(0, 4),
      [("aten.slice.Tensor", (1, 8)), ("aten.view.default", ((0, 4),))]),
+    ("diagonal-offset-above", lambda x: x[1:].diagonal(2), [("aten.slice.Tensor", (0, 1)), ("aten.diagonal.default", (2,))]),
+    ("diagonal-offset-below-transposed", lambda x: x.t().diagonal(-1, 1, 0),
+     [("aten.t.default", ()), ("aten.diagonal.default", (-1, 1, 0))]),
+    ("diagonal-empty-keeps-offset", lambda x: x[1:].diagonal(9), [("aten.slice.Tensor", (0, 1)), ("aten.diagonal.default", (9,))]),
+    ("unfold-windows", lambda x: x[:, 1:].unfold(1, 3, 2), [("aten.slice.Tensor", (1, 1)), ("aten.unfold.default", (1, 3, 2))]),
+    ("neg-view", lambda x: torch._neg_view(x[1:]), [("aten.slice.Tensor", (0, 1)), ("aten._neg_view.default", ())]),
+    ("view-as-complex", lambda x: torch.view_as_complex(x.view(4, 4, 2)[1:]),
+     [("aten.view.default", ((4, 4, 2),)), ("aten.slice.Tensor", (0, 1)), ("aten.view_as_complex.default", ())]),
+    ("view-as-complex-odd-offset-copies", lambda x: torch.view_as_complex(x.view(32)[1:31].view(15, 2)).clone(),
+     [("aten.view.default", ((32,),)), ("aten.slice.Tensor", (0, 1, 31)), ("aten.view.default", ((15, 2),)),
+      ("aten.view_as_complex.default", ())]),
     ("size-1-dims", lambda x: x[:1, :1].view(1, 1, 1).squeeze(1),
      [("aten.slice.Tensor", (0, 0, 1)), ("aten.slice.Tensor", (1, 0, 1)), ("aten.view.default", ((1, 1, 1),)),
       ("aten.squeeze.dim", (1,))]),
@@ -51,7 +76,11 @@ def test_table(name, program, steps) -> None:
     for op, args in steps:
         assert isinstance(lay, Layout)
         lay = apply_view_op(lay, op, args)
-    y = program(x)
+    try:
+        y = program(x)
+    except RuntimeError:  # torch refuses the view: the algebra must say so too
+        assert isinstance(lay, NeedsCopy), lay
+        return
     if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
         assert lay == L(y)
     else:
@@ -60,7 +89,7 @@ def test_table(name, program, steps) -> None:
 
 # -- random chains -----------------------------------------------------------------------------------
 
-DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.uint8]
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.uint8, torch.complex64]
 
 
 @st.composite
@@ -68,7 +97,8 @@ def start_tensor(draw: st.DrawFn) -> torch.Tensor:
     shape = tuple(draw(st.lists(st.integers(0, 5), min_size=0, max_size=4)))
     numel = math.prod(shape)
     offset = draw(st.integers(0, 3))
-    buf = torch.empty(offset + max(numel, 1) + 64, dtype=draw(st.sampled_from([torch.float32, torch.float64])))
+    buf = torch.empty(offset + max(numel, 1) + 64,
+                      dtype=draw(st.sampled_from([torch.float32, torch.float64, torch.complex64])))
     x = buf[offset:offset + numel].view(shape)
     if len(shape) >= 2 and draw(st.booleans()):
         x = x.transpose(0, -1)
@@ -82,8 +112,29 @@ def _candidates(draw: st.DrawFn, x: torch.Tensor) -> tuple[str, tuple]:
         choices += ["permute", "slice", "squeeze", "split", "expand", "narrow"]
         if any(shape):
             choices.append("select")
+    choices += ["neg_view", "unfold"]
+    if x.dtype.is_complex:
+        choices += ["conj", "view_as_real"]
+    if nd and shape[-1] == 2:
+        choices.append("view_as_complex")
+    if nd >= 2:
+        choices.append("diagonal")
     kind = draw(st.sampled_from(choices))
     dim = draw(st.integers(-nd, nd - 1)) if nd else 0
+    if kind == "neg_view":
+        return "aten._neg_view.default", ()
+    if kind == "conj":
+        return "aten._conj.default", ()
+    if kind == "view_as_real":
+        return "aten.view_as_real.default", ()
+    if kind == "view_as_complex":
+        return "aten.view_as_complex.default", ()
+    if kind == "diagonal":
+        d2 = draw(st.sampled_from([d for d in range(-nd, nd) if d % nd != dim % nd]))
+        return "aten.diagonal.default", (draw(st.integers(-4, 4)), dim, d2)
+    if kind == "unfold":
+        limit = shape[dim] if nd else 1
+        return "aten.unfold.default", (dim, draw(st.integers(0, limit)), draw(st.integers(1, 3)))
     if kind in ("view", "reshape"):
         numel = x.numel()
         options = [(-1,), shape[::-1], (1, *shape), shape + (1,)]
@@ -140,8 +191,9 @@ def test_random_view_chains_agree_with_torch(data: st.DataObject) -> None:
         try:
             theirs = _torch(x, op, args)
         except RuntimeError:
-            # torch refused: the algebra must not claim a view (for view/view.dtype it must say copy)
-            if op in ("aten.view.default", "aten.view.dtype"):
+            # torch refused: the algebra must not claim a view (for these it must say copy)
+            if op in ("aten.view.default", "aten.view.dtype", "aten.view_as_real.default",
+                      "aten.view_as_complex.default"):
                 assert isinstance(ours, NeedsCopy), (op, args, lay, ours)
             return
         if isinstance(theirs, (tuple, list)):

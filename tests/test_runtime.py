@@ -182,3 +182,42 @@ def test_values_crossing_a_boundary_keep_their_planned_dim_order() -> None:
     for t in (torch.empty(2, 3, 4, 5).permute(0, 2, 1, 3), torch.empty(3, 4).t(), torch.empty(2, 3),
               torch.empty(1, 1, 5, 5).expand(2, 3, 5, 5), torch.empty(1, 5, 1).expand(4, 5, 3).transpose(0, 1)):
         assert dense_strides(tuple(t.shape), t.stride()) == torch.empty_like(t).stride()
+
+
+# in-place updates whose new value is cast back to the input's dtype: the write-back op is
+# _to_copy(dtype=...), whose .out overload takes no dtype (issue 15: batch norm in bf16/fp16).
+# Each returns a value apart from the input, so that the write-back may go in place.
+def _bf16_add(r, x):
+    r.add_(x)
+    return x * 2
+
+
+def _fp16_mul(r, x):
+    r.mul_(x)
+    return x.sum()
+
+
+def _running_mean(m, x):
+    mean = x.float().mean(0)
+    m.mul_(0.9).add_(mean * 0.1)
+    return x - mean
+
+
+_CAST_WRITE_BACKS = {
+    "bf16 += fp32": (_bf16_add, [torch.randn(4, 3).bfloat16(), torch.randn(4, 3)]),
+    "fp16 *= fp32": (_fp16_mul, [torch.randn(5).half(), torch.randn(5)]),
+    "running mean in bf16": (_running_mean, [torch.randn(6).bfloat16(), torch.randn(8, 6).bfloat16()]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CAST_WRITE_BACKS))
+def test_write_back_through_a_cast_matches_eager(case: str) -> None:
+    from .util import assert_matches_eager
+
+    fn, inputs = _CAST_WRITE_BACKS[case]
+    graph = capture(fn, clone_inputs(inputs))
+    for mode in MODES:
+        for backend in ("torch", "cpp"):
+            prog = runtime.compile(apply_aliases(segment(graph), mode), backend=backend)
+            assert_matches_eager(fn, inputs, graph, program=prog, atol=1e-2, rtol=1e-2)
+            assert prog.copy_write_backs == {0: "aten._to_copy.out takes no dtype, layout arguments"}

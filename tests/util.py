@@ -29,10 +29,11 @@ def alias_pattern(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor
 
 def layout(t: torch.Tensor) -> tuple:
     m = TensorMeta.from_tensor(t)
+    bits = ("conj",) * m.conj + ("neg",) * m.neg  # the lazy view bits change what the values read as
     if m.numel == 0:  # no element to address: strides and offset are not observable (and eager's vary)
-        return m.shape, m.dtype
+        return m.shape, m.dtype, bits
     # a size-1 dim's stride addresses nothing either (torch's own layout checks skip it)
-    return m.shape, tuple(st if n != 1 else None for n, st in zip(m.shape, m.stride)), m.storage_offset, m.dtype
+    return m.shape, tuple(st if n != 1 else None for n, st in zip(m.shape, m.stride)), m.storage_offset, m.dtype, bits
 
 
 def assert_matches_eager(

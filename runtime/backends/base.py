@@ -71,6 +71,7 @@ class Backend:
         """The launch for ``seg``, or ``Declined`` with the reason."""
         raise NotImplementedError
 
-    def build_all(self, launches: Sequence[SegmentLaunch]) -> None:
-        """Compile what ``launches`` (this backend's, for one program) need, together."""
+    def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str] | None:
+        """Compile what ``launches`` (this backend's, for one program) need, together; returns the
+        launches whose build declined, with the reason (they run on torch)."""
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from segmenter import Segment
 
+from ..codegen import Declined
 from ..codegen.build import build_cpu_many, cpu_compiler
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
@@ -35,7 +36,12 @@ class CppBackend(Backend):
     def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
         return CppLaunch(self.name, ctx, seg)
 
-    def build_all(self, launches: Sequence[SegmentLaunch]) -> None:
+    def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str]:
         kernels = [launch.kernel for launch in launches]  # type: ignore[attr-defined]
+        declined = {}
         for launch, fn in zip(launches, build_cpu_many(kernels)):
-            launch.fn = fn  # type: ignore[attr-defined]
+            if isinstance(fn, Declined):
+                declined[launch] = str(fn)
+            else:
+                launch.fn = fn  # type: ignore[attr-defined]
+        return declined

@@ -20,16 +20,16 @@ from typing import Any
 
 import torch
 
-from segmenter import FusionGraph, OpKind, Segment, op_info
+from segmenter import FusionGraph, GraphError, OpKind, Segment, op_info
 
 from .. import layout
-from ..codegen import Kernel, lower_segment
+from ..codegen import Declined, Kernel, lower_segment
 from ..codegen.index import dense_strides
 from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import emit_torch
 
-__all__ = ["KernelLaunch", "layouts"]
+__all__ = ["KernelLaunch", "bits_problem", "check_storage", "layouts", "span_bytes"]
 
 
 def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], written: dict[str, str]) -> dict:
@@ -62,12 +62,43 @@ def _views_of_outputs(graph: FusionGraph, seg: Segment) -> dict[str, str]:
     return views
 
 
+def bits_problem(graph: FusionGraph, seg: Segment) -> str | None:
+    """Why a backend reading raw storage cannot run ``seg``: a value it touches carries a conj/neg
+    bit, which raw reads would not see (Note [conjugate and negative bits]); else None."""
+    for v in (*seg.inputs, *(o for n in seg.nodes for o in n.outputs if o is not None)):
+        m = graph.metas[v]
+        if m.conj or m.neg:
+            return f"%{v} carries the {'conjugate' if m.conj else 'negative'} bit: left to torch"
+    return None
+
+
+def span_bytes(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes from a tensor's first element to the end of its last one, in this layout."""
+    if 0 in shape:
+        return 0
+    return (sum((n - 1) * st for n, st in zip(shape, stride)) + 1) * dtype.itemsize
+
+
+def check_storage(t: torch.Tensor, span: int, value: str) -> None:
+    """Note [kernel reads stay in storage]: a kernel indexes a tensor from its data pointer (its
+    storage offset included) by the planned shape and strides; what is left is that the storage
+    really holds that span past the offset. torch's own views always do, but a storage resized
+    (or set_) behind a tensor's back does not, and eager itself would read out of bounds there:
+    refused."""
+    if t.storage_offset() * t.itemsize + span > t.untyped_storage().nbytes():
+        raise GraphError(f"value %{value}: its storage holds {t.untyped_storage().nbytes()} bytes, fewer than "
+                         f"its layout reaches ({t.storage_offset() * t.itemsize + span}): not read")
+
+
 class KernelLaunch(SegmentLaunch):
     """A segment as one generated kernel; ``fn`` is set by the backend's ``build_all``."""
 
     def __init__(self, backend: str, ctx: BuildContext, seg: Segment) -> None:
         self.backend, self.ctx, self.segment = backend, ctx, seg
         graph = ctx.graph
+        why = bits_problem(graph, seg)
+        if why is not None:
+            raise Declined(why)
         targets = ctx.targets(seg)
         written = {n.outputs[0]: targets[n.name] for n in seg.nodes if n.name in targets}
         # (a value that crosses launches as a dense copy, in pre/off, is written by the kernel itself)
@@ -88,11 +119,15 @@ class KernelLaunch(SegmentLaunch):
         k, ctx = self.kernel, self.ctx
         ins = [p for p in k.params if not p.output]
         outs = [p for p in k.params if p.output]
-        if guard:
+        if guard:  # inputs (and in-place targets) this launch did not see made: compared with the plan
             same = code.const(_same)
-            test = " and ".join(f"{same}({code.var(p.value)}, {code.const((p.shape, p.stride, p.dtype))})" for p in ins)
+            read = [(p.value, p) for p in ins] + [(p.target, p) for p in outs if p.target]
+            test = " and ".join(f"{same}({code.var(v)}, {code.const((p.shape, p.stride, p.dtype))})" for v, p in read)
             code.line(f"if {test or 'True'}:")
             code.indent += "    "
+            for v, p in read:
+                code.line(f"{code.const(check_storage)}({code.var(v)}, {span_bytes(p.shape, p.stride, p.dtype)}, "
+                          f"{code.const(v)})")
         for p in outs:
             if p.target:
                 code.line(f"{code.var(p.value)} = {code.var(p.target)}")

@@ -25,10 +25,21 @@ from segmenter.ir import ValueRef
 
 from .. import layout
 from ..codegen import Declined
+from ..codegen.checks import (
+    MAX_EXTENT,
+    check_layout,
+    check_segment_metas,
+    float_arg,
+    index_arg,
+    scalar_arg,
+    shape_ints,
+    slice_bounds,
+)
 from ..codegen.kernel import bind
 from ..codegen.kernel import norm_dim as _norm_dim
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
+from .kernels import bits_problem
 
 __all__ = ["NvFuserBackend", "lower_to_nvfuser"]
 
@@ -61,6 +72,7 @@ class _Lowering:
         self.vals: dict[str, Any] = {}
 
     def scalar(self, v: object, dtype: torch.dtype | None = None) -> Any:
+        v = scalar_arg(v, "scalar argument")  # Note [checked source values]: nvFuser compiles it into its kernel
         if isinstance(v, bool):
             return self.fd.define_scalar(v, dtype=self.nvf.DataType.Bool)
         if isinstance(v, int) and (dtype is None or not dtype.is_floating_point):
@@ -108,7 +120,7 @@ class _Lowering:
             d = _norm_dim(a["dim"], out.ndim)
             return [ops.broadcast_in_dim(xv, shape=list(out.shape), broadcast_dims=[k for k in range(out.ndim) if k != d])]
         if op in ("aten.squeeze.dim", "aten.squeeze.dims"):
-            dims = [a["dim"]] if op == "aten.squeeze.dim" else a["dim"]
+            dims = [a["dim"]] if op == "aten.squeeze.dim" else list(shape_ints(a["dim"], "squeeze dims", -MAX_EXTENT))
             dims = [d for d in (_norm_dim(d, xm.ndim) for d in dims) if xm.shape[d] == 1]
             return [ops.squeeze(xv, dims=dims)] if dims else [xv]
         if op in ("aten.slice.Tensor", "aten.select.int"):
@@ -116,20 +128,22 @@ class _Lowering:
             n = xm.shape[dim]
             starts, ends, steps = [0] * xm.ndim, list(xm.shape), [1] * xm.ndim
             if op == "aten.select.int":
-                i = a["index"] + n if a["index"] < 0 else a["index"]
+                i = index_arg(a["index"], n, "select index")
                 starts[dim], ends[dim] = i, i + 1
                 return [ops.squeeze(ops.slice(xv, start_indices=starts, end_indices=ends, strides=steps), dims=[dim])]
-            start = a.get("start") or 0
-            start = min(max(start + n if start < 0 else start, 0), n)
-            end = a.get("end")
-            end = n if end is None else min(max(end + n if end < 0 else end, start), n)
-            starts[dim], ends[dim], steps[dim] = start, end, a.get("step", 1) or 1
+            start, end, step = slice_bounds(a, n)
+            starts[dim], ends[dim], steps[dim] = start, end, step
             return [ops.slice(xv, start_indices=starts, end_indices=ends, strides=steps)]
         if op == "aten.cat.default":
+            if not isinstance(a["tensors"], tuple) or not all(isinstance(t, ValueRef) for t in a["tensors"]):
+                raise Declined("nvFuser lowering: cat of something else than a list of values")
             ts = [self.vals[t.name] for t in a["tensors"] if self.g.metas[t.name].numel]
             return [ops.cat(ts, _norm_dim(a.get("dim", 0), out.ndim))]
         if op == "aten.constant_pad_nd.default":
-            return [ops.pad(xv, list(a["pad"]), self.scalar(a.get("value", 0), out.dtype))]
+            pads = list(shape_ints(a["pad"], "pad", -MAX_EXTENT))
+            if len(pads) % 2 or len(pads) > 2 * xm.ndim:
+                raise Declined(f"nvFuser lowering: pad {pads} for a rank-{xm.ndim} tensor")
+            return [ops.pad(xv, pads, self.scalar(a.get("value", 0), out.dtype))]
         if op in ("aten.full.default", "aten.full_like.default", "aten.scalar_tensor.default"):
             value = a.get("fill_value", a.get("s"))
             return [ops.full(shape=list(out.shape), fill_value=self.scalar(value, out.dtype),
@@ -142,7 +156,10 @@ class _Lowering:
             raise Declined(f"nvFuser lowering: {op} is not supported")
         f32 = _dtype(self.nvf, torch.float64 if xm.dtype == torch.float64 else torch.float32)
         if op in ("aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default"):
-            dims = [_norm_dim(d, xm.ndim) for d in (a.get("dim") or range(xm.ndim))]
+            dims = a.get("dim") or range(xm.ndim)
+            if not isinstance(dims, (tuple, list, range)):
+                raise Declined(f"nvFuser lowering: {op} dims {type(dims).__name__}")
+            dims = [_norm_dim(d, xm.ndim) for d in dims]
             keep = bool(a.get("keepdim", False))
             if op == "aten.amax.default":
                 r = ops.max(xv, dims, keep)
@@ -164,10 +181,13 @@ class _Lowering:
             r = ops.div(ops.exp(shifted), s) if op == "aten._softmax.default" else ops.sub(shifted, ops.log(s))
             return [ops.cast(r, dtype=_dtype(self.nvf, out.dtype))]
         if op == "aten.native_layer_norm.default":
-            dims = list(range(xm.ndim - len(a["normalized_shape"]), xm.ndim))
+            k = len(shape_ints(a["normalized_shape"], "normalized_shape"))
+            if k > xm.ndim:
+                raise Declined(f"nvFuser lowering: layer norm over {k} dims of a rank-{xm.ndim} tensor")
+            dims = list(range(xm.ndim - k, xm.ndim))
             xf = ops.cast(xv, dtype=f32)
             var, mean = ops.var_mean(xf, dims, 0, True)
-            rstd = ops.rsqrt(ops.add(var, self.scalar(float(a["eps"]))))
+            rstd = ops.rsqrt(ops.add(var, self.scalar(float_arg(a["eps"], "layer norm eps"))))
             y = ops.mul(ops.sub(xf, mean), rstd)
             for name, fn in (("weight", ops.mul), ("bias", ops.add)):
                 if isinstance(a.get(name), ValueRef):
@@ -183,6 +203,10 @@ def lower_to_nvfuser(nvf: Any, graph: FusionGraph, seg: Segment, in_place: dict[
     written into a mutated input is an ``alias_input`` output and is not returned)."""
     if seg.kind not in (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION):
         raise Declined(f"{seg.kind.value} segments run on torch")
+    # Note [checked source values]: sizes and strides checked, recorded metas recomputed first
+    layouts = {v: check_layout(graph.metas[v].shape, graph.metas[v].stride, f"%{v}")
+               for v in dict.fromkeys([*seg.inputs, *in_place.values()])}
+    check_segment_metas(graph, seg, layouts)
     fd = nvf.FusionDefinition()
     returned: list[str] = []
     with fd:
@@ -219,6 +243,9 @@ class NvFuserLaunch(SegmentLaunch):
 
         self.ctx, self.segment = ctx, seg
         graph = ctx.graph
+        why = bits_problem(graph, seg)
+        if why is not None:
+            raise Declined(why)
         names = ctx.targets(seg)
         self.fd, self.returned = lower_to_nvfuser(nvfuser, graph, seg, names)
         self.args = list(dict.fromkeys([*seg.inputs, *names.values()]))

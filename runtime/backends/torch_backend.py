@@ -69,9 +69,9 @@ def emit_node(code: Code, node: Node, out: str | None = None) -> None:
             raise GraphError(f"node {node.name!r}: {node.op} has no argument {k!r}")
     args = [_render(code, a) for a in node.args] + [f"{k}={_render(code, v)}" for k, v in node.kwargs]
     if out is not None:
-        target = out_overload(node.op)
-        if target is None:  # pragma: no cover - plan_in_place_writes checked it
-            raise GraphError(f"node {node.name!r}: {node.op} has no .out overload")
+        target, why_not = out_overload(node)
+        if target is None:  # pragma: no cover - plan_in_place_writes only picks nodes with a usable one
+            raise GraphError(f"node {node.name!r}: {why_not}")
         call = f"{code.const(target._op)}({', '.join([*args, f'out={code.var(out)}'])})"
         code.line(call)
         for o in node.outputs:
@@ -167,6 +167,8 @@ def emit_outputs(code: Code, ctx: BuildContext, seg: Segment, written: set[str],
 
 def _conform_line(code: Code, v: str, m: TensorMeta, what: str) -> str:
     test = f"{v}.stride() != {code.const(m.stride)} or {v}.shape != {code.const(m.shape)} or {v}.dtype != {code.const(m.dtype)}"
+    if m.conj or m.neg or m.dtype.is_complex:  # where a conj/neg bit can be: compared too
+        test += f" or {v}.is_conj() != {m.conj} or {v}.is_neg() != {m.neg}"
     return f"if {test}: {v} = {code.const(layout.conform)}({v}, {code.const(m)}, {code.const(what)})"
 
 

@@ -1,9 +1,25 @@
 """Compiling generated kernels: C++ with the machine's compiler (CPU), CUDA with CuPy (GPU),
 and CUDA with nvcc for checks without a GPU. Every build is cached by the exact source text:
-in this process (a second call compiles nothing) and, for the CPU build, on disk."""
+in this process (a second call compiles nothing) and, for the CPU build, on disk.
+
+Note [kernel cache safety]: the disk cache is a cache, never a source of truth.
+  * An entry is a ``.so`` plus a record of its size and SHA-256, written when it was built; an
+    entry is loaded only when the file matches its record, and rebuilt otherwise (a file cut short
+    by a crash or a full disk would kill the process with SIGBUS when loaded).
+  * A build happens in a fresh directory inside the cache dir: the compiler's output is fsynced,
+    then renamed into place (the record after it), on one filesystem, so the rename is atomic and
+    never crosses devices (EXDEV with a tmpfs /tmp and a disk cache). A reader sees a whole old
+    entry, a whole new one, or a mismatch it rebuilds; a loaded library's file is never written.
+  * A cache dir that cannot be made or written is bypassed: kernels go to a per-process temp dir,
+    removed when the process ends, with a warning.
+  * A compiler killed by a signal declines the kernel (the segment runs on torch) and says so; a
+    compiler that refuses the source is a generator bug (``CompileError``). Build dirs are removed
+    on every path out, and ones left by killed processes are removed after an hour.
+"""
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import ctypes
 import functools
@@ -11,8 +27,11 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
+import warnings
 from collections.abc import Callable
 
 from .ctypes_ import Declined
@@ -29,13 +48,53 @@ _CPU: dict[str, Callable[..., None]] = {}
 _CUDA: dict[str, object] = {}
 #: number of compilations run in this process (tests read it to see that the cache works)
 compilations = {"cpu": 0, "cuda": 0}
+#: configured cache dir -> the dir used (itself, or the per-process fallback)
+_USABLE: dict[str, str] = {}
+_FALLBACK: list[str] = []
+_STALE_BUILD_S = 3600
+
+
+def _configured_dir() -> str:
+    return os.environ.get("FUSEG_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuseg", "kernels")
 
 
 def cache_dir() -> str:
-    path = os.environ.get("FUSEG_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuseg", "kernels")
-    os.makedirs(path, exist_ok=True)
-    return path
+    """The directory kernels are cached in: the configured one (``FUSEG_CACHE_DIR``, else
+    ``~/.cache/fuseg/kernels``) where it can be made and written, else a per-process temp dir."""
+    path = _configured_dir()
+    usable = _USABLE.get(path)
+    if usable is None:
+        try:
+            os.makedirs(path, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-")
+            os.close(fd)
+            os.unlink(probe)
+            _remove_stale_builds(path)
+            usable = path
+        except OSError as e:
+            usable = _fall_back(path, e)
+        _USABLE[path] = usable
+    return usable
+
+
+def _fall_back(path: str, error: OSError) -> str:
+    if not _FALLBACK:
+        _FALLBACK.append(tempfile.mkdtemp(prefix="fuseg-kernels-"))
+        atexit.register(shutil.rmtree, _FALLBACK[0], ignore_errors=True)
+    warnings.warn(f"kernel cache {path!r} is not usable ({error.strerror or error}): kernels are cached in "
+                  f"{_FALLBACK[0]} for this process only (set FUSEG_CACHE_DIR)", stacklevel=4)
+    _USABLE[path] = _FALLBACK[0]
+    return _FALLBACK[0]
+
+
+def _remove_stale_builds(path: str) -> None:
+    """Build dirs of processes killed while building (every other path out removes its own)."""
+    now = time.time()
+    with os.scandir(path) as entries:
+        for e in entries:
+            if e.name.startswith(".build-") and now - e.stat(follow_symlinks=False).st_mtime > _STALE_BUILD_S:
+                shutil.rmtree(e.path, ignore_errors=True)
 
 
 #: -O3 and the machine's own instruction set: loops over unit strides vectorize (Note [pointwise
@@ -63,6 +122,66 @@ def cpu_compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
+def _record(lib_path: str) -> str:
+    return lib_path + ".sha256"
+
+
+def _sound(lib_path: str) -> bool:
+    """The cached file is the one its record describes (size and SHA-256)."""
+    try:
+        with open(_record(lib_path)) as f:
+            size, digest = f.read().split()
+        with open(lib_path, "rb") as f:
+            data = f.read()
+    except (OSError, ValueError):
+        return False
+    return len(data) == int(size) and hashlib.sha256(data).hexdigest() == digest
+
+
+def _fsync_write(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _compile_into(lib_path: str, cxx: str, src: str, name: str) -> None:
+    """Compile ``src`` and put the library and its record at ``lib_path`` (Note [kernel cache safety])."""
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(lib_path), prefix=".build-")
+    try:
+        cpp, out = os.path.join(tmp, "k.cpp"), os.path.join(tmp, "k.so")
+        with open(cpp, "w") as f:
+            f.write(src)
+        r = subprocess.run([cxx, *CPU_FLAGS, "-o", out, cpp],
+                           capture_output=True, text=True)
+        compilations["cpu"] += 1
+        if r.returncode < 0:
+            try:
+                sig = signal.Signals(-r.returncode).name
+            except ValueError:
+                sig = str(-r.returncode)
+            raise Declined(f"{cxx} was killed by signal {sig} while compiling kernel {name}")
+        if r.returncode != 0:
+            raise CompileError(f"{cxx} refused kernel {name}:\n{r.stderr[-4000:]}\n--- source ---\n{src}")
+        with open(out, "rb") as f:
+            data = f.read()
+        _fsync_write(out, data)
+        rec = os.path.join(tmp, "k.sha256")
+        _fsync_write(rec, f"{len(data)} {hashlib.sha256(data).hexdigest()}\n".encode())
+        os.replace(out, lib_path)  # same directory tree, one filesystem: atomic
+        os.replace(rec, _record(lib_path))
+        try:
+            fd = os.open(os.path.dirname(lib_path), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # some filesystems cannot fsync a directory: the renames are still atomic
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_cpu(kernel: Kernel) -> Callable[..., None]:
     """The kernel compiled for the CPU: a function taking one data pointer per parameter."""
     src = kernel.source("cpu")
@@ -74,19 +193,20 @@ def build_cpu(kernel: Kernel) -> Callable[..., None]:
     if cxx is None:
         raise Declined("no C++ compiler found (set CXX)")
     lib_path = os.path.join(cache_dir(), f"{kernel.name}_{digest}.so")
-    if not os.path.exists(lib_path):
-        with tempfile.TemporaryDirectory() as tmp:
-            cpp = os.path.join(tmp, "k.cpp")
-            with open(cpp, "w") as f:
-                f.write(src)
-            out = os.path.join(tmp, "k.so")
-            r = subprocess.run([cxx, *CPU_FLAGS, "-o", out, cpp],
-                               capture_output=True, text=True)
-            compilations["cpu"] += 1
-            if r.returncode != 0:
-                raise CompileError(f"{cxx} refused kernel {kernel.name}:\n{r.stderr[-4000:]}\n--- source ---\n{src}")
-            os.replace(out, lib_path)  # atomic: a concurrent build of the same kernel is harmless
-    lib = ctypes.CDLL(lib_path)
+    if not _sound(lib_path):
+        try:
+            _compile_into(lib_path, cxx, src, kernel.name)
+        except OSError as e:  # the cache dir failed under us (removed, full, read-only): bypass it
+            lib_path = os.path.join(_fall_back(_configured_dir(), e), os.path.basename(lib_path))
+            _compile_into(lib_path, cxx, src, kernel.name)
+    try:
+        lib = ctypes.CDLL(lib_path)
+    except OSError as e:  # sound by its record, yet not loadable: built again, once
+        _compile_into(lib_path, cxx, src, kernel.name)
+        try:
+            lib = ctypes.CDLL(lib_path)
+        except OSError:
+            raise Declined(f"kernel {kernel.name} does not load: {e}") from None
     fn = getattr(lib, kernel.name)
     fn.argtypes = [ctypes.c_void_p] * len(kernel.params)
     fn.restype = None
@@ -94,17 +214,27 @@ def build_cpu(kernel: Kernel) -> Callable[..., None]:
     return fn
 
 
-def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None]]:
+def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None] | Declined]:
     """Every kernel compiled for the CPU, the compilers run side by side (one per core): a
-    program's kernels on a cold cache cost one round of parallel builds, not one build each."""
+    program's kernels on a cold cache cost one round of parallel builds, not one build each. A
+    kernel whose build declines (a compiler killed by a signal) comes back as the ``Declined``."""
     todo = {}
     for k in kernels:
         todo.setdefault(k.source("cpu"), k)
+
+    def build(k: Kernel) -> Callable[..., None] | Declined:
+        try:
+            return build_cpu(k)
+        except Declined as e:
+            return e
+
     if len(todo) > 1:
         workers = min(len(todo), os.cpu_count() or 1)
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # the compilers run as processes
-            list(pool.map(build_cpu, todo.values()))
-    return [build_cpu(k) for k in kernels]  # built now: each an in-memory cache hit
+            built = dict(zip(todo, pool.map(build, todo.values())))
+    else:
+        built = {src: build(k) for src, k in todo.items()}
+    return [built[k.source("cpu")] for k in kernels]
 
 
 def build_cuda(kernel: Kernel):

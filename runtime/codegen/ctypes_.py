@@ -43,9 +43,12 @@ def compute_type(dtype: torch.dtype) -> str:
 
 
 def literal(value: object, ctype: str) -> str:
-    """A Python scalar as a C literal of ``ctype``."""
+    """A Python scalar as a C literal of ``ctype``: only a bool, int or float is taken, an int
+    only within 64 bits (Note [checked source values] in checks.py)."""
     if isinstance(value, complex):
         raise Declined("complex scalars are not supported")
+    if not isinstance(value, (bool, int, float)):
+        raise Declined(f"scalar argument {type(value).__name__} {value!r:.60}: not a bool, int or float")
     if ctype == "bool":
         return "true" if value else "false"
     if ctype == "long long":
@@ -54,8 +57,13 @@ def literal(value: object, ctype: str) -> str:
                 raise Declined(f"scalar {value} in an integer computation")
             value = int(value)
         v = int(value)
+        if not -(2 ** 63) <= v < 2 ** 63:
+            raise Declined(f"scalar {v} does not fit a 64-bit integer")
         return "(-9223372036854775807LL - 1)" if v == -(2 ** 63) else f"{v}LL"
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:
+        raise Declined(f"scalar {value} does not fit a double") from None
     if math.isnan(v):
         return f"(({ctype})FUSEG_NAN)"
     if math.isinf(v):
@@ -69,7 +77,7 @@ def load(dtype: torch.dtype, ref: str) -> str:
         return f"fuseg_h2f({ref})"
     if dtype == torch.bfloat16:
         return f"fuseg_bf2f({ref})"
-    return f"(({COMPUTE[dtype]}){ref})"
+    return f"(({compute_type(dtype)}){ref})"  # Declined for a dtype the generator has no type for
 
 
 def store(dtype: torch.dtype, expr: str) -> str:
@@ -77,7 +85,7 @@ def store(dtype: torch.dtype, expr: str) -> str:
         return f"fuseg_f2h((float)({expr}))"
     if dtype == torch.bfloat16:
         return f"fuseg_f2bf((float)({expr}))"
-    return f"(({STORAGE[dtype]})({expr}))"
+    return f"(({storage_type(dtype)})({expr}))"
 
 
 _COMMON = r"""

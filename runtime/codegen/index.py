@@ -36,13 +36,23 @@ def dense_strides(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int,
     return tuple(out)
 
 
+def _plain_ints(*groups: tuple[int, ...]) -> None:
+    """Sizes and strides become source text here: plain ints only (lower_segment checks their
+    ranges first, Note [checked source values] in checks.py)."""
+    for g in groups:
+        if not all(type(x) is int for x in g):
+            raise Declined(f"layout {list(g)!r:.80} is not made of integers")
+
+
 def linear(idx: list[str], shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
+    _plain_ints(shape, stride)
     terms = [f"{i} * {s}" if s != 1 else i for i, n, s in zip(idx, shape, stride) if n != 1 and s != 0]
     return " + ".join(terms) if terms else "0"
 
 
 def unravel_terms(lin: str, shape: tuple[int, ...]) -> list[str]:
     """The index of linear position ``lin`` in a row-major ``shape``, as expressions."""
+    _plain_ints(shape)
     cs = contiguous_strides(shape)
     first = next((d for d, n in enumerate(shape) if n != 1), None)
     out = []

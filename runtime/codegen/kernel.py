@@ -12,6 +12,7 @@ from segmenter import Node
 from segmenter.ops import resolve_op
 
 from . import index as ix
+from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
 
 __all__ = ["CONST", "LINEAR_VIEWS", "PARALLEL_MIN", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
@@ -81,11 +82,9 @@ def bind(node: Node) -> dict[str, object]:
     return out
 
 
-def norm_dim(d: int, rank: int) -> int:
-    r = max(rank, 1)
-    if not -r <= d < r:
-        raise Declined(f"dim {d} out of range for rank {rank}")
-    return d % r
+def norm_dim(d: object, rank: int) -> int:
+    """A dim argument checked (an int within the rank: Note [checked source values]) and normalized."""
+    return dim_arg(d, rank)
 
 
 class Body:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import weakref
 
 import torch
 
@@ -26,6 +27,7 @@ from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import ValueRef, view_roots
 
 from . import index as ix
+from .checks import MAX_EXTENT, check_layout, check_segment_metas, dim_arg, index_arg, int_arg, shape_ints, slice_bounds
 from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
 from .kernel import CONST, PARALLEL_MIN, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output
 from .pointwise import ELEMENTWISE
@@ -118,7 +120,9 @@ class _Lowerer:
         if op == "aten.expand.default":
             return self.value(b, x.name, ix.broadcast(idx, src.shape, out.shape))
         if op == "aten.permute.default":
-            dims = [norm_dim(d, src.ndim) for d in a["dims"]]
+            dims = _dims(a["dims"], src.ndim, "permute dims")
+            if sorted(dims) != list(range(src.ndim)):
+                raise Declined(f"permute dims {dims} are not a permutation of {src.ndim} dims")
             new = ["0"] * src.ndim
             for d, p in enumerate(dims):
                 new[p] = idx[d]
@@ -131,41 +135,45 @@ class _Lowerer:
             return self.value(b, x.name, new)
         if op in ("aten.slice.Tensor", "aten.narrow.default"):
             dim = norm_dim(a["dim"], src.ndim)
-            start = a["start"] if a.get("start") is not None else 0
-            step = a.get("step", 1) or 1
             n = src.shape[dim]
-            start = min(max(start + n if start < 0 else start, 0), n)
+            start, _, step = slice_bounds(a, n)
             new = list(idx)
             new[dim] = f"({start} + {idx[dim]} * {step})" if step != 1 else f"({start} + {idx[dim]})"
             return self.value(b, x.name, new)
         if op == "aten.select.int":
             dim = norm_dim(a["dim"], src.ndim)
-            i = a["index"] + src.shape[dim] if a["index"] < 0 else a["index"]
+            i = index_arg(a["index"], src.shape[dim], "select index")
             return self.value(b, x.name, [*idx[:dim], f"{i}", *idx[dim:]])
         if op == "aten.unsqueeze.default":
             dim = norm_dim(a["dim"], out.ndim)
             return self.value(b, x.name, idx[:dim] + idx[dim + 1:])
         if op in ("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"):
             dims = (range(src.ndim) if op == "aten.squeeze.default" else
-                    [a["dim"]] if op == "aten.squeeze.dim" else a["dim"])
-            gone = {norm_dim(d, src.ndim) for d in dims if src.ndim and src.shape[norm_dim(d, src.ndim)] == 1}
+                    [norm_dim(a["dim"], src.ndim)] if op == "aten.squeeze.dim" else _dims(a["dim"], src.ndim, "squeeze dims"))
+            gone = {d for d in dims if src.ndim and src.shape[d] == 1}
             it = iter(idx)
             return self.value(b, x.name, ["0" if d in gone else next(it) for d in range(src.ndim)])
         if op in ("aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int"):
             dim = norm_dim(a.get("dim", 0), src.ndim)
             if op == "aten.unbind.int":
-                return self.value(b, x.name, [*idx[:dim], f"{k}", *idx[dim:]])
-            sizes = a["split_sizes"] if op == "aten.split_with_sizes.default" else [a["split_size"]] * (k + 1)
+                return self.value(b, x.name, [*idx[:dim], f"{index_arg(k, src.shape[dim], 'unbind output')}", *idx[dim:]])
+            sizes = (shape_ints(a["split_sizes"], "split_sizes") if op == "aten.split_with_sizes.default"
+                     else [int_arg(a["split_size"], "split_size", 0)] * (k + 1))
+            if len(sizes) <= k or sum(sizes[:k + 1]) > src.shape[dim]:
+                raise Declined(f"split output {k} of sizes {sizes} is outside a dim of {src.shape[dim]}")
             new = list(idx)
             new[dim] = f"({sum(sizes[:k])} + {idx[dim]})"
             return self.value(b, x.name, new)
         if op == "aten.flip.default":
             new = list(idx)
-            for d in {norm_dim(d, src.ndim) for d in a["dims"]}:
+            for d in set(_dims(a["dims"], src.ndim, "flip dims")):
                 new[d] = f"({src.shape[d] - 1} - {idx[d]})"
             return self.value(b, x.name, new)
         if op == "aten.repeat.default":
+            repeats = shape_ints(a["repeats"], "repeats")
             off = out.ndim - src.ndim
+            if len(repeats) != out.ndim or off < 0:
+                raise Declined(f"repeats {list(repeats)} for a rank-{src.ndim} tensor")
             return self.value(b, x.name, ["0" if n == 1 else f"({idx[off + d]} % {n})"
                                           for d, n in enumerate(src.shape)])
         if op in ("aten.cat.default", "aten.stack.default"):
@@ -175,7 +183,11 @@ class _Lowerer:
         if op in ("aten.slice_scatter.default", "aten.select_scatter.default"):
             return self.scatter(b, node, a, idx, out)
         if op in ("aten.triu.default", "aten.tril.default"):
-            d = a.get("diagonal", 0)
+            if out.ndim < 2:
+                raise Declined(f"{op} of a rank-{out.ndim} tensor")
+            # j - i lies in (-rows, cols): a diagonal beyond that keeps everything or nothing alike
+            d = int_arg(a.get("diagonal", 0), "diagonal", -(2**63), 2**63 - 1)
+            d = min(max(d, -out.shape[-2]), out.shape[-1])
             keep = (f"({idx[-1]} - {idx[-2]} >= {d})" if op == "aten.triu.default"
                     else f"({idx[-1]} - {idx[-2]} <= {d})")
             xv = self.value(b, x.name, idx)
@@ -212,6 +224,13 @@ class _Lowerer:
         else:
             ct = compute_type(self.promoted([a[n] for n in rule.tensors if n in a]))
         args = dict(a)
+        for n, v in a.items():  # a rule formats scalars with literal() and only compares strings
+            if n in rule.tensors:
+                continue
+            if isinstance(v, ValueRef):  # a tensor the rule does not read (copy's destination): never formatted
+                del args[n]
+            else:
+                _check_plain(node, n, v)
         for n in rule.tensors:
             v = a.get(n)
             want = "bool" if n in ("condition", "mask") else ct
@@ -272,6 +291,8 @@ class _Lowerer:
         dim = norm_dim(a.get("dim", 0), out.ndim)
         parts = []
         off = 0
+        if not isinstance(a["tensors"], tuple) or not all(isinstance(t, ValueRef) for t in a["tensors"]):
+            raise Declined(f"{node.op}: tensors must be a list of values")
         for t in a["tensors"]:
             m = self.meta(t.name)
             if not stack and m.ndim == 1 and m.shape[0] == 0 and out.ndim > 1:
@@ -299,7 +320,9 @@ class _Lowerer:
     def pad(self, b: Body, a: dict, idx: list[str], out) -> str:
         x = a["self"].name
         src = self.meta(x)
-        pads = list(a["pad"])
+        pads = list(shape_ints(a["pad"], "pad", -MAX_EXTENT))
+        if len(pads) % 2 or len(pads) > 2 * src.ndim:
+            raise Declined(f"pad {pads} for a rank-{src.ndim} tensor")
         ct = compute_type(out.dtype)
         new, conds = list(idx), []
         for j in range(len(pads) // 2):
@@ -326,14 +349,10 @@ class _Lowerer:
         dim = norm_dim(a["dim"], m.ndim)
         n = m.shape[dim]
         if node.op == "aten.select_scatter.default":
-            i = a["index"] + n if a["index"] < 0 else a["index"]
+            i = index_arg(a["index"], n, "select_scatter index")
             cond, new = f"{idx[dim]} == {i}", idx[:dim] + idx[dim + 1:]
         else:
-            start = a.get("start")
-            end = a.get("end")
-            step = a.get("step", 1) or 1
-            start = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
-            end = n if end is None else min(max(end + n if end < 0 else end, start), n)
+            start, end, step = slice_bounds(a, n)
             rel = f"({idx[dim]} - {start})"
             cond = f"{idx[dim]} >= {start} && {idx[dim]} < {end}" + (f" && {rel} % {step} == 0" if step != 1 else "")
             new = list(idx)
@@ -378,6 +397,12 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
     if seg.kind not in (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION):
         raise Declined(f"{seg.kind.value} segments run on torch")
     in_place = {n: t for n, t in (in_place or {}).items() if any(node.name == n for node in seg.nodes)}
+    # Note [checked source values]: every layout formatted is checked, no recorded meta believed
+    layouts = {v: check_layout(*lay, f"%{v}") for v, lay in layouts.items()}
+    values = [*seg.inputs, *(o for n in seg.nodes for o in n.outputs if o is not None)]
+    for v in values:
+        check_layout(graph.metas[v].shape, graph.metas[v].stride, f"%{v}")
+    check_segment_metas(graph, seg, layouts)
     lw = _Lowerer(graph, seg, layouts, in_place)
     reductions = [n for n in seg.nodes if n.op in REDUCTIONS]
     for o in (o for n in seg.nodes for o in n.outputs if o is not None):
@@ -436,10 +461,30 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
     body = "".join(loops)
     extents = [grid_n if kind == "pointwise" else math.prod(row.F)]
     extents += [sum((n - 1) * st for n, st in zip(p.shape, p.stride) if n > 0) + 1 for p in (*lw.params.values(), *outs)]
+    extents += [graph.metas[v].numel for v in values]  # an index into any value inside the kernel
     index_type = "int" if max(extents) < 2 ** 30 else "long long"
     params = (*lw.params.values(), *outs)
     digest = hashlib.sha1((body + index_type + repr([(p.name, p.dtype, p.target) for p in params])).encode()).hexdigest()[:12]
     return Kernel(f"fuseg_{kind}_{digest}", params, body, block, grid, kind, index_type)
+
+
+_ENUMS = {"rounding_mode": {None, "trunc", "floor"}, "approximate": {"none", "tanh"}}
+
+
+def _check_plain(node: Node, name: str, v: object) -> None:
+    """A non-tensor argument of an elementwise op: a scalar (formatted by literal(), which checks
+    its type and range), None, a known enum string (compared, never formatted) or a torch enum."""
+    if v is None or isinstance(v, (bool, int, float, torch.dtype, torch.layout, torch.device, torch.memory_format)):
+        return
+    if isinstance(v, str) and v in _ENUMS.get(name, ()):
+        return
+    raise Declined(f"node {node.name!r} ({node.op}): argument {name} = {type(v).__name__} {v!r:.60}")
+
+
+def _dims(v: object, rank: int, what: str) -> list[int]:
+    if not isinstance(v, tuple):
+        raise Declined(f"{what} must be a list of dims, got {type(v).__name__} {v!r:.60}")
+    return [dim_arg(d, rank, what) for d in v]
 
 
 def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], stores: dict, indent: str) -> str:
@@ -471,10 +516,25 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
     return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
 
 
+_ROOTS: list[tuple[weakref.ref, dict[str, str]]] = []  # the last graph's view roots (by identity)
+
+
+def _view_roots(graph: FusionGraph) -> dict[str, str]:
+    """``view_roots`` of the graph, computed once per graph rather than once per kernel (that
+    was quadratic: 17 of 22 s compiling a 10k-node graph with in-place writes)."""
+    if _ROOTS and _ROOTS[0][0]() is graph:
+        return _ROOTS[0][1]
+    roots = view_roots(graph)
+    _ROOTS[:] = [(weakref.ref(graph), roots)]
+    return roots
+
+
 def _check_in_place(lw: _Lowerer, outs: list[Param], stores: dict) -> None:
     """An output written into an input's storage must not race with a read of that storage:
     every read of the input is at the very element the same loop writes."""
-    roots = view_roots(lw.g)
+    if all(p.target is None for p in outs):
+        return
+    roots = _view_roots(lw.g)
     for p in outs:
         if p.target is None:
             continue

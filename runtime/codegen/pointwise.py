@@ -43,8 +43,10 @@ def _alpha(a: dict, ct: str) -> str:
 
 
 def _pow(a: dict, ct: str) -> str:
-    e = a["exponent"]
-    if isinstance(e, (int, float)) and not isinstance(e, bool):
+    e = a["exponent"]  # a scalar (Tensor_Scalar) or the C expression of a tensor (Tensor_Tensor)
+    if isinstance(e, bool):
+        e = int(e)
+    if isinstance(e, (int, float)):
         if e == 2:
             return f"({a['self']} * {a['self']})"
         if e == 1:

@@ -18,6 +18,7 @@ import torch
 from segmenter import Node
 
 from . import index as ix
+from .checks import float_arg, shape_ints
 from .ctypes_ import Declined, compute_type, literal
 from .kernel import CONST, LINEAR_VIEWS, PARALLEL_MIN, Body, Param, bind, norm_dim, store_output
 from .pointwise import ELEMENTWISE
@@ -56,12 +57,17 @@ def reduced_dims(node: Node, a: dict, rank: int) -> tuple[int, ...]:
     if op in ("aten._softmax.default", "aten._log_softmax.default"):
         return (norm_dim(a["dim"], rank),)
     if op == "aten.native_layer_norm.default":
-        return tuple(range(rank - len(a["normalized_shape"]), rank))
+        k = len(shape_ints(a["normalized_shape"], "normalized_shape"))
+        if k > rank:
+            raise Declined(f"layer norm over {k} dims of a rank-{rank} tensor")
+        return tuple(range(rank - k, rank))
     dims = a.get("dim")
     if op.endswith(".default") and op.split(".")[1] in ("sum", "mean", "any", "all"):
         dims = None
     if isinstance(dims, int):
         dims = [dims]
+    if dims is not None and not isinstance(dims, (tuple, list)):
+        raise Declined(f"{op}: dim must be a list of dims, got {type(dims).__name__}")
     if dims is None or len(dims) == 0:
         return tuple(range(rank))
     return tuple(sorted({norm_dim(d, rank) for d in dims}))
@@ -253,7 +259,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             mean = row_let(ct, f"{s} / ({ct}){R}")
             q = reduce_pass(ct, "fuseg_sum", lambda b, idx, mean=mean, xval=xval: f"(({xval(b, idx)} - {mean}) * ({xval(b, idx)} - {mean}))")
             if name == "native_layer_norm":
-                eps = literal(a["eps"], ct)
+                eps = literal(float_arg(a["eps"], "layer norm eps"), ct)
                 lw.regs[(node.name, 1)] = mean
                 lw.regs[(node.name, 2)] = row_let(ct, f"rsqrt({q} / ({ct}){R} + {eps})")
             else:
