@@ -120,7 +120,13 @@ def shallow(t: torch.Tensor) -> torch.Tensor:
     base = t._base
     if base is None or base.dtype != t.dtype:
         return t
-    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+    out = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    # as_strided keeps the base's conj/neg bits; the view has its own (Note [conjugate and negative bits])
+    if out.is_conj() != t.is_conj():
+        out = torch._conj(out)
+    if out.is_neg() != t.is_neg():
+        out = torch._neg_view(out)
+    return out
 
 
 def _materialize(arg: Arg, env: dict[str, torch.Tensor]) -> object:
