@@ -244,10 +244,13 @@ class CompiledProgram:
 
     def _plain_outputs(self) -> bool:
         """Whether the outputs can be handed back as they are (no ``finish``): no input is mutated,
-        no output was a view in the original program, and no output may share a storage with an
-        input or with another output (every one is a buffer the program made for it alone)."""
+        no input changes its layout, no output is handed back as a number, no output was a view in
+        the original program, and no output may share a storage with an input or with another
+        output (every one is a buffer the program made for it alone)."""
         g = self.graph
         if g.mutations or any(a is not None for a in g.output_aliases) or len(set(g.outputs)) < len(g.outputs):
+            return False
+        if g.scalar_outputs or any(i.final_layout is not None for i in g.inputs):
             return False
         roots = view_roots(g)
         inputs = set(g.input_names) | set(self.constants)  # a constant's storage is the program's: copied

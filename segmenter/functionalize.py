@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import keyword
 import operator
+import re
 from collections.abc import Sequence
 
 import torch
@@ -77,8 +78,8 @@ def functionalize(
         gm = fx.GraphModule(root, g)
         with quiet_fake_errors():
             functional = from_fx(gm, fake_inputs(fake_mode(allow_non_fake_inputs=True), inputs), name=name)
-    except CaptureError:
-        raise
+    except CaptureError as e:  # named after the placeholders: put the file's input names back
+        raise CaptureError(_input_names_back(str(e), inputs)) from None
     except Exception as e:  # noqa: BLE001 - torch's own error from functionalization, named as ours
         raise CaptureError(f"functionalizing the in-place graph failed: {type(e).__name__}: {_first_line(e)}") from None
     functional = _repeat_outputs(functional, _positions(outputs))
@@ -91,9 +92,18 @@ def functionalize(
 
     return dataclasses.replace(
         functional,
-        inputs=tuple(dataclasses.replace(orig, meta=fix(new.meta)) for orig, new in zip(inputs, functional.inputs)),
+        inputs=tuple(dataclasses.replace(orig, meta=fix(new.meta), final_layout=fix(new.final_layout))
+                     for orig, new in zip(inputs, functional.inputs)),
         nodes=tuple(dataclasses.replace(n, metas=tuple(fix(m) for m in n.metas)) for n in functional.nodes),
     )
+
+
+def _input_names_back(message: str, inputs: Sequence[GraphInput]) -> str:
+    """``message`` with each quoted placeholder name (``'in_3'``) replaced by the input's own."""
+    def name(m: re.Match[str]) -> str:
+        k = int(m.group(1))
+        return repr(inputs[k].name) if k < len(inputs) else m.group(0)
+    return re.sub(r"'in_(\d+)'", name, message)
 
 
 def _positions(outputs: Sequence[str]) -> list[int]:
@@ -136,6 +146,23 @@ def _check_call(node: Node, op: object) -> None:
         raise CaptureError(f"node {node.name!r}: keyword names must be identifiers")
 
 
+def _written_input(op: object, node: Node, env: dict[str, object], inputs: Sequence[GraphInput]) -> str:
+    """`` on input 'a'`` where ``op`` writes (in place) a tensor sharing a graph input's storage."""
+    if not isinstance(op, torch._ops.OpOverload) or not node.args:
+        return ""
+    first = op._schema.arguments[0]
+    if first.alias_info is None or not first.alias_info.is_write or not isinstance(node.args[0], ValueRef):
+        return ""
+    written = env.get(node.args[0].name)
+    if not isinstance(written, torch.Tensor):
+        return ""
+    for inp in inputs:
+        t = env.get(inp.name)
+        if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata == written.untyped_storage()._cdata:
+            return f" on input {inp.name!r}"
+    return ""
+
+
 def _run_on_fakes(inputs: Sequence[GraphInput], nodes: Sequence[Node], constants: dict[str, torch.Tensor]) -> list[bool]:
     """Run the in-place program once on FakeTensors laid out like the inputs: every op must
     exist and accept its arguments; a failure names its node. Returns, per node, whether its op
@@ -167,11 +194,13 @@ def _run_on_fakes(inputs: Sequence[GraphInput], nodes: Sequence[Node], constants
                                    "ops around it cannot be functionalized")
             _check_call(node, op)
             try:
-                result = op(*[arg(a, node) for a in node.args], **{k: arg(v, node) for k, v in node.kwargs})
+                args = [arg(a, node) for a in node.args]
+                result = op(*args, **{k: arg(v, node) for k, v in node.kwargs})
             except CaptureError:
                 raise
             except Exception as e:  # noqa: BLE001 - torch's own error, with the node named
-                raise CaptureError(f"node {node.name!r} ({node.op}): {type(e).__name__}: {_first_line(e)}") from None
+                on = _written_input(op, node, env, inputs)
+                raise CaptureError(f"node {node.name!r} ({node.op}){on}: {type(e).__name__}: {_first_line(e)}") from None
             if isinstance(result, (tuple, list)) or result is None:
                 results, tuple_like = list(result or ()), True
             else:

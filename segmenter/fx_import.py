@@ -14,6 +14,7 @@ an input before later reads of it) is first functionalized by retracing it with
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,7 @@ from .ir import (
     OpRef,
     TensorMeta,
     ValueRef,
+    view_roots,
 )
 from .meta import fake_mode, quiet_fake_errors, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
@@ -378,7 +380,7 @@ def from_fx(
     live = set(outputs) | {m.value for m in mutations}
     kept = eliminate_dead_nodes(nodes, live)
     used = {v for n in kept for v in n.inputs} | live
-    return FusionGraph(
+    graph = FusionGraph(
         inputs=inputs,
         nodes=tuple(kept),
         outputs=tuple(outputs[i] for i in keep),
@@ -387,6 +389,23 @@ def from_fx(
         name=name,
         constants=tuple(c for c in conv.constants if c.name in used),
     )
+    return _output_views_in_graph_layout(graph)
+
+
+def _output_views_in_graph_layout(graph: FusionGraph) -> FusionGraph:
+    """An output that is a view of an earlier output is handed out in the layout the graph gives
+    it (its meta), not the one seen on the observation run: the two runs can place the base
+    differently (a ``select_scatter`` of a strided input keeps its offset on FakeTensors and not
+    in the functional graph), and the view is made in the base the program computed."""
+    roots = view_roots(graph)
+    aliases = list(graph.output_aliases)
+    for j, a in enumerate(aliases):
+        if a is None or a.source != "output":
+            continue
+        mine, base = graph.outputs[j], graph.outputs[a.index]
+        if roots.get(mine, mine) == roots.get(base, base) and a.layout != graph.metas[mine]:
+            aliases[j] = dataclasses.replace(a, layout=graph.metas[mine])
+    return graph if aliases == list(graph.output_aliases) else dataclasses.replace(graph, output_aliases=tuple(aliases))
 
 
 def _aliased(gm: fx.GraphModule, which: set[int]) -> Callable[..., Any]:

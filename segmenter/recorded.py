@@ -25,7 +25,8 @@ Output ``i`` claimed a view of an earlier output ``k``: if ``k`` is itself claim
 input, ``i``'s claim is checked as a claim on that input; otherwise ``o`` and ``k``'s value must
 share their root, a value made by an op (not an input: ``finish`` copies those), that no earlier
 unclaimed output also views (``finish`` would copy ``k``), and the chain replayed from that root's
-recorded layout must give ``L``. Anything else is refused, naming ``output_aliases[i]``. An
+recorded layout must give ``L``. A claimed view of no elements (of the ops' shape and dtype)
+holds whatever made it: it reads nothing. Anything else is refused, naming ``output_aliases[i]``. An
 output that is a view but claims nothing is fine: ``finish`` hands back a fresh copy of it.
 """
 
@@ -205,6 +206,16 @@ def _check_claim(graph: FusionGraph, views: _Views, i: int, a: Alias, on_input: 
     assert k is not None
     group = graph.inputs[k].storage
     what = f"claims output {i} (%{o}) is a view of input {k} ({graph.inputs[k].name!r})"
+    mine = graph.metas[o]
+    if layout.numel == 0 and mine.numel == 0:
+        # A view of no elements reads no byte, so the claim cannot hand back a value the ops did not
+        # compute; only its shape and dtype are seen. Functionalization may compute such an output
+        # through a cast of the written-back value (``expand(x)`` after ``x.add_``, 0 elements).
+        if layout.shape != mine.shape or layout.dtype != mine.dtype:
+            raise GraphError(f"{where}: {what} with layout {layout}, but the ops make it {mine}")
+        if torch.device(layout.device) != torch.device(graph.inputs[k].meta.device):
+            raise GraphError(f"{where}: {what} on device {layout.device}, but it is on {graph.inputs[k].meta.device}")
+        return k
     # up the view chain to the first written-back value of the group (case B), else to the root
     base, strided = o, False
     while not (base in written and graph.inputs[written[base]].storage == group) and base in views.root:

@@ -20,6 +20,7 @@ from .ir import Arg, OpRef, ValueRef
 __all__ = ["args_problem"]
 
 _NUMBER = (bool, int, float)
+_SCALAR = (*_NUMBER, complex)  # what a Scalar (``number``) or a wrapped Tensor argument takes
 
 
 def _fits(t: str, v: Arg, n: int | None) -> bool:
@@ -32,14 +33,16 @@ def _fits(t: str, v: Arg, n: int | None) -> bool:
             return all(_fits(inner, x, None) and not (inner == "Tensor" and not isinstance(x, ValueRef)) for x in v)
         return n is not None and inner in ("int", "float", "bool") and _fits(inner, v, None)  # int[1] takes 1
     if t == "Tensor":  # a number too: torch wraps it (capture gives ``aten.add.Tensor(%x, 1)``)
-        return isinstance(v, (ValueRef, *_NUMBER))
+        return isinstance(v, (ValueRef, *_SCALAR))
     if t == "Any":
         return True
     if isinstance(v, (ValueRef, OpRef, tuple)) or v is None:
         return False
     if t in ("int", "SymInt", "bool"):
         return isinstance(v, (bool, int))
-    if t in ("float", "number"):
+    if t == "number":
+        return isinstance(v, _SCALAR)
+    if t == "float":
         return isinstance(v, _NUMBER)
     if t == "str":
         return isinstance(v, str)

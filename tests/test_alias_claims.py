@@ -71,6 +71,7 @@ def _expanded(x):
     return x.expand(3, 4), x.squeeze(0)
 
 
+
 _BASE = torch.randn(16)
 LEGIT: list[tuple[str, Callable[..., Any], list[torch.Tensor]]] = [
     ("view-after-mutation", _after_mutation, [torch.randn(3, 4)]),
@@ -84,6 +85,13 @@ LEGIT: list[tuple[str, Callable[..., Any], list[torch.Tensor]]] = [
     ("returned-twice", _twice, [torch.randn(2, 3)]),
     ("expanded-input", _expanded, [torch.randn(1, 4)]),
 ]
+
+
+def _empty_claim_with_another_shape() -> dict[str, Any]:
+    d = _captured(lambda x: x.expand(2, 0), torch.empty(0))
+    d["output_aliases"][0]["layout"]["shape"] = [0, 2]
+    return d
+
 
 
 @pytest.mark.parametrize("name,fn,inputs", LEGIT, ids=[c[0] for c in LEGIT])
@@ -260,6 +268,7 @@ REFUSED: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
     ("two-writes-into-one-storage", _two_writes_into_one_storage, "mutations[1]: input 'y' shares its storage with "
      "input 'x', also written back"),
     ("storage-across-devices", _storage_across_devices, "inputs[1].storage: shares storage 0 with inputs[0] on cpu"),
+    ("empty-view-with-another-shape", _empty_claim_with_another_shape, "output_aliases[0]: claims output 0"),
 ]
 
 
@@ -287,3 +296,4 @@ def test_inputs_declared_to_share_a_storage_must_share_it() -> None:
     shared = torch.randn(16)
     (out,) = prog(shared.view(4, 4), shared.view(4, 4))
     assert torch.equal(out, shared.view(4, 4).t())
+

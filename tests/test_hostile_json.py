@@ -154,17 +154,12 @@ def test_finding_quantized_dtype(dtype: str) -> None:
         from_json(json.dumps(d))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14: the in-place write-back calls _to_copy.out with a dtype keyword; "
-                                       "fixed on the branch that owns runtime/inplace.py")
 def test_finding_cast_written_back_in_place() -> None:
     d = _seed("inplace-nodes")
     d["inputs"][0]["meta"]["dtype"] = "bfloat16"
     assert check_mutant(json.dumps(d)) == ("ran and matched", None)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 item 3: a bool argument formatted into generated C++ as 'True' "
-                                       "(g++ refuses the kernel); values formatted into generated source are checked "
-                                       "on the branch that owns runtime/codegen")
 def test_finding_bool_scalar_in_a_generated_kernel() -> None:
     d = _seed("norm-and-matmul")
     assert d["nodes"][2]["op"] == "aten.pow.Tensor_Scalar"

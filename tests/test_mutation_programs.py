@@ -333,7 +333,13 @@ _AOT_BUG = pytest.mark.xfail(strict=True, reason=(
     "AOTAutograd's own runtime wrapper (_apply_input_mutations) gives the input the layout of the "
     "compiled graph's fresh output (offset 0), not eager's; wrong with the nop compiler too, see "
     "test_aot_autograd_own_bug_on_strided_inputs. torch.compile graph-breaks before it."))
-_AOT_CASES = [pytest.param(*p, marks=_AOT_BUG if p[0] == "strided-input" else (), id=p[0]) for p in PROGRAMS if p[3] is None]
+_AOT_OFFSET = pytest.mark.xfail(strict=True, reason=(
+    "the outputs' storage offset differs from eager's (0 vs 9; values and strides agree): eager's "
+    "select_scatter of the strided input keeps the input's offset in a fresh storage, the metas of "
+    "AOTAutograd's graph give it offset 0, and the program makes its buffers as its graph says "
+    "(before the fix the view of output 0 was made at offset 9 in a 21-element buffer and raised)"))
+_AOT_MARKS = {"strided-input": _AOT_BUG, "strided-input-view-returned": _AOT_OFFSET}
+_AOT_CASES = [pytest.param(*p, marks=_AOT_MARKS.get(p[0], ()), id=p[0]) for p in PROGRAMS if p[3] is None]
 
 
 @pytest.mark.parametrize("name,fn,make_inputs,refusal", _AOT_CASES)
