@@ -275,6 +275,10 @@ class CompiledProgram:
                                                                      f"{v}.device.type == {code.const(m.device_type)}")
             tests.append(f"{v}.dtype == {code.const(m.dtype)} and {v}.shape == {code.const(m.shape)} and "
                          f"{v}.stride() == {code.const(m.stride)} and {v}.storage_offset() == {m.storage_offset} and {dev}")
+            # the conjugate and negative bits (a real tensor may carry the negative one: x.conj().imag)
+            if m.dtype.is_complex:
+                tests.append(f"{v}.is_conj() is {m.conj}")
+            tests.append(f"{v}.is_neg() is {m.neg}")
         for i, need in self._storage_needs().items():  # Note [kernel reads stay in storage]
             tests.append(f"{params[i]}.untyped_storage().nbytes() >= {need}")
         if len({i.storage for i in g.inputs}) == len(g.inputs) > 1:

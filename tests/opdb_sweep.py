@@ -242,6 +242,12 @@ def _compare(case: Case, eager_in, eager_out, got_in, got_out, tensors_off: int,
     n = len(eager_out)
     for j in range(n):
         e, g = eager_out[j], got_out[outs_off + j]
+        if not isinstance(e, torch.Tensor):  # a Python number (``x.item()``): the same type and value
+            if type(g) is not type(e):
+                return f"output {j}: {type(g).__name__}, eager a {type(e).__name__}"
+            if case.values and not (g == e or (g != g and e != e) or abs(g - e) <= atol + rtol * abs(e)):
+                return f"output {j}: {g!r}, eager {e!r}"
+            continue
         if not isinstance(g, torch.Tensor):
             return f"output {j}: {type(g).__name__}, eager a tensor"
         if layout(e) != layout(g):

@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import random
-import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -105,7 +104,6 @@ def test_hostile_mutants(seed_name: str, tmp_path: Path, monkeypatch: pytest.Mon
         print(f"FUSEG_HOSTILE_RANDOM seed for {seed_name}: {base}")
     rng = random.Random(f"{seed_name}/{base}")
     findings = []
-    start = time.perf_counter()
     for k in range(MUTANTS):
         kind, what, text = mutate(seed, rng, marker)
         with warnings.catch_warnings():
@@ -117,9 +115,7 @@ def test_hostile_mutants(seed_name: str, tmp_path: Path, monkeypatch: pytest.Mon
             findings.append(f"mutant {k} ({what}): {finding}")
         assert not marker.exists(), f"mutant {k} ({what}) wrote the marker file"
         assert sorted(p.name for p in tmp_path.iterdir()) == [], f"mutant {k} ({what}) wrote a file in the cwd"
-    elapsed = time.perf_counter() - start
     assert not findings, "\n".join(findings[:10])
-    assert elapsed < 120, f"{MUTANTS} mutants took {elapsed:.0f} s"
 
 
 # -- findings: each one the fuzzer made, kept as a named regression test ---------------------

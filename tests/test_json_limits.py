@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -149,26 +148,34 @@ def test_run_a_graph_whose_ops_refuse_random_inputs(tmp_path: Path, capsys) -> N
 
 # -- size: near-linear loading -------------------------------------------------------------
 
-def test_many_outputs_of_an_inplace_graph_load_fast() -> None:
+def test_many_outputs_of_an_inplace_graph_load_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
     """One in-place node and 200k listed outputs took ~20 s (every listing traced); now each
-    distinct output is traced once and the repeats are views of it."""
+    distinct output is traced once and the repeats are views of it. (Tests assert no times: the
+    fx graph handed to functionalization holds one output, whatever the listing.)"""
+    import segmenter.functionalize as functionalize
+
+    traced: list[int] = []
+    real = functionalize.from_fx
+
+    def counting(gm, *args, **kwargs):
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        traced.append(len(out.args[0]))
+        return real(gm, *args, **kwargs)
+
+    monkeypatch.setattr(functionalize, "from_fx", counting)
     n = 200_000
-    text = json.dumps(_graph(ADD_, ["a"] * n))
-    start = time.perf_counter()
-    g = from_json(text)
-    assert time.perf_counter() - start < 10
+    g = from_json(json.dumps(_graph(ADD_, ["a"] * n)))
+    assert traced == [1]
     assert len(g.outputs) == n and len(set(g.outputs)) == 1 and len(set(g.output_aliases)) == 1
     assert g.output_aliases[0] is not None and g.output_aliases[0].source == "input"
 
 
-def test_the_deepest_view_chain_loads_fast() -> None:
+def test_the_deepest_view_chain_loads() -> None:
     """torch keeps a view's whole chain, so each op on a deep view costs time in its depth: 4000
     chained views took 18 s to check on FakeTensors (quadratic). Chains are bounded at load
     (``deep-view-chain`` above), and propagation re-makes each view from its base."""
-    text = json.dumps(_view_chain(MAX_VIEW_DEPTH))
-    start = time.perf_counter()
-    g = from_json(text)
-    assert time.perf_counter() - start < 10 and len(g.nodes) == MAX_VIEW_DEPTH
+    g = from_json(json.dumps(_view_chain(MAX_VIEW_DEPTH)))
+    assert len(g.nodes) == MAX_VIEW_DEPTH
 
 
 def test_torch_does_not_add_its_own_traceback(tmp_path: Path) -> None:

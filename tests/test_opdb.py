@@ -23,13 +23,6 @@ from .opdb_sweep import Case, _compare, make_cases, op_db_ops, sweep
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (the [test] extra installs it)
 
-#: failures owned by another item of issue 15, fixed on another branch: reported, not failed on
-KNOWN = {
-    "native_batch_norm": "item 8: in-place write-back with mixed dtypes calls _to_copy.out(dtype=...)",
-    "_native_batch_norm_legit": "item 8",
-    "_batch_norm_with_update": "item 8",
-    "nn.functional.batch_norm": "item 8",
-}
 SUMMARY: list[str] = []
 
 
@@ -53,9 +46,7 @@ def test_op_db_sweep() -> None:
         cases = ci_cases()
         tally = sweep(cases, ("torch", "cpp"))
     SUMMARY.append(str(tally))
-    failures = [o for o in tally.failures() if o.case.op not in KNOWN]
-    known = [o for o in tally.failures() if o.case.op in KNOWN]
-    SUMMARY.append(f"known failures of other items: {[(o.case.op, KNOWN[o.case.op]) for o in known]}")
+    failures = tally.failures()
     assert len(tally.outcomes) > 600 and tally.counts()["pass"] > 550, str(tally)
     assert not failures, "\n".join(f"{o.verdict} {o.case.op} {o.case.dtype}: {o.detail}" for o in failures)
 
@@ -83,3 +74,7 @@ def test_the_comparison_catches_what_it_must() -> None:
     view = x.view(-1)  # eager returns a view of its input; ours a copy
     assert "aliasing" in _compare(case, [x], [view], [x.clone()], [view.clone()], 0, 0)
     assert "input 0" in _compare(case, [x.clone()], [ok], [x + 1], [ok.clone()], 0, 0)
+    # Python numbers (``x.item()``): the same type and value, or a difference
+    assert _compare(case, [x], [1.5], [x], [1.5], 0, 0) is None
+    assert "eager a float" in _compare(case, [x], [1.5], [x], [torch.tensor(1.5)], 0, 0)
+    assert "eager 1.5" in _compare(case, [x], [1.5], [x], [2.5], 0, 0)

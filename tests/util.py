@@ -21,8 +21,12 @@ def alias_pattern(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor
     """For each output: which inputs and which earlier outputs share its storage."""
     pattern = []
     for j, o in enumerate(outputs):
+        if not isinstance(o, torch.Tensor):  # a Python number (``x.item()``) has no storage
+            pattern.append(type(o).__name__)
+            continue
         ins = tuple(i for i, t in enumerate(inputs) if storage_of(t) == storage_of(o))
-        outs = tuple(k for k in range(j) if storage_of(outputs[k]) == storage_of(o))
+        outs = tuple(k for k in range(j) if isinstance(outputs[k], torch.Tensor)
+                     and storage_of(outputs[k]) == storage_of(o))
         pattern.append((ins, outs))
     return pattern
 
