@@ -3,7 +3,6 @@
 
     python -m perf.compiled [MODEL ...] [--rounds 5] [--calls 20] [--no-first-call]
                             [--out perf/results/compiled_cpu.json] [--plot FILE.png]
-    (also ``fuseg bench --compiled``)
 
 Models: the zoo's runnable entries and transformer-family models the project never tuned for
 (``HELD_OUT``: tiny configs from ``transformers``, random weights, batch 2, sequence 32).

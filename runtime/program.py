@@ -127,7 +127,7 @@ class CompiledProgram:
             if seg.kind == SegmentKind.OPAQUE:  # always on torch
                 chosen[seg.index] = TorchLaunch(ctx, seg)
                 continue
-            chosen[seg.index] = self._choose(choices, ctx, seg)
+            chosen[seg.index] = self._choose(choices, ctx, seg, backend == "auto")
         for b, _ in choices:  # every backend compiles its kernels together
             declined = b.build_all([launch for launch in chosen.values() if launch.backend == b.name])
             for launch, why in (declined or {}).items():  # a build that failed (a killed compiler): torch
@@ -185,9 +185,11 @@ class CompiledProgram:
             values = fn()
         return frozenset(done), {**fixed, **dict(zip(wanted, values))}
 
-    def _choose(self, choices: list, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
+    def _choose(self, choices: list, ctx: BuildContext, seg: Segment, auto: bool) -> SegmentLaunch:
         passed: list[tuple[str, str]] = []
         for b, why in choices:
+            if why is None and auto:
+                why = b.not_chosen_for(seg)
             if why is None:
                 try:
                     launch = b.prepare(ctx, seg)

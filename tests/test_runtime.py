@@ -221,3 +221,24 @@ def test_write_back_through_a_cast_matches_eager(case: str) -> None:
             prog = runtime.compile(apply_aliases(segment(graph), mode), backend=backend)
             assert_matches_eager(fn, inputs, graph, program=prog, atol=1e-2, rtol=1e-2)
             assert prog.copy_write_backs == {0: "aten._to_copy.out takes no dtype, layout arguments"}
+
+
+def test_a_lone_softmax_is_left_to_aten_on_the_cpu_when_choosing_by_itself() -> None:
+    """The cpp backend's cost rule (CppBackend.not_chosen_for): a segment that is one softmax and
+    nothing else runs on torch under "auto", with the reason; fused, or asked for, it is a kernel."""
+    from runtime.codegen.build import cpu_compiler
+
+    if cpu_compiler() is None:
+        pytest.skip("no C++ compiler")
+    x = torch.randn(8, 32)
+
+    def compiled(fn, backend="auto"):
+        return runtime.compile(apply_aliases(segment(capture(fn, [x])), "post"), backend=backend)
+
+    for fn in (lambda t: t.softmax(-1), lambda t: t.log_softmax(-1)):
+        prog = compiled(fn)
+        assert prog.backend_of == {0: "torch"}
+        assert "faster in ATen's own CPU kernel" in dict(prog.passed_over[0])["cpp"]
+        torch.testing.assert_close(prog(x)[0], fn(x), rtol=0, atol=0)
+        assert compiled(fn, backend="cpp").backend_of == {0: "cpp"}
+    assert compiled(lambda t: (t * 2).softmax(-1)).backend_of == {0: "cpp"}

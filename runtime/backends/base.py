@@ -71,6 +71,11 @@ class Backend:
         """The launch for ``seg``, or ``Declined`` with the reason."""
         raise NotImplementedError
 
+    def not_chosen_for(self, seg: Segment) -> str | None:
+        """Why, when choosing by itself (``backend="auto"``), this backend leaves ``seg`` to the
+        next one although it could run it (a measured cost rule), or None."""
+        return None
+
     def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str] | None:
         """Compile what ``launches`` (this backend's, for one program) need, together; returns the
         launches whose build declined, with the reason (they run on torch)."""

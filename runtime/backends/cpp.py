@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from segmenter import Segment
+from segmenter.ops import OpKind, op_info
 
 from ..codegen import Declined
 from ..codegen.build import build_cpu_many, cpu_compiler
@@ -14,6 +15,9 @@ from .base import Backend, BuildContext, SegmentLaunch
 from .kernels import KernelLaunch
 
 __all__ = ["CppBackend"]
+
+#: ops whose ATen CPU kernel beats our generated one when nothing is fused around them
+_ATEN_FASTER_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
 
 
 class CppLaunch(KernelLaunch):
@@ -35,6 +39,16 @@ class CppBackend(Backend):
 
     def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
         return CppLaunch(self.name, ctx, seg)
+
+    def not_chosen_for(self, seg: Segment) -> str | None:
+        # Measured (perf/results/before_after_cpu.json, softmax-4k): a lone softmax is 1.37x
+        # slower as our row kernel than as ATen's vectorized CPU kernel, which computes each exp
+        # once and keeps it; ours computes it in the sum pass and again when it writes. With
+        # nothing fused around it there is nothing to win.
+        compute = [n for n in seg.nodes if op_info(n.op).kind != OpKind.VIEW]
+        if len(compute) == 1 and compute[0].op in _ATEN_FASTER_ALONE:
+            return f"a lone {compute[0].op} is faster in ATen's own CPU kernel"
+        return None
 
     def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str]:
         kernels = [launch.kernel for launch in launches]  # type: ignore[attr-defined]

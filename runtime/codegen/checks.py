@@ -13,7 +13,7 @@ or making a kernel read memory it should not, whatever the loader checked:
 2. Recorded metas are not believed. The loops and index math of a kernel are sized by the shapes
    of the values inside it; ``check_segment_metas`` recomputes every node's output shape and
    dtype with torch's meta kernels from the layouts of the kernel's parameters (which the launch
-   compares with the actual tensors at run time, storage size included: generated.py) and
+   compares with the actual tensors at run time, storage size included: runtime/backends/kernels.py) and
    declines the segment where a recorded meta differs. Then every index the kernel computes is
    within its dim, so every read is within its parameter's elements.
 

@@ -77,8 +77,8 @@ def _gelu(a: dict, ct: str) -> str:
     if ct not in ("float", "double"):
         raise Declined("gelu on integers")
     if a.get("approximate", "none") == "tanh":
-        return f"(({ct})0.5 * {x} * (({ct})1 + tanh(({ct})0.7978845608028654 * ({x} + ({ct})0.044715 * {x} * {x} * {x}))))"
-    return f"(({ct})0.5 * {x} * (({ct})1 + erf({x} * ({ct})0.7071067811865476)))"
+        return f"(({ct})0.5 * {x} * (({ct})1 + fuseg_tanh(({ct})0.7978845608028654 * ({x} + ({ct})0.044715 * {x} * {x} * {x}))))"
+    return f"(({ct})0.5 * {x} * (({ct})1 + fuseg_erf({x} * ({ct})0.7071067811865476)))"
 
 
 def _bitwise(op: str) -> Rule:
@@ -105,7 +105,7 @@ _U = {
 _UF = {  # floating point only
     "exp": "fuseg_exp({x})", "exp2": "exp2({x})", "expm1": "expm1({x})", "log": "log({x})", "log2": "log2({x})",
     "log10": "log10({x})", "log1p": "log1p({x})", "sqrt": "sqrt({x})", "rsqrt": "rsqrt({x})",
-    "sin": "sin({x})", "cos": "cos({x})", "tan": "tan({x})", "tanh": "tanh({x})", "sinh": "sinh({x})",
+    "sin": "sin({x})", "cos": "cos({x})", "tan": "tan({x})", "tanh": "fuseg_tanh({x})", "sinh": "sinh({x})",
     "cosh": "cosh({x})", "asin": "asin({x})", "acos": "acos({x})", "atan": "atan({x})", "erf": "erf({x})",
     "erfc": "erfc({x})", "floor": "floor({x})", "ceil": "ceil({x})", "trunc": "trunc({x})",
     "round": "rint({x})", "sigmoid": "(({ct})1 / (({ct})1 + fuseg_exp(-{x})))",
