@@ -12,6 +12,7 @@ Conservative: anything else is not an alias.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
@@ -20,7 +21,26 @@ from .layout import Layout, NeedsCopy, apply_view_op
 
 __all__ = ["SegmentAliases", "analyze_segment", "is_true_view"]
 
+# is_true_view's answers per graph: the alias pass asks for every view node, and runtime.compile's
+# plan_problems asks again for those in METADATA segments (0.6 s of a 100k-node compile). A graph
+# is frozen, so an answer holds while it lives; the entry goes with the graph.
+_TRUE_VIEW: dict[int, tuple[weakref.ref, dict[Node, tuple[bool, str]]]] = {}
+
+
 def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
+    entry = _TRUE_VIEW.get(id(graph))
+    if entry is None or entry[0]() is not graph:
+        key = id(graph)
+        entry = (weakref.ref(graph, lambda _, key=key: _TRUE_VIEW.pop(key, None)), {})
+        _TRUE_VIEW[key] = entry
+    memo = entry[1]
+    found = memo.get(node)
+    if found is None:
+        found = memo[node] = _is_true_view(graph, node)
+    return found
+
+
+def _is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
     """Whether ``node`` returns views of its (first) tensor input, with the reason if not.
 
     Only where the layout algebra derives each output's recorded layout, bits and dtype
