@@ -180,11 +180,15 @@ def _need(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     return v
 
 
-def _name(v: Any, where: str) -> str:
-    problem = name_problem(v)
+def _valid(v: Any, problem: str | None, where: str) -> Any:
+    """``v``, or GraphFormatError naming ``where`` when a check found a ``problem``."""
     if problem is not None:
         raise GraphFormatError(f"{where}: {problem}")
     return v
+
+
+def _name(v: Any, where: str) -> str:
+    return _valid(v, name_problem(v), where)
 
 
 def _need_name(d: Any, key: str, where: str) -> str:
@@ -192,19 +196,11 @@ def _need_name(d: Any, key: str, where: str) -> str:
 
 
 def _op_name(v: Any, where: str) -> str:
-    problem = op_name_problem(v)
-    if problem is None:
-        problem = op_refusal(v)
-    if problem is not None:
-        raise GraphFormatError(f"{where}: {problem}")
-    return v
+    return _valid(v, op_name_problem(v) or op_refusal(v), where)  # refusal only of a well-formed name
 
 
 def _kwarg_name(k: str, where: str) -> str:
-    problem = keyword_problem(k)
-    if problem is not None:
-        raise GraphFormatError(f"{where}: {problem}")
-    return k
+    return _valid(k, keyword_problem(k), where)
 
 
 def _ints(v: Any, where: str) -> tuple[int, ...]:

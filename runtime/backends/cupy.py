@@ -54,9 +54,7 @@ def cuda_caller(fn, kernel: Kernel) -> Callable[[list[torch.Tensor]], None]:
 
 class CupyLaunch(KernelLaunch):
     def emit_call(self, code: Code, tensors: list[str]) -> None:
-        if self.fn is None:  # pragma: no cover - build_all runs before any emission
-            raise RuntimeError("kernel not built")
-        code.line(f"{code.const(self.fn)}([{', '.join(tensors)}])")
+        code.line(f"{self.built(code)}([{', '.join(tensors)}])")
 
 
 class CupyBackend(Backend):

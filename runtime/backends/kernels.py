@@ -157,6 +157,12 @@ class KernelLaunch(SegmentLaunch):
     def emit_call(self, code: Code, tensors: list[str]) -> None:
         raise NotImplementedError
 
+    def built(self, code: Code) -> str:
+        """The global name of the built kernel (``build_all`` runs before any emission)."""
+        if self.fn is None:  # pragma: no cover
+            raise RuntimeError("kernel not built")
+        return code.const(self.fn)
+
 
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
