@@ -35,6 +35,8 @@ class BuildContext:
     device: torch.device
     #: per segment index: values whose last use in the program is that segment
     dying: dict[int, frozenset[str]] = field(default_factory=dict)
+    #: segment structure -> its kernel, for this program (Note [lowering memo] in runtime/codegen/memo.py)
+    kernel_memo: dict = field(default_factory=dict)
 
     def targets(self, seg: Segment) -> dict[str, str]:
         """Node name -> the graph input (by name) the node writes in place, for ``seg``'s nodes."""

@@ -23,8 +23,9 @@ import torch
 from segmenter import FusionGraph, GraphError, OpKind, Segment, op_info
 
 from .. import layout
-from ..codegen import Declined, Kernel, lower_segment
+from ..codegen import Declined, Kernel
 from ..codegen.index import dense_strides
+from ..codegen.memo import lower_memo
 from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import emit_torch
@@ -106,8 +107,8 @@ class KernelLaunch(SegmentLaunch):
                  if o not in ctx.materialize and b not in ctx.materialize}
         written_outputs = [o for o in seg.outputs if o not in views]
         lowered = dataclasses.replace(seg, outputs=tuple(dict.fromkeys([*written_outputs, *views.values()])))
-        self.kernel: Kernel = lower_segment(graph, lowered, layouts(graph, lowered, ctx.materialize, written), targets,
-                                            ctx.materialize)
+        self.kernel: Kernel = lower_memo(ctx.kernel_memo, graph, lowered,
+                                         layouts(graph, lowered, ctx.materialize, written), targets)
         self.hidden = {b for b in views.values() if b not in written_outputs}  # written for their views only
         self.views = [(o, b, graph.metas[o], graph.metas[o].storage_offset - graph.metas[b].storage_offset)
                       for o, b in views.items()]
