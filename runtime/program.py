@@ -218,7 +218,7 @@ class CompiledProgram:
         """The program as one function (Note [generated wrapper]). ``timed``: a list that gets the
         seconds spent in each launch added up (``profile_launches``)."""
         graph = self.graph
-        code = Code(fast)
+        code = Code(fast, reuse=True)  # straight-line: Note [reused local names]
         params = [code.var(v) for v in graph.input_names]
         for v, t in self._fixed.items():
             code.fixed(v, t)

@@ -57,7 +57,9 @@ class _Partition:
                 self.value_users[v].append(j)
         self.external = set(graph.outputs) | {m.value for m in graph.mutations}
         self.traits: list[NodeTraits] = [node_traits(graph, n) for n in nodes]
-        self.parent = list(range(len(nodes)))
+        #: node index -> the root of its group, kept exact at every merge (the smaller group is
+        #: relabelled: O(n log n) in all), so a lookup is a list index, not a function call
+        self.root = list(range(len(nodes)))
         self.groups: dict[int, _Group] = {}
         metas = graph.metas
         users, external = self.value_users, self.external
@@ -88,25 +90,19 @@ class _Partition:
     # -- union-find ------------------------------------------------------------------------
 
     def find(self, i: int) -> int:
-        parent = self.parent
-        root = i
-        while parent[root] != root:
-            root = parent[root]
-        while parent[i] != root:
-            parent[i], i = root, parent[i]
-        return root
+        return self.root[i]
 
     # -- the decision ----------------------------------------------------------------------
 
     def merged_outputs(self, ra: int, rb: int) -> list[str]:
         out = []
-        find, external, users = self.find, self.external, self.value_users
+        root, external, users = self.root, self.external, self.value_users
         for v in (*self.groups[ra].outputs, *self.groups[rb].outputs):
             if v in external:
                 out.append(v)
                 continue
             for u in users[v]:
-                r = find(u)
+                r = root[u]
                 if r != ra and r != rb:
                     out.append(v)
                     break
@@ -116,17 +112,18 @@ class _Partition:
         """A group on a path ra -> g -> ... -> rb (g not rb), if any: merging would make a cycle."""
         limit = self.groups[rb].max_idx
         seen = {ra, rb}
-        stack = [g for g in {self.find(c) for c in self.groups[ra].consumers} if g not in seen]
+        root, groups = self.root, self.groups
+        stack = [g for g in {root[c] for c in groups[ra].consumers} if g not in seen]
         first_hop: dict[int, int] = {g: g for g in stack}
         while stack:
             g = stack.pop()
             if g in seen:
                 continue
             seen.add(g)
-            if self.groups[g].min_idx >= limit:
+            if groups[g].min_idx >= limit:
                 continue
-            for c in self.groups[g].consumers:
-                h = self.find(c)
+            for c in groups[g].consumers:
+                h = root[c]
                 if h == rb:
                     return first_hop[g]
                 if h not in seen:
@@ -155,7 +152,8 @@ class _Partition:
     def merge(self, ra: int, rb: int, traits: Traits, outputs: list[str]) -> None:
         a, b = self.groups[ra], self.groups[rb]
         keep, drop = (ra, rb) if len(a.nodes) >= len(b.nodes) else (rb, ra)
-        consumers = [c for c in dict.fromkeys((*a.consumers, *b.consumers)) if self.find(c) not in (ra, rb)]
+        root = self.root
+        consumers = [c for c in dict.fromkeys((*a.consumers, *b.consumers)) if root[c] != ra and root[c] != rb]
         g = self.groups[keep]
         g.nodes.extend(self.groups[drop].nodes)
         g.min_idx, g.max_idx = min(a.min_idx, b.min_idx), max(a.max_idx, b.max_idx)
@@ -163,7 +161,8 @@ class _Partition:
         g.traits = traits
         g.numels = a.numels | b.numels
         g.version = a.version + b.version + 1
-        self.parent[drop] = keep
+        for i in self.groups[drop].nodes:
+            root[i] = keep
         del self.groups[drop]
         self.merges += 1
 
@@ -175,9 +174,9 @@ class _Partition:
     def vertical_round(self) -> bool:
         pairs: dict[tuple[int, int], list[int]] = {}
         counted: set[tuple[int, int, str]] = set()
-        find = self.find
+        root = self.root
         for i, j, v, nbytes in self.edges:
-            ra, rb = find(i), find(j)
+            ra, rb = root[i], root[j]
             if ra == rb or (ra, rb, v) in counted:
                 continue
             counted.add((ra, rb, v))
@@ -190,7 +189,7 @@ class _Partition:
         for (ra0, rb0), _ in sorted(pairs.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0])):
             if self.out_of_fuel():
                 break
-            ra, rb = self.find(ra0), self.find(rb0)
+            ra, rb = root[ra0], root[rb0]
             if ra == rb:
                 continue
             # Legality depends only on the two groups (their members decide which values
@@ -205,8 +204,7 @@ class _Partition:
                 continue
             self.merge(ra, rb, *decision)
             merged = True
-        find = self.find
-        self.edges = [e for e in self.edges if find(e[0]) != find(e[1])]
+        self.edges = [e for e in self.edges if root[e[0]] != root[e[1]]]
         return merged
 
     def horizontal_round(self) -> bool:

@@ -132,3 +132,33 @@ def test_a_value_the_caller_sees_is_never_folded() -> None:
     b = program(x)
     torch.testing.assert_close(b[1], torch.arange(4.0) * 2)
     torch.testing.assert_close(b[2], torch.ones(2))
+
+
+def test_deleted_names_are_reused_and_a_read_after_del_fails_at_generation() -> None:
+    from runtime.wrapper import Code
+
+    code = Code(reuse=True)
+    a = code.var("a")
+    code.line(f"{a} = 1")
+    code.dels(["a"])
+    b = code.var("b")
+    assert b == a  # the free name is handed on
+    with pytest.raises(RuntimeError, match="used after its del"):
+        code.var("a")
+    plain = Code()
+    plain.var("a")
+    plain.dels(["a"])
+    assert plain.var("b") != plain.var("a")  # without reuse: a name per value, as before
+
+
+def test_a_long_chain_runs_with_few_locals() -> None:
+    def f(x):
+        for _ in range(40):
+            x = torch.sort(x.sin(), dim=-1).values  # sort: an opaque launch between kernels
+        return x
+
+    x = torch.randn(4, 8)
+    prog = _program(f, [x])
+    code = prog._fast.__code__
+    assert code.co_nlocals < 20, code.co_varnames
+    assert_matches_eager(f, [x], prog.plan.graph, program=prog)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import weakref
 
 import torch
 
@@ -516,25 +515,12 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
     return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
 
 
-_ROOTS: list[tuple[weakref.ref, dict[str, str]]] = []  # the last graph's view roots (by identity)
-
-
-def _view_roots(graph: FusionGraph) -> dict[str, str]:
-    """``view_roots`` of the graph, computed once per graph rather than once per kernel (that
-    was quadratic: 17 of 22 s compiling a 10k-node graph with in-place writes)."""
-    if _ROOTS and _ROOTS[0][0]() is graph:
-        return _ROOTS[0][1]
-    roots = view_roots(graph)
-    _ROOTS[:] = [(weakref.ref(graph), roots)]
-    return roots
-
-
 def _check_in_place(lw: _Lowerer, outs: list[Param], stores: dict) -> None:
     """An output written into an input's storage must not race with a read of that storage:
     every read of the input is at the very element the same loop writes."""
     if all(p.target is None for p in outs):
         return
-    roots = _view_roots(lw.g)
+    roots = view_roots(lw.g)  # once per graph (cached on it)
     for p in outs:
         if p.target is None:
             continue
