@@ -242,3 +242,20 @@ def test_a_lone_softmax_is_left_to_aten_on_the_cpu_when_choosing_by_itself() -> 
         torch.testing.assert_close(prog(x)[0], fn(x), rtol=0, atol=0)
         assert compiled(fn, backend="cpp").backend_of == {0: "cpp"}
     assert compiled(lambda t: (t * 2).softmax(-1)).backend_of == {0: "cpp"}
+
+
+def test_ensure_passes_planned_layouts_through_and_conforms_the_rest() -> None:
+    from runtime.layout import ensure
+    from segmenter import TensorMeta
+
+    m = TensorMeta((4, 8), (8, 1), 0, torch.float32)
+    spec = (m.stride, m.shape, m.dtype, m, "value %y")
+    x = torch.randn(4, 8)
+    assert ensure(x, spec) is x  # the usual case: the very tensor
+    t = torch.randn(8, 4).t()  # same shape and dtype, other strides: copied into the plan
+    got = ensure(t, spec)
+    assert got.stride() == (8, 1) and torch.equal(got, t)
+    with pytest.raises(GraphError, match="value %y"):
+        ensure(torch.randn(4, 8, dtype=torch.float64), spec)
+    with pytest.raises(GraphError, match="value %y: the op returned int"):
+        ensure(3, spec)

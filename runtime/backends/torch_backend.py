@@ -167,10 +167,9 @@ def emit_outputs(code: Code, ctx: BuildContext, seg: Segment, written: set[str],
 
 
 def _conform_line(code: Code, v: str, m: TensorMeta, what: str) -> str:
-    test = f"{v}.stride() != {code.const(m.stride)} or {v}.shape != {code.const(m.shape)} or {v}.dtype != {code.const(m.dtype)}"
-    if m.conj or m.neg or m.dtype.is_complex:  # where a conj/neg bit can be: compared too
-        test += f" or {v}.is_conj() != {m.conj} or {v}.is_neg() != {m.neg}"
-    return f"if {test}: {v} = {code.const(layout.conform)}({v}, {code.const(m)}, {code.const(what)})"
+    if m.conj or m.neg or m.dtype.is_complex:  # where a conj/neg bit can be: conform compares them too
+        return f"{v} = {code.const(layout.conform)}({v}, {code.const(m)}, {code.const(what)})"
+    return f"{v} = {code.const(layout.ensure)}({v}, {code.const((m.stride, m.shape, m.dtype, m, what))})"
 
 
 def emit_torch(code: Code, ctx: BuildContext, seg: Segment, dying: frozenset[str]) -> None:
