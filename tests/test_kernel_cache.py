@@ -174,3 +174,47 @@ def test_a_refused_kernel_leaves_no_temp_dir(tmp_path: Path, monkeypatch) -> Non
     build_cpu(_kernel(uuid.uuid4().hex[:12]))
     names = _entries(cache)
     assert len(names) == 2 and all(n.startswith("fuseg_cachetest_") for n in names), names  # the .so, its record
+
+
+def _scaled(tag: str, factor: int) -> Kernel:
+    """A kernel of its own: out = in * factor over 4 floats."""
+    f32 = torch.float32
+    params = (Param("in0", "x", f32, (4,), (1,), False), Param("out0", "y", f32, (4,), (1,), True))
+    body = f"  // {tag}\n  for (FUSEG_I i = 0; i < 4; ++i) out0[i] = in0[i] * {factor}.0f;\n"
+    return Kernel(f"fuseg_grouptest_{tag}_{factor}", params, body, 256, 1, "pointwise",
+                  "int" if factor % 2 else "long long")  # the index type differs between kernels of one unit
+
+
+def test_kernels_the_cache_misses_are_built_one_unit_per_core(tmp_path: Path, monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FUSEG_CACHE_DIR", str(cache))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    tag = uuid.uuid4().hex[:12]
+    kernels = [_scaled(tag, f) for f in range(2, 7)]
+    before = build.compilations["cpu"]
+    fns = build.build_cpu_many(kernels)
+    assert build.compilations["cpu"] - before == 2  # five kernels, two translation units
+    for f, fn in zip(range(2, 7), fns):
+        assert _run(fn).tolist() == [0.0, f, 2.0 * f, 3.0 * f]
+    names = _entries(cache)
+    assert len(names) == 10 and not any(n.startswith(".build-") for n in names), names  # each: .so and record
+    for n in names:
+        if n.endswith(".so"):
+            assert build._sound(str(cache / n))
+    # each kernel is an entry of its own: another process finds every one without compiling
+    build._CPU.clear()
+    before = build.compilations["cpu"]
+    fns = build.build_cpu_many(kernels[1:3])
+    assert build.compilations["cpu"] == before
+    assert _run(fns[1]).tolist() == [0.0, 4.0, 8.0, 12.0]
+
+
+def test_a_killed_compiler_declines_every_kernel_of_its_unit(tmp_path: Path, monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FUSEG_CACHE_DIR", str(cache))
+    monkeypatch.setenv("CXX", _fake_compiler(tmp_path, "kill -KILL $$"))
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    tag = uuid.uuid4().hex[:12]
+    got = build.build_cpu_many([_scaled(tag, f) for f in range(2, 5)])
+    assert all(isinstance(g, Declined) and "killed by signal" in str(g) for g in got), got
+    assert _entries(cache) == []

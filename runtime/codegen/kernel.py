@@ -15,7 +15,7 @@ from . import index as ix
 from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
 
-__all__ = ["CONST", "LINEAR_VIEWS", "PARALLEL_MIN", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -43,13 +43,23 @@ class Kernel:
     index_type: str = "long long"  # "int" where every index and offset fits in 31 bits
 
     def source(self, target: str) -> str:
+        return f"#define FUSEG_I {self.index_type}\n{prelude(target)}\n{self.function(target)}"
+
+    def function(self, target: str) -> str:
+        """The kernel's function alone (``source`` is the prelude and it; a translation unit of
+        several kernels has the prelude once and redefines ``FUSEG_I`` before each function)."""
         # no two parameters share memory unless an output is written into an input (in place)
         restrict = "" if any(p.target for p in self.params) else " __restrict__"
         args = ", ".join(f"{'' if p.output else 'const '}{storage_type(p.dtype)}*{restrict} {p.name}"
                          for p in self.params)
         qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
-        return (f"#define FUSEG_I {self.index_type}\n{prelude(target)}\n"
-                f"{qual} void {self.name}({args}) {{\n{self.body}}}\n")
+        return f"{qual} void {self.name}({args}) {{\n{self.body}}}\n"
+
+
+def translation_unit(kernels: list[Kernel], target: str) -> str:
+    """One source holding every kernel of ``kernels`` (distinct names), the prelude once."""
+    return prelude(target) + "\n" + "".join(
+        f"#undef FUSEG_I\n#define FUSEG_I {k.index_type}\n{k.function(target)}" for k in kernels)
 
 
 #: elements of work from which a CPU kernel shares its loops among threads (OpenMP, torch's thread
