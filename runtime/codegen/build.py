@@ -223,16 +223,23 @@ def _entry(kernel: Kernel) -> tuple[str, str]:
     return src, hashlib.sha256((src + _cpu_build_key()).encode()).hexdigest()[:24]
 
 
+def _lib_path(kernel: Kernel, digest: str) -> str:
+    return os.path.join(cache_dir(), f"{kernel.name}_{digest}.so")
+
+
 def build_cpu(kernel: Kernel) -> Callable[..., None]:
     """The kernel compiled for the CPU: a function taking one data pointer per parameter."""
-    src, digest = _entry(kernel)
+    return _build_cpu(kernel, *_entry(kernel))
+
+
+def _build_cpu(kernel: Kernel, src: str, digest: str) -> Callable[..., None]:
     fn = _CPU.get(digest)
     if fn is not None:
         return fn
     cxx = cpu_compiler()
     if cxx is None:
         raise Declined("no C++ compiler found (set CXX)")
-    lib_path = os.path.join(cache_dir(), f"{kernel.name}_{digest}.so")
+    lib_path = _lib_path(kernel, digest)
     if not _sound(lib_path):
         try:
             _compile_into(lib_path, cxx, src, kernel.name)
@@ -254,14 +261,17 @@ def build_cpu(kernel: Kernel) -> Callable[..., None]:
     return fn
 
 
-def _groups(kernels: list[Kernel], n: int) -> list[list[Kernel]]:
-    """``kernels`` in ``n`` groups of about equal source length (longest first, to the lightest)."""
-    groups: list[list[Kernel]] = [[] for _ in range(n)]
+_Missing = tuple[str, Kernel, str, str]  # digest, kernel, source, cache path
+
+
+def _groups(missing: list[_Missing], n: int) -> list[list[_Missing]]:
+    """``missing`` in ``n`` groups of about equal source length (longest first, to the lightest)."""
+    groups: list[list[_Missing]] = [[] for _ in range(n)]
     sizes = [0] * n
-    for k in sorted(kernels, key=lambda k: -len(k.body)):
+    for m in sorted(missing, key=lambda m: -len(m[1].body)):
         i = sizes.index(min(sizes))
-        groups[i].append(k)
-        sizes[i] += len(k.body)
+        groups[i].append(m)
+        sizes[i] += len(m[1].body)
     return [g for g in groups if g]
 
 
@@ -270,48 +280,42 @@ def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None] | Declined
     (Note [one build per group of kernels]), the compilers run side by side, so a program's
     kernels on a cold cache cost one round of parallel builds. A kernel whose build declines (a
     compiler killed by a signal) comes back as the ``Declined``."""
-    todo: dict[str, Kernel] = {}
-    for k in kernels:
-        todo.setdefault(k.source("cpu"), k)
+    entries = [_entry(k) for k in kernels]
+    todo: dict[str, tuple[Kernel, str]] = {}  # digest -> (kernel, source)
+    for k, (src, digest) in zip(kernels, entries):
+        todo.setdefault(digest, (k, src))
     declined: dict[str, Declined] = {}
     cxx = cpu_compiler()
-    if cxx is not None and len(todo) > 1:
-        missing = []
-        for src, k in todo.items():
-            _, digest = _entry(k)
-            if digest not in _CPU:
-                path = os.path.join(cache_dir(), f"{k.name}_{digest}.so")
-                if not _sound(path):
-                    missing.append((k, path, src))
+    if cxx is not None:
+        missing = [(digest, k, src, path) for digest, (k, src) in todo.items()
+                   if digest not in _CPU and not _sound(path := _lib_path(k, digest))]
         if len(missing) > 1:
-            paths = {id(k): (path, src) for k, path, src in missing}
-            groups = _groups([k for k, _, _ in missing], min(len(missing), os.cpu_count() or 1))
-
-            def build_group(group: list[Kernel]) -> None:
+            def build_group(group: list[_Missing]) -> None:
                 try:
                     if len(group) == 1:
-                        _compile_into(paths[id(group[0])][0], cxx, paths[id(group[0])][1], group[0].name)
+                        _, k, src, path = group[0]
+                        _compile_into(path, cxx, src, k.name)
                     else:
-                        _compile_group([(k, paths[id(k)][0]) for k in group], cxx)
+                        _compile_group([(k, path) for _, k, _, path in group], cxx)
                 except Declined as e:
-                    for k in group:
-                        declined[paths[id(k)][1]] = e
+                    declined.update(dict.fromkeys((m[0] for m in group), e))
                 except OSError:
                     pass  # the cache dir failed under us: each kernel is built on its own below
 
+            groups = _groups(missing, min(len(missing), os.cpu_count() or 1))
             with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:  # the compilers run as processes
                 list(pool.map(build_group, groups))
 
-    def build(src: str, k: Kernel) -> Callable[..., None] | Declined:
-        if src in declined:
-            return declined[src]
+    def build(digest: str, k: Kernel, src: str) -> Callable[..., None] | Declined:
+        if digest in declined:
+            return declined[digest]
         try:
-            return build_cpu(k)  # loads what the groups built (or builds a kernel they could not)
+            return _build_cpu(k, src, digest)  # loads what the groups built (or builds what they could not)
         except Declined as e:
             return e
 
-    built = {src: build(src, k) for src, k in todo.items()}
-    return [built[k.source("cpu")] for k in kernels]
+    built = {digest: build(digest, k, src) for digest, (k, src) in todo.items()}
+    return [built[digest] for _, digest in entries]
 
 
 def build_cuda(kernel: Kernel):

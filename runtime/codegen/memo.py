@@ -31,13 +31,7 @@ __all__ = ["lower_memo", "segment_key"]
 def segment_key(graph: FusionGraph, seg: Segment, layouts: dict) -> tuple | None:
     """The structure of ``seg`` with its values renumbered, or None where it has none we trust
     (an argument of a type we do not know how to key)."""
-    local: dict[str, int] = {}
-    for v in seg.inputs:
-        local.setdefault(v, len(local))
-    for n in seg.nodes:
-        for o in n.outputs:
-            if o is not None:
-                local.setdefault(o, len(local))
+    local = {v: i for i, v in enumerate(_order(seg))}
 
     def arg(a: object) -> object:
         if isinstance(a, ValueRef):
