@@ -12,7 +12,7 @@ Conservative: anything else is not an alias.
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
@@ -21,23 +21,38 @@ from .layout import Layout, NeedsCopy, apply_view_op
 
 __all__ = ["SegmentAliases", "analyze_segment", "is_true_view"]
 
-# is_true_view's answers per graph: the alias pass asks for every view node, and runtime.compile's
-# plan_problems asks again for those in METADATA segments (0.6 s of a 100k-node compile). A graph
-# is frozen, so an answer holds while it lives; the entry goes with the graph.
-_TRUE_VIEW: dict[int, tuple[weakref.ref, dict[Node, tuple[bool, str]]]] = {}
-
-
 def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
-    entry = _TRUE_VIEW.get(id(graph))
-    if entry is None or entry[0]() is not graph:
-        key = id(graph)
-        entry = (weakref.ref(graph, lambda _, key=key: _TRUE_VIEW.pop(key, None)), {})
-        _TRUE_VIEW[key] = entry
-    memo = entry[1]
-    found = memo.get(node)
+    # Answers per graph, by node name: the alias pass asks for every view node, and
+    # runtime.compile's plan_problems asks again for those in METADATA segments (0.6 s of a
+    # 100k-node compile). A graph is frozen, so an answer holds while it lives, and it lives in
+    # the graph (as view_roots' does). A name, not the Node, is the key: a Node hashes all its fields.
+    # Nodes that agree in op, arguments and every layout involved get the same answer (the
+    # layers of a model repeat): the second memo is keyed by those, where they hash.
+    memo = graph.__dict__.get("_true_views")
+    if memo is None:
+        memo = graph.__dict__.setdefault("_true_views", {})
+        graph.__dict__.setdefault("_true_views_by_layout", {})
+    found = memo.get(node.name)
     if found is None:
-        found = memo[node] = _is_true_view(graph, node)
+        by_layout = graph.__dict__["_true_views_by_layout"]
+        metas = graph.metas
+        key = None
+        if node.inputs and _plain(node.args[1:]) and _plain(v for _, v in node.kwargs):
+            key = (node.op, metas[node.inputs[0]], node.args[1:], node.kwargs,
+                   tuple(o is not None and metas[o] for o in node.outputs))
+            found = by_layout.get(key)
+        if found is None:
+            found = _is_true_view(graph, node)
+            if key is not None:
+                by_layout[key] = found
+        memo[node.name] = found
     return found
+
+
+def _plain(args: Iterable[object]) -> bool:
+    """Only ints (not bools), None and tuples of ints: arguments equal as keys only when they
+    are the same value (1, 1.0 and True are equal keys in a dict)."""
+    return all(a is None or type(a) is int or (type(a) is tuple and all(type(x) is int for x in a)) for a in args)
 
 
 def _is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
@@ -88,10 +103,11 @@ class SegmentAliases:
 def analyze_segment(graph: FusionGraph, seg: Segment) -> SegmentAliases:
     facts = SegmentAliases()
     for node in seg.nodes:
+        if op_info(node.op).kind != OpKind.VIEW:
+            continue
         ok, why = is_true_view(graph, node)
         if not ok:
-            if op_info(node.op).kind == OpKind.VIEW:
-                facts.not_views[node.name] = why
+            facts.not_views[node.name] = why
             continue
         src = node.inputs[0]
         base = facts.root.get(src, src)

@@ -66,9 +66,10 @@ def plan_problems(plan: SegmentedFusion) -> list[str]:
     if missing:
         problems.append(f"nodes in no segment: {missing[:5]}")
     inputs = set(g.input_names)
+    constants = set(g.constant_names)
     for seg in plan.segments:
         for v in seg.inputs:
-            if v not in inputs and v not in g.constant_names and made.get(v, seg.index) >= seg.index:
+            if v not in inputs and v not in constants and made.get(v, seg.index) >= seg.index:
                 problems.append(f"s{seg.index} reads %{v} before it is made")
         if seg.kind == SegmentKind.METADATA:
             for node in seg.nodes:
@@ -78,7 +79,7 @@ def plan_problems(plan: SegmentedFusion) -> list[str]:
             if seg.bytes_moved:
                 problems.append(f"metadata segment s{seg.index} moves {seg.bytes_moved} bytes")
     for m in g.mutations:
-        if m.value not in made and m.value not in inputs and m.value not in g.constant_names:
+        if m.value not in made and m.value not in inputs and m.value not in constants:
             problems.append(f"the final value %{m.value} of input {g.inputs[m.input].name!r} is never produced")
     roots = storage_roots(plan)
     owner: dict[tuple[str, object], int] = {}

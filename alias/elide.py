@@ -26,7 +26,7 @@ Parts = list[tuple[SegmentKind, list[Node]]]
 
 
 def _candidates(graph: FusionGraph, parts: Parts) -> list[int]:
-    external = set(graph.outputs) | {m.value for m in graph.mutations}
+    external = graph.external_values
     part_of = {n.name: k for k, (_, nodes) in enumerate(parts) for n in nodes}
     found = []
     for k, (kind, nodes) in enumerate(parts):

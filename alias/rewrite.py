@@ -117,14 +117,14 @@ class _Rewriter:
         in_nodes = _ancestors(vin, made_by)
         k_nodes -= in_nodes  # the kernel reads these views strided, as inputs
         out_nodes = _ancestors(vcomp, made_by) - k_nodes - in_nodes
+        placed = k_nodes | in_nodes | out_nodes
         for n in seg.nodes:  # views nothing needs: with whichever side they hang from
-            if n.name not in k_nodes | in_nodes | out_nodes:
+            if n.name not in placed:
                 (in_nodes if facts.view_of_input(seg, n.outputs[0] or "") else k_nodes).add(n.name)
-        by_name = {n.name: n for n in seg.nodes}
         parts: list[tuple[SegmentKind, list[Node]]] = []
         for kind, names in ((SegmentKind.METADATA, in_nodes), (seg.kind, k_nodes), (SegmentKind.METADATA, out_nodes)):
             if names:
-                parts.append((kind, [by_name[x] for x in names]))
+                parts.append((kind, [n for n in seg.nodes if n.name in names]))  # in graph order
         report = SegmentReport(
             seg.index, seg.kind, tuple(k for k, _ in parts),
             tuple((v, facts.root[v]) for v in vin), tuple((v, facts.root[v]) for v in vcomp),

@@ -68,7 +68,7 @@ def modeled_peak(program: CompiledProgram) -> int:
     it views alive)."""
     graph, plan = program.graph, program.plan
     metas = graph.metas
-    keep = set(graph.outputs) | {m.value for m in graph.mutations}
+    keep = set(graph.external_values)
     storage_of: dict[str, str] = {}
     holders: dict[str, int] = {}
     size: dict[str, int] = {}

@@ -109,7 +109,7 @@ class CompiledProgram:
         #: node -> the input it writes in place; input -> why its write-back stays a copy
         self.in_place, self.copy_write_backs = plan_in_place_writes(plan)
         self.written_in_place = frozenset(self.in_place.values())
-        keep = set(graph.outputs) | {m.value for m in graph.mutations} | set(graph.input_names) | set(self.constants)
+        keep = graph.external_values | set(graph.input_names) | set(self.constants)
         materialize: frozenset[str] = frozenset()
         if plan.alias_mode in ("pre", "off"):
             made = {o: s.index for s in plan.segments for o in s.outputs}

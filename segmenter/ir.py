@@ -383,6 +383,11 @@ class FusionGraph:
         return {n.name: i for i, n in enumerate(self.nodes)}
 
     @cached_property
+    def external_values(self) -> frozenset[str]:
+        """Values the caller sees after a run: graph outputs and values written back to inputs."""
+        return frozenset(self.outputs) | {m.value for m in self.mutations}
+
+    @cached_property
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o is not None}
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .ir import FusionGraph
 from .ops import OpKind
 from .options import SegmenterOptions
-from .rules import NodeTraits, Traits, combine, node_traits, traits_of
+from .rules import NodeTraits, Traits, combine, node_traits, too_big, traits_of
 from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, build_segment
 
 __all__ = ["segment"]
@@ -50,34 +50,57 @@ class _Partition:
         self.graph = graph
         self.options = options
         nodes = graph.nodes
-        self.producer: dict[str, int] = {o: i for i, n in enumerate(nodes) for o in n.outputs if o is not None}
-        self.value_users: dict[str, list[int]] = defaultdict(list)
-        for j, n in enumerate(nodes):
+        producer: dict[str, int] = {}
+        users: dict[str, list[int]] = {}
+        for i, n in enumerate(nodes):
             for v in n.inputs:
-                self.value_users[v].append(j)
-        self.external = set(graph.outputs) | {m.value for m in graph.mutations}
+                found = users.get(v)
+                if found is None:
+                    users[v] = [i]
+                elif found[-1] != i:  # a node reading one value twice is one user
+                    found.append(i)
+            for o in n.outputs:
+                if o is not None:
+                    producer[o] = i
+        self.producer, self.value_users = producer, users
+        self.external = external = graph.external_values
         self.traits: list[NodeTraits] = [node_traits(graph, n) for n in nodes]
         #: node index -> the root of its group, kept exact at every merge (the smaller group is
         #: relabelled: O(n log n) in all), so a lookup is a list index, not a function call
         self.root = list(range(len(nodes)))
         self.groups: dict[int, _Group] = {}
         metas = graph.metas
-        users, external = self.value_users, self.external
+        opaque_nodes = options.opaque_nodes
         #: element count of each value made by a non-view op (the ones that constrain kernels)
         self.out_numel: dict[str, int] = {}
+        # Traits depend on the node only through its NodeTraits (and its op, when OPAQUE): one
+        # object per distinct pair, not one per node.
+        shared: dict[tuple[NodeTraits, str | None], Traits] = {}
         for i, n in enumerate(nodes):
             nt = self.traits[i]
             made = [o for o in n.outputs if o is not None]
             outs = [o for o in made if o in users or o in external]
-            cons = sorted({u for o in made for u in users.get(o, ())})
+            if len(made) == 1:
+                cons = users.get(made[0], [])[:]
+            else:
+                cons = sorted({u for o in made for u in users.get(o, ())})
             numels = set()
             if nt.kind != OpKind.VIEW:
                 for o in made:
                     self.out_numel[o] = metas[o].numel
                 if nt.kind != OpKind.OPAQUE and made:
                     numels.add(metas[made[0]].numel)
-            traits = Traits(1, opaque=n.op) if n.name in options.opaque_nodes else traits_of(graph, n, nt)
+            if n.name in opaque_nodes:
+                traits = Traits(opaque=n.op)
+            else:
+                key = (nt, n.op if nt.kind == OpKind.OPAQUE else None)
+                traits = shared.get(key)
+                if traits is None:
+                    traits = shared[key] = traits_of(graph, n, nt)
             self.groups[i] = _Group([i], i, i, outs, cons, traits, numels)
+        #: combine's answers by (id of a's traits, id of b's traits, output sizes, full size);
+        #: each entry keeps its two Traits alive, so their ids stay theirs
+        self.combined: dict[tuple, tuple[Traits, Traits, Traits | str]] = {}
         self.refusals: list[tuple[int, int, str]] = []
         self.refused: dict[tuple[int, int], tuple[int, int]] = {}
         self.merges = 0
@@ -134,14 +157,28 @@ class _Partition:
     def why_not(self, ra: int, rb: int, vertical: bool = True) -> str | tuple[Traits, list[str]]:
         """The merged traits and outputs, or the reason the two groups cannot merge."""
         a, b = self.groups[ra], self.groups[rb]
-        outputs = self.merged_outputs(ra, rb)
-        nodes = self.graph.nodes
+        ta, tb = a.traits, b.traits
+        # A matmul or OPAQUE group is judged by kinds alone (rules.combine reads no output
+        # sizes there): most refusals need not list the merged outputs.
+        by_kind = ta.opaque or tb.opaque or ta.matmuls or tb.matmuls
+        outputs = None if by_kind else self.merged_outputs(ra, rb)
         numel = self.out_numel
-        out_numels = {numel[v] for v in outputs if v in numel}
-        full_size = a.traits.domain is not None and a.traits.domain.full in b.numels
-        decision = combine(a.traits, b.traits, out_numels, vertical and full_size, self.options)
+        out_numels = {numel[v] for v in outputs if v in numel} if outputs is not None else set()
+        full_size = ta.domain is not None and ta.domain.full in b.numels
+        key = (id(ta), id(tb), frozenset(out_numels), vertical and full_size)
+        known = self.combined.get(key)
+        if known is None:
+            known = self.combined[key] = (ta, tb, combine(ta, tb, out_numels, vertical and full_size, self.options))
+        decision = known[2]
+        if not (ta.opaque or tb.opaque):  # an OPAQUE op's reason comes first
+            big = too_big(len(a.nodes) + len(b.nodes), self.options)
+            if big is not None:
+                return big
         if isinstance(decision, str):
             return decision
+        if outputs is None:
+            outputs = self.merged_outputs(ra, rb)
+        nodes = self.graph.nodes
         third = self.path_through_third(ra, rb)
         if third is None and not vertical:
             third = self.path_through_third(rb, ra)
@@ -159,7 +196,7 @@ class _Partition:
         g.min_idx, g.max_idx = min(a.min_idx, b.min_idx), max(a.max_idx, b.max_idx)
         g.outputs, g.consumers = outputs, consumers
         g.traits = traits
-        g.numels = a.numels | b.numels
+        g.numels |= self.groups[drop].numels
         g.version = a.version + b.version + 1
         for i in self.groups[drop].nodes:
             root[i] = keep

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from .ir import FusionGraph, Node
 from .ops import OpKind, op_info, resolve_op
 from .options import SegmenterOptions
 from .segments import SegmentKind
 
-__all__ = ["Domain", "NodeTraits", "Traits", "combine", "node_traits"]
+__all__ = ["Domain", "NodeTraits", "Traits", "combine", "node_traits", "too_big"]
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ class NodeTraits:
 
 @dataclass(frozen=True)
 class Traits:
-    """What a group holds, as far as the rules care."""
+    """What a group holds, as far as the rules care (its size is the partitioner's: see ``too_big``).
+    A few distinct values cover a whole graph, so ``combine``'s answers can be memoized."""
 
-    size: int
     opaque: str | None = None  # the op, if the group is OPAQUE
     matmuls: int = 0
     computes: bool = False  # holds a non-view op other than the matmul
@@ -95,22 +96,27 @@ def _reduced_dims(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted({d % nd for d in dims}))
 
 
+@lru_cache(maxsize=4096)
+def _plain_traits(op: str) -> NodeTraits:
+    info = op_info(op)
+    return NodeTraits(info.kind, None, info.normalization)
+
+
 def node_traits(graph: FusionGraph, node: Node) -> NodeTraits:
-    info = op_info(node.op)
-    domain = None
-    if info.kind == OpKind.REDUCTION:
-        first = next((a for a in node.args if hasattr(a, "name")), None)
-        shape = graph.metas[first.name].shape if first is not None else ()
-        domain = Domain(shape, _reduced_dims(node, shape))
-    return NodeTraits(info.kind, domain, info.normalization)
+    plain = _plain_traits(node.op)
+    if plain.kind != OpKind.REDUCTION:
+        return plain
+    first = next((a for a in node.args if hasattr(a, "name")), None)
+    shape = graph.metas[first.name].shape if first is not None else ()
+    return replace(plain, domain=Domain(shape, _reduced_dims(node, shape)))
 
 
 def traits_of(graph: FusionGraph, node: Node, nt: NodeTraits) -> Traits:
     if nt.kind == OpKind.OPAQUE:
-        return Traits(1, opaque=node.op)
+        return Traits(opaque=node.op)
     if nt.kind == OpKind.MATMUL:
-        return Traits(1, matmuls=1)
-    return Traits(1, computes=nt.kind != OpKind.VIEW, domain=nt.domain, normalizes=nt.normalization)
+        return Traits(matmuls=1)
+    return Traits(computes=nt.kind != OpKind.VIEW, domain=nt.domain, normalizes=nt.normalization)
 
 
 def combine(
@@ -120,13 +126,11 @@ def combine(
 
     ``out_numels``: element counts of the merged group's materialized outputs;
     ``consumer_full_size``: ``b`` computes values as big as ``a``'s reduction domain (so a
-    reduction in ``a`` is broadcast back: NORMALIZATION).
+    reduction in ``a`` is broadcast back: NORMALIZATION). Neither is read when either group is
+    OPAQUE or holds a matmul (the partitioner relies on it and skips listing the outputs).
     """
     if a.opaque or b.opaque:
         return f"{a.opaque or b.opaque} is OPAQUE (or not supported by the backend): it runs alone on torch"
-    size = a.size + b.size
-    if options.max_ops_per_segment is not None and size > options.max_ops_per_segment:
-        return f"segment would hold {size} ops, more than max_ops_per_segment={options.max_ops_per_segment}"
     if a.matmuls + b.matmuls > 1:
         return "a segment holds one matmul"
     if a.matmuls or b.matmuls:
@@ -135,7 +139,7 @@ def combine(
             return "a matmul does not fuse with a reduction"
         if other.computes and not (options.matmul_epilogue and a.matmuls):
             return "a matmul absorbs only views of its operands and result (pointwise epilogue: options.matmul_epilogue)"
-        merged = Traits(size, matmuls=1, computes=a.computes or b.computes)
+        merged = Traits(matmuls=1, computes=a.computes or b.computes)
         return _supported(merged, options)
     if a.domain is not None and b.domain is not None and a.domain != b.domain:
         return f"reductions over different domains: {a.domain} vs {b.domain}"
@@ -143,14 +147,14 @@ def combine(
     if domain is None:
         if len(out_numels) > 1:
             return f"outputs over different iteration spaces: {sorted(out_numels)} elements"
-        merged = Traits(size, computes=True)
+        merged = Traits(computes=True)
     else:
         stray = sorted(out_numels - {domain.full, domain.kept})
         if stray:
             return (f"an output of {stray[0]} elements is neither the reduction's full size ({domain.full}) "
                     f"nor its reduced size ({domain.kept})")
         normalizes = a.normalizes or b.normalizes or (a.domain is not None and consumer_full_size)
-        merged = Traits(size, computes=True, domain=domain, normalizes=normalizes)
+        merged = Traits(computes=True, domain=domain, normalizes=normalizes)
     return _supported(merged, options)
 
 
@@ -161,5 +165,8 @@ def _supported(t: Traits, options: SegmenterOptions) -> Traits | str:
     return t
 
 
-def with_size(t: Traits, size: int) -> Traits:
-    return replace(t, size=size)
+def too_big(size: int, options: SegmenterOptions) -> str | None:
+    """Why a group of ``size`` ops may not exist, or None."""
+    if options.max_ops_per_segment is not None and size > options.max_ops_per_segment:
+        return f"segment would hold {size} ops, more than max_ops_per_segment={options.max_ops_per_segment}"
+    return None

@@ -99,10 +99,17 @@ class SegmentedFusion:
 def bytes_floor(sf: SegmentedFusion) -> int:
     """Graph inputs some op reads (those read only through views count what the views touch),
     plus graph outputs that are not views of inputs. A property of the graph: the same for
-    every plan of it."""
+    every plan of it, so computed once per graph (the alias pass asks before and after)."""
+    g = sf.graph
+    found = g.__dict__.get("_bytes_floor")
+    if found is None:
+        found = g.__dict__["_bytes_floor"] = _bytes_floor(g)
+    return found
+
+
+def _bytes_floor(g: FusionGraph) -> int:
     from .ops import OpKind, op_info  # local: ops is below segments in the import order
 
-    g = sf.graph
     root = view_roots(g)
     whole: set[str] = set()  # inputs some op reads directly
     through: dict[str, list[TensorMeta]] = {}  # inputs read only through views: those views
@@ -170,23 +177,34 @@ def build_segment(
     (the "pre" and "off" alias modes): they are read and written whole."""
     from .ops import OpKind, op_info  # local: ops is below segments in the import order
 
-    position = graph.node_index
-    nodes = tuple(sorted(nodes, key=lambda n: position[n.name]))
+    if len(nodes) > 1:
+        position = graph.node_index
+        nodes = tuple(sorted(nodes, key=lambda n: position[n.name]))
+    else:
+        nodes = tuple(nodes)
+    inside: set[str] = set()
+    inputs: dict[str, None] = {}
+    local_users: dict[str, list[Node]] = {}
+    for n in nodes:  # in graph order: a value read here was made earlier here, or outside
+        for v in n.inputs:
+            if v not in inside:
+                inputs[v] = None
+            found = local_users.get(v)
+            if found is None:
+                local_users[v] = [n]
+            else:
+                found.append(n)
+        inside.update(n.outputs)
+    inside.discard(None)  # type: ignore[arg-type]
     names = {n.name for n in nodes}
-    inside = {o for n in nodes for o in n.outputs if o is not None}
-    inputs = list(dict.fromkeys(v for n in nodes for v in n.inputs if v not in inside))
-    external = set(graph.outputs) | {m.value for m in graph.mutations}
+    external, all_users = graph.external_values, graph.users
     outputs = [
         o for n in nodes for o in n.outputs
-        if o is not None and (o in external or any(u.name not in names for u in graph.users.get(o, ())))
+        if o is not None and (o in external or any(u.name not in names for u in all_users.get(o, ())))
     ]
     metas = graph.metas
     if kind == SegmentKind.METADATA:
         return Segment(index, kind, nodes, tuple(inputs), tuple(outputs), 0, 0)
-    local_users: dict[str, list[Node]] = {}
-    for n in nodes:
-        for v in n.inputs:
-            local_users.setdefault(v, []).append(n)
     out_set = set(outputs)
 
     def read_metas(v: str) -> list[TensorMeta]:

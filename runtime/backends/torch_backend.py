@@ -11,6 +11,7 @@ otherwise share the storage of its input (the plan computed it; torch's view op 
 
 from __future__ import annotations
 
+import functools
 import keyword
 from collections.abc import Sequence
 from typing import Any
@@ -62,7 +63,7 @@ def emit_node(code: Code, node: Node, out: str | None = None) -> None:
     """``node``'s op as one call defining its outputs' locals; with ``out`` (a graph input), the
     op's ``.out`` overload writes the result straight into it (Note [in-place write-back])."""
     op = _op_entry(node)
-    names = {a.name for a in op._schema.arguments} if isinstance(op, torch._ops.OpOverload) else None
+    names = _argument_names(op) if node.kwargs else None
     for k, _ in node.kwargs:
         # keyword names reach the source: only identifiers, and only the schema's own where there is one
         if not k.isidentifier() or keyword.iskeyword(k) or (names is not None and k not in names):
@@ -94,14 +95,25 @@ def emit_node(code: Code, node: Node, out: str | None = None) -> None:
     code.line("del _r")
 
 
+@functools.lru_cache(maxsize=4096)
+def _argument_names(op: object) -> frozenset[str] | None:
+    return frozenset(a.name for a in op._schema.arguments) if isinstance(op, torch._ops.OpOverload) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _one_tensor(op: torch._ops.OpOverload) -> bool:
+    rets = op._schema.returns
+    return len(rets) == 1 and isinstance(rets[0].type, torch.TensorType)
+
+
 def _returns_one_tensor(op: object, node: Node) -> bool:
     if not isinstance(op, torch._ops.OpOverload):
         return False
-    rets = op._schema.returns
-    if len(rets) == 1 and isinstance(rets[0].type, torch.TensorType):
+    if _one_tensor(op):
         if len(node.outputs) != 1:
             raise GraphError(f"node {node.name!r}: {node.op} returns one tensor, the graph names {len(node.outputs)}")
         return True
+    rets = op._schema.returns
     nothing = not rets and all(o is None for o in node.outputs)  # run for its effect (_linalg_check_errors)
     if not _returns_list(op) and len(rets) != len(node.outputs) and not nothing:
         raise GraphError(f"node {node.name!r}: {node.op} returns {len(rets)} values, the graph names {len(node.outputs)}")
