@@ -229,6 +229,7 @@ class CompiledProgram:
             if seg.index in self.folded:
                 code.line(f"# segment {seg.index}: {seg.kind.value}, folded (computed when compiled)")
                 continue
+            code.mark()
             code.line(f"# segment {seg.index}: {seg.kind.value} on {self.launches[seg.index].backend}")
             if timed is not None:
                 code.line(f"_t0 = {clock}()")
@@ -242,7 +243,7 @@ class CompiledProgram:
             returns = (f"{code.const(finish)}({code.const(graph)}, [{', '.join(params)}], "
                        f"dict(zip({code.const(tuple(needed))}, ({''.join(code.var(v) + ', ' for v in needed)}))), "
                        f"{code.const(self.written_in_place)})")
-        return code.function("fuseg_program", params, code.lines, returns)
+        return code.program("fuseg_program", params, returns)
 
     def _plain_outputs(self) -> bool:
         """Whether the outputs can be handed back as they are (no ``finish``): no input is mutated,

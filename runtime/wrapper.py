@@ -19,6 +19,15 @@ after a ``del`` would otherwise read whatever value holds the name now): a gener
 generation, never as a wrong result. Only straight-line code reuses names (the program); code
 with branches that each delete values (a launch run alone, with its layout guard) does not.
 
+Note [program parts]: Python's ``compile()`` of one function of 200k statements (a 100k-node
+graph) holds the whole tree in memory at once (~550 MB) and took 1.6-2.5 s; the same statements
+as ~100 functions of ~2000 lines each, compiled one by one, took 1.1-1.6 s and ~45 MB (one run,
+interleaved, perf/results/pipeline_before_after_100k.json has the pipeline figures). So a long
+straight-line function is cut, at places its generator marked (``mark``: between two launches),
+into parts: each part is a function taking the values live where it starts and returning those
+live where it ends, and the function itself calls the parts in order. A call pays one Python
+call per part (~1 us each); a function under ``2 * PART_LINES`` lines is never cut.
+
 Nothing from the graph reaches the source text: value names become ``v<n>``, and every other
 object a launch needs (an op, a shape, a constant argument, a kernel) is bound in the function's
 globals under a generated name (``_c<n>``) and referred to by that name only. A graph file can
@@ -34,6 +43,9 @@ from typing import Any
 __all__ = ["Code"]
 
 _ids = itertools.count()
+
+#: lines per part of a long function (Note [program parts])
+PART_LINES = 2000
 
 
 class Code:
@@ -53,6 +65,8 @@ class Code:
         self._consts: dict[int, str] = {}  # id(obj) -> name, for objects bound once
         self._keep: list[Any] = []  # keeps every bound object alive while its id is a key
         self._fixed: set[str] = set()
+        #: (line index, locals bound there) where a long function may be cut (Note [program parts])
+        self._marks: list[tuple[int, list[str]]] = []
         self.indent = "    "
 
     # --- names ------------------------------------------------------------------------------
@@ -106,6 +120,15 @@ class Code:
     def bind(self, name: str, obj: Any) -> None:
         self.globals[name] = obj
 
+    def mark(self) -> None:
+        """Here, between two statements at the function's top level, the function may be cut
+        into parts (Note [program parts]). Only straight-line code with reused names knows
+        exactly which locals are bound at every point."""
+        if not self.reuse or self.indent != "    ":  # pragma: no cover - a generator bug
+            raise RuntimeError("internal: a cut needs straight-line code with reused names")
+        live = sorted({name for v, name in self._vars.items() if v not in self._fixed}, key=lambda n: int(n[1:]))
+        self._marks.append((len(self.lines), live))
+
     # --- statements -------------------------------------------------------------------------
 
     def line(self, text: str) -> None:
@@ -124,6 +147,42 @@ class Code:
         scope: dict[str, Any] = dict(self.globals)
         exec(compile(src, f"<fuseg {name} #{next(_ids)}>", "exec"), scope)  # noqa: S102 - our own source, see the note
         return scope[name], src
+
+    def program(self, name: str, params: list[str], returns: str) -> tuple[Callable[..., Any], str]:
+        """Like ``function`` over this code's lines, cut into parts where it is long (Note
+        [program parts]); the source returned is the function's, then its parts'."""
+        cuts = self._cuts(PART_LINES)
+        if not cuts:
+            return self.function(name, params, self.lines, returns)
+        # The live values travel in one list that each part empties as it starts: no frame but
+        # the running part's holds them, so a ``del`` frees a value as it does in one function.
+        scope: dict[str, Any] = dict(self.globals)
+        bounds = [(0, params), *cuts, (len(self.lines), None)]
+        main = [f"    _s = [{''.join(v + ', ' for v in params)}]"]
+        sources = []
+        for k in range(len(bounds) - 1):
+            (start, live_in), (end, live_out) = bounds[k], bounds[k + 1]
+            part = f"_fuseg_part{k}"
+            head = ([f"    {''.join(v + ', ' for v in live_in)}= _s"] if live_in else []) + ["    _s.clear()"]
+            ret = returns if live_out is None else f"[{''.join(v + ', ' for v in live_out)}]"
+            src = self.source(part, ["_s"], head + self.lines[start:end], ret)
+            exec(compile(src, f"<fuseg {name} part {k} #{next(_ids)}>", "exec"), scope)  # noqa: S102 - see the notes
+            main.append(f"    return {part}(_s)" if live_out is None else f"    _s = {part}(_s)")
+            sources.append(src)
+        head_src = self.source(name, params, main, None)
+        exec(compile(head_src, f"<fuseg {name} #{next(_ids)}>", "exec"), scope)  # noqa: S102 - see the notes
+        return scope[name], head_src + "".join("\n" + s for s in sources)
+
+    def _cuts(self, every: int) -> list[tuple[int, list[str]]]:
+        """Marks about ``every`` lines apart (none for a function under twice that)."""
+        if len(self.lines) < 2 * every:
+            return []
+        cuts, last = [], 0
+        for at, live in self._marks:
+            if at - last >= every and len(self.lines) - at >= every // 2:
+                cuts.append((at, live))
+                last = at
+        return cuts
 
     @staticmethod
     def source(name: str, params: Iterable[str], body: list[str], returns: str | None) -> str:

@@ -162,3 +162,48 @@ def test_a_long_chain_runs_with_few_locals() -> None:
     code = prog._fast.__code__
     assert code.co_nlocals < 20, code.co_varnames
     assert_matches_eager(f, [x], prog.plan.graph, program=prog)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_a_long_program_runs_in_parts_that_free_as_one_function_does(backend: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [program parts]: cut every few lines, the program gives eager's values, frees each
+    intermediate at its last use (no frame holds a value a part deleted), and stays one
+    function when it is short."""
+    import runtime.wrapper as wrapper
+    from runtime.memory import PeakTracker
+
+    def f(x):
+        for _ in range(6):
+            x = torch.sort(x.sin() * 2, dim=-1).values[:, 1:]  # opaque launches between kernels
+        return x, x.t()
+
+    x = torch.randn(64, 256)
+    whole = _program(f, [x], backend=backend)
+    assert "_fuseg_part" not in whole.source
+    monkeypatch.setattr(wrapper, "PART_LINES", 3)
+    parts = _program(f, [x], backend=backend)
+    assert "_fuseg_part3" in parts.source
+    assert_matches_eager(f, [x], parts.plan.graph, program=parts)
+    peaks = []
+    with torch.no_grad():
+        for program in (whole, parts):
+            with PeakTracker() as t:
+                out = program(x.clone())
+                del out
+            peaks.append(t.peak)
+    assert peaks[1] == peaks[0] > 0
+
+
+def test_cuts_fall_only_at_marks_and_leave_no_short_tail() -> None:
+    from runtime.wrapper import Code
+
+    code = Code(reuse=True)
+    for k in range(10):
+        code.mark()
+        code.line(f"{code.var(str(k))} = {k}")
+    cuts = code._cuts(4)
+    assert [at for at, _ in cuts] == [4, 8]
+    assert cuts[0][1] == ["v0", "v1", "v2", "v3"]  # the locals bound before line 4
+    assert [at for at, _ in code._cuts(5)] == [5]  # a cut at 10 would leave an empty last part
+    assert code._cuts(6) == []  # under twice the part length: one function
