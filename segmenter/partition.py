@@ -33,7 +33,7 @@ from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, build_seg
 __all__ = ["segment"]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Group:
     nodes: list[int]
     min_idx: int
@@ -103,6 +103,8 @@ class _Partition:
         self.combined: dict[tuple, tuple[Traits, Traits, Traits | str]] = {}
         self.refusals: list[tuple[int, int, str]] = []
         self.refused: dict[tuple[int, int], tuple[int, int]] = {}
+        #: roots of the groups merged since the last vertical round began (None: every group)
+        self.changed: set[int] | None = None
         self.merges = 0
         # Every producer -> consumer edge once per (value, consumer), with the value's bytes.
         self.edges: list[tuple[int, int, str, int]] = [
@@ -201,6 +203,8 @@ class _Partition:
         for i in self.groups[drop].nodes:
             root[i] = keep
         del self.groups[drop]
+        if self.changed is not None:
+            self.changed.add(keep)
         self.merges += 1
 
     def out_of_fuel(self) -> bool:
@@ -209,12 +213,16 @@ class _Partition:
     # -- rounds ----------------------------------------------------------------------------
 
     def vertical_round(self) -> bool:
+        # A pair of groups neither of which changed since the last round began was tried then
+        # (and refused, or they would be one group): only pairs touching a changed group are new.
+        changed, self.changed = self.changed, set()
         pairs: dict[tuple[int, int], list[int]] = {}
         counted: set[tuple[int, int, str]] = set()
         root = self.root
         for i, j, v, nbytes in self.edges:
             ra, rb = root[i], root[j]
-            if ra == rb or (ra, rb, v) in counted:
+            if ra == rb or (changed is not None and ra not in changed and rb not in changed) \
+                    or (ra, rb, v) in counted:
                 continue
             counted.add((ra, rb, v))
             entry = pairs.get((ra, rb))
