@@ -11,8 +11,9 @@ peak RSS (torch itself included: ``rss_before_mib`` is the RSS before the graph 
 
 With ``backend="cpp"`` each distinct kernel is one g++ run: the kernels are built once before
 the measured runs, so what is timed is the structural cost (lowering, checks, cache lookups)
-with a warm cache, not the compiler. Garbage left by the previous run is collected before
-each run, outside the timing.
+with a warm cache, not the compiler. Every run gets a freshly built graph (what a graph caches
+about itself is computed inside the timed run), and garbage left by the previous run is
+collected before each run; both outside the timing.
 """
 
 from __future__ import annotations
@@ -59,16 +60,20 @@ def measure_one(n: int, backend: str, repeat: int) -> dict[str, Any]:
     from .synthetic import block_graph, synthetic_transformer
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    graph = synthetic_transformer(n, block_graph())
     if backend == "cpp":
-        _pipeline(graph, backend)  # builds the kernels: the runs below find them cached
+        _pipeline(synthetic_transformer(n, block_graph()), backend)  # builds the kernels: the runs below find them cached
     runs = []
     for _ in range(repeat):
-        # the last run's plan and program are garbage in cycles: collected here, untimed, so that
-        # a run is timed as the one pipeline of a fresh process would be, not with the full
-        # collection of another run's 1.5 GiB of objects falling inside one of its stages
+        # Each run gets a graph of its own, built untimed: a graph caches what the passes ask of
+        # it (view roots, which view ops are true views, the bytes floor), and a run on a graph
+        # an earlier run used would find that work done. The last run's plan and program are
+        # garbage in cycles: collected here, untimed, so that a run is timed as the one pipeline
+        # of a fresh process would be, not with the collection of another run's 1.5 GiB of objects.
+        graph = synthetic_transformer(n, block_graph())
         gc.collect()
         runs.append(_pipeline(graph, backend))
+        del graph
+    graph = synthetic_transformer(n, block_graph())
     gc.collect()
     tracemalloc.start()
     _pipeline(graph, backend)
