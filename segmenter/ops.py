@@ -144,6 +144,9 @@ _register(
 _register(
     OpKind.ELEMENTWISE,
     "aten._to_copy.default",  # a cast: no pointwise tag in its schema
+    # inference batch norm reads stored statistics: per element, (x - mean[c]) / sqrt(var[c] + eps)
+    # * weight[c] + bias[c], no reduction (its other two outputs are empty)
+    "aten._native_batch_norm_legit_no_training.default",
     "aten.clone.default", "aten.copy.default", "aten.lift_fresh_copy.default",
 )
 _register(
@@ -168,7 +171,7 @@ _register(
     OpKind.REDUCTION,
     "aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default",
     "aten.native_group_norm.default", "aten._native_batch_norm_legit_functional.default",
-    "aten._native_batch_norm_legit_no_training.default", "aten._native_batch_norm_legit.no_stats",
+    "aten._native_batch_norm_legit.no_stats",
     "aten.max.dim", "aten.min.dim", "aten.argmax.default", "aten.argmin.default",
     "aten.logsumexp.default", "aten.linalg_vector_norm.default",
     "aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default",
@@ -183,7 +186,7 @@ _register(
 _NORMALIZATION = frozenset({
     "aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default",
     "aten.native_group_norm.default", "aten._native_batch_norm_legit_functional.default",
-    "aten._native_batch_norm_legit_no_training.default", "aten._native_batch_norm_legit.no_stats",
+    "aten._native_batch_norm_legit.no_stats",
     "aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default",
 })
 

@@ -102,10 +102,16 @@ CASES: dict[str, tuple] = {
     "rms-norm": (_rms, [torch.randn(2, 7, 48), torch.randn(48)]),
     "logsumexp-norm": (lambda x: (torch.logsumexp(x, -1), torch.linalg.vector_norm(x, dim=-1)), [torch.randn(5, 17)]),
     "reduce-epilogue": (lambda x, y: ((x - x.mean(-1, keepdim=True)) * y, x.sum(-1) + 1), [torch.randn(4, 10), torch.randn(10)]),
+    # inference batch norm is pointwise: per-channel statistics, with and without an affine part
+    "batch-norm-eval": (lambda x, m, v, w, b: (F.hardtanh(F.batch_norm(x, m, v, w, b, eps=1e-3), 0.0, 6.0),
+                                               F.batch_norm(x, m, v) + x),
+                        [_strided(2, 5, 3, 4), torch.randn(5), torch.rand(5) + 0.5, torch.randn(5), torch.randn(5)]),
+    "batch-norm-eval-bf16": (lambda x, m, v: F.batch_norm(x, m, v), [torch.randn(2, 6, 7, dtype=torch.bfloat16),
+                                                                      torch.randn(6), torch.rand(6) + 0.5]),
 }
 
 # tolerances per case (the generator computes in fp32 where eager does too, so most are tight)
-TOL = {"softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
+TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
        "sum-mean": 1e-4, "layer-norm": 1e-4, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4}
 
 

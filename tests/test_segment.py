@@ -71,6 +71,11 @@ def _diamond(x, w):
     return a + a @ w
 
 
+def _conv_bn_relu6_residual(x, w, m, v, g, b):
+    y = F.conv2d(x, w, padding=1)
+    return F.conv2d(F.hardtanh(F.batch_norm(y, m, v, g, b, eps=1e-3), 0.0, 6.0) + x, w, padding=1)
+
+
 _lin = torch.nn.Linear(8, 16)
 
 # name, program, inputs, expected segment kinds in execution order
@@ -89,6 +94,10 @@ TABLE = [
     ("cat-of-slices-joins", _cat_slices, lambda: [torch.randn(4, 8)], [P]),
     ("pad-joins", _pad, lambda: [torch.randn(4, 8)], [P]),
     ("diamond-through-matmul", _diamond, lambda: [torch.randn(8, 8), torch.randn(8, 8)], [P, M, P]),
+    # inference batch norm reads stored statistics: pointwise, one kernel with ReLU6 and the residual
+    ("conv-bn-relu6-residual", _conv_bn_relu6_residual,
+     lambda: [torch.randn(2, 4, 5, 5), torch.randn(4, 4, 3, 3), torch.randn(4), torch.rand(4) + 0.5, torch.randn(4),
+              torch.randn(4)], [OP, P, OP]),
 ]
 
 

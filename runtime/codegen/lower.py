@@ -107,6 +107,8 @@ class _Lowerer:
         a = bind(node)
         if op in ELEMENTWISE:
             return self.elementwise(b, node, a, idx)
+        if op == "aten._native_batch_norm_legit_no_training.default":
+            return self.batch_norm(b, node, k, a, idx)
         if op in VIEW_IDENTITY:
             return self.value(b, a["self"].name, idx)
         if op in CONST:
@@ -197,6 +199,38 @@ class _Lowerer:
             ct = compute_type(out.dtype)
             return self.rounded(out.dtype, f"(({ct})({literal(start, 'double')} + (double){idx[0]} * {literal(step, 'double')}))")
         raise Declined(f"{op} is not supported by the kernel generator")
+
+    def batch_norm(self, b: Body, node: Node, k: int, a: dict, idx: list[str]) -> str:
+        """Inference batch norm over dim 1, as ATen's CPU kernel computes it: per channel
+        alpha = weight / sqrt(var + eps) and beta = bias - mean * alpha, then x * alpha + beta."""
+        if k != 0:
+            raise Declined("batch norm's saved statistics (empty in inference) are left to torch")
+        out = self.meta(node.outputs[0])
+        x = a.get("input")
+        if not isinstance(x, ValueRef) or out.ndim < 2:
+            raise Declined("batch norm of a tensor of rank < 2")
+        for n in ("momentum", "eps"):
+            _check_plain(node, n, a.get(n))
+        ct = "double" if out.dtype == torch.float64 else "float"
+        c = idx[1]
+
+        def per_channel(name: str) -> str | None:
+            v = a.get(name)
+            if v is None:
+                return None
+            m = self.meta(v.name) if isinstance(v, ValueRef) else None
+            if m is None or m.shape != (out.shape[1],):
+                raise Declined(f"batch norm {name} is not a vector of {out.shape[1]} channels")
+            return self.convert(self.value(b, v.name, [c]), m.dtype, ct)
+
+        mean, var = per_channel("running_mean"), per_channel("running_var")
+        if mean is None or var is None:
+            raise Declined("batch norm without running statistics")
+        w, bias = per_channel("weight"), per_channel("bias")
+        alpha = b.let(ct, f"(({ct})1 / sqrt({var} + {literal(a.get('eps', 1e-5), ct)}))" + (f" * {w}" if w else ""))
+        beta = b.let(ct, f"{bias or f'({ct})0'} - {mean} * {alpha}")
+        xv = self.convert(self.value(b, x.name, idx), self.meta(x.name).dtype, ct)
+        return self.rounded(out.dtype, f"({xv} * {alpha} + {beta})")
 
     def rounded(self, dtype: torch.dtype, expr: str) -> str:
         """The value as eager holds it: rounded to its dtype (fp16/bf16 and narrow ints)."""

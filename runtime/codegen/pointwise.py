@@ -142,6 +142,9 @@ ELEMENTWISE["aten.minimum.default"] = _binary("fuseg_min<{ct}>({a}, {b})")
 ELEMENTWISE["aten.clamp.default"] = Rule(("self",), "out", _clamp)
 ELEMENTWISE["aten.clamp_min.default"] = Rule(("self",), "out", lambda a, ct: f"fuseg_max<{ct}>({a['self']}, {literal(a['min'], ct)})")
 ELEMENTWISE["aten.clamp_max.default"] = Rule(("self",), "out", lambda a, ct: f"fuseg_min<{ct}>({a['self']}, {literal(a['max'], ct)})")
+# hardtanh (ReLU6 is hardtanh(x, 0, 6)): a clamp whose bounds default to -1 and 1
+ELEMENTWISE["aten.hardtanh.default"] = Rule(("self",), "out", lambda a, ct: _clamp(
+    {"self": a["self"], "min": a.get("min_val", -1), "max": a.get("max_val", 1)}, ct))
 ELEMENTWISE["aten.pow.Tensor_Scalar"] = Rule(("self",), "out", _pow)
 ELEMENTWISE["aten.pow.Tensor_Tensor"] = Rule(("self", "exponent"), "out", _pow)
 ELEMENTWISE["aten.gelu.default"] = Rule(("self",), "out", _gelu)
