@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 import heapq
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .ir import FusionGraph
 from .ops import OpKind
@@ -33,6 +33,9 @@ from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, build_seg
 __all__ = ["segment"]
 
 
+_NO_NUMELS: frozenset[int] = frozenset()
+
+
 @dataclass(slots=True)
 class _Group:
     nodes: list[int]
@@ -41,7 +44,7 @@ class _Group:
     outputs: list[str]  # values made here and needed elsewhere (or graph outputs)
     consumers: list[int]  # node indices outside the group that read its values
     traits: Traits
-    numels: set[int] = field(default_factory=set)  # element counts of its computing nodes
+    numels: frozenset[int] = frozenset()  # element counts of its computing nodes (shared: never mutated)
     version: int = 0  # bumped on every merge: a refusal between unchanged groups stays valid
 
 
@@ -76,6 +79,7 @@ class _Partition:
         # Traits depend on the node only through its NodeTraits (and its op, when OPAQUE): one
         # object per distinct pair, not one per node.
         shared: dict[tuple[NodeTraits, str | None], Traits] = {}
+        one_numel: dict[int, frozenset[int]] = {}
         for i, n in enumerate(nodes):
             nt = self.traits[i]
             made = [o for o in n.outputs if o is not None]
@@ -84,12 +88,13 @@ class _Partition:
                 cons = users.get(made[0], [])[:]
             else:
                 cons = sorted({u for o in made for u in users.get(o, ())})
-            numels = set()
+            numels = _NO_NUMELS
             if nt.kind != OpKind.VIEW:
                 for o in made:
                     self.out_numel[o] = metas[o].numel
                 if nt.kind != OpKind.OPAQUE and made:
-                    numels.add(metas[made[0]].numel)
+                    n0 = metas[made[0]].numel
+                    numels = one_numel.get(n0) or one_numel.setdefault(n0, frozenset((n0,)))
             if n.name in opaque_nodes:
                 traits = Traits(opaque=n.op)
             else:
@@ -198,7 +203,9 @@ class _Partition:
         g.min_idx, g.max_idx = min(a.min_idx, b.min_idx), max(a.max_idx, b.max_idx)
         g.outputs, g.consumers = outputs, consumers
         g.traits = traits
-        g.numels |= self.groups[drop].numels
+        other = self.groups[drop].numels
+        if not other <= g.numels:
+            g.numels = g.numels | other
         g.version = a.version + b.version + 1
         for i in self.groups[drop].nodes:
             root[i] = keep
@@ -217,21 +224,28 @@ class _Partition:
         # (and refused, or they would be one group): only pairs touching a changed group are new.
         changed, self.changed = self.changed, set()
         pairs: dict[tuple[int, int], list[int]] = {}
-        counted: set[tuple[int, int, str]] = set()
         root = self.root
-        for i, j, v, nbytes in self.edges:
-            ra, rb = root[i], root[j]
-            if ra == rb or (changed is not None and ra not in changed and rb not in changed) \
-                    or (ra, rb, v) in counted:
-                continue
-            counted.add((ra, rb, v))
-            entry = pairs.get((ra, rb))
-            if entry is None:
-                pairs[(ra, rb)] = [nbytes, j]
-            else:
-                entry[0] += nbytes
+        if changed is None:  # the first round: one group per node, so each edge is one (pair, value)
+            for i, j, _, nbytes in self.edges:
+                entry = pairs.get((i, j))
+                if entry is None:
+                    pairs[(i, j)] = [nbytes, j]
+                else:
+                    entry[0] += nbytes
+        else:
+            counted: set[tuple[int, int, str]] = set()
+            for i, j, v, nbytes in self.edges:
+                ra, rb = root[i], root[j]
+                if ra == rb or (ra not in changed and rb not in changed) or (ra, rb, v) in counted:
+                    continue
+                counted.add((ra, rb, v))
+                entry = pairs.get((ra, rb))
+                if entry is None:
+                    pairs[(ra, rb)] = [nbytes, j]
+                else:
+                    entry[0] += nbytes
         merged = False
-        for (ra0, rb0), _ in sorted(pairs.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0])):
+        for _, _, ra0, rb0 in sorted([(-e[0], e[1], ra, rb) for (ra, rb), e in pairs.items()]):
             if self.out_of_fuel():
                 break
             ra, rb = root[ra0], root[rb0]
