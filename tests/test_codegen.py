@@ -230,3 +230,36 @@ def test_cpu_tanh_and_erf_are_accurate() -> None:
     torch.testing.assert_close(gelu, torch.nn.functional.gelu(x), rtol=1e-6, atol=1e-6, equal_nan=True)
     torch.testing.assert_close(gelu_tanh, torch.nn.functional.gelu(x, approximate="tanh"), rtol=1e-6, atol=1e-6,
                                equal_nan=True)
+
+
+def test_values_of_outer_loops_are_computed_there() -> None:
+    """Note [hoisted per-loop values]: batch norm's per-channel scale and shift sit in the channel
+    loop, not per element, and only the loops above them are collapsed for OpenMP."""
+    import torch.nn.functional as F
+
+    def f(x, m, v, w, b):
+        return F.hardtanh(F.batch_norm(x, m, v, w, b, eps=1e-3), 0.0, 6.0)
+
+    c = 192
+    inputs = [torch.randn(2, c, 16, 16), torch.randn(c), torch.rand(c) + 0.5, torch.randn(c), torch.randn(c)]
+    prog = _program(f, inputs)
+    (launch,) = [la for la in prog._chosen.values() if getattr(la, "kernel", None) is not None]
+    cpu = launch.kernel.source("cpu").split("#else")[-1]
+    channel, inner = cpu.index("for (FUSEG_I i_1"), cpu.index("for (FUSEG_I i_2")
+    assert "collapse(2)" in cpu
+    assert "sqrt(" in cpu[channel:inner] and "sqrt(" not in cpu[inner:]
+    assert_matches_eager(f, inputs, prog.plan.graph, program=prog)
+
+
+def test_hoisting_keeps_branch_values_and_stores_innermost() -> None:
+    from runtime.codegen.lower import _hoist_levels
+
+    ind = "    "
+    lines = [ind + "const float t1 = ((float)in0[i_0]);",  # outer loop only
+             ind + "const float t2 = (t1 * 2.0f);",  # from an outer value: outer too
+             ind + "float c3;",  # a branch's result
+             ind + "if (i_1 < 4) {", ind + "  c3 = t1;", ind + "}", ind + "else {", ind + "  c3 = 0.0f;", ind + "}",
+             ind + "const float t4 = (c3 + t2);",  # reads the branch: innermost
+             ind + "const float t5 = ((float)in1[7]);",  # no counter at all
+             ind + "out0[i_0 * 8 + i_1] = t4;"]
+    assert _hoist_levels(lines, ind, ["i_0", "i_1"]) == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, -1, 1]

@@ -101,8 +101,10 @@ def _remove_stale_builds(path: str) -> None:
 #: -O3 and the machine's own instruction set: loops over unit strides vectorize (Note [pointwise
 #: loops]); OpenMP shares big loops among torch's threads (torch's libgomp is the one loaded);
 #: ISO C++ keeps floating-point contraction off and no fast-math, so results stay those of eager;
-#: without trapping math, branches that pick a value (clamps, NaN rules) become vector selects
-CPU_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math",
+#: without trapping math, branches that pick a value (clamps, NaN rules) become vector selects;
+#: without errno from math functions (nothing reads it), sqrt is one instruction that vectorizes
+#: and may move out of a loop (values are unchanged: only errno is no longer set)
+CPU_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math", "-fno-math-errno",
              "-fno-trapping-math")  # no code reads FP exception flags; selects may then vectorize
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 
 import torch
 
@@ -542,11 +543,63 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
         store_output(lw, b, p, idx_vars, stores)
     cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
             f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{", *unravel]
-    cpu = list(nest)
+    loop_vars = [v for v in idx_vars if v != "0"]
+    levels = _hoist_levels(b.lines, b.indent, loop_vars)
+    if not any(lv < len(nest) - 1 for lv in levels):
+        cpu = list(nest)
+        if n >= PARALLEL_MIN and nest:
+            cpu.insert(0, f"#pragma omp parallel for collapse({max(len(nest) - 1, 1)}) schedule(static)")
+        cpu.append(f"{indent}{{")
+        return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
+    # Note [hoisted per-loop values]: a value that depends only on outer loop counters (batch
+    # norm's per-channel scale, a broadcast row of weights) is computed in the loop of its
+    # innermost counter, not per element; loops above such a value are the only ones collapsed.
+    cpu = [line for line, lv in zip(b.lines, levels) if lv == -1]
+    first = min(lv for lv in levels if lv >= 0) if any(lv >= 0 for lv in levels) else len(nest) - 1
     if n >= PARALLEL_MIN and nest:
-        cpu.insert(0, f"#pragma omp parallel for collapse({max(len(nest) - 1, 1)}) schedule(static)")
-    cpu.append(f"{indent}{{")
-    return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
+        cpu.append(f"#pragma omp parallel for collapse({max(min(first + 1, len(nest) - 1), 1)}) schedule(static)")
+    opened = 0
+    for d, header in enumerate(nest):
+        cpu.append(header)
+        mine = [line for line, lv in zip(b.lines, levels) if lv == d and d < len(nest) - 1]
+        if mine or d == len(nest) - 1:
+            cpu.append(f"{indent}{{")
+            opened += 1
+            cpu.extend(mine)
+    cpu.extend(line for line, lv in zip(b.lines, levels) if lv >= len(nest) - 1)
+    cpu.extend([f"{indent}}}"] * opened)
+    return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *cpu, "#endif"]) + "\n"
+
+
+_LET = re.compile(r"const [A-Za-z_][A-Za-z0-9_ ]* (t[0-9]+) = (.*);$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _hoist_levels(lines: list[str], indent: str, loop_vars: list[str]) -> list[int]:
+    """Per body line, the position in ``loop_vars`` of the innermost counter it depends on (-1:
+    none), for the top-level ``const`` lets of the body; every other line (stores, branches,
+    and what reads a value they make) is at the innermost loop. Names are the generator's own
+    (``i_<d>``, ``t<n>``), so a whole-word scan of the expression finds every dependency."""
+    inner = len(loop_vars) - 1
+    pos = {v: k for k, v in enumerate(loop_vars)}
+    level: dict[str, int] = {}
+    out = []
+    for line in lines:
+        m = _LET.match(line[len(indent):]) if line.startswith(indent) and not line[len(indent)].isspace() else None
+        if m is None:
+            out.append(inner)
+            continue
+        lv = -1
+        for name in _NAME.findall(m.group(2)):
+            if name in pos:
+                lv = max(lv, pos[name])
+            elif name in level:
+                lv = max(lv, level[name])
+            elif name[0] in "tc" and name[1:].isdigit():  # a value made inside a branch
+                lv = inner
+        level[m.group(1)] = lv
+        out.append(lv)
+    return out
 
 
 def _check_in_place(lw: _Lowerer, outs: list[Param], stores: dict) -> None:
