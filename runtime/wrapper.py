@@ -20,13 +20,14 @@ generation, never as a wrong result. Only straight-line code reuses names (the p
 with branches that each delete values (a launch run alone, with its layout guard) does not.
 
 Note [program parts]: Python's ``compile()`` of one function of 200k statements (a 100k-node
-graph) holds the whole tree in memory at once (~550 MB) and took 1.6-2.5 s; the same statements
-as ~100 functions of ~2000 lines each, compiled one by one, took 1.1-1.6 s and ~45 MB (one run,
-interleaved, perf/results/pipeline_before_after_100k.json has the pipeline figures). So a long
-straight-line function is cut, at places its generator marked (``mark``: between two launches),
-into parts: each part is a function taking the values live where it starts and returning those
-live where it ends, and the function itself calls the parts in order. A call pays one Python
-call per part (~1 us each); a function under ``2 * PART_LINES`` lines is never cut.
+graph) holds the whole tree in memory at once. Cut into functions of ~2000 lines compiled one by
+one, it took 1.31 s instead of 2.71 s and the process peaked at 545 MiB instead of 1051 MiB
+(medians of one interleaved run, ``python -m perf.compile_parts``; raw figures in
+perf/results/compile_parts_100k.json). So a long straight-line function is cut, at places its
+generator marked (``mark``: between two launches), into parts: each part is a function taking the
+values live where it starts and returning those live where it ends, and the function itself calls
+the parts in order. A call pays one Python call per part (~1 us each); a function under
+``2 * PART_LINES`` lines is never cut.
 
 Nothing from the graph reaches the source text: value names become ``v<n>``, and every other
 object a launch needs (an op, a shape, a constant argument, a kernel) is bound in the function's
