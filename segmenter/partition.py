@@ -108,7 +108,8 @@ class _Partition:
         self.combined: dict[tuple, tuple[Traits, Traits, Traits | str]] = {}
         self.refusals: list[tuple[int, int, str]] = []
         self.refused: dict[tuple[int, int], tuple[int, int]] = {}
-        #: roots of the groups merged since the last vertical round began (None: every group)
+        #: roots of the groups merged since the last vertical round began; before the first
+        #: round, every group counts as changed (None)
         self.changed: set[int] | None = None
         self.merges = 0
         # Every producer -> consumer edge once per (value, consumer), with the value's bytes.
@@ -210,8 +211,7 @@ class _Partition:
         for i in self.groups[drop].nodes:
             root[i] = keep
         del self.groups[drop]
-        if self.changed is not None:
-            self.changed.add(keep)
+        self.changed.add(keep)  # merges happen only in rounds, each of which made the set
         self.merges += 1
 
     def out_of_fuel(self) -> bool:
