@@ -25,6 +25,11 @@ def _expanded(*shape: int) -> torch.Tensor:
     return torch.randn(1, *shape[1:]).expand(*shape)
 
 
+def _softmax_kept(x, y):
+    s = torch.softmax(x * 0.5 + y, -1)
+    return s, (s * y).sum(-1), s.view(4, 8, 8) * 2
+
+
 def _rms(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
@@ -97,6 +102,11 @@ CASES: dict[str, tuple] = {
     "softmax-masked": (lambda x: torch.softmax(x.masked_fill(torch.ones(5, 5, dtype=torch.bool, device=x.device).triu(1), float("-inf")), -1),
                        [torch.randn(2, 5, 5)]),
     "softmax-fp16": (lambda x: torch.softmax(x, -1), [torch.randn(4, 64, dtype=torch.float16)]),
+    # Note [softmax keeps its exps]: kept exps read back by a later reduction and through a view;
+    # a double row; a row longer than the array holds (computed again)
+    "softmax-kept": (_softmax_kept, [torch.randn(4, 64), torch.randn(64)]),
+    "softmax-kept-double": (lambda x: torch.softmax(x * 2, -1), [torch.randn(3, 100, dtype=torch.float64)]),
+    "softmax-long-row": (lambda x: torch.softmax(x + 1, -1), [torch.randn(2, 20000)]),
     "layer-norm": (lambda x, w, b: F.layer_norm(x, (32,), w, b), [torch.randn(3, 5, 32), torch.randn(32), torch.randn(32)]),
     "layer-norm-bf16": (lambda x: F.layer_norm(x, (40,)), [torch.randn(6, 40, dtype=torch.bfloat16)]),
     "rms-norm": (_rms, [torch.randn(2, 7, 48), torch.randn(48)]),
@@ -112,7 +122,8 @@ CASES: dict[str, tuple] = {
 
 # tolerances per case (the generator computes in fp32 where eager does too, so most are tight)
 TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
-       "sum-mean": 1e-4, "layer-norm": 1e-4, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4}
+       "sum-mean": 1e-4, "layer-norm": 1e-4, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4,
+       "softmax-kept": 1e-5}
 
 
 # --- every elementwise op the generator takes (runtime/codegen/pointwise.py), one case each ----

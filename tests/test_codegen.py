@@ -263,3 +263,40 @@ def test_hoisting_keeps_branch_values_and_stores_innermost() -> None:
              ind + "const float t5 = ((float)in1[7]);",  # no counter at all
              ind + "out0[i_0 * 8 + i_1] = t4;"]
     assert _hoist_levels(lines, ind, ["i_0", "i_1"]) == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, -1, 1]
+
+
+def _cpu_text(source: str) -> str:
+    """The CPU side of a kernel body: FUSEG_ON_CPU(cpu, cuda) taken as cpu, CUDA-only lines dropped."""
+    import re
+
+    out, skip = [], []
+    for line in source.splitlines():
+        t = line.strip()
+        if t.startswith("#ifdef __CUDACC__"):
+            skip.append(True)
+        elif t.startswith("#ifndef __CUDACC__"):
+            skip.append(False)
+        elif t == "#else" and skip:
+            skip[-1] = not skip[-1]
+        elif t == "#endif" and skip:
+            skip.pop()
+        elif not any(skip):
+            out.append(re.sub(r"FUSEG_ON_CPU\((\w+\[j\]), fuseg_exp\([^()]*\)\)", r"\1", line))
+    return "\n".join(out)
+
+
+# (exps on the CPU, exps in the source): softmax-kept writes the softmax, reduces it and writes
+# a view of it, whose index is another expression, so that one read computes its exp again
+@pytest.mark.parametrize("case,cpu,total", [("softmax-kept", 2, 4), ("softmax-kept-double", 1, 2),
+                                            ("softmax-long-row", 2, 2)])
+def test_softmax_keeps_its_exps_on_the_cpu(case: str, cpu: int, total: int) -> None:
+    """Note [softmax keeps its exps]: on the CPU each exp of a softmax is computed once, in the sum
+    pass, and read back where the softmax is read at the row's own index; a row longer than the
+    array computes it again. The values are checked against eager by the kernel cases of the same
+    names."""
+    fn, inputs = CASES[case]
+    prog = _program(fn, inputs)
+    (launch,) = [la for la in prog._chosen.values() if getattr(la, "kernel", None) is not None]
+    body = launch.kernel.body
+    assert _cpu_text(body).count("fuseg_exp(") == cpu
+    assert body.count("fuseg_exp(") == total  # CUDA computes it where it is read, as before

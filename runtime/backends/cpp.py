@@ -41,8 +41,11 @@ class CppBackend(Backend):
     def not_chosen_for(self, seg: Segment) -> str | None:
         # Measured (perf/results/before_after_tanh_erf_softmax_cpu.json, softmax-4k, one
         # interleaved run): fuseg/eager 1.32 with our row kernel, 1.00 with ATen's vectorized CPU
-        # kernel, which computes each exp once and keeps it; ours computes it in the sum pass and
-        # again when it writes. With nothing fused around it there is nothing to win.
+        # kernel, which computes each exp once and keeps it; ours then computed it in the sum pass
+        # and again when it wrote. Since Note [softmax keeps its exps] ours computes each exp once
+        # too; a lone softmax timed both ways afterwards (a diagnostic run, not committed: 64x1024,
+        # 512x512, 4096x4096) was level with ATen's, within the noise. With nothing fused around it
+        # there is still nothing to win, so it stays in ATen.
         compute = [n for n in seg.nodes if op_info(n.op).kind != OpKind.VIEW]
         if len(compute) == 1 and compute[0].op in _ATEN_FASTER_ALONE:
             return f"a lone {compute[0].op} is faster in ATen's own CPU kernel"

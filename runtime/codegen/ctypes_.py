@@ -127,6 +127,7 @@ template <class T> FUSEG_FN T fuseg_all(T a, T b) { return (T)(a && b); }
 _CUDA = r"""
 #define FUSEG_FN __device__ __forceinline__
 #define FUSEG_UNROLL _Pragma("unroll")
+#define FUSEG_ON_CPU(cpu, cuda) (cuda)
 #define FUSEG_INF __int_as_float(0x7f800000)
 #define FUSEG_NAN __int_as_float(0x7fc00000)
 #define FUSEG_BLOCK ((FUSEG_I)blockIdx.x)
@@ -167,6 +168,7 @@ _CPU = r"""
 using namespace std;
 #define FUSEG_FN static inline
 #define FUSEG_UNROLL
+#define FUSEG_ON_CPU(cpu, cuda) (cpu)
 #define FUSEG_INF (std::numeric_limits<float>::infinity())
 #define FUSEG_NAN (std::numeric_limits<float>::quiet_NaN())
 #define FUSEG_BLOCK ((FUSEG_I)0)

@@ -52,6 +52,9 @@ class _Lowerer:
         self.cache_fill = False  # whether a load not cached yet is added to it (reduction passes)
         self.row_cache: dict[tuple[str, str], str] = {}
         self.cache_decls: list[str] = []
+        #: softmax node -> (its per-row array of exps, the row index they are kept at): Note
+        #: [softmax keeps its exps] in rows.py
+        self.exp_scratch: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -408,7 +411,11 @@ class _Lowerer:
         if op in ("aten._softmax.default", "aten._log_softmax.default"):
             m, s = self.regs[(node.name, -1)], self.regs[(node.name, -2)]
             if op == "aten._softmax.default":
-                return f"(fuseg_exp({xv} - {m}) / {s})"
+                e = f"fuseg_exp({xv} - {m})"
+                kept = self.exp_scratch.get(node.name)
+                if kept is not None and kept[1] == tuple(idx):
+                    e = f"FUSEG_ON_CPU({kept[0]}[j], {e})"
+                return f"({e} * {self.regs[(node.name, -3)]})"
             return f"({xv} - {m} - log({s}))"
         if op == "aten.native_layer_norm.default" and k == 0:
             mean, rstd = self.regs[(node.name, 1)], self.regs[(node.name, 2)]

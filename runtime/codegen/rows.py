@@ -139,6 +139,17 @@ def row_levels(lw, row: Row) -> dict[str, str]:
 
 _IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
 
+# Note [softmax keeps its exps]: softmax's sum pass computes exp(x - max) for every element of the
+# row, and its value is that exp over the sum. ATen's CPU kernel stores the exps and scales them;
+# ours computed each exp a second time where the value is read (the write pass), which made it
+# slower than ATen alone (the reason softmax alone was left to ATen). On the CPU, where one thread
+# takes a whole row, the sum pass now keeps each exp in a per-thread array of the row's length
+# (on the stack, so rows up to EXP_SCRATCH_BYTES), and a read of the softmax at the row's own
+# position ``j`` (the index the passes use, compared as text) reads it back; a read at any other
+# index, a longer row and CUDA (a thread holds only part of the row) compute it again as before.
+# The stored value is the very expression the write would compute, so results are unchanged.
+EXP_SCRATCH_BYTES = 64 * 1024
+
 
 def _identity(combine: str, ct: str) -> str:
     """The value a block reduction starts from: a max from the lowest value, a min from the highest."""
@@ -273,12 +284,28 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             m = reduce_pass(ct, "fuseg_max", xval)
             # exp(x - m) with m = -inf (a row of -inf) is exp(nan): use 0 as the shift there, as torch does
             shift = row_let(ct, f"(({m}) == -{literal(float('inf'), ct)} ? ({ct})0 : {m})")
-            s = reduce_pass(ct, "fuseg_sum", lambda b, idx, xval=xval, shift=shift: f"fuseg_exp({xval(b, idx)} - {shift})")
+            scratch = None
+            if name == "_softmax" and not cached and R * (8 if ct == "double" else 4) <= EXP_SCRATCH_BYTES:
+                scratch = lw.fresh("e")  # Note [softmax keeps its exps]
+                lines.extend(["#ifndef __CUDACC__", f"    {ct} {scratch}[{R}];", "#endif"])
+
+            def exp_element(b: Body, idx: list[str], xval=xval, shift=shift, scratch=scratch, ct=ct,
+                            node=node) -> str:
+                e = f"fuseg_exp({xval(b, idx)} - {shift})"
+                if scratch is None:
+                    return e
+                e = b.let(ct, e)
+                b.lines.extend(["#ifndef __CUDACC__", f"{b.indent}{scratch}[j] = {e};", "#endif"])
+                lw.exp_scratch[node.name] = (scratch, tuple(idx))
+                return e
+            s = reduce_pass(ct, "fuseg_sum", exp_element)
             if name == "logsumexp":
                 lw.regs[(node.name, 0)] = row_let(ct, f"log({s}) + {shift}")
             else:
                 lw.regs[(node.name, -1)] = shift
                 lw.regs[(node.name, -2)] = s
+                if name == "_softmax":  # a multiply per element, as ATen's CPU kernel scales by 1 / sum
+                    lw.regs[(node.name, -3)] = row_let(ct, f"({ct})1 / {s}")
         elif name == "linalg_vector_norm":
             ord_ = a.get("ord", 2)
             if ord_ == 2:
