@@ -25,6 +25,7 @@ from segmenter import FusionGraph, GraphError, OpKind, Segment, op_info
 from .. import layout
 from ..codegen import Declined, Kernel
 from ..codegen.index import dense_strides
+from ..codegen.lower import check_kind
 from ..codegen.memo import lower_memo
 from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
@@ -96,6 +97,7 @@ class KernelLaunch(SegmentLaunch):
 
     def __init__(self, backend: str, ctx: BuildContext, seg: Segment) -> None:
         self.backend, self.ctx, self.segment = backend, ctx, seg
+        check_kind(seg)  # a matmul segment is declined before the work below (half of a model's segments)
         graph = ctx.graph
         why = bits_problem(graph, seg)
         if why is not None:

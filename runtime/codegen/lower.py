@@ -33,7 +33,7 @@ from .kernel import CONST, PARALLEL_MIN, RESHAPE, VIEW_IDENTITY, Body, Kernel, P
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, Row, plan_row, row_levels, row_loop
 
-__all__ = ["Kernel", "Param", "lower_segment"]
+__all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
 
 
 class _Lowerer:
@@ -431,12 +431,20 @@ class _Lowerer:
         raise Declined(f"internal: {op} output {k} has no row value")  # pragma: no cover
 
 
+GENERATED_KINDS = frozenset({SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION})
+
+
+def check_kind(seg: Segment) -> None:
+    """Declines a segment of a kind the generator never lowers (MATMUL, OPAQUE), before any work."""
+    if seg.kind not in GENERATED_KINDS:
+        raise Declined(f"{seg.kind.value} segments run on torch")
+
+
 def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
                   in_place: dict[str, str] | None = None, materialized: frozenset[str] = frozenset()) -> Kernel:
     """One kernel for ``seg``. ``layouts``: value -> (shape, strides) as the kernel will find it
     (inputs) or must write it (outputs); ``in_place``: node name -> graph input it writes."""
-    if seg.kind not in (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION):
-        raise Declined(f"{seg.kind.value} segments run on torch")
+    check_kind(seg)
     in_place = {n: t for n, t in (in_place or {}).items() if any(node.name == n for node in seg.nodes)}
     # Note [checked source values]: every layout formatted is checked, no recorded meta believed
     layouts = {v: check_layout(*lay, f"%{v}") for v, lay in layouts.items()}

@@ -22,18 +22,30 @@ import dataclasses
 from segmenter import FusionGraph, Segment
 from segmenter.ir import OpRef, ValueRef
 
-from .kernel import Kernel
+from .kernel import Kernel, Param
 from .lower import lower_segment
 
 __all__ = ["lower_memo", "segment_key"]
 
 
-def segment_key(graph: FusionGraph, seg: Segment, layouts: dict) -> tuple | None:
-    """The structure of ``seg`` with its values renumbered, or None where it has none we trust
-    (an argument of a type we do not know how to key)."""
-    local = {v: i for i, v in enumerate(_order(seg))}
+def segment_key(graph: FusionGraph, seg: Segment, layouts: dict, order: tuple[str, ...] | None = None) -> tuple | None:
+    """The structure of ``seg`` with its values renumbered (``order``: ``_order(seg)``, when the
+    caller has it), or None where it has none we trust (an argument of a type we do not know how
+    to key)."""
+    local = {v: i for i, v in enumerate(_order(seg) if order is None else order)}
 
     def arg(a: object) -> object:
+        t = type(a)
+        if t is ValueRef:
+            name = a.name  # type: ignore[attr-defined]
+            return ("%", local[name]) if name in local else ("%?", name)
+        if t is tuple:
+            return ("L", tuple(map(arg, a)))  # type: ignore[call-overload]
+        if t is int or t is bool or t is str or a is None:
+            return (t.__name__, a)
+        return _other(a)
+
+    def _other(a: object) -> object:
         if isinstance(a, ValueRef):
             return ("%", local[a.name]) if a.name in local else ("%?", a.name)
         if isinstance(a, tuple):
@@ -65,18 +77,20 @@ def lower_memo(memo: dict, graph: FusionGraph, seg: Segment, layouts: dict,
     (Note [lowering memo]); ``memo`` lives as long as one program's compilation."""
     if in_place:
         return lower_segment(graph, seg, layouts, in_place)
-    key = segment_key(graph, seg, layouts)
+    order = _order(seg)
+    key = segment_key(graph, seg, layouts, order)
     if key is None:
         return lower_segment(graph, seg, layouts)
     hit = memo.get(key)
     if hit is None:
         kernel = lower_segment(graph, seg, layouts)  # a Declined propagates and is not kept
-        memo[key] = (kernel, _order(seg))
+        position = {v: i for i, v in enumerate(order)}
+        memo[key] = (kernel, tuple((p, position[p.value]) for p in kernel.params))
         return kernel
-    kernel, names = hit
-    rename = dict(zip(names, _order(seg)))
-    return dataclasses.replace(kernel, params=tuple(dataclasses.replace(p, value=rename[p.value])
-                                                    for p in kernel.params))
+    kernel, params = hit
+    # the same kernel over this segment's values: each parameter renamed by its position
+    return dataclasses.replace(kernel, params=tuple(
+        Param(p.name, order[i], p.dtype, p.shape, p.stride, p.output, p.target) for p, i in params))
 
 
 def _order(seg: Segment) -> tuple[str, ...]:
