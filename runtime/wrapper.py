@@ -27,7 +27,10 @@ perf/results/compile_parts_100k.json). So a long straight-line function is cut, 
 generator marked (``mark``: between two launches), into parts: each part is a function taking the
 values live where it starts and returning those live where it ends, and the function itself calls
 the parts in order. A call pays one Python call per part (~1 us each); a function under
-``2 * PART_LINES`` lines is never cut.
+``2 * PART_LINES`` lines is never cut. A mark lists the locals bound where it stands, which costs
+a pass over them: marks closer than ``PART_LINES // 8`` lines to the previous one are not kept
+(a 100k-node program has ~39k places to cut and needs ~85 cuts), so a part may run up to that
+many lines longer than ``PART_LINES``.
 
 Nothing from the graph reaches the source text: value names become ``v<n>``, and every other
 object a launch needs (an op, a shape, a constant argument, a kernel) is bound in the function's
@@ -127,6 +130,8 @@ class Code:
         exactly which locals are bound at every point."""
         if not self.reuse or self.indent != "    ":  # pragma: no cover - a generator bug
             raise RuntimeError("internal: a cut needs straight-line code with reused names")
+        if self._marks and len(self.lines) - self._marks[-1][0] < PART_LINES // 8:
+            return
         live = sorted({name for v, name in self._vars.items() if v not in self._fixed}, key=lambda n: int(n[1:]))
         self._marks.append((len(self.lines), live))
 

@@ -195,9 +195,11 @@ def test_a_long_program_runs_in_parts_that_free_as_one_function_does(backend: st
     assert peaks[1] == peaks[0] > 0
 
 
-def test_cuts_fall_only_at_marks_and_leave_no_short_tail() -> None:
+def test_cuts_fall_only_at_marks_and_leave_no_short_tail(monkeypatch) -> None:
+    from runtime import wrapper
     from runtime.wrapper import Code
 
+    monkeypatch.setattr(wrapper, "PART_LINES", 8)  # every mark kept (one line apart, 8 // 8)
     code = Code(reuse=True)
     for k in range(10):
         code.mark()
@@ -207,3 +209,20 @@ def test_cuts_fall_only_at_marks_and_leave_no_short_tail() -> None:
     assert cuts[0][1] == ["v0", "v1", "v2", "v3"]  # the locals bound before line 4
     assert [at for at, _ in code._cuts(5)] == [5]  # a cut at 10 would leave an empty last part
     assert code._cuts(6) == []  # under twice the part length: one function
+
+
+def test_marks_closer_than_an_eighth_of_a_part_are_not_kept(monkeypatch) -> None:
+    """Note [program parts]: listing the live locals at every launch was a pass per launch; only
+    marks at least PART_LINES // 8 lines apart are kept, and the cuts fall at those."""
+    from runtime import wrapper
+    from runtime.wrapper import Code
+
+    monkeypatch.setattr(wrapper, "PART_LINES", 40)
+    code = Code(reuse=True)
+    for k in range(100):
+        code.mark()
+        code.line(f"{code.var(str(k))} = {k}")
+    assert [at for at, _ in code._marks] == list(range(0, 100, 5))
+    assert [at for at, _ in code._cuts(40)] == [40, 80]
+    fn, _ = code.program("f", [], f"{code.var('99')}")
+    assert fn() == 99
