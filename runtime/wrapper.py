@@ -35,7 +35,7 @@ many lines longer than ``PART_LINES``.
 Nothing from the graph reaches the source text: value names become ``v<n>``, and every other
 object a launch needs (an op, a shape, a constant argument, a kernel) is bound in the function's
 globals under a generated name (``_c<n>``) and referred to by that name only. A graph file can
-therefore not make this module run code of its choosing (see README, "A graph file is data").
+therefore not make this module run code of its choosing (see README, "Security: a graph file is data").
 """
 
 from __future__ import annotations
