@@ -14,6 +14,7 @@ dtype's tolerance is flagged ``ok: false``).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -36,9 +37,19 @@ from segmenter.reference import clone_inputs
 from . import zoo
 from .targets import TargetError
 
-__all__ = ["bench", "environment", "run_bench"]
+__all__ = ["bench", "environment", "run_bench", "write_record"]
 
 TOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def write_record(record: dict[str, Any], out: str | None) -> None:
+    """A benchmark's record as indented JSON: into ``out`` when given, else on stdout."""
+    text = json.dumps(record, indent=1)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
 
 
 def environment(device: str) -> dict[str, Any]:

@@ -128,12 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                     "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
         "rows": rows,
     }
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    from .bench import write_record  # here: the per-size processes measure RSS before their imports
+
+    write_record(result, args.out)
     return 0
 
 

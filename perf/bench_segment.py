@@ -11,7 +11,6 @@ Reports the median of ``--repeat`` runs, time per node, and the segmenter's peak
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -25,6 +24,7 @@ import torch
 from segmenter import FusionGraph, segment
 from segmenter.from_torch import capture
 
+from .bench import write_record
 from .synthetic import block_graph, synthetic_transformer
 
 
@@ -88,12 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                     "processor": platform.processor() or platform.machine(), "cpus": __import__("os").cpu_count()},
         "rows": rows,
     }
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    write_record(result, args.out)
     return 0
 
 

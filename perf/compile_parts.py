@@ -21,7 +21,7 @@ import sys
 import time
 import warnings
 
-from .bench import environment
+from .bench import environment, write_record
 
 SIDES = {"whole": 10**9, "parts": None}  # PART_LINES per side (None: the default)
 
@@ -79,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                       for k in ("compile_builtin_s", "runtime_compile_s", "peak_rss_mib")} for side in SIDES}
     result = {"benchmark": "compile_parts", "nodes": args.nodes, "environment": environment("cpu"),
               "method": __doc__.split("\n\n")[2].replace("\n", " "), "summary": summary, "runs": runs}
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    write_record(result, args.out)
     return 0
 
 

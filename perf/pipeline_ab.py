@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
               "machine": {"python": sys.version.split()[0], "cpus": os.cpu_count()}, "summary": summary, "runs": runs}
     print(json.dumps(summary, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+        from perf.bench import write_record  # here: the worker runs this file as a script
+
+        write_record(record, args.out)
     return 0
 
 

@@ -17,14 +17,13 @@ mask), so they are one generated kernel: a lone softmax stays in ATen's kernel
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 import warnings
 
 import torch
 
-from .bench import environment
+from .bench import environment, write_record
 
 #: (name, batch of rows, row length): attention-like scores of shape [batch, S, S]
 CASES = [("scores-16x256x256", 16, 256), ("scores-64x32x32", 64, 32), ("scores-4x1024x1024", 4, 1024)]
@@ -97,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     record = {"benchmark": "softmax_exps", "environment": environment("cpu"), "threads": torch.get_num_threads(),
               "rows": measure(args.rounds)}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+    write_record(record, args.out)
     return 0
 
 
