@@ -147,7 +147,9 @@ _IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
 # (on the stack, so rows up to EXP_SCRATCH_BYTES), and a read of the softmax at the row's own
 # position ``j`` (the index the passes use, compared as text) reads it back; a read at any other
 # index, a longer row and CUDA (a thread holds only part of the row) compute it again as before.
-# The stored value is the very expression the write would compute, so results are unchanged.
+# The stored value is the very expression the write would compute. The write then scales by the
+# sum's reciprocal, as ATen does, where it used to divide: that rounding (at most an ulp) is the
+# one change in the values.
 EXP_SCRATCH_BYTES = 64 * 1024
 
 
