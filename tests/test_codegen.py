@@ -300,3 +300,32 @@ def test_softmax_keeps_its_exps_on_the_cpu(case: str, cpu: int, total: int) -> N
     body = launch.kernel.body
     assert _cpu_text(body).count("fuseg_exp(") == cpu
     assert body.count("fuseg_exp(") == total  # CUDA computes it where it is read, as before
+
+
+# Note [work of a loop]: (program, input shape, whether its CPU loops are shared among threads)
+_THREADED = [
+    ("add, 16k", lambda x: x + 1, (2, 32, 256), False),  # ~2 us of adds: threads cost more
+    ("gelu, 16k", torch.nn.functional.gelu, (2, 32, 256), True),  # an erf per element: 8x the work
+    ("silu, 2k", torch.nn.functional.silu, (2, 1024), False),
+    ("add, 64k", lambda x: x + 1, (4, 64, 256), True),
+    ("sum over rows, 8k", lambda x: x.sum(-1), (2, 4, 32, 32), False),
+    ("softmax over rows, 8k", lambda x: torch.softmax(x * 0.25, -1), (2, 4, 32, 32), True),
+    ("softmax, one row", lambda x: torch.softmax(x * 0.25, -1), (1, 4096), False),  # one row: nothing to share
+]
+
+
+@pytest.mark.parametrize("name,fn,shape,threaded", _THREADED, ids=[t[0] for t in _THREADED])
+def test_loops_are_threaded_by_their_work_not_their_size(name, fn, shape, threaded) -> None:
+    inputs = [torch.randn(shape)]
+    prog = _program(fn, inputs)
+    (launch,) = [la for la in prog._chosen.values() if getattr(la, "kernel", None) is not None]
+    assert ("omp parallel for" in _cpu_text(launch.kernel.body)) == threaded
+    assert_matches_eager(fn, inputs, prog.plan.graph, program=prog)
+
+
+def test_work_of_a_loop_counts_costly_calls() -> None:
+    from runtime.codegen.kernel import COSTLY_CALL, loop_work
+
+    assert loop_work(100, ["const float t1 = (in0[i] + in1[i]);"]) == 100
+    assert loop_work(100, ["const float t1 = fuseg_exp(in0[i]);", "const float t2 = fuseg_max<float>(log(t1), t1);"]) \
+        == 100 * (1 + 2 * COSTLY_CALL)  # a max is a plain op

@@ -3,6 +3,7 @@ builder (``Body``) shared by the pointwise lowering (lower.py) and the row kerne
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ from . import index as ix
 from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
 
-__all__ = ["CONST", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_work", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -65,6 +66,24 @@ def translation_unit(kernels: list[Kernel], target: str) -> str:
 #: elements of work from which a CPU kernel shares its loops among threads (OpenMP, torch's thread
 #: count): below it, waking the threads costs more than the loop (a few us against ~1 ns an element)
 PARALLEL_MIN = 1 << 15
+
+# Note [work of a loop]: an element of a loop that calls exp, tanh, erf or a libm function costs
+# far more than one of adds and multiplies (a GELU's erf about 12x an add on this 2-core machine
+# kind: 1.8 ns an element against 0.15), so a loop's work is its elements times its ops, each such
+# call counted as COSTLY_CALL plain ops: a GELU over 16k elements is worth threads, an add is not.
+COSTLY_CALL = 8
+_COSTLY = re.compile(r"\b(?:fuseg_exp|fuseg_tanh|fuseg_erf|exp2|expm1|log|log2|log10|log1p|sin|cos|tan|sinh|cosh|"
+                     r"asin|acos|atan|erf|erfc|pow)\(")
+
+
+def loop_work(elements: int, lines: list[str]) -> int:
+    """Note [work of a loop]: ``elements`` times the per-element cost of the body ``lines``."""
+    return elements * (1 + COSTLY_CALL * sum(len(_COSTLY.findall(line)) for line in lines))
+
+
+def worth_threads(elements: int, lines: list[str]) -> bool:
+    """Whether a CPU loop of ``elements`` running ``lines`` is shared among threads."""
+    return loop_work(elements, lines) >= PARALLEL_MIN
 
 VIEW_IDENTITY = {"aten.alias.default", "aten.detach.default", "aten.lift_fresh.default"}
 RESHAPE = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}

@@ -29,7 +29,7 @@ from segmenter.ir import ValueRef, view_roots
 from . import index as ix
 from .checks import MAX_EXTENT, check_layout, check_segment_metas, dim_arg, index_arg, int_arg, shape_ints, slice_bounds
 from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
-from .kernel import CONST, PARALLEL_MIN, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output
+from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, Row, plan_row, row_levels, row_loop
 
@@ -541,7 +541,8 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
     linear index, unravelled into one index per dim. On the CPU one loop per dim of the output
     (size-1 dims have none), so every index is affine in the loop counters: no division per
     element, the innermost loop over unit strides vectorizes, and the outer loops are shared
-    among the threads (OpenMP, torch's thread count) where there is enough work (``PARALLEL_MIN``)."""
+    among the threads (OpenMP, torch's thread count) where there is enough work (``PARALLEL_MIN``,
+    Note [work of a loop])."""
     n = math.prod(shape)
     loop = lw.fresh("L")
     b = Body(lw, loop, indent + "  ")
@@ -560,9 +561,10 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
             f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{", *unravel]
     loop_vars = [v for v in idx_vars if v != "0"]
     levels = _hoist_levels(b.lines, b.indent, loop_vars)
+    threads = worth_threads(n, b.lines)  # Note [work of a loop]
     if not any(lv < len(nest) - 1 for lv in levels):
         cpu = list(nest)
-        if n >= PARALLEL_MIN and nest:
+        if threads and nest:
             cpu.insert(0, f"#pragma omp parallel for collapse({max(len(nest) - 1, 1)}) schedule(static)")
         cpu.append(f"{indent}{{")
         return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
@@ -571,7 +573,7 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
     # innermost counter, not per element; loops above such a value are the only ones collapsed.
     cpu = [line for line, lv in zip(b.lines, levels) if lv == -1]
     first = min(lv for lv in levels if lv >= 0) if any(lv >= 0 for lv in levels) else len(nest) - 1
-    if n >= PARALLEL_MIN and nest:
+    if threads and nest:
         cpu.append(f"#pragma omp parallel for collapse({max(min(first + 1, len(nest) - 1), 1)}) schedule(static)")
     opened = 0
     for d, header in enumerate(nest):

@@ -20,7 +20,7 @@ from segmenter import Node
 from . import index as ix
 from .checks import float_arg, shape_ints
 from .ctypes_ import Declined, compute_type, literal
-from .kernel import CONST, LINEAR_VIEWS, PARALLEL_MIN, Body, Param, bind, norm_dim, store_output
+from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
 
 __all__ = ["REDUCTIONS", "Row", "plan_row", "row_levels", "row_loop"]
@@ -179,8 +179,6 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     # 0.177; perf/results/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
     cached = R <= 8 * block and os.environ.get("FUSEG_ROW_CACHE", "0") == "1"
     lines = []
-    if math.prod(row.F) >= PARALLEL_MIN and math.prod(O) > 1:  # rows shared among CPU threads
-        lines += ["#ifndef __CUDACC__", "#pragma omp parallel for schedule(static)", "#endif"]
     lines.append(f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{")
     outer = []
     for d, term in enumerate(ix.unravel_terms("row", O)):
@@ -342,6 +340,9 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     lw.cache_body = None
     if lw.cache_decls:
         lines[decl_at:decl_at] = lw.cache_decls
+    if worth_threads(math.prod(row.F), lines) and math.prod(O) > 1:  # rows shared among CPU threads
+        lines[0:0] = ["#ifndef __CUDACC__", "#pragma omp parallel for schedule(static)", "#endif"]
+    if lw.cache_decls:
         epr = f"(({R} + {block} - 1) / {block})"
         lines.insert(0, f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
     return "\n".join(lines) + "\n"
