@@ -23,7 +23,7 @@ from segmenter.fx_import import storage_ids
 
 from .program import CompiledProgram
 
-__all__ = ["FusegCompiler", "fuseg_backend"]
+__all__ = ["FusegCompiler", "aot_backend", "decompositions", "fuseg_backend"]
 
 
 def _signature(args: Sequence[Any]) -> tuple:
@@ -135,8 +135,6 @@ def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: 
     picks the alias mode and the kernel backend (default: ``post``, and the registry's order:
     generated C++ kernels on the CPU where a compiler exists).
     """
-    from torch._dynamo.backends.common import aot_autograd
-
     if options.get("mode") is not None:
         warnings.warn(f"fuseg: torch.compile(mode={options['mode']!r}) is Inductor's setting; fuseg ignores it",
                       stacklevel=2)
@@ -145,5 +143,29 @@ def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: 
     if unknown:
         raise ValueError(f"fuseg: unknown options {sorted(unknown)} (known: alias_mode, backend)")
     compiler = FusegCompiler(mode=opts.get("alias_mode", "post"), backend=opts.get("backend", "auto"))
-    backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, keep_inference_input_mutations=True)
-    return backend(gm, example_inputs)
+    return aot_backend(compiler)(gm, example_inputs)
+
+
+def aot_backend(compiler: FusegCompiler) -> Callable[..., Any]:
+    """AOTAutograd around ``compiler`` (forward and backward), as the "fuseg" backend runs it:
+    input mutations kept in the graph, and Note [decompositions before segmenting]."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, keep_inference_input_mutations=True,
+                        decompositions=decompositions())
+
+
+# Note [decompositions before segmenting]: AOTAutograd leaves some composite ops whole that are
+# made of ops our kernels fuse. ``_safe_softmax`` (SDPA's math path: falcon's attention) is a
+# softmax whose rows that are all -inf give zeros instead of NaN; kept whole it was an OPAQUE
+# segment, four ATen ops on torch (about 57 us each on falcon-tiny's 2x4x32x32 scores, against
+# about 9 us for a plain softmax). Decomposed (softmax, ``x == -inf``, all over the row, where) it
+# is one row kernel with the scale and the mask before it. The decomposition is torch's own, as
+# ``segmenter.capture`` applies it through torch.export's default table.
+_DECOMPOSE = ("_safe_softmax",)
+
+
+def decompositions() -> dict:
+    from torch._decomp import get_decompositions
+
+    return get_decompositions([getattr(torch.ops.aten, name) for name in _DECOMPOSE])

@@ -84,3 +84,31 @@ def test_symbolic_sizes_are_specialized_per_shape() -> None:
         torch.testing.assert_close(fn(x), (x * 2).softmax(-1))
     shapes = {p.graph.inputs[-1].meta.shape for p in compiler.compiled}
     assert {(3, 8), (5, 8), (7, 8)} <= shapes
+
+
+def _scores(s, m):
+    return torch.ops.aten._safe_softmax(s * 0.25 + m, -1)
+
+
+def test_safe_softmax_is_decomposed_into_one_row_kernel() -> None:
+    """Note [decompositions before segmenting]: SDPA's ``_safe_softmax`` (falcon's attention) is
+    one normalization segment with the scale and mask before it, not an OPAQUE op on torch; a
+    row that is all -inf gives zeros, a row with some -inf a softmax of the rest."""
+    from runtime.codegen.build import cpu_compiler
+    from runtime.dynamo import aot_backend
+    from segmenter import SegmentKind
+
+    s, m = torch.randn(2, 4, 8, 8), torch.zeros(2, 1, 8, 8)
+    m[0, 0, 3] = float("-inf")  # every score of row 3 of batch 0, in every head
+    m[1, 0, :, 5] = float("-inf")  # one key masked for every query of batch 1
+    compiler = FusegCompiler()
+    got = torch.compile(_scores, backend=aot_backend(compiler))(s, m)
+    expected = _scores(s, m)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    assert got[0, :, 3].eq(0).all() and not got.isnan().any()
+    (program,) = compiler.compiled
+    ops = [n.op for seg in program.plan.segments for n in seg.nodes]
+    assert "aten._safe_softmax.default" not in ops
+    assert [seg.kind for seg in program.plan.segments] == [SegmentKind.NORMALIZATION]
+    if cpu_compiler() is not None:
+        assert program.backend_of == {0: "cpp"}, program.passed_over
