@@ -162,10 +162,7 @@ def aot_backend(compiler: FusegCompiler) -> Callable[..., Any]:
 # about 9 us for a plain softmax). Decomposed (softmax, ``x == -inf``, all over the row, where) it
 # is one row kernel with the scale and the mask before it. The decomposition is torch's own, as
 # ``segmenter.capture`` applies it through torch.export's default table.
-_DECOMPOSE = ("_safe_softmax",)
-
-
 def decompositions() -> dict:
     from torch._decomp import get_decompositions
 
-    return get_decompositions([getattr(torch.ops.aten, name) for name in _DECOMPOSE])
+    return get_decompositions([torch.ops.aten._safe_softmax])

@@ -338,11 +338,11 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         lines.append("    }")
     lines.append("  }")
     lw.cache_body = None
+    head = []  # what stands before the row loop
     if lw.cache_decls:
         lines[decl_at:decl_at] = lw.cache_decls
-    if worth_threads(math.prod(row.F), lines) and math.prod(O) > 1:  # rows shared among CPU threads
-        lines[0:0] = ["#ifndef __CUDACC__", "#pragma omp parallel for schedule(static)", "#endif"]
-    if lw.cache_decls:
         epr = f"(({R} + {block} - 1) / {block})"
-        lines.insert(0, f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
-    return "\n".join(lines) + "\n"
+        head.append(f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
+    if worth_threads(math.prod(row.F), lines) and math.prod(O) > 1:  # rows shared among CPU threads
+        head += ["#ifndef __CUDACC__", "#pragma omp parallel for schedule(static)", "#endif"]
+    return "\n".join(head + lines) + "\n"
