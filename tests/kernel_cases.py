@@ -120,6 +120,14 @@ CASES: dict[str, tuple] = {
                                                                       torch.randn(6), torch.rand(6) + 0.5]),
 }
 
+# every math function the CPU prelude declares (Note [no headers in the CPU prelude]) in double:
+# the one-op cases below run them in float; values in (0.05, 0.95) are in every one's domain
+_MATH = ("sqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "sinh", "cosh",
+         "asin", "acos", "atan", "erf", "erfc", "floor", "ceil", "trunc", "round", "abs", "rsqrt")
+CASES["math-double"] = (lambda x: tuple(getattr(torch, f)(x * 4 - 2 if f in ("floor", "ceil", "trunc", "round", "abs")
+                                                          else x) for f in _MATH) + (torch.pow(x, x), F.gelu(x), F.gelu(x, approximate="tanh")),
+                        [torch.rand(3, 7, dtype=torch.float64) * 0.9 + 0.05])
+
 # tolerances per case (the generator computes in fp32 where eager does too, so most are tight)
 TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
        "sum-mean": 1e-4, "layer-norm": 1e-4, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4,

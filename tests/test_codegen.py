@@ -187,6 +187,15 @@ def test_a_row_kernel_compiles_to_an_object_file() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_cpu_prelude_includes_no_header() -> None:
+    """Note [no headers in the CPU prelude]: a cold cache compiles every kernel of a program before
+    its first call, and <cmath> alone was most of each build."""
+    from runtime.codegen.ctypes_ import prelude
+
+    assert "#include" not in prelude("cpu")
+    assert "std::" not in prelude("cpu")
+
+
 def test_cpu_exp_within_one_ulp_and_exact_at_the_edges() -> None:
     """Note [vectorizable exp]: the C++ target's float exp against the exact value (in double)."""
     x = torch.cat([torch.linspace(-103.9, 88.72, 1_000_003), torch.randn(10_000) * 10,
