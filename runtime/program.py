@@ -2,7 +2,7 @@
 
     launches:  METADATA  -> views of the storage they view (no kernel; runtime/metadata.py)
                kernels   -> the first backend that takes the segment (runtime/backends/)
-               OPAQUE    -> the op on torch
+               OPAQUE    -> the op on torch (or a backend that lists it: runtime/backends/im2col.py)
 Everything that can be decided at compile time is: which backend runs each segment (with the
 reason every other one was passed over), which values each launch reads, which values die after
 it (deleted right after their last use; a view keeps its base alive for as long as it lives),
@@ -124,8 +124,11 @@ class CompiledProgram:
         for seg in plan.segments:
             if seg.kind == SegmentKind.METADATA:
                 continue
-            if seg.kind == SegmentKind.OPAQUE:  # always on torch
-                chosen[seg.index] = TorchLaunch(ctx, seg)
+            if seg.kind == SegmentKind.OPAQUE:  # on torch, unless a backend lists its op
+                takers = [(b, why) for b, why in choices
+                          if b.name == "torch" or (why is None and len(seg.nodes) == 1 and seg.nodes[0].op in b.opaque_ops)]
+                chosen[seg.index] = (self._choose(takers, ctx, seg, backend == "auto") if len(takers) > 1
+                                     else TorchLaunch(ctx, seg))
                 continue
             chosen[seg.index] = self._choose(choices, ctx, seg, backend == "auto")
         for b, _ in choices:  # every backend compiles its kernels together

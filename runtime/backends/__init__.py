@@ -3,6 +3,8 @@ registry. The program asks them in order for every kernel segment and never name
 
     CUDA:  nvfuser -> cupy -> torch        CPU:  cpp -> torch
 
+OPAQUE segments run on torch, except those a backend lists in ``opaque_ops``: a lone 2-D
+convolution on the CPU is asked of im2col first (Note [small convolutions] in im2col.py).
 A backend that cannot run here (not installed, another device, no compiler) or declines a
 segment (an op the generator does not take...) is passed over, with the reason recorded in
 ``program.passed_over``; torch takes every segment. ``backend="name"`` asks for one backend
@@ -16,12 +18,13 @@ import os
 from .base import Backend, BuildContext, SegmentLaunch
 from .cpp import CppBackend
 from .cupy import CupyBackend
+from .im2col import Im2colBackend
 from .nvfuser import NvFuserBackend
 from .torch_backend import TorchBackend
 
 __all__ = ["BACKENDS", "Backend", "BuildContext", "SegmentLaunch", "backends_for"]
 
-BACKENDS: tuple[Backend, ...] = (NvFuserBackend(), CupyBackend(), CppBackend(), TorchBackend())
+BACKENDS: tuple[Backend, ...] = (NvFuserBackend(), CupyBackend(), CppBackend(), Im2colBackend(), TorchBackend())
 
 
 def backends_for(device_type: str, forced: str = "auto") -> list[tuple[Backend, str | None]]:

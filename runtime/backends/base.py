@@ -62,6 +62,9 @@ class Backend:
     name: str = ""
     device: str | None = None  # the device type it runs on (None: any)
     auto: bool = True
+    #: OPAQUE segments it is asked about: those whose one node is one of these ops (the others
+    #: run on torch without asking anyone)
+    opaque_ops: frozenset[str] = frozenset()
 
     def unavailable(self, device_type: str) -> str | None:
         """Why this backend cannot run here, or None."""
