@@ -2,7 +2,7 @@
 change, each against eager in the same process, alternated in one run.
 
     python -m perf.before_after --before /path/to/old/checkout [MODEL ...]
-                                [--rounds 4] [--calls 20] [--out perf/results/before_after_cpu.json]
+                                [--rounds 4] [--calls 20] [--first-call] [--out perf/results/before_after_cpu.json]
 
 Method. Per model and round, one fresh process per side (``before`` first on even rounds,
 ``after`` first on odd ones): it imports the side's ``runtime.dynamo.fuseg_backend`` (the
@@ -13,6 +13,8 @@ median. The record keeps per side the median over rounds of fuseg/eager (eager i
 both sides share, so machine noise between processes cancels) and ``after / before`` of those
 ratios: below 1 is faster. Kernel caches are per side and kept across rounds (the first round's
 compile fills them); only steady-state calls are timed. Outputs are compared with eager's.
+``--first-call`` times each side's first call instead (trace, segmentation, kernel builds), in a
+fresh process with an empty kernel cache per call, the sides alternating per round.
 """
 
 from __future__ import annotations
@@ -61,6 +63,64 @@ with torch.no_grad():
 print(json.dumps({"eager_ms": 1e3 * statistics.median(times["eager"]),
                   "fuseg_ms": 1e3 * statistics.median(times["fuseg"]), "max_abs_diff": diff}))
 """
+
+
+# ``--first-call``: ``sys.argv[1:]`` = checkout, models.py path, model name; the kernel cache is empty.
+_FIRST = r"""
+import importlib.util, json, sys, time, warnings
+warnings.filterwarnings("ignore")
+tree, models_py, name = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, tree)
+import torch
+from runtime.dynamo import fuseg_backend
+spec = importlib.util.spec_from_file_location("fuseg_bench_models", models_py)
+models = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(models)
+model, args = models.MODELS[name]()
+compiled = torch.compile(model, backend=fuseg_backend)
+with torch.no_grad():
+    t0 = time.perf_counter(); compiled(*args); first = time.perf_counter() - t0
+print(json.dumps({"first_call_s": first}))
+"""
+
+
+def _first_call(tree: str, name: str) -> dict[str, float]:
+    """The first call of the compiled model in a fresh process with an empty kernel cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, FUSEG_CACHE_DIR=cache, PYTHONPATH=tree)
+        models_py = os.path.join(_HERE, "perf", "models.py")
+        r = subprocess.run([sys.executable, "-c", _FIRST, tree, models_py, name], capture_output=True, text=True,
+                           env=env, timeout=1800, cwd=tree)
+    if r.returncode != 0:
+        last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+        raise RuntimeError(f"{name} in {tree}: {last}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def measure_first_call(before: str, names: list[str], rounds: int = 4, progress: bool = True) -> list[dict[str, Any]]:
+    """First calls (trace, segment, kernel builds on an empty cache), the sides alternating."""
+    rows: list[dict[str, Any]] = []
+    sides = {"before": os.path.abspath(before), "after": _HERE}
+    for name in names:
+        runs: dict[str, list[float]] = {"before": [], "after": []}
+        row: dict[str, Any] = {"model": name}
+        try:
+            for r in range(rounds):
+                for s in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                    runs[s].append(_first_call(sides[s], name)["first_call_s"])
+        except RuntimeError as e:
+            row["error"] = str(e)
+        else:
+            for s in sides:
+                row[f"{s}_first_call_s"] = statistics.median(runs[s])
+                row[f"{s}_runs_s"] = runs[s]
+            row["after_over_before"] = row["after_first_call_s"] / row["before_first_call_s"]
+        rows.append(row)
+        if progress:
+            print(f"{name:>16}: " + (row["error"] if "error" in row else
+                  f"first call before {row['before_first_call_s']:.2f} s, after {row['after_first_call_s']:.2f} s "
+                  f"(after/before {row['after_over_before']:.2f})"), file=sys.stderr, flush=True)
+    return rows
 
 
 def _side(tree: str, name: str, calls: int, blocks: int, cache: str) -> dict[str, float]:
@@ -123,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--blocks", type=int, default=3, help="interleaved eager/fuseg blocks per process")
+    p.add_argument("--first-call", action="store_true",
+                   help="time the first call instead (a fresh process and an empty kernel cache per call)")
     p.add_argument("--out", help="write the record (JSON) here")
     a = p.parse_args(argv)
     names = a.models or list(MODELS)
@@ -131,9 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     if not os.path.isfile(os.path.join(a.before, "runtime", "dynamo.py")):
         p.error(f"--before {a.before}: not a checkout of this project (no runtime/dynamo.py)")
-    rows = measure(a.before, names, a.rounds, a.calls, a.blocks)
-    record = {"benchmark": "fuseg before and after, CPU", "environment": environment("cpu"), "before": os.path.abspath(a.before), "rounds": a.rounds,
-              "calls": a.calls, "blocks": a.blocks, "rows": rows}
+    if a.first_call:
+        rows = measure_first_call(a.before, names, a.rounds)
+        record = {"benchmark": "fuseg first call before and after, CPU", "environment": environment("cpu"),
+                  "before": os.path.abspath(a.before), "rounds": a.rounds, "rows": rows}
+    else:
+        rows = measure(a.before, names, a.rounds, a.calls, a.blocks)
+        record = {"benchmark": "fuseg before and after, CPU", "environment": environment("cpu"),
+                  "before": os.path.abspath(a.before), "rounds": a.rounds, "calls": a.calls, "blocks": a.blocks,
+                  "rows": rows}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(record, f, indent=1)

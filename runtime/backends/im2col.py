@@ -7,9 +7,11 @@ Note [small convolutions]: eager sends every float convolution on the CPU to one
 2x16x8x8 and the like: 1336 us in all), where im2col + GEMM takes 12-22 us for the same ones
 (413 us in all); on big ones oneDNN wins by far. No size rule holds across machines and thread
 counts, so each shape is measured once per process, when its program is built: both ways, on
-made-up inputs of the segment's own layouts, interleaved, the median of each (a shape whose first
-oneDNN call takes over ``_LONG_S`` is not measured: oneDNN). The two compute the same sums in
-another order: results differ from eager's in the last bits (about 1e-6 on resnet-tiny), as any
+made-up inputs of the segment's own layouts, after one untimed call each (oneDNN builds its kernel
+for a new shape then, which takes milliseconds), interleaved, the median of each. A convolution of
+over ``_MAX_MACS`` multiply-adds is not measured (its calls take milliseconds; a single timing of
+one was no guide either: a call of a small one took 4-36 ms while the machine was busy) and stays
+with oneDNN. The two compute the same sums in another order: results differ from eager's in the last bits (about 1e-6 on resnet-tiny), as any
 other compiler's kernels do.
 
 Taken: a segment that is one ``aten.convolution`` of a 4-D float32/float64 input in contiguous
@@ -37,7 +39,7 @@ from .torch_backend import TorchLaunch
 __all__ = ["Im2colBackend"]
 
 CONVOLUTION = "aten.convolution.default"
-_LONG_S = 2e-3  # a first oneDNN call longer than this: a big convolution, oneDNN's
+_MAX_MACS = 50_000_000  # a convolution with more multiply-adds: oneDNN's, not measured (milliseconds a call)
 _ROUNDS = 5
 #: measured shapes in this process: key -> (im2col + GEMM us, oneDNN us)
 _MEASURED: dict[tuple, tuple[float, float]] = {}
@@ -89,12 +91,7 @@ def _why_not(ctx: BuildContext, node: Node) -> str | None:
 def _measure(key: tuple, run_onednn: Callable[[], object], run_im2col: Callable[[], object]) -> tuple[float, float]:
     """Median microseconds of one call each way, interleaved (Note [small convolutions])."""
     del key  # what the result is cached under (tests see which shapes were measured)
-    start = time.perf_counter()
-    run_onednn()
-    if time.perf_counter() - start > _LONG_S:
-        return float("inf"), (time.perf_counter() - start) * 1e6
-    run_im2col()
-    run_onednn()
+    run_onednn()  # oneDNN builds its kernel for a new shape on its first call (milliseconds)
     run_im2col()
     times: dict[str, list[float]] = {"im2col": [], "onednn": []}
     for _ in range(_ROUNDS):
@@ -126,6 +123,9 @@ class Im2colBackend(Backend):
         xm, wm = ctx.graph.metas[x.name], ctx.graph.metas[w.name]
         bm = ctx.graph.metas[bias.name] if bias is not None else None
         kernel = tuple(wm.shape[2:])
+        macs = node.metas[0].numel * wm.shape[1] * kernel[0] * kernel[1]
+        if macs > _MAX_MACS:
+            raise Declined(f"a big convolution ({macs / 1e6:.0f}M multiply-adds): left to oneDNN, not measured")
         key = (xm.shape, wm.shape, wm.stride, bm is not None, tuple(stride), tuple(padding), xm.dtype,
                torch.get_num_threads())
         times = _MEASURED.get(key)
