@@ -163,3 +163,16 @@ def test_the_measurement_compares_both_ways_on_inputs_of_the_segments_layouts() 
     assert t_im2col > 0 and t_onednn > 0
     assert runs["onednn"] >= 3 and runs["im2col"] >= 3
     torch.testing.assert_close(im2col_(), onednn(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_convolution_of_inputs_past_the_measuring_budget_is_not_measured(im2col_faster, monkeypatch) -> None:
+    """What a measurement may allocate is bounded (a strided convolution of a huge input has few
+    multiply-adds): past it, oneDNN, unmeasured."""
+    monkeypatch.setattr(im2col, "_MAX_MADE_UP_BYTES", 4096)
+    fn = lambda x, w: F.conv2d(x, w, stride=8)  # noqa: E731
+    inputs = [torch.randn(1, 2, 32, 32), _weights(2, 2, 1, 1)]  # 8 KiB of input, 32 outputs
+    prog = _program(fn, inputs)
+    (i,) = _conv_segments(prog)
+    assert prog.backend_of[i] == "torch" and "MiB" in dict(prog.passed_over[i])["im2col"]
+    assert im2col_faster.asked == []
+    assert_matches_eager(fn, inputs, prog.graph, program=prog)

@@ -40,6 +40,7 @@ __all__ = ["Im2colBackend"]
 
 CONVOLUTION = "aten.convolution.default"
 _MAX_MACS = 50_000_000  # a convolution with more multiply-adds: oneDNN's, not measured (milliseconds a call)
+_MAX_MADE_UP_BYTES = 64 << 20  # the made-up inputs a measurement may allocate
 _ROUNDS = 5
 #: measured shapes in this process: key -> (im2col + GEMM us, oneDNN us)
 _MEASURED: dict[tuple, tuple[float, float]] = {}
@@ -126,6 +127,9 @@ class Im2colBackend(Backend):
         macs = node.metas[0].numel * wm.shape[1] * kernel[0] * kernel[1]
         if macs > _MAX_MACS:
             raise Declined(f"a big convolution ({macs / 1e6:.0f}M multiply-adds): left to oneDNN, not measured")
+        made_up = xm.nbytes + wm.nbytes + (bm.nbytes if bm is not None else 0)
+        if made_up > _MAX_MADE_UP_BYTES:  # a strided convolution of a huge input has few multiply-adds
+            raise Declined(f"inputs of {made_up / 2**20:.0f} MiB: left to oneDNN, not measured")
         key = (xm.shape, wm.shape, wm.stride, bm is not None, tuple(stride), tuple(padding), xm.dtype,
                torch.get_num_threads())
         times = _MEASURED.get(key)
