@@ -101,8 +101,6 @@ def test_a_shape_is_measured_once(im2col_faster) -> None:
 # (name, program, inputs, why): convolutions it leaves to torch, and the reason it records
 DECLINED = [
     ("grouped", lambda x, w: F.conv2d(x, w, groups=2), [torch.randn(2, 4, 5, 5), _weights(4, 2, 3, 3)], "groups"),
-    ("depthwise", lambda x, w: F.conv2d(x, w, groups=4, padding=1), [torch.randn(2, 4, 5, 5), _weights(4, 1, 3, 3)],
-     "groups"),
     ("dilated", lambda x, w: F.conv2d(x, w, dilation=2), [torch.randn(2, 3, 9, 9), _weights(4, 3, 3, 3)], "dilation"),
     ("channels-last", lambda x, w: F.conv2d(x, w),
      [torch.randn(2, 3, 6, 6).contiguous(memory_format=torch.channels_last), _weights(4, 3, 3, 3)], "layout"),

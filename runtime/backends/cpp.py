@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from segmenter import Segment
+from segmenter import Segment, SegmentKind
 from segmenter.ops import OpKind, op_info
 
 from ..codegen import Declined
 from ..codegen.build import build_cpu_many, cpu_compiler
+from ..codegen.conv import CONVOLUTION, depthwise_kernel
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
-from .kernels import KernelLaunch
+from .kernels import KernelLaunch, bits_problem
 
 __all__ = ["CppBackend"]
 
@@ -25,9 +26,30 @@ class CppLaunch(KernelLaunch):
         code.line(f"{self.built(code)}({', '.join(f'{t}.data_ptr()' for t in tensors)})")
 
 
+class DepthwiseLaunch(CppLaunch):
+    """A lone depthwise convolution (an OPAQUE segment) as its generated kernel (Note [depthwise
+    convolutions] in runtime/codegen/conv.py); launched, guarded and freed as any kernel."""
+
+    def __init__(self, backend: str, ctx: BuildContext, seg: Segment) -> None:  # noqa: D107 - see the class
+        self.backend, self.ctx, self.segment = backend, ctx, seg
+        if len(seg.nodes) != 1 or seg.nodes[0].op != CONVOLUTION:
+            raise Declined("not a lone convolution")
+        if seg.nodes[0].name in ctx.in_place:
+            raise Declined("a convolution written into an input")
+        why = bits_problem(ctx.graph, seg)
+        if why is not None:
+            raise Declined(why)
+        self.kernel = depthwise_kernel(ctx.graph, seg.nodes[0])
+        self.hidden: set[str] = set()
+        self.views: list = []
+        self.fn = None
+        self.stats = {"layout_fallbacks": 0}
+
+
 class CppBackend(Backend):
     name = "cpp"
     device = "cpu"
+    opaque_ops = frozenset({CONVOLUTION})  # depthwise ones
 
     def unavailable(self, device_type: str) -> str | None:
         why = super().unavailable(device_type)
@@ -36,6 +58,8 @@ class CppBackend(Backend):
         return why
 
     def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
+        if seg.kind == SegmentKind.OPAQUE:
+            return DepthwiseLaunch(self.name, ctx, seg)
         return CppLaunch(self.name, ctx, seg)
 
     def not_chosen_for(self, seg: Segment) -> str | None:

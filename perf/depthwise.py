@@ -1,0 +1,90 @@
+"""Depthwise convolutions on the CPU: eager (oneDNN) against the generated kernel
+(runtime/codegen/conv.py, Note [depthwise convolutions]), shape by shape, with the size cap
+lifted, so that the cap (``conv.MAX_MACS``) is chosen from measured figures.
+
+    python -m perf.depthwise [--rounds 5] [--calls 40] [--out perf/results/depthwise_cpu.json]
+
+Method: each shape is compiled once (a program of the one convolution with its bias), then eager
+and the program are timed in ``--rounds`` interleaved rounds of ``--calls`` calls each; the
+record keeps each one's median over all calls and their ratio. The program's time includes its
+call (the input check, the output buffer): what a model pays per depthwise layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .bench import environment
+
+__all__ = ["SHAPES", "main"]
+
+#: (batch, channels, height = width, kernel, stride): mobilenet-v2-tiny's and convnext-tiny's
+#: layers first, then the sizes of full-size models
+SHAPES = [(2, 192, 4, 3, 1), (2, 96, 8, 3, 2), (2, 16, 8, 7, 1), (2, 64, 16, 3, 1), (2, 64, 32, 3, 1),
+          (2, 128, 28, 3, 1), (1, 384, 14, 7, 1), (2, 256, 56, 3, 2), (2, 128, 56, 3, 1)]
+
+
+def _time(fn, args: list[torch.Tensor], calls: int) -> list[float]:
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn(*args)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import runtime
+    from alias import apply_aliases
+    from runtime.codegen import conv
+    from segmenter import capture, segment
+
+    p = argparse.ArgumentParser(prog="python -m perf.depthwise", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    conv.MAX_MACS = 1 << 62  # every shape as the generated kernel, whatever the cap says
+    rows = []
+    with torch.no_grad():
+        for n, c, h, k, s in SHAPES:
+            x, w, b = torch.randn(n, c, h, h), torch.randn(c, 1, k, k), torch.randn(c)
+
+            def fn(x, w, b, s=s, k=k, c=c):
+                return F.conv2d(x, w, b, stride=s, padding=k // 2, groups=c)
+
+            prog = runtime.compile(apply_aliases(segment(capture(fn, [x, w, b])), "post"))
+            if set(prog.backend_of.values()) != {"cpp"}:
+                raise SystemExit(f"{n}x{c}x{h}x{h} k{k}: not a generated kernel: {prog.passed_over}")
+            (got,) = prog(x, w, b)
+            diff = float((got - fn(x, w, b)).abs().max())
+            times: dict[str, list[float]] = {"eager": [], "generated": []}
+            for _ in range(3):
+                fn(x, w, b), prog(x, w, b)
+            for _ in range(a.rounds):
+                times["eager"] += _time(fn, [x, w, b], a.calls)
+                times["generated"] += _time(prog, [x, w, b], a.calls)
+            oh = (h + 2 * (k // 2) - k) // s + 1
+            row = {"shape": [n, c, h, h], "kernel": k, "stride": s, "macs": n * c * oh * oh * k * k,
+                   "eager_us": 1e6 * statistics.median(times["eager"]),
+                   "generated_us": 1e6 * statistics.median(times["generated"]), "max_abs_diff": diff}
+            row["generated_over_eager"] = row["generated_us"] / row["eager_us"]
+            rows.append(row)
+            print(f"{n}x{c}x{h}x{h} k{k} s{s}: {row['macs'] / 1e6:.2f}M multiply-adds, eager {row['eager_us']:.1f} us, "
+                  f"generated {row['generated_us']:.1f} us ({row['generated_over_eager']:.2f})", flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"benchmark": "depthwise convolutions, eager (oneDNN) against the generated kernel, CPU",
+                       "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
+                       "calls": a.calls, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

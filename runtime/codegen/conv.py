@@ -1,0 +1,124 @@
+"""Depthwise 2-D convolutions as generated C++ kernels (the CPU target only).
+
+Note [depthwise convolutions]: a depthwise convolution (groups = input channels = output
+channels: MobileNet's and ConvNeXt's 3x3 and 7x7 layers) is a handful of multiply-adds per output
+element, yet eager sends it to oneDNN like any other, at about 100-170 us a call on this 2-core
+machine kind for mobilenet-v2-tiny's 2x192x4x4 (its 17 took 1960 us, of 6270 us for all its
+convolutions, in one timing of each layer alone). ATen
+has no other CPU path for it (with oneDNN off it is one slow convolution per channel: 39 ms), and
+im2col + batched GEMM was no faster (perf scratch runs, not kept). The kernel here is the loop
+itself: per image and channel (the two outer loops, shared among threads where the work is
+worth it: Note [work of a loop] in kernel.py), the output plane starts at the bias and each tap
+(i, j) of the filter adds ``x * w`` over the output columns whose input column is inside the
+image. That range depends on j alone, so each j is its own loop with literal bounds: no bounds
+test inside, short rows unroll whole and long ones vectorize where the stride is 1. Padding reads nothing (zeros add nothing). The sum runs in another order than
+oneDNN's: results differ from eager's in the last bits.
+
+Taken: one ``aten.convolution`` of a 4-D float32/float64 input in contiguous (NCHW) layout, a
+weight of shape [C, 1, kh, kw] (any layout), a bias of [C] or none, not transposed, integer
+stride, padding and dilation, the output contiguous, at most ``MAX_MACS`` multiply-adds (beyond,
+this plain loop, which reads and writes its output row once per tap, no longer beats oneDNN:
+``python -m perf.depthwise``). Anything else is declined with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from segmenter import FusionGraph, Node
+from segmenter.ir import ValueRef
+
+from .ctypes_ import Declined, storage_type
+from .kernel import Kernel, Param, worth_threads
+
+__all__ = ["CONVOLUTION", "MAX_MACS", "depthwise_kernel"]
+
+CONVOLUTION = "aten.convolution.default"
+#: multiply-adds past which a depthwise convolution is left to oneDNN (perf/results/depthwise_cpu.json:
+#: the kernel took 0.13-0.20x eager's time up to 0.1M, 0.76x at 0.29M, 1.12x at 1.2M, 1.0-3.4x beyond)
+MAX_MACS = 500_000
+_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
+
+
+def _pair(v: object, what: str, least: int) -> tuple[int, int]:
+    if not (isinstance(v, tuple) and len(v) == 2 and all(type(e) is int and least <= e < 1 << 20 for e in v)):
+        raise Declined(f"a convolution whose {what} is {v!r:.60} (two integers from {least} are taken)")
+    return v[0], v[1]
+
+
+def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
+    """The kernel of ``node``, a depthwise ``aten.convolution`` (Note [depthwise convolutions])."""
+    if node.op != CONVOLUTION or len(node.args) != len(_ARGS) or node.kwargs:
+        raise Declined("not a convolution with the nine positional arguments of its schema")
+    a = dict(zip(_ARGS, node.args))
+    if not (isinstance(a["input"], ValueRef) and isinstance(a["weight"], ValueRef)
+            and (a["bias"] is None or isinstance(a["bias"], ValueRef))):
+        raise Declined("a convolution of something other than tensor values")
+    xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
+    if a["transposed"] is not False:
+        raise Declined("a transposed convolution")
+    if len(xm.shape) != 4 or len(wm.shape) != 4 or ym is None or len(ym.shape) != 4:
+        raise Declined(f"a {len(xm.shape) - 2}-D convolution (the kernel takes 2-D ones)")
+    N, C, H, W = xm.shape
+    filters, per_group, kh, kw = wm.shape
+    if not (a["groups"] == C == filters and per_group == 1):
+        raise Declined(f"groups={a['groups']} with weight {list(wm.shape)}: not depthwise (one filter per channel)")
+    sh, sw = _pair(a["stride"], "stride", 1)
+    ph, pw = _pair(a["padding"], "padding", 0)
+    dh, dw = _pair(a["dilation"], "dilation", 1)
+    bm = graph.metas[a["bias"].name] if a["bias"] is not None else None
+    dtype = xm.dtype
+    if dtype not in (torch.float32, torch.float64) or any(m.dtype != dtype for m in (wm, ym, *(bm,) * (bm is not None))):
+        raise Declined(f"a {str(dtype).removeprefix('torch.')} convolution (float32 and float64 only)")
+    if bm is not None and bm.shape != (C,):
+        raise Declined(f"a bias of shape {list(bm.shape)}")
+    if not xm.is_contiguous() or not ym.is_contiguous():
+        raise Declined("an input or output not in contiguous (NCHW) layout")
+    OH, OW = ym.shape[2:]
+    if ym.shape[:2] != (N, C):
+        raise Declined(f"an output of shape {list(ym.shape)} for an input of {list(xm.shape)}")
+    macs = ym.numel * kh * kw
+    if macs > MAX_MACS:
+        raise Declined(f"a big depthwise convolution ({macs / 1e6:.1f}M multiply-adds): left to oneDNN")
+    ct = storage_type(dtype)
+    params = [Param("x_", a["input"].name, dtype, xm.shape, xm.stride, False),
+              Param("w_", a["weight"].name, dtype, wm.shape, wm.stride, False)]
+    if bm is not None:
+        params.append(Param("b_", a["bias"].name, dtype, bm.shape, bm.stride, False))
+    params.append(Param("y_", node.outputs[0], dtype, ym.shape, ym.stride, True))
+    ws0, _, ws2, ws3 = wm.stride
+    bias = f"b_[c * {bm.stride[0]}]" if bm is not None else f"({ct})0"
+    taps = []  # per filter column j: the output columns whose input column is inside the image
+    for j in range(kw):
+        off = j * dw - pw  # input column of output column ow: ow * sw + off
+        lo = 0 if off >= 0 else (-off + sw - 1) // sw
+        hi = min(OW, (W - 1 - off) // sw + 1) if W - 1 - off >= 0 else 0
+        if lo < hi:  # literal bounds: short rows unroll, long ones vectorize where sw is 1
+            taps += [f"          {{ const {ct} wv = wr[{j * ws3}];",
+                     f"            for (FUSEG_I ow = {lo}; ow < {hi}; ++ow) yr[ow] += xr[ow * {sw} + {off}] * wv; }}"]
+    lines = [
+        f"  for (FUSEG_I n = 0; n < {N}; ++n)",
+        f"  for (FUSEG_I c = 0; c < {C}; ++c) {{",
+        f"    const {ct}* xp = x_ + (n * {C} + c) * {H * W};",
+        f"    {ct}* yp = y_ + (n * {C} + c) * {OH * OW};",
+        f"    const {ct} bias = {bias};",
+        f"    for (FUSEG_I q = 0; q < {OH * OW}; ++q) yp[q] = bias;",
+        f"    for (FUSEG_I oh = 0; oh < {OH}; ++oh) {{",
+        f"      {ct}* yr = yp + oh * {OW};",
+        f"      for (FUSEG_I i = 0; i < {kh}; ++i) {{",
+        f"        const FUSEG_I ih = oh * {sh} - {ph} + i * {dh};",
+        f"        if (ih < 0 || ih >= {H}) continue;",
+        f"        const {ct}* xr = xp + ih * {W};",
+        f"        const {ct}* wr = w_ + c * {ws0} + i * {ws2};",
+        *taps,
+        "      }",
+        "    }",
+        "  }",
+    ]
+    if worth_threads(macs, []):
+        lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
+    body = "\n".join(lines) + "\n"
+    digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
+    return Kernel(f"fuseg_dwconv_{digest}", tuple(params), body, 1, 1, "conv", "long long")
