@@ -120,6 +120,7 @@ class CompiledProgram:
         device = torch.device(graph.inputs[0].meta.device) if graph.inputs else torch.device("cpu")
         self.ctx = ctx = BuildContext(graph, self.in_place, materialize, device, _last_uses(plan, keep))
         choices = backends_for(device.type, backend)
+        kernel_choices = [(b, why) for b, why in choices if b.kernel_segments]
         chosen: dict[int, SegmentLaunch] = {}
         for seg in plan.segments:
             if seg.kind == SegmentKind.METADATA:
@@ -130,7 +131,7 @@ class CompiledProgram:
                 chosen[seg.index] = (self._choose(takers, ctx, seg, backend == "auto") if len(takers) > 1
                                      else TorchLaunch(ctx, seg))
                 continue
-            chosen[seg.index] = self._choose(choices, ctx, seg, backend == "auto")
+            chosen[seg.index] = self._choose(kernel_choices, ctx, seg, backend == "auto")
         for b, _ in choices:  # every backend compiles its kernels together
             declined = b.build_all([launch for launch in chosen.values() if launch.backend == b.name])
             for launch, why in (declined or {}).items():  # a build that failed (a killed compiler): torch

@@ -174,3 +174,11 @@ def test_a_convolution_of_inputs_past_the_measuring_budget_is_not_measured(im2co
     assert prog.backend_of[i] == "torch" and "MiB" in dict(prog.passed_over[i])["im2col"]
     assert im2col_faster.asked == []
     assert_matches_eager(fn, inputs, prog.graph, program=prog)
+
+
+def test_kernel_segments_are_not_asked_of_im2col() -> None:
+    """It takes lone convolutions only: a matmul (which the cpp backend leaves to torch) records
+    no reason from im2col."""
+    prog = _program(lambda a, b: (a @ b).relu() + 1, [torch.randn(4, 5), torch.randn(5, 3)])
+    assert prog.passed_over, "the matmul segment records why cpp passed it over"
+    assert all(b != "im2col" for reasons in prog.passed_over.values() for b, _ in reasons), prog.passed_over

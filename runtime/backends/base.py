@@ -65,6 +65,8 @@ class Backend:
     #: OPAQUE segments it is asked about: those whose one node is one of these ops (the others
     #: run on torch without asking anyone)
     opaque_ops: frozenset[str] = frozenset()
+    #: whether it is asked about kernel segments (pointwise, reductions, normalizations, matmuls)
+    kernel_segments: bool = True
 
     def unavailable(self, device_type: str) -> str | None:
         """Why this backend cannot run here, or None."""

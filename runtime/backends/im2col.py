@@ -112,6 +112,7 @@ class Im2colBackend(Backend):
     name = "im2col"
     device = "cpu"
     opaque_ops = frozenset({CONVOLUTION})
+    kernel_segments = False
 
     def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
         if len(seg.nodes) != 1 or seg.nodes[0].op != CONVOLUTION:
