@@ -24,10 +24,12 @@ from .bench import environment
 
 __all__ = ["SHAPES", "main"]
 
-#: (batch, channels, height = width, kernel, stride): mobilenet-v2-tiny's and convnext-tiny's
-#: layers first, then the sizes of full-size models
-SHAPES = [(2, 192, 4, 3, 1), (2, 96, 8, 3, 2), (2, 16, 8, 7, 1), (2, 64, 16, 3, 1), (2, 64, 32, 3, 1),
-          (2, 128, 28, 3, 1), (1, 384, 14, 7, 1), (2, 256, 56, 3, 2), (2, 128, 56, 3, 1)]
+#: (batch, channels, height = width, kernel, stride, channels-last): mobilenet-v2-tiny's and
+#: convnext-tiny's layers first (convnext's are channels-last), then the sizes of full-size models
+SHAPES = [(2, 192, 4, 3, 1, False), (2, 96, 8, 3, 2, False), (2, 16, 8, 7, 1, False), (2, 16, 8, 7, 1, True),
+          (2, 128, 1, 7, 1, True), (2, 64, 16, 3, 1, False), (2, 64, 16, 3, 1, True), (2, 64, 32, 3, 1, False),
+          (2, 64, 32, 3, 1, True), (2, 128, 28, 3, 1, False), (1, 384, 14, 7, 1, False), (1, 384, 14, 7, 1, True),
+          (2, 256, 56, 3, 2, False), (2, 128, 56, 3, 1, False)]
 
 
 def _time(fn, args: list[torch.Tensor], calls: int) -> list[float]:
@@ -53,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     conv.MAX_MACS = 1 << 62  # every shape as the generated kernel, whatever the cap says
     rows = []
     with torch.no_grad():
-        for n, c, h, k, s in SHAPES:
+        for n, c, h, k, s, nhwc in SHAPES:
             x, w, b = torch.randn(n, c, h, h), torch.randn(c, 1, k, k), torch.randn(c)
+            if nhwc:
+                x = x.contiguous(memory_format=torch.channels_last)
 
             def fn(x, w, b, s=s, k=k, c=c):
                 return F.conv2d(x, w, b, stride=s, padding=k // 2, groups=c)
@@ -71,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                 times["eager"] += _time(fn, [x, w, b], a.calls)
                 times["generated"] += _time(prog, [x, w, b], a.calls)
             oh = (h + 2 * (k // 2) - k) // s + 1
-            row = {"shape": [n, c, h, h], "kernel": k, "stride": s, "macs": n * c * oh * oh * k * k,
+            row = {"shape": [n, c, h, h], "kernel": k, "stride": s, "layout": "NHWC" if nhwc else "NCHW",
+                   "macs": n * c * oh * oh * k * k,
                    "eager_us": 1e6 * statistics.median(times["eager"]),
                    "generated_us": 1e6 * statistics.median(times["generated"]), "max_abs_diff": diff}
             row["generated_over_eager"] = row["generated_us"] / row["eager_us"]
             rows.append(row)
-            print(f"{n}x{c}x{h}x{h} k{k} s{s}: {row['macs'] / 1e6:.2f}M multiply-adds, eager {row['eager_us']:.1f} us, "
+            print(f"{n}x{c}x{h}x{h} {row['layout']} k{k} s{s}: {row['macs'] / 1e6:.2f}M multiply-adds, eager {row['eager_us']:.1f} us, "
                   f"generated {row['generated_us']:.1f} us ({row['generated_over_eager']:.2f})", flush=True)
     if a.out:
         with open(a.out, "w") as f:

@@ -26,6 +26,10 @@ def _conv_segment(prog) -> int:
     return i
 
 
+def _nhwc(*shape):
+    return torch.randn(*shape).contiguous(memory_format=torch.channels_last)
+
+
 def _dw(c, kh, kw, dtype=torch.float32):
     return torch.randn(c, 1, kh, kw, dtype=dtype)
 
@@ -47,9 +51,21 @@ TAKEN = [
      [torch.randn(2, 3, 6, 6, dtype=torch.float64), _dw(3, 3, 3, torch.float64), torch.randn(3, dtype=torch.float64)]),
     ("transposed-weight", lambda x, w: F.conv2d(x, w.transpose(2, 3), padding=1, groups=4),
      [torch.randn(2, 4, 6, 6), _dw(4, 3, 3)]),
+    ("channels-last-weight", lambda x, w: F.conv2d(x, w, groups=3),
+     [torch.randn(2, 3, 6, 6), _dw(3, 3, 3).contiguous(memory_format=torch.channels_last)]),
     ("then-relu6", lambda x, w: F.hardtanh(F.conv2d(x, w, padding=1, groups=8), 0.0, 6.0),
      [torch.randn(2, 8, 4, 4), _dw(8, 3, 3)]),
     ("threaded", lambda x, w: F.conv2d(x, w, padding=1, groups=64), [torch.randn(2, 64, 16, 16), _dw(64, 3, 3)]),
+    # channels-last input and output (ConvNeXt's layers, after its permutes)
+    ("nhwc-7x7-pad3", lambda x, w, b: F.conv2d(x, w, b, padding=3, groups=16),
+     [_nhwc(2, 16, 8, 8), _dw(16, 7, 7), torch.randn(16)]),
+    ("nhwc-stride2-dilated", lambda x, w: F.conv2d(x, w, stride=2, padding=2, dilation=2, groups=5),
+     [_nhwc(2, 5, 9, 7), _dw(5, 3, 3)]),
+    ("nhwc-from-permute", lambda x, w: F.conv2d(x.permute(0, 3, 1, 2), w, padding=1, groups=6),
+     [torch.randn(2, 5, 5, 6), _dw(6, 3, 3)]),
+    ("nhwc-threaded", lambda x, w: F.conv2d(x, w, padding=1, groups=64), [_nhwc(2, 64, 16, 16), _dw(64, 3, 3)]),
+    ("nhwc-double", lambda x, w: F.conv2d(x, w, padding=1, groups=3),
+     [_nhwc(2, 3, 4, 4).double(), _dw(3, 3, 3, torch.float64)]),
 ]
 
 
@@ -59,14 +75,16 @@ def test_depthwise_convolutions_run_as_generated_kernels(name, fn, inputs) -> No
     i = _conv_segment(prog)
     assert prog.backend_of[i] == "cpp", prog.passed_over.get(i)
     assert prog.kernels[i].name.startswith("fuseg_dwconv_")
-    tol = 1e-12 if name == "double" else 1e-5
+    tol = 1e-12 if name.endswith("double") else 1e-5
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
 
 
 def test_the_threaded_variant_is_threaded_and_the_small_one_is_not() -> None:
-    progs = {name: _program(fn, inputs) for name, fn, inputs in TAKEN if name in ("threaded", "3x3-pad1")}
+    names = ("threaded", "3x3-pad1", "nhwc-threaded", "nhwc-double")
+    progs = {name: _program(fn, inputs) for name, fn, inputs in TAKEN if name in names}
     bodies = {name: p.kernels[_conv_segment(p)].body for name, p in progs.items()}
     assert "omp parallel" in bodies["threaded"] and "omp parallel" not in bodies["3x3-pad1"]
+    assert "omp parallel" in bodies["nhwc-threaded"] and "omp parallel" not in bodies["nhwc-double"]
 
 
 def test_an_input_in_another_layout_than_compiled_runs_on_torch_not_misread() -> None:
@@ -87,8 +105,8 @@ DECLINED = [
     ("multiplier-2", lambda x, w: F.conv2d(x, w, groups=3), [torch.randn(2, 3, 5, 5), torch.randn(6, 1, 3, 3)],
      "not depthwise"),
     ("grouped", lambda x, w: F.conv2d(x, w, groups=2), [torch.randn(2, 4, 5, 5), torch.randn(4, 2, 3, 3)], "not depthwise"),
-    ("channels-last", lambda x, w: F.conv2d(x, w, groups=3),
-     [torch.randn(2, 3, 6, 6).contiguous(memory_format=torch.channels_last), _dw(3, 3, 3)], "contiguous"),
+    ("strided-input", lambda x, w: F.conv2d(x[..., ::2], w, groups=3), [torch.randn(2, 3, 6, 12), _dw(3, 3, 3)],
+     "neither contiguous"),
     ("bfloat16", lambda x, w: F.conv2d(x, w, groups=3), [torch.randn(2, 3, 6, 6).bfloat16(), _dw(3, 3, 3).bfloat16()],
      "bfloat16"),
     ("conv1d", lambda x, w: F.conv1d(x, w, groups=3), [torch.randn(2, 3, 9), torch.randn(3, 1, 3)], "1-D"),
@@ -112,4 +130,14 @@ def test_a_big_depthwise_convolution_is_left_to_onednn(monkeypatch) -> None:
     prog = _program(fn, inputs)
     i = _conv_segment(prog)
     assert "big depthwise" in dict(prog.passed_over[i])["cpp"]
+    assert_matches_eager(fn, inputs, prog.graph, program=prog)
+
+
+def test_a_channels_last_filter_past_the_stack_budget_is_declined(monkeypatch) -> None:
+    monkeypatch.setattr(conv, "_STACK_FILTER_BYTES", 64)
+    fn = lambda x, w: F.conv2d(x, w, padding=1, groups=4)  # noqa: E731 - a 4x3x3 float filter: 144 bytes
+    inputs = [_nhwc(2, 4, 5, 5), _dw(4, 3, 3)]
+    prog = _program(fn, inputs)
+    i = _conv_segment(prog)
+    assert "stack" in dict(prog.passed_over[i])["cpp"]
     assert_matches_eager(fn, inputs, prog.graph, program=prog)

@@ -14,9 +14,14 @@ image. That range depends on j alone, so each j is its own loop with literal bou
 test inside, short rows unroll whole and long ones vectorize where the stride is 1. Padding reads nothing (zeros add nothing). The sum runs in another order than
 oneDNN's: results differ from eager's in the last bits.
 
-Taken: one ``aten.convolution`` of a 4-D float32/float64 input in contiguous (NCHW) layout, a
+Channels-last input and output (NHWC: ConvNeXt's, after its permutes) take another loop nest: the
+filter copied tap-major on the stack first, then per output pixel each tap inside the image adds
+over the channels, a unit-stride loop.
+
+Taken: one ``aten.convolution`` of a 4-D float32/float64 input, input and output both contiguous
+(NCHW) or both channels-last (NHWC, a filter copy of at most 64 KiB), a
 weight of shape [C, 1, kh, kw] (any layout), a bias of [C] or none, not transposed, integer
-stride, padding and dilation, the output contiguous, at most ``MAX_MACS`` multiply-adds (beyond,
+stride, padding and dilation, at most ``MAX_MACS`` multiply-adds (beyond,
 this plain loop, which reads and writes its output row once per tap, no longer beats oneDNN:
 ``python -m perf.depthwise``). Anything else is declined with the reason.
 """
@@ -39,6 +44,7 @@ CONVOLUTION = "aten.convolution.default"
 #: multiply-adds past which a depthwise convolution is left to oneDNN (perf/results/depthwise_cpu.json:
 #: the kernel took 0.13-0.20x eager's time up to 0.1M, 0.76x at 0.29M, 1.12x at 1.2M, 1.0-3.4x beyond)
 MAX_MACS = 500_000
+_STACK_FILTER_BYTES = 64 << 10  # the channels-last kernel's tap-major copy of the filter
 _ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
 
 
@@ -74,8 +80,12 @@ def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
         raise Declined(f"a {str(dtype).removeprefix('torch.')} convolution (float32 and float64 only)")
     if bm is not None and bm.shape != (C,):
         raise Declined(f"a bias of shape {list(bm.shape)}")
-    if not xm.is_contiguous() or not ym.is_contiguous():
-        raise Declined("an input or output not in contiguous (NCHW) layout")
+    if xm.is_contiguous() and ym.is_contiguous():
+        channels_last = False
+    elif _channels_last(xm) and _channels_last(ym):
+        channels_last = True
+    else:
+        raise Declined("an input or output neither contiguous (NCHW) nor channels-last (NHWC), or not both alike")
     OH, OW = ym.shape[2:]
     if ym.shape[:2] != (N, C):
         raise Declined(f"an output of shape {list(ym.shape)} for an input of {list(xm.shape)}")
@@ -88,9 +98,31 @@ def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
     if bm is not None:
         params.append(Param("b_", a["bias"].name, dtype, bm.shape, bm.stride, False))
     params.append(Param("y_", node.outputs[0], dtype, ym.shape, ym.stride, True))
+    if channels_last and kh * kw * C * dtype.itemsize > _STACK_FILTER_BYTES:
+        raise Declined(f"a channels-last filter of {kh * kw * C * dtype.itemsize} bytes (its copy lives on the stack)")
     ws0, _, ws2, ws3 = wm.stride
     bias = f"b_[c * {bm.stride[0]}]" if bm is not None else f"({ct})0"
-    taps = []  # per filter column j: the output columns whose input column is inside the image
+    geometry = (N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, ws0, ws2, ws3)
+    lines = _nhwc_loops(ct, bias, *geometry) if channels_last else _nchw_loops(ct, bias, *geometry)
+    if worth_threads(macs, []):
+        lines.insert(lines.index("// loops") + 1, "#pragma omp parallel for collapse(2) schedule(static)")
+    body = "\n".join(lines) + "\n"
+    digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
+    return Kernel(f"fuseg_dwconv_{digest}", tuple(params), body, 1, 1, "conv", "long long")
+
+
+def _channels_last(m) -> bool:  # noqa: ANN001 - a TensorMeta
+    """NHWC strides (dims of one element may have any)."""
+    n, c, h, w = m.shape
+    want = (h * w * c, 1, w * c, c)
+    return all(size == 1 or st == wst for size, st, wst in zip(m.shape, m.stride, want))
+
+
+def _nchw_loops(ct, bias, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, ws0, ws2, ws3) -> list[str]:  # noqa: ANN001, N803
+    """Per image and channel, an output plane: each filter column j adds over the output columns
+    whose input column is inside the image, a range with literal bounds (Note [depthwise
+    convolutions])."""
+    taps = []
     for j in range(kw):
         off = j * dw - pw  # input column of output column ow: ow * sw + off
         lo = 0 if off >= 0 else (-off + sw - 1) // sw
@@ -98,7 +130,8 @@ def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
         if lo < hi:  # literal bounds: short rows unroll, long ones vectorize where sw is 1
             taps += [f"          {{ const {ct} wv = wr[{j * ws3}];",
                      f"            for (FUSEG_I ow = {lo}; ow < {hi}; ++ow) yr[ow] += xr[ow * {sw} + {off}] * wv; }}"]
-    lines = [
+    return [
+        "// loops",
         f"  for (FUSEG_I n = 0; n < {N}; ++n)",
         f"  for (FUSEG_I c = 0; c < {C}; ++c) {{",
         f"    const {ct}* xp = x_ + (n * {C} + c) * {H * W};",
@@ -117,8 +150,34 @@ def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
         "    }",
         "  }",
     ]
-    if worth_threads(macs, []):
-        lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
-    body = "\n".join(lines) + "\n"
-    digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"fuseg_dwconv_{digest}", tuple(params), body, 1, 1, "conv", "long long")
+
+
+def _nhwc_loops(ct, bias, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, ws0, ws2, ws3) -> list[str]:  # noqa: ANN001, N803
+    """Channels-last: the filter is first copied tap-major (``wt[tap][c]``, on the stack), then per
+    output pixel each tap inside the image adds over the channels, a unit-stride loop that
+    vectorizes (Note [depthwise convolutions])."""
+    return [
+        f"  {ct} wt[{kh * kw * C}];",
+        f"  for (FUSEG_I c = 0; c < {C}; ++c)",
+        f"    for (FUSEG_I i = 0; i < {kh}; ++i)",
+        f"      for (FUSEG_I j = 0; j < {kw}; ++j) wt[(i * {kw} + j) * {C} + c] = w_[c * {ws0} + i * {ws2} + j * {ws3}];",
+        "// loops",
+        f"  for (FUSEG_I n = 0; n < {N}; ++n)",
+        f"  for (FUSEG_I oh = 0; oh < {OH}; ++oh) {{",
+        f"    for (FUSEG_I ow = 0; ow < {OW}; ++ow) {{",
+        f"      {ct}* yp = y_ + ((n * {OH} + oh) * {OW} + ow) * {C};",
+        f"      for (FUSEG_I c = 0; c < {C}; ++c) yp[c] = {bias};",
+        f"      for (FUSEG_I i = 0; i < {kh}; ++i) {{",
+        f"        const FUSEG_I ih = oh * {sh} - {ph} + i * {dh};",
+        f"        if (ih < 0 || ih >= {H}) continue;",
+        f"        for (FUSEG_I j = 0; j < {kw}; ++j) {{",
+        f"          const FUSEG_I iw = ow * {sw} - {pw} + j * {dw};",
+        f"          if (iw < 0 || iw >= {W}) continue;",
+        f"          const {ct}* xp = x_ + ((n * {H} + ih) * {W} + iw) * {C};",
+        f"          const {ct}* wp = wt + (i * {kw} + j) * {C};",
+        f"          for (FUSEG_I c = 0; c < {C}; ++c) yp[c] += xp[c] * wp[c];",
+        "        }",
+        "      }",
+        "    }",
+        "  }",
+    ]
