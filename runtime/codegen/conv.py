@@ -4,15 +4,16 @@ Note [depthwise convolutions]: a depthwise convolution (groups = input channels 
 channels: MobileNet's and ConvNeXt's 3x3 and 7x7 layers) is a handful of multiply-adds per output
 element, yet eager sends it to oneDNN like any other, at about 100-170 us a call on this 2-core
 machine kind for mobilenet-v2-tiny's 2x192x4x4 (its 17 took 1960 us, of 6270 us for all its
-convolutions, in one timing of each layer alone). ATen
-has no other CPU path for it (with oneDNN off it is one slow convolution per channel: 39 ms), and
-im2col + batched GEMM was no faster (perf scratch runs, not kept). The kernel here is the loop
+convolutions, in one timing of each layer alone). ATen has no other CPU path for it (with oneDNN
+off it is one slow convolution per channel: 39 ms), and im2col + batched GEMM was no faster
+(scratch runs, not kept). The kernel here is the loop
 itself: per image and channel (the two outer loops, shared among threads where the work is
 worth it: Note [work of a loop] in kernel.py), the output plane starts at the bias and each tap
 (i, j) of the filter adds ``x * w`` over the output columns whose input column is inside the
 image. That range depends on j alone, so each j is its own loop with literal bounds: no bounds
-test inside, short rows unroll whole and long ones vectorize where the stride is 1. Padding reads nothing (zeros add nothing). The sum runs in another order than
-oneDNN's: results differ from eager's in the last bits.
+test inside, short rows unroll whole and long ones vectorize where the stride is 1. Padding
+reads nothing (zeros add nothing). The sum runs in another order than oneDNN's: results may
+differ from eager's in the last bits.
 
 Channels-last input and output (NHWC: ConvNeXt's, after its permutes) take another loop nest: the
 filter copied tap-major on the stack first, then per output pixel each tap inside the image adds
@@ -41,8 +42,8 @@ from .kernel import Kernel, Param, worth_threads
 __all__ = ["CONVOLUTION", "MAX_MACS", "depthwise_kernel"]
 
 CONVOLUTION = "aten.convolution.default"
-#: multiply-adds past which a depthwise convolution is left to oneDNN (perf/results/depthwise_cpu.json:
-#: the kernel took 0.13-0.20x eager's time up to 0.1M, 0.76x at 0.29M, 1.12x at 1.2M, 1.0-3.4x beyond)
+#: multiply-adds past which a depthwise convolution is left to oneDNN (perf/results/depthwise_cpu.json,
+#: NCHW: 0.13-0.25x eager's time up to 0.1M, 0.52-0.76x at 0.29M, 0.87-1.12x at 1.2M, 1.1-3.4x beyond)
 MAX_MACS = 500_000
 _STACK_FILTER_BYTES = 64 << 10  # the channels-last kernel's tap-major copy of the filter
 _ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
