@@ -3,8 +3,9 @@ registry. The program asks them in order for every kernel segment and never name
 
     CUDA:  nvfuser -> cupy -> torch        CPU:  cpp -> torch
 
-OPAQUE segments run on torch, except those a backend lists in ``opaque_ops``: a lone 2-D
-convolution on the CPU is asked of im2col first (Note [small convolutions] in im2col.py).
+OPAQUE segments run on torch, except those a backend lists in ``opaque_ops``: a lone
+convolution on the CPU is asked of cpp (depthwise ones: Note [depthwise convolutions] in
+runtime/codegen/conv.py), then of im2col (groups 1: Note [small convolutions] in im2col.py).
 A backend that cannot run here (not installed, another device, no compiler) or declines a
 segment (an op the generator does not take...) is passed over, with the reason recorded in
 ``program.passed_over``; torch takes every segment. ``backend="name"`` asks for one backend
