@@ -182,3 +182,15 @@ def test_kernel_segments_are_not_asked_of_im2col() -> None:
     prog = _program(lambda a, b: (a @ b).relu() + 1, [torch.randn(4, 5), torch.randn(5, 3)])
     assert prog.passed_over, "the matmul segment records why cpp passed it over"
     assert all(b != "im2col" for reasons in prog.passed_over.values() for b, _ in reasons), prog.passed_over
+
+
+def test_one_element_stride_and_padding_lists_are_declined_not_misrun(im2col_faster) -> None:
+    """Regression: ``aten.convolution`` takes one-element stride/padding lists (applied to both
+    dims); ``thnn_conv2d`` refuses them at run time ("2D stride expected"). The arguments are
+    checked as integer pairs when the backend is asked, so such a convolution stays on torch."""
+    fn = lambda x, w: torch.ops.aten.convolution(x, w, None, [2], [1], [1, 1], False, [0], 1)  # noqa: E731
+    inputs = [torch.randn(2, 3, 8, 8), _weights(4, 3, 3, 3)]
+    prog = _program(fn, inputs)
+    (i,) = _conv_segments(prog)
+    assert prog.backend_of[i] == "torch" and "stride" in dict(prog.passed_over[i])["im2col"]
+    assert_matches_eager(fn, inputs, prog.graph, program=prog)

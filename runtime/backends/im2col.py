@@ -17,8 +17,9 @@ last bits (4.5e-7 on resnet-tiny's output), as any other compiler's kernels do. 
 multiply-adds, and the measurement allocates its inputs).
 
 Taken: a segment that is one ``aten.convolution`` of a 4-D float32/float64 input in contiguous
-(NCHW) layout, with a dense weight, groups 1, dilation 1, not transposed, its output contiguous
-and not written into an input. Anything else is declined with the reason and runs on torch;
+(NCHW) layout, with a dense weight, groups 1, dilation 1, stride and padding two integers each
+(``convolution_args`` in runtime/codegen/conv.py), not transposed, its output contiguous and not
+written into an input. Anything else is declined with the reason and runs on torch;
 ``backend="torch"`` (the reference path) never comes here.
 """
 
@@ -32,15 +33,14 @@ from collections.abc import Callable
 import torch
 
 from segmenter import Node, Segment, TensorMeta
-from segmenter.ir import ValueRef
 
 from ..codegen import Declined
+from ..codegen.conv import CONVOLUTION, convolution_args
 from .base import Backend, BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
 
 __all__ = ["Im2colBackend"]
 
-CONVOLUTION = "aten.convolution.default"
 _MAX_MACS = 50_000_000  # a convolution with more multiply-adds: oneDNN's, not measured (milliseconds a call)
 _MAX_MADE_UP_BYTES = 64 << 20  # the made-up inputs a measurement may allocate
 _ROUNDS = 5
@@ -62,23 +62,13 @@ def _dense(m: TensorMeta) -> bool:
     return True
 
 
-def _why_not(ctx: BuildContext, node: Node) -> str | None:
-    """Why ``node`` (an ``aten.convolution``) is not one this backend takes, or None."""
-    names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
-    if len(node.args) != len(names) or node.kwargs:
-        return "a convolution whose arguments are not the nine positional ones of its schema"
-    a = dict(zip(names, node.args))
-    if not isinstance(a["input"], ValueRef) or not isinstance(a["weight"], ValueRef) or not (
-            a["bias"] is None or isinstance(a["bias"], ValueRef)):
-        return "a convolution of something other than tensor values"
+def _why_not(ctx: BuildContext, node: Node, a: dict) -> str | None:
+    """Why ``node``, a 2-D convolution with arguments ``a`` (``convolution_args``), is not one
+    this backend takes, or None."""
     x, w, out = ctx.graph.metas[a["input"].name], ctx.graph.metas[a["weight"].name], node.metas[0]
-    if len(x.shape) != 4 or len(w.shape) != 4:
-        return f"a {len(x.shape) - 2}-D convolution (im2col takes 2-D ones)"
-    if a["transposed"] is not False:
-        return "a transposed convolution"
     if a["groups"] != 1:
         return f"groups={a['groups']} (im2col + GEMM takes groups=1)"
-    if tuple(a["dilation"]) != (1, 1):
+    if a["dilation"] != (1, 1):
         return f"dilation={list(a['dilation'])} (im2col takes dilation 1)"
     if x.dtype not in (torch.float32, torch.float64) or w.dtype != x.dtype:
         return f"a {str(x.dtype).removeprefix('torch.')} convolution (float32 and float64 only)"
@@ -120,10 +110,11 @@ class Im2colBackend(Backend):
         if len(seg.nodes) != 1 or seg.nodes[0].op != CONVOLUTION:
             raise Declined("not a lone convolution")
         node = seg.nodes[0]
-        why = _why_not(ctx, node)
+        a = convolution_args(ctx.graph, node)
+        why = _why_not(ctx, node, a)
         if why is not None:
             raise Declined(why)
-        x, w, bias, stride, padding = node.args[:5]
+        x, w, bias, stride, padding = a["input"], a["weight"], a["bias"], a["stride"], a["padding"]
         xm, wm = ctx.graph.metas[x.name], ctx.graph.metas[w.name]
         bm = ctx.graph.metas[bias.name] if bias is not None else None
         kernel = tuple(wm.shape[2:])
@@ -133,7 +124,7 @@ class Im2colBackend(Backend):
         made_up = xm.nbytes + wm.nbytes + (bm.nbytes if bm is not None else 0)
         if made_up > _MAX_MADE_UP_BYTES:  # a strided convolution of a huge input has few multiply-adds
             raise Declined(f"inputs of {made_up / 2**20:.0f} MiB: left to oneDNN, not measured")
-        key = (xm.shape, wm.shape, wm.stride, bm is not None, tuple(stride), tuple(padding), xm.dtype,
+        key = (xm.shape, wm.shape, wm.stride, bm is not None, stride, padding, xm.dtype,
                torch.get_num_threads())
         times = _MEASURED.get(key)
         if times is None:
@@ -149,6 +140,6 @@ class Im2colBackend(Backend):
         if not t_im2col < t_onednn:
             raise Declined(f"oneDNN's convolution measured faster for this shape ({t_onednn:.1f} us a call against "
                            f"{t_im2col:.1f} us as im2col + GEMM)")
-        thnn = dataclasses.replace(node, op="aten.thnn_conv2d.default", args=(x, w, kernel, bias, tuple(stride),
-                                                                             tuple(padding)))
+        thnn = dataclasses.replace(node, op="aten.thnn_conv2d.default", args=(x, w, kernel, bias, stride,
+                                                                             padding))
         return Im2colLaunch(ctx, dataclasses.replace(seg, nodes=(thnn,)))

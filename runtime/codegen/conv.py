@@ -39,7 +39,7 @@ from segmenter.ir import ValueRef
 from .ctypes_ import Declined, storage_type
 from .kernel import Kernel, Param, worth_threads
 
-__all__ = ["CONVOLUTION", "MAX_MACS", "depthwise_kernel"]
+__all__ = ["CONVOLUTION", "MAX_MACS", "convolution_args", "depthwise_kernel"]
 
 CONVOLUTION = "aten.convolution.default"
 #: multiply-adds past which a depthwise convolution is left to oneDNN (perf/results/depthwise_cpu.json,
@@ -55,26 +55,39 @@ def _pair(v: object, what: str, least: int) -> tuple[int, int]:
     return v[0], v[1]
 
 
-def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
-    """The kernel of ``node``, a depthwise ``aten.convolution`` (Note [depthwise convolutions])."""
+def convolution_args(graph: FusionGraph, node: Node) -> dict:
+    """The arguments of ``node``, a 2-D ``aten.convolution``, by name, or ``Declined`` with why
+    not: input, weight and bias are tensor values (the bias may be None), input and weight 4-D,
+    not transposed, and stride, padding and dilation each two integers in range (the schema also
+    takes one for both dims, which ATen's other convolutions refuse: it is declined here)."""
     if node.op != CONVOLUTION or len(node.args) != len(_ARGS) or node.kwargs:
         raise Declined("not a convolution with the nine positional arguments of its schema")
     a = dict(zip(_ARGS, node.args))
     if not (isinstance(a["input"], ValueRef) and isinstance(a["weight"], ValueRef)
             and (a["bias"] is None or isinstance(a["bias"], ValueRef))):
         raise Declined("a convolution of something other than tensor values")
-    xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
     if a["transposed"] is not False:
         raise Declined("a transposed convolution")
-    if len(xm.shape) != 4 or len(wm.shape) != 4 or ym is None or len(ym.shape) != 4:
-        raise Declined(f"a {len(xm.shape) - 2}-D convolution (the kernel takes 2-D ones)")
+    xm, wm = graph.metas[a["input"].name], graph.metas[a["weight"].name]
+    if len(xm.shape) != 4 or len(wm.shape) != 4:
+        raise Declined(f"a {len(xm.shape) - 2}-D convolution (2-D ones are taken)")
+    a["stride"] = _pair(a["stride"], "stride", 1)
+    a["padding"] = _pair(a["padding"], "padding", 0)
+    a["dilation"] = _pair(a["dilation"], "dilation", 1)
+    return a
+
+
+def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
+    """The kernel of ``node``, a depthwise ``aten.convolution`` (Note [depthwise convolutions])."""
+    a = convolution_args(graph, node)
+    xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
+    if ym is None or len(ym.shape) != 4:
+        raise Declined("a convolution whose output is not 4-D")
     N, C, H, W = xm.shape
     filters, per_group, kh, kw = wm.shape
     if not (a["groups"] == C == filters and per_group == 1):
         raise Declined(f"groups={a['groups']} with weight {list(wm.shape)}: not depthwise (one filter per channel)")
-    sh, sw = _pair(a["stride"], "stride", 1)
-    ph, pw = _pair(a["padding"], "padding", 0)
-    dh, dw = _pair(a["dilation"], "dilation", 1)
+    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
     bm = graph.metas[a["bias"].name] if a["bias"] is not None else None
     dtype = xm.dtype
     if dtype not in (torch.float32, torch.float64) or any(m.dtype != dtype for m in (wm, ym, *(bm,) * (bm is not None))):
