@@ -34,11 +34,12 @@ __all__ = ["main", "measure"]
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Run in the child: ``sys.argv[1:]`` = checkout, models.py path, model name, calls, blocks.
-_CHILD = r"""
+# Both children start so: ``sys.argv[1:4]`` = checkout, models.py path, model name; the side's
+# fuseg backend compiles the model (not yet called).
+_LOAD = r"""
 import importlib.util, json, statistics, sys, time, warnings
 warnings.filterwarnings("ignore")
-tree, models_py, name, calls, blocks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+tree, models_py, name = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, tree)
 import torch
 from runtime.dynamo import fuseg_backend
@@ -47,6 +48,11 @@ models = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(models)
 model, args = models.MODELS[name]()
 compiled = torch.compile(model, backend=fuseg_backend)
+"""
+
+# Steady state; then ``sys.argv[4:6]`` = calls, blocks.
+_CHILD = _LOAD + r"""
+calls, blocks = int(sys.argv[4]), int(sys.argv[5])
 times = {"eager": [], "fuseg": []}
 with torch.no_grad():
     want, got = model(*args), compiled(*args)
@@ -65,19 +71,8 @@ print(json.dumps({"eager_ms": 1e3 * statistics.median(times["eager"]),
 """
 
 
-# ``--first-call``: ``sys.argv[1:]`` = checkout, models.py path, model name; the kernel cache is empty.
-_FIRST = r"""
-import importlib.util, json, sys, time, warnings
-warnings.filterwarnings("ignore")
-tree, models_py, name = sys.argv[1], sys.argv[2], sys.argv[3]
-sys.path.insert(0, tree)
-import torch
-from runtime.dynamo import fuseg_backend
-spec = importlib.util.spec_from_file_location("fuseg_bench_models", models_py)
-models = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(models)
-model, args = models.MODELS[name]()
-compiled = torch.compile(model, backend=fuseg_backend)
+# ``--first-call``: the first call alone, with an empty kernel cache.
+_FIRST = _LOAD + r"""
 with torch.no_grad():
     t0 = time.perf_counter(); compiled(*args); first = time.perf_counter() - t0
 print(json.dumps({"first_call_s": first}))
