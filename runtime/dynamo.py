@@ -61,9 +61,10 @@ class FusegCompiler:
             # (saved activations, in backward) can be freed as soon as our launches are done with them.
             args = [a for i, a in enumerate(boxed) if i not in tokens] if tokens else list(boxed)
             boxed.clear()
-            if last and last[0].accepts(*args):  # one generated comparison of every input's layout
-                results = last[0].run_checked(*args)
-            else:
+            # Note [one entry] (runtime/program.py): the program the previous call ran, where the
+            # inputs match it exactly; None (nothing run) sends the call on to the checked path
+            results = last[0].entry(*args) if last and len(args) == last[0].arity else None
+            if results is None:
                 key = _signature(args)
                 program = cache.get(key)
                 if program is None:

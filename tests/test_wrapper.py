@@ -10,7 +10,7 @@ import runtime
 from alias import apply_aliases
 from runtime.backends import BACKENDS
 from runtime.backends.base import Backend
-from segmenter import FusionGraph, GraphInput, Node, TensorMeta, ValueRef, capture, segment
+from segmenter import FusionGraph, GraphError, GraphInput, Node, TensorMeta, ValueRef, capture, segment
 
 from .util import assert_matches_eager
 
@@ -226,3 +226,54 @@ def test_marks_closer_than_an_eighth_of_a_part_are_not_kept(monkeypatch) -> None
     assert [at for at, _ in code._cuts(40)] == [40, 80]
     fn, _ = code.program("f", [], f"{code.var('99')}")
     assert fn() == 99
+
+
+def _doubles_x_then_adds(x, y):
+    x.mul_(2)
+    return x + y
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_entry_runs_only_on_exact_inputs_in_a_plain_call(backend: str) -> None:
+    """``entry`` (what the torch.compile backend calls first): the program's outputs where every
+    input has the planned layout, no two share a storage and the call is plain; otherwise None,
+    having run nothing (x is not doubled), and the checked call still gives eager's answer."""
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    program = _program(_doubles_x_then_adds, [x.clone(), y.clone()], backend=backend)
+    xc = x.clone()
+    (out,) = program.entry(xc, y)
+    torch.testing.assert_close(out, x * 2 + y)
+    torch.testing.assert_close(xc, x * 2)
+
+    shared = torch.randn(4, 5)
+    refused = {
+        "shape": (torch.randn(5, 4), torch.randn(5, 4)),
+        "stride": (torch.randn(5, 4).t(), y.clone()),
+        "offset": (torch.randn(30)[1:21].view(4, 5), y.clone()),
+        "dtype": (x.double(), y.double()),
+        "negative bit": (torch._neg_view(x.clone()), y.clone()),
+        "shared storage": (shared, shared),
+        "not a tensor": (3, y.clone()),
+    }
+    for why, (a, b) in refused.items():
+        before = a.clone() if isinstance(a, torch.Tensor) else a
+        assert program.entry(a, b) is None, why
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, before), f"{why}: entry ran before refusing"
+
+    xg = x.clone().requires_grad_()
+    assert program.entry(xg, y) is None  # grad on and an input requires grad: not a plain call
+    with torch.no_grad():
+        assert program.entry(xg.detach().clone(), y) is not None
+
+    class Watch(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    xc = x.clone()
+    with Watch():
+        assert program.entry(xc, y) is None
+    torch.testing.assert_close(xc, x)
+    both = x.clone()
+    with pytest.raises(GraphError, match="shares a storage"):  # the checked call says why
+        program(both, both)
