@@ -10,10 +10,15 @@ Models: the zoo's runnable entries and transformer-family models the project nev
 Method. Steady state: every variant of a model is compiled first, then the variants are timed
 in ``--rounds`` interleaved rounds (eager, inductor, fuseg, eager, ...) of ``--calls`` calls each
 (``perf_counter`` around each call); the record holds each variant's median over all its calls,
-and the ratios fuseg/eager and fuseg/inductor of those medians. A fourth variant, "dynamo"
-(``torch.compile(backend="eager")``: the captured ops run as they are) is the per-call floor of
-every torch.compile backend: where it is slower than eager, no backend can be faster than eager
-through torch.compile. Interleaving puts the machine's
+and the ratios fuseg/eager and fuseg/inductor of those medians. Two more variants bound what any
+backend could do: "dynamo" (``torch.compile(backend="eager")``: the captured ops run as they are)
+and "floor" (``torch.compile`` with a backend that does no work: at compile time it runs the graph
+once on the example inputs, and each call hands those same outputs back). The floor is dynamo's
+per-call cost alone (guards, frames, the module call path) with no compiled code at all: where it
+is slower than eager, no torch.compile backend can be faster than eager (the inputs are the same
+on every call, so its outputs are eager's too). "dynamo" is no such bound: its ops run one by one
+through the GraphModule, which a compiler need not do.
+Interleaving puts the machine's
 noise on every variant alike: compare ratios within one run, not times across runs. First call:
 each compiler's first call (trace, compile, kernel builds) in a fresh process with empty
 Inductor and fuseg caches (``--no-first-call`` skips it). Every variant's outputs are compared
@@ -78,6 +83,12 @@ def _first_call(name: str, backend: str) -> float:
         return float(r.stdout.strip().splitlines()[-1])
 
 
+def _no_work_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The "floor" variant's backend: the graph runs once, now; every call returns its outputs."""
+    outputs = gm(*example_inputs)
+    return lambda *args: outputs
+
+
 def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_call: bool = True,
                    progress: bool = True) -> list[dict[str, Any]]:
     rows = []
@@ -91,11 +102,11 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             want = fn(*inputs)
-            # "dynamo": torch.compile(backend="eager"), the captured ops run as they are: what
-            # every torch.compile backend pays per call before its own code runs
-            for backend in ("inductor", "fuseg", "dynamo"):
+            # "dynamo": the captured ops run as they are; "floor": no work at all (module docstring)
+            compilers: dict[str, Any] = {"dynamo": "eager", "floor": _no_work_backend}
+            for backend in ("inductor", "fuseg", "dynamo", "floor"):
                 try:
-                    c = torch.compile(fn, backend="eager" if backend == "dynamo" else backend)
+                    c = torch.compile(fn, backend=compilers.get(backend, backend))
                     row[f"{backend}_max_abs_diff"] = _max_diff(c(*inputs), want)
                     variants[backend] = lambda c=c, a=inputs: c(*a)
                 except Exception as e:  # noqa: BLE001 - recorded: a compiler that fails is a result
@@ -114,8 +125,9 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
             row[f"{v}_ms"] = statistics.median(ts)
             q = statistics.quantiles(ts, n=10)
             row[f"{v}_p10_ms"], row[f"{v}_p90_ms"] = q[0], q[-1]
-        if "dynamo_ms" in row:
-            row["dynamo_vs_eager"] = row["dynamo_ms"] / row["eager_ms"]
+        for v in ("dynamo", "floor"):
+            if f"{v}_ms" in row:
+                row[f"{v}_vs_eager"] = row[f"{v}_ms"] / row["eager_ms"]
         if "fuseg_ms" in row:
             row["fuseg_vs_eager"] = row["fuseg_ms"] / row["eager_ms"]
             if "inductor_ms" in row:
@@ -138,7 +150,7 @@ def _line(row: dict[str, Any]) -> str:
     def f(k: str, fmt: str = "{:.3f}") -> str:
         return fmt.format(row[k]) if k in row else "-"
     return (f"{row['model']:>14}  eager {f('eager_ms')} ms  inductor {f('inductor_ms')}  fuseg {f('fuseg_ms')}  "
-            f"dynamo/eager {f('dynamo_vs_eager', '{:.2f}')}  fuseg/eager {f('fuseg_vs_eager', '{:.2f}')}  fuseg/inductor {f('fuseg_vs_inductor', '{:.2f}')}  "
+            f"floor/eager {f('floor_vs_eager', '{:.2f}')}  dynamo/eager {f('dynamo_vs_eager', '{:.2f}')}  fuseg/eager {f('fuseg_vs_eager', '{:.2f}')}  fuseg/inductor {f('fuseg_vs_inductor', '{:.2f}')}  "
             f"first call {f('fuseg_first_call_s', '{:.1f}')} s vs {f('inductor_first_call_s', '{:.1f}')} s")
 
 
@@ -153,8 +165,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "median_fuseg_vs_eager": med("fuseg_vs_eager", which),
                      "median_fuseg_vs_inductor": med("fuseg_vs_inductor", which),
                      "slower_than_eager": [r["model"] for r in which if r.get("fuseg_vs_eager", 0) > 1],
-                     # models where torch.compile with no compiler at all is already slower than eager
+                     # where running the captured ops as they are is slower than eager
                      "dynamo_alone_slower_than_eager": [r["model"] for r in which if r.get("dynamo_vs_eager", 0) > 1],
+                     # where torch.compile doing no work at all is: no backend can beat eager there
+                     "floor_slower_than_eager": [r["model"] for r in which if r.get("floor_vs_eager", 0) > 1],
+                     "slower_than_eager_above_floor": [r["model"] for r in which if r.get("fuseg_vs_eager", 0) > 1
+                                                       and r.get("floor_vs_eager", 0) <= 1],
                      "median_first_call_vs_inductor": med("first_call_vs_inductor", which),
                      "max_first_call_vs_inductor": max((r["first_call_vs_inductor"] for r in which
                                                         if "first_call_vs_inductor" in r), default=None)}

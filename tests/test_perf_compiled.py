@@ -1,0 +1,34 @@
+"""perf/compiled.py's bounds: the "floor" variant does no work per call, and the summary tells
+models no backend could make faster than eager from the ones fuseg could."""
+
+from __future__ import annotations
+
+import torch
+
+from perf.compiled import _no_work_backend, summary
+
+
+def test_floor_variant_hands_back_the_outputs_it_computed_when_compiled() -> None:
+    def fn(x):
+        return torch.softmax(x * 2, -1)
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 8)
+    c = torch.compile(fn, backend=_no_work_backend)
+    first = c(x)
+    torch.testing.assert_close(first, fn(x))
+    assert c(x) is first  # nothing ran again: the same tensor object
+
+
+def test_summary_separates_models_below_the_floor() -> None:
+    rows = [
+        {"model": "tiny", "held_out": False, "fuseg_vs_eager": 1.4, "floor_vs_eager": 1.2, "dynamo_vs_eager": 3.0},
+        {"model": "small", "held_out": False, "fuseg_vs_eager": 1.1, "floor_vs_eager": 0.7, "dynamo_vs_eager": 2.0},
+        {"model": "big", "held_out": True, "fuseg_vs_eager": 0.5, "floor_vs_eager": 0.01, "dynamo_vs_eager": 1.0},
+    ]
+    s = summary(rows)["all"]
+    assert s["slower_than_eager"] == ["tiny", "small"]
+    assert s["floor_slower_than_eager"] == ["tiny"]
+    assert s["slower_than_eager_above_floor"] == ["small"]
+    assert s["dynamo_alone_slower_than_eager"] == ["tiny", "small"]
+    assert summary(rows)["held_out"]["slower_than_eager"] == []
