@@ -112,3 +112,37 @@ def test_safe_softmax_is_decomposed_into_one_row_kernel() -> None:
     assert [seg.kind for seg in program.plan.segments] == [SegmentKind.NORMALIZATION]
     if cpu_compiler() is not None:
         assert program.backend_of == {0: "cpp"}, program.passed_over
+
+
+def test_a_callers_dispatch_mode_never_sees_the_compile() -> None:
+    """Note [compiling outside the caller's modes]: the first call compiles; a TorchDispatchMode the
+    caller has on sees the program run (real tensors), never our FakeTensor re-run of the graph."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fake = 0
+            self.real = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            if any(isinstance(t, FakeTensor) for t in tensors):
+                self.fake += 1
+            else:
+                self.real += 1
+            return func(*args, **(kwargs or {}))
+
+    def fn(x):
+        return torch.softmax(x * 2, -1) + 1
+
+    x = torch.randn(4, 8)
+    compiler = FusegCompiler()
+    run = compiler(make_fx(fn)(x), [x])  # dynamo does not compile under a dispatch mode: called directly
+    with Seen() as seen:
+        (out,) = run([x])
+    torch.testing.assert_close(out, fn(x))
+    assert len(compiler.compiled) == 1 and seen.real > 0
+    assert seen.fake == 0
