@@ -92,9 +92,10 @@ class FusegCompiler:
 # under a mode that checks custom ops for aliasing), or the caller's (a FLOP counter, a memory
 # tracker). ``from_fx`` re-runs the graph on FakeTensors of its own (Note [fake tensor cache] in
 # segmenter/meta.py); under those modes every fake op went through them too. A caller's mode then
-# counted ops that never ran, and AOTAutograd's cost bart-tiny's re-run 0.30-0.39 s against
-# 0.25-0.28 s without it (three alternated first calls each). So the re-run happens with the
-# mode stack set aside; the program itself, folded segments included, runs where it did before.
+# counted ops that never ran, and with AOTAutograd's mode bart-tiny's re-run took 0.30-0.39 s,
+# against 0.25-0.28 s without it (three alternated first calls each). So the re-run happens with
+# the mode stack set aside; the program itself, folded segments included, runs where it did
+# before. (A FakeTensor input keeps its own mode: the re-run uses it, on the stack or not.)
 
 
 def strip_effect_tokens(gm: fx.GraphModule) -> frozenset[int]:
