@@ -146,9 +146,8 @@ class CompiledProgram:
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
             for seg in plan.segments)
         self._fast, self.source = self._program_function(fast=True)
-        self._check = self._check_function()
         #: Note [one entry]
-        self.entry = self._entry_function()
+        self._check, self.entry = self._check_and_entry()
         self.arity = len(graph.inputs)
 
     def _fold(self) -> tuple[frozenset[int], dict[str, torch.Tensor]]:
@@ -302,15 +301,11 @@ class CompiledProgram:
             tests.append("False")  # inputs that share a storage: check_inputs decides
         return " and ".join(tests) or "True"
 
-    def _check_function(self) -> Callable[..., bool]:
-        """``check(*inputs) -> bool``: ``_check_tests`` as a function."""
-        code = Code()
-        params = [f"v{i}" for i in range(len(self.graph.inputs))]
-        fn, _ = code.function("fuseg_check", params, [f"    return {self._check_tests(code, params)}"], None)
-        return fn
+    def _check_and_entry(self) -> tuple[Callable[..., bool], Callable[..., list[torch.Tensor] | None]]:
+        """``check(*inputs) -> bool`` (``_check_tests`` as a function) and ``entry``, made from one
+        test expression.
 
-    def _entry_function(self) -> Callable[..., list[torch.Tensor] | None]:
-        """Note [one entry]: ``entry(*inputs)``: the fast program's outputs where the inputs pass
+        Note [one entry]: ``entry(*inputs)``: the fast program's outputs where the inputs pass
         ``_check_tests`` and the call is plain (``_plain_call``), else None, having run nothing.
         A call through the torch.compile backend went through ``accepts`` and ``run_checked``:
         five Python calls to check the inputs and pick the variant, where this is one generated
@@ -320,19 +315,20 @@ class CompiledProgram:
         checked call, which explains a refusal or takes the safe variant."""
         code = Code()
         params = [f"v{i}" for i in range(len(self.graph.inputs))]
-        args = ", ".join(params)
+        tests = self._check_tests(code, params)
+        check, _ = code.function("fuseg_check", params, [f"    return {tests}"], None)
         needs_grad = " or ".join(f"{v}.requires_grad" for v in params) or "False"
         body = [
             "    try:",
-            f"        ok = {self._check_tests(code, params)}",
+            f"        ok = {tests}",
             "    except (AttributeError, TypeError):  # not a tensor",
             "        return None",
             f"    if ok and not {code.const(_dispatch_modes)}() and not ({code.const(torch.is_grad_enabled)}() and ({needs_grad})):",
-            f"        return {code.const(self._fast)}({args})",
+            f"        return {code.const(self._fast)}({', '.join(params)})",
             "    return None",
         ]
-        fn, _ = code.function("fuseg_entry", params, body, None)
-        return fn
+        entry, _ = code.function("fuseg_entry", params, body, None)
+        return check, entry
 
     def _storage_needs(self) -> dict[int, int]:
         """Graph input index -> bytes its storage must hold, for the inputs generated kernels read

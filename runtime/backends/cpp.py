@@ -39,11 +39,7 @@ class DepthwiseLaunch(CppLaunch):
         why = bits_problem(ctx.graph, seg)
         if why is not None:
             raise Declined(why)
-        self.kernel = depthwise_kernel(ctx.graph, seg.nodes[0])
-        self.hidden: set[str] = set()
-        self.views: list = []
-        self.fn = None
-        self.stats = {"layout_fallbacks": 0}
+        self._bind(depthwise_kernel(ctx.graph, seg.nodes[0]))
 
 
 class CppBackend(Backend):

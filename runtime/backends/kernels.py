@@ -109,11 +109,17 @@ class KernelLaunch(SegmentLaunch):
                  if o not in ctx.materialize and b not in ctx.materialize}
         written_outputs = [o for o in seg.outputs if o not in views]
         lowered = dataclasses.replace(seg, outputs=tuple(dict.fromkeys([*written_outputs, *views.values()])))
-        self.kernel: Kernel = lower_memo(ctx.kernel_memo, graph, lowered,
-                                         layouts(graph, lowered, ctx.materialize, written), targets)
-        self.hidden = {b for b in views.values() if b not in written_outputs}  # written for their views only
-        self.views = [(o, b, graph.metas[o], graph.metas[o].storage_offset - graph.metas[b].storage_offset)
-                      for o, b in views.items()]
+        self._bind(lower_memo(ctx.kernel_memo, graph, lowered,
+                              layouts(graph, lowered, ctx.materialize, written), targets),
+                   hidden={b for b in views.values() if b not in written_outputs},  # written for their views only
+                   views=[(o, b, graph.metas[o], graph.metas[o].storage_offset - graph.metas[b].storage_offset)
+                          for o, b in views.items()])
+
+    def _bind(self, kernel: Kernel, hidden: set[str] | None = None, views: list | None = None) -> None:
+        """The launch's kernel, the values it writes only for their views, and those views."""
+        self.kernel: Kernel = kernel
+        self.hidden = hidden if hidden is not None else set()
+        self.views = views if views is not None else []
         self.fn: Callable[..., Any] | None = None
         #: how often a launch run on its own found an input in another layout than planned (and ran on torch)
         self.stats = {"layout_fallbacks": 0}
