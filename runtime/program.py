@@ -30,6 +30,7 @@ from .backends import BuildContext, SegmentLaunch, backends_for
 from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
 from .codegen import Declined
+from .guards import LearnedGuard
 from .inplace import plan_in_place_writes
 from .metadata import emit_metadata
 from .wrapper import Code
@@ -146,7 +147,8 @@ class CompiledProgram:
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
             for seg in plan.segments)
         self._fast, self.source = self._program_function(fast=True)
-        #: Note [one entry]
+        #: Note [one entry], Note [learned layout guard]
+        self.guard = LearnedGuard()
         self._check, self.entry = self._check_and_entry()
         self.arity = len(graph.inputs)
 
@@ -271,25 +273,31 @@ class CompiledProgram:
             seen.add(r)
         return True
 
-    def _check_tests(self, code: Code, params: list[str]) -> str:
-        """The expression that is True where every input has exactly the planned layout and no two
-        share a storage (a False is explained by ``check_inputs``, which raises)."""
-        g = self.graph
-        needs = self._storage_needs()
-        distinct = len({i.storage for i in g.inputs}) == len(g.inputs) > 1
+    def _layout_tests(self, code: Code, params: list[str]) -> list[str]:
+        """Per input: dtype, sizes, strides, device and the conjugate and negative bits (all of
+        which a ``LearnedGuard`` checks too: Note [learned layout guard])."""
         tests = []
-        for v, inp in zip(params, g.inputs):
+        for v, inp in zip(params, self.graph.inputs):
             m = inp.meta
             dev = {"cpu": f"{v}.is_cpu", "cuda": f"{v}.is_cuda"}.get(m.device_type,
                                                                      f"{v}.device.type == {code.const(m.device_type)}")
             tests.append(f"{v}.dtype == {code.const(m.dtype)} and {v}.shape == {code.const(m.shape)} and "
-                         f"{v}.stride() == {code.const(m.stride)} and {v}.storage_offset() == {m.storage_offset} and {dev}")
+                         f"{v}.stride() == {code.const(m.stride)} and {dev}")
             # the conjugate and negative bits (a real tensor may carry the negative one: x.conj().imag)
             if m.dtype.is_complex:
                 tests.append(f"{v}.is_conj() is {m.conj}")
             tests.append(f"{v}.is_neg() is {m.neg}")
+        return tests
+
+    def _storage_tests(self, params: list[str]) -> list[str]:
+        """Per input: the storage offset, the storage's size where a kernel reads it (Note [kernel
+        reads stay in storage]), and that no two inputs share a storage (what no guard checks)."""
+        g = self.graph
+        needs = self._storage_needs()
+        distinct = len({i.storage for i in g.inputs}) == len(g.inputs) > 1
+        tests = [f"{v}.storage_offset() == {inp.meta.storage_offset}" for v, inp in zip(params, g.inputs)]
         storages = [f"{v}.untyped_storage()" for v in params]
-        for i, need in needs.items():  # Note [kernel reads stay in storage]
+        for i, need in needs.items():
             if distinct:  # the storage is read again below: fetched once
                 tests.append(f"(_s{i} := {storages[i]}).nbytes() >= {need}")
                 storages[i] = f"_s{i}"
@@ -299,34 +307,51 @@ class CompiledProgram:
             tests.append(f"len({{{', '.join(f'{s}._cdata' for s in storages)}}}) == {len(params)}")
         elif g.storage_groups():
             tests.append("False")  # inputs that share a storage: check_inputs decides
-        return " and ".join(tests) or "True"
+        return tests
 
     def _check_and_entry(self) -> tuple[Callable[..., bool], Callable[..., list[torch.Tensor] | None]]:
-        """``check(*inputs) -> bool`` (``_check_tests`` as a function) and ``entry``, made from one
-        test expression.
+        """``check(*inputs) -> bool``: True where every input has exactly the planned layout and
+        no two share a storage (a False is explained by ``check_inputs``, which raises); and
+        ``entry``.
 
         Note [one entry]: ``entry(*inputs)``: the fast program's outputs where the inputs pass
-        ``_check_tests`` and the call is plain (``_plain_call``), else None, having run nothing.
+        the check and the call is plain (``_plain_call``), else None, having run nothing.
         A call through the torch.compile backend went through ``accepts`` and ``run_checked``:
         five Python calls to check the inputs and pick the variant, where this is one generated
         function. Measured (perf/results/before_after_entry_cpu.json, one alternated run):
-        fuseg/eager after/before 0.95 (mlp) to 0.99 (rms-norm, softmax). The checks themselves
-        stay: ~0.5 us an input, every property a kernel relies on. None sends the caller to the
-        checked call, which explains a refusal or takes the safe variant."""
+        fuseg/eager after/before 0.95 (mlp) to 0.99 (rms-norm, softmax). Inputs that pass the
+        guard learned from an earlier call are checked in Python only for what it leaves out
+        (Note [learned layout guard] in runtime/guards.py). None sends the caller to the checked
+        call, which explains a refusal or takes the safe variant."""
         code = Code()
         params = [f"v{i}" for i in range(len(self.graph.inputs))]
-        tests = self._check_tests(code, params)
-        check, _ = code.function("fuseg_check", params, [f"    return {tests}"], None)
+        layout, storage = self._layout_tests(code, params), self._storage_tests(params)
+        full = " and ".join(layout + storage) or "True"
+        check, _ = code.function("fuseg_check", params, [f"    return {full}"], None)
+        args = ", ".join(params)
         needs_grad = " or ".join(f"{v}.requires_grad" for v in params) or "False"
-        body = [
-            "    try:",
-            f"        ok = {tests}",
-            "    except (AttributeError, TypeError):  # not a tensor",
-            "        return None",
-            f"    if ok and not {code.const(_dispatch_modes)}() and not ({code.const(torch.is_grad_enabled)}() and ({needs_grad})):",
-            f"        return {code.const(self._fast)}({', '.join(params)})",
-            "    return None",
-        ]
+        plain = (f"not {code.const(_dispatch_modes)}() and "
+                 f"not ({code.const(torch.is_grad_enabled)}() and ({needs_grad}))")
+        fast = code.const(self._fast)
+        if not params:
+            body = [f"    return {fast}() if {plain} else None"]
+        else:
+            guard = code.const(self.guard)
+            body = [
+                f"    if not {guard}.check({args}):",
+                "        try:",
+                f"            if not ({full}):",
+                "                return None",
+                "        except (AttributeError, TypeError):  # not a tensor",
+                "            return None",
+                f"        if {plain}:",
+                f"            {guard}.learn({args})",
+                f"            return {fast}({args})",
+                "        return None",
+                f"    if {' and '.join(storage) or 'True'} and {plain}:",
+                f"        return {fast}({args})",
+                "    return None",
+            ]
         entry, _ = code.function("fuseg_entry", params, body, None)
         return check, entry
 

@@ -10,6 +10,7 @@ import runtime
 from alias import apply_aliases
 from runtime.backends import BACKENDS
 from runtime.backends.base import Backend
+from runtime.guards import RELEARN, LearnedGuard
 from segmenter import FusionGraph, GraphError, GraphInput, Node, TensorMeta, ValueRef, capture, segment
 
 from .util import assert_matches_eager
@@ -277,3 +278,67 @@ def test_entry_runs_only_on_exact_inputs_in_a_plain_call(backend: str) -> None:
     both = x.clone()
     with pytest.raises(GraphError, match="shares a storage"):  # the checked call says why
         program(both, both)
+
+
+def test_learned_guard_passes_only_inputs_like_the_ones_it_learned() -> None:
+    """Note [learned layout guard]: nothing passes before anything is learned; afterwards exactly
+    what TensorGuards matches (type, dtype, device, sizes, strides, neg/conj bits, requires_grad,
+    inference mode), and not storage offsets or storages, which the entry still checks itself."""
+    w, x = torch.nn.Parameter(torch.randn(3, 4)), torch.randn(4, 5)
+    guard = LearnedGuard()
+    assert not guard.check(w, x)
+    guard.learn(w, x)
+    assert guard.check(w, x) and guard.check(torch.nn.Parameter(torch.randn(3, 4)), torch.randn(4, 5))
+    differ = {
+        "type": (w.detach(), x),
+        "dtype": (w, x.double()),
+        "sizes": (w, torch.randn(4, 6)),
+        "strides": (w, torch.randn(5, 4).t()),
+        "negative bit": (w, torch._neg_view(x)),
+        "requires_grad": (torch.nn.Parameter(torch.randn(3, 4), requires_grad=False), x),
+        "not a tensor": (w, 3),
+    }
+    for why, args in differ.items():
+        assert not guard.check(*args), why
+    with torch.inference_mode():
+        assert not guard.check(w, x)
+    assert guard.check(w, torch.randn(21)[1:].view(4, 5))  # an offset: left to the entry
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_entry_after_learning_still_refuses_what_no_guard_checks(backend: str) -> None:
+    """Once the guard is learned, inputs that pass it are refused for their storage offset, a
+    shared storage, or (a kernel reading it) a storage shrunk behind the tensor's back; inputs it
+    refuses (another type, inference mode) take the whole check, run, and are relearned at most
+    RELEARN times."""
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    program = _program(_doubles_x_then_adds, [x.clone(), y.clone()], backend=backend)
+    assert program.entry(x.clone(), y) is not None and program.guard.builds == 1
+    shared = torch.randn(4, 5)
+    refused = {
+        "offset": (torch.randn(21)[1:].view(4, 5), y.clone()),
+        "shared storage": (shared.view(4, 5), shared.view(4, 5)),  # two tensors, one storage
+    }
+    for why, (a, b) in refused.items():
+        assert program.guard.check(a, b), why  # the guard alone would let it through
+        before = a.clone()
+        assert program.entry(a, b) is None, why
+        assert torch.equal(a, before), f"{why}: entry ran before refusing"
+    if backend == "cpp":  # the kernel reads y from its data pointer: its storage must hold it
+        small = torch.randn(4, 5)
+        small.untyped_storage().resize_(40)
+        assert program.guard.check(x.clone(), small)
+        assert program.entry(x.clone(), small) is None
+        with pytest.raises(GraphError, match="fewer than its layout reaches"):
+            program(x.clone(), small)
+
+    for i in range(2 * RELEARN + 2):  # alternating types: each call is right, rebuilds are capped
+        a = torch.nn.Parameter(x.clone(), requires_grad=False) if i % 2 else x.clone()
+        (out,) = program.entry(a, y)
+        torch.testing.assert_close(out, x * 2 + y)
+    assert program.guard.builds == RELEARN
+    with torch.inference_mode():
+        xc = x.clone()
+        (out,) = program.entry(xc, y)
+    torch.testing.assert_close(out, x * 2 + y)
+    torch.testing.assert_close(xc, x * 2)
