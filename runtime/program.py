@@ -30,6 +30,7 @@ from .backends import BuildContext, SegmentLaunch, backends_for
 from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
 from .codegen import Declined
+from .gather import affine_gather
 from .guards import LearnedGuard
 from .inplace import plan_in_place_writes
 from .metadata import emit_metadata
@@ -142,6 +143,9 @@ class CompiledProgram:
                 chosen[i] = TorchLaunch(ctx, launch.segment)
         self._chosen = chosen
         self.folded, self._fixed = self._fold()
+        for i, launch in chosen.items():  # Note [gathers at constant affine indices] (runtime/gather.py)
+            if isinstance(launch, TorchLaunch) and (gather := affine_gather(ctx, launch.segment, self._fixed)):
+                chosen[i] = gather
         self.launches = tuple(
             Launch(self, seg.index, seg.kind, chosen[seg.index].backend if seg.index in chosen else "metadata",
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
