@@ -40,6 +40,8 @@ __all__ = ["FOLD_BYTES", "CompiledProgram", "Launch", "compile_program"]
 
 #: most bytes of values a program computes once when compiled (Note [folded segments])
 FOLD_BYTES = 16 << 20
+#: OPAQUE ops folded like kernel segments where every input is folded (Note [folded segments])
+PURE_OPAQUE = frozenset({"aten.index.Tensor"})
 
 Env = dict[str, torch.Tensor]
 
@@ -144,7 +146,7 @@ class CompiledProgram:
         self._chosen = chosen
         self.folded, self._fixed = self._fold()
         for i, launch in chosen.items():  # Note [gathers at constant affine indices] (runtime/gather.py)
-            if isinstance(launch, TorchLaunch) and (gather := affine_gather(ctx, launch.segment, self._fixed)):
+            if i not in self.folded and isinstance(launch, TorchLaunch) and (gather := affine_gather(ctx, launch.segment, self._fixed)):
                 chosen[i] = gather
         self.launches = tuple(
             Launch(self, seg.index, seg.kind, chosen[seg.index].backend if seg.index in chosen else "metadata",
@@ -160,9 +162,18 @@ class CompiledProgram:
         """Note [folded segments]: a segment that reads no graph input (position ids, a causal
         mask, ``arange``...) computes the same values on every call: it runs once, here, and the
         program reads what it made (as Inductor's constants). Not folded: OPAQUE segments (random
-        ops, ops with effects), segments whose values a graph output or a write-back may see (a
-        caller could write into them), and values past ``FOLD_BYTES`` in all (memory held for the
-        program's life). Returns the folded segments and the values later launches read."""
+        ops, ops with effects) other than a lone op of ``PURE_OPAQUE`` (a gather of folded
+        values: transformers' masks), segments whose values a graph output or a write-back may
+        see (a caller could write into them), and values past ``FOLD_BYTES`` in all (memory held
+        for the program's life). Returns the folded segments and the values later launches read.
+        Where a pure op raises when folded (an index out of range), folding is done again without
+        those: the op then raises on every call, as in eager."""
+        try:
+            return self._fold_segments(PURE_OPAQUE)
+        except Exception:  # noqa: BLE001 - again without them: an error of the others raises there
+            return self._fold_segments(frozenset())
+
+    def _fold_segments(self, pure: frozenset[str]) -> tuple[frozenset[int], dict[str, torch.Tensor]]:
         graph, plan = self.graph, self.plan
         roots = view_roots(graph)
         exposed = {roots.get(v, v) for v in (*graph.outputs, *(m.value for m in graph.mutations))}
@@ -170,7 +181,9 @@ class CompiledProgram:
         folded: list[Segment] = []
         budget = FOLD_BYTES
         for seg in plan.segments:
-            if seg.kind == SegmentKind.OPAQUE or not all(v in made for v in seg.inputs):
+            if seg.kind == SegmentKind.OPAQUE and not (len(seg.nodes) == 1 and seg.nodes[0].op in pure):
+                continue
+            if not all(v in made for v in seg.inputs):
                 continue
             outs = [o for n in seg.nodes for o in n.outputs if o is not None]
             if any(o in exposed or roots.get(o, o) in exposed for o in outs):

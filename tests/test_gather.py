@@ -3,6 +3,8 @@ become a copy of one strided view, and that every program still gives eager's an
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -105,3 +107,36 @@ def test_negative_constant_indices_wrap_as_atens_do() -> None:
     program = runtime.compile(plan)
     assert any(isinstance(launch, AffineGather) for launch in program._chosen.values())
     assert_matches_eager(fn, [x], plan.graph, program=program)
+
+
+def _folded_gather(x):
+    mask = torch.arange(16).view(1, 16).expand(2, 16)  # reads no input: folded when compiled
+    return x * mask[torch.arange(1).view(1, 1), torch.arange(16).view(1, 16)]
+
+
+def test_a_gather_of_folded_values_is_folded() -> None:
+    """Note [folded segments]: an aten.index.Tensor whose every input is folded is folded too."""
+    x = torch.randn(1, 16)
+    plan = apply_aliases(segment(capture(_folded_gather, [x])), "post")
+    program = runtime.compile(plan)
+    index = [s.index for s in plan.segments if any(n.op == "aten.index.Tensor" for n in s.nodes)]
+    assert index and set(index) <= program.folded
+    assert_matches_eager(_folded_gather, [x], plan.graph, program=program)
+
+
+def test_a_folded_gather_out_of_range_raises_on_every_call_as_in_eager() -> None:
+    """A graph (from a file, say) whose folded index is out of range: folding it raises, so the
+    program folds without it, and the gather raises when called, as eager's would."""
+    def fn(x):
+        return x + torch.arange(5)[torch.arange(3) + 2]
+
+    graph = capture(fn, [torch.randn(3)])
+    add = next(n for n in graph.nodes if n.op == "aten.add.Tensor" and 2 in n.args)
+    bad = dataclasses.replace(add, args=tuple(3 if a == 2 else a for a in add.args))
+    graph = dataclasses.replace(graph, nodes=tuple(bad if n is add else n for n in graph.nodes))
+    program = runtime.compile(apply_aliases(segment(graph), "post"))
+    index = [s.index for s in program.plan.segments if any(n.op == "aten.index.Tensor" for n in s.nodes)]
+    assert index and not set(index) & program.folded
+    for _ in range(2):
+        with pytest.raises(IndexError):
+            program(torch.randn(3))
