@@ -13,7 +13,8 @@ values (negative indices wrapped as ATen wraps them; any index out of range, a n
 index tensor that is not an integer one, a bool mask, a ``None`` slot, or more than ``MAX_CHECKED``
 elements leaves the op to ATen, which raises or gathers as before). The launch then copies that
 strided view of ``x`` into a fresh buffer of the planned layout: the output is new memory, as
-ATen's is (no aliasing), and ``x`` is only read inside its own extent (every index is in range).
+ATen's is (no aliasing), and ``x`` is only read inside its own extent (every index is in range;
+where ``x`` is a graph input, its storage is checked to hold that extent on every call).
 Measured in ``perf/results/before_after_gather_cpu.json``.
 """
 
@@ -82,6 +83,10 @@ class AffineGather(SegmentLaunch):
     def __init__(self, ctx: BuildContext, seg: Segment, src: str, stride: tuple[int, ...], delta: int) -> None:
         self.ctx, self.segment = ctx, seg
         self.src, self.stride, self.delta = src, stride, delta
+        #: read through a view made without the dispatcher, which checks no storage bounds: where
+        #: it is a graph input, the entry checks that its storage holds its planned extent, as for
+        #: a kernel's (Note [kernel reads stay in storage] in runtime/backends/kernels.py)
+        self.raw_source = src
 
     def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
         out = self.segment.nodes[0].outputs[0]

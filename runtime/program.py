@@ -374,7 +374,8 @@ class CompiledProgram:
 
     def _storage_needs(self) -> dict[int, int]:
         """Graph input index -> bytes its storage must hold, for the inputs generated kernels read
-        or write (Note [kernel reads stay in storage] in runtime/backends/kernels.py)."""
+        or write (Note [kernel reads stay in storage] in runtime/backends/kernels.py) and those a
+        gather reads through a view it makes without the dispatcher (runtime/gather.py)."""
         index = {v: i for i, v in enumerate(self.graph.input_names)}
         needs: dict[int, int] = {}
         for launch in self._chosen.values():
@@ -384,6 +385,11 @@ class CompiledProgram:
                         m = self.graph.inputs[index[v]].meta
                         need = m.storage_offset * m.itemsize + span_bytes(p.shape, p.stride, p.dtype)
                         needs[index[v]] = max(needs.get(index[v], 0), need)
+            src = getattr(launch, "raw_source", None)  # Note [gathers at constant affine indices]
+            if src in index:
+                m = self.graph.inputs[index[src]].meta
+                need = m.storage_offset * m.itemsize + span_bytes(m.shape, m.stride, m.dtype)
+                needs[index[src]] = max(needs.get(index[src], 0), need)
         return needs
 
     def _check_storages(self, inputs: Sequence[torch.Tensor]) -> None:

@@ -11,7 +11,7 @@ import torch
 import runtime
 from alias import apply_aliases
 from runtime.gather import MAX_CHECKED, AffineGather, affine_view
-from segmenter import capture, segment
+from segmenter import GraphError, capture, segment
 
 from .util import assert_matches_eager
 
@@ -140,3 +140,18 @@ def test_a_folded_gather_out_of_range_raises_on_every_call_as_in_eager() -> None
     for _ in range(2):
         with pytest.raises(IndexError):
             program(torch.randn(3))
+
+
+def test_a_gathered_input_whose_storage_shrank_is_refused() -> None:
+    """The view a gather makes of a graph input checks no storage bounds: the entry and the checked
+    call refuse an input whose storage was shrunk behind its back (eager would read past it)."""
+    x = torch.randn(2, 6)
+    program = runtime.compile(apply_aliases(segment(capture(_gathered_input, [x])), "post"))
+    assert any(isinstance(launch, AffineGather) for launch in program._chosen.values())
+    (out,) = program(x)
+    torch.testing.assert_close(out, _gathered_input(x))
+    small = torch.randn(2, 6)
+    small.untyped_storage().resize_(8)
+    assert program.entry(small) is None
+    with pytest.raises(GraphError, match="fewer than its layout reaches"):
+        program(small)
