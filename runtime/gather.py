@@ -41,7 +41,7 @@ def affine_view(x_shape: tuple[int, ...], x_stride: tuple[int, ...], indices: li
     holds ``x[indices]`` for ``out_shape``, where one exists with non-negative strides; else None."""
     if len(indices) != len(x_shape) or not indices:
         return None
-    if any(t.dtype not in (torch.int64, torch.int32) or t.is_complex() for t in indices):
+    if any(t.dtype not in (torch.int64, torch.int32) for t in indices):
         return None
     try:
         full = torch.broadcast_tensors(*[t.detach().to("cpu", torch.int64) for t in indices])
@@ -82,10 +82,11 @@ class AffineGather(SegmentLaunch):
 
     def __init__(self, ctx: BuildContext, seg: Segment, src: str, stride: tuple[int, ...], delta: int) -> None:
         self.ctx, self.segment = ctx, seg
-        self.src, self.stride, self.delta = src, stride, delta
-        #: read through a view made without the dispatcher, which checks no storage bounds: where
-        #: it is a graph input, the entry checks that its storage holds its planned extent, as for
-        #: a kernel's (Note [kernel reads stay in storage] in runtime/backends/kernels.py)
+        self.stride, self.delta = stride, delta
+        #: the value gathered from, read through a view made without the dispatcher, which checks
+        #: no storage bounds: where it is a graph input, the entry checks that its storage holds
+        #: its planned extent, as for a kernel's (Note [kernel reads stay in storage] in
+        #: runtime/backends/kernels.py)
         self.raw_source = src
 
     def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
@@ -95,7 +96,7 @@ class AffineGather(SegmentLaunch):
         rt = code.const(layout.reinterpret_fn(code.fast))
         v = code.var(out)
         code.line(f"{v} = {empty}({code.const(m.shape)}, {code.const(m.stride)}, {code.const(m.dtype)})")
-        code.line(f"{v}.copy_({rt}({code.var(self.src)}, {code.const(m.shape)}, {code.const(self.stride)}, {self.delta}))")
+        code.line(f"{v}.copy_({rt}({code.var(self.raw_source)}, {code.const(m.shape)}, {code.const(self.stride)}, {self.delta}))")
         dead = [x for x in self.segment.inputs if x in dying]
         if dead:
             code.dels(dead)

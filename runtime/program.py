@@ -378,18 +378,21 @@ class CompiledProgram:
         gather reads through a view it makes without the dispatcher (runtime/gather.py)."""
         index = {v: i for i, v in enumerate(self.graph.input_names)}
         needs: dict[int, int] = {}
+
+        def reads(v: str | None, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> None:
+            if v in index:
+                m = self.graph.inputs[index[v]].meta
+                need = m.storage_offset * m.itemsize + span_bytes(shape, stride, dtype)
+                needs[index[v]] = max(needs.get(index[v], 0), need)
+
         for launch in self._chosen.values():
             for p in getattr(getattr(launch, "kernel", None), "params", ()):
                 for v in (p.value, p.target):
-                    if v in index:
-                        m = self.graph.inputs[index[v]].meta
-                        need = m.storage_offset * m.itemsize + span_bytes(p.shape, p.stride, p.dtype)
-                        needs[index[v]] = max(needs.get(index[v], 0), need)
+                    reads(v, p.shape, p.stride, p.dtype)
             src = getattr(launch, "raw_source", None)  # Note [gathers at constant affine indices]
             if src in index:
                 m = self.graph.inputs[index[src]].meta
-                need = m.storage_offset * m.itemsize + span_bytes(m.shape, m.stride, m.dtype)
-                needs[index[src]] = max(needs.get(index[src], 0), need)
+                reads(src, m.shape, m.stride, m.dtype)
         return needs
 
     def _check_storages(self, inputs: Sequence[torch.Tensor]) -> None:
