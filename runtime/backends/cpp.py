@@ -11,6 +11,8 @@ from segmenter.ops import OpKind, op_info
 from ..codegen import Declined
 from ..codegen.build import build_cpu_many, cpu_compiler
 from ..codegen.conv import CONVOLUTION, depthwise_kernel
+from ..codegen.embedding import EMBEDDING, embedding_kernel, index_error
+from ..codegen.scan import CUMSUM, cumsum_kernel
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
 from .kernels import KernelLaunch, bits_problem
@@ -26,26 +28,42 @@ class CppLaunch(KernelLaunch):
         code.line(f"{self.built(code)}({', '.join(f'{t}.data_ptr()' for t in tensors)})")
 
 
-class DepthwiseLaunch(CppLaunch):
-    """A lone depthwise convolution (an OPAQUE segment) as its generated kernel (Note [depthwise
-    convolutions] in runtime/codegen/conv.py); launched, guarded and freed as any kernel."""
+class LoneOpLaunch(CppLaunch):
+    """A lone OPAQUE op as its generated kernel: a depthwise convolution (Note [depthwise
+    convolutions] in runtime/codegen/conv.py), an embedding (Note [embedding kernels]) or a
+    cumsum (Note [cumsum kernels]); launched, guarded and freed as any kernel."""
 
     def __init__(self, backend: str, ctx: BuildContext, seg: Segment) -> None:  # noqa: D107 - see the class
         self.backend, self.ctx, self.segment = backend, ctx, seg
-        if len(seg.nodes) != 1 or seg.nodes[0].op != CONVOLUTION:
-            raise Declined("not a lone convolution")
-        if seg.nodes[0].name in ctx.in_place:
-            raise Declined("a convolution written into an input")
+        if len(seg.nodes) != 1 or seg.nodes[0].op not in _LONE_OPS:
+            raise Declined("not a lone op the generator takes")
+        node = seg.nodes[0]
+        if node.name in ctx.in_place:
+            raise Declined(f"a {node.op} written into an input")
         why = bits_problem(ctx.graph, seg)
         if why is not None:
             raise Declined(why)
-        self._bind(depthwise_kernel(ctx.graph, seg.nodes[0]))
+        self._bind(_LONE_OPS[node.op](ctx.graph, node))
+
+    def emit_call(self, code: Code, tensors: list[str]) -> None:
+        if self.kernel.returns == "void":
+            super().emit_call(code, tensors)
+            return
+        # an embedding: the count of indices out of range, raised as eager raises (Note [embedding kernels])
+        weight, ids = self.kernel.params[0], self.kernel.params[1]
+        code.line(f"_bad = {self.built(code)}({', '.join(f'{t}.data_ptr()' for t in tensors)})")
+        code.line("if _bad:")
+        with code.block():
+            code.line(f"{code.const(index_error)}(_bad, {weight.shape[0]}, {code.const(ids.value)})")
+
+
+_LONE_OPS = {CONVOLUTION: depthwise_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel}
 
 
 class CppBackend(Backend):
     name = "cpp"
     device = "cpu"
-    opaque_ops = frozenset({CONVOLUTION})  # depthwise ones
+    opaque_ops = frozenset(_LONE_OPS)  # depthwise convolutions, embeddings, cumsums
 
     def unavailable(self, device_type: str) -> str | None:
         why = super().unavailable(device_type)
@@ -55,7 +73,7 @@ class CppBackend(Backend):
 
     def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
         if seg.kind == SegmentKind.OPAQUE:
-            return DepthwiseLaunch(self.name, ctx, seg)
+            return LoneOpLaunch(self.name, ctx, seg)
         return CppLaunch(self.name, ctx, seg)
 
     def not_chosen_for(self, seg: Segment) -> str | None:

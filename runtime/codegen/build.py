@@ -258,7 +258,7 @@ def _build_cpu(kernel: Kernel, src: str, digest: str) -> Callable[..., None]:
             raise Declined(f"kernel {kernel.name} does not load: {e}") from None
     fn = getattr(lib, kernel.name)
     fn.argtypes = [ctypes.c_void_p] * len(kernel.params)
-    fn.restype = None
+    fn.restype = {"void": None, "long long": ctypes.c_longlong}[kernel.returns]
     _CPU[digest] = fn
     return fn
 

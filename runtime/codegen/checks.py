@@ -27,13 +27,13 @@ from collections.abc import Iterable
 
 import torch
 
-from segmenter import FusionGraph, Node, Segment
+from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import OpRef, ValueRef
 from segmenter.ops import resolve_op
 
 from .ctypes_ import Declined
 
-__all__ = ["MAX_EXTENT", "check_layout", "check_segment_metas", "dim_arg", "float_arg", "index_arg", "int_arg",
+__all__ = ["MAX_EXTENT", "check_layout", "check_segment_metas", "dim_arg", "float_arg", "index_arg", "int_arg", "lone",
            "scalar_arg", "shape_ints", "slice_bounds"]
 
 #: sizes, strides, offsets and pad widths above this are refused: an index expression and a
@@ -163,6 +163,12 @@ def _meta_arg(a: object, env: dict[str, torch.Tensor], node: Node) -> object:
     if isinstance(a, OpRef):
         raise Declined(f"node {node.name!r}: an op argument")
     return a
+
+
+def lone(node: Node, inputs: tuple[str, ...]) -> Segment:
+    """A segment of ``node`` alone reading ``inputs``: what ``check_segment_metas`` checks for a
+    kernel of one op built outside the lowering (embedding, cumsum)."""
+    return Segment(-1, SegmentKind.OPAQUE, (node,), inputs, tuple(o for o in node.outputs if o is not None), 0, 0)
 
 
 def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> None:

@@ -42,6 +42,9 @@ class Kernel:
     grid: int  # blocks on CUDA
     kind: str  # "pointwise" | "row"
     index_type: str = "long long"  # "int" where every index and offset fits in 31 bits
+    #: what the function returns: "void", or "long long" for a CPU kernel that counts the
+    #: elements it refused (an index out of range: Note [embedding kernels] in embedding.py)
+    returns: str = "void"
 
     def source(self, target: str) -> str:
         return f"#define FUSEG_I {self.index_type}\n{prelude(target)}\n{self.function(target)}"
@@ -53,8 +56,10 @@ class Kernel:
         restrict = "" if any(p.target for p in self.params) else " __restrict__"
         args = ", ".join(f"{'' if p.output else 'const '}{storage_type(p.dtype)}*{restrict} {p.name}"
                          for p in self.params)
+        if target == "cuda" and self.returns != "void":
+            raise Declined(f"kernel {self.name} returns a value: the CPU target only")
         qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
-        return f"{qual} void {self.name}({args}) {{\n{self.body}}}\n"
+        return f"{qual} {self.returns} {self.name}({args}) {{\n{self.body}}}\n"
 
 
 def translation_unit(kernels: list[Kernel], target: str) -> str:
