@@ -112,6 +112,21 @@ CASES: dict[str, tuple] = {
     "rms-norm": (_rms, [torch.randn(2, 7, 48), torch.randn(48)]),
     "logsumexp-norm": (lambda x: (torch.logsumexp(x, -1), torch.linalg.vector_norm(x, dim=-1)), [torch.randn(5, 17)]),
     "reduce-epilogue": (lambda x, y: ((x - x.mean(-1, keepdim=True)) * y, x.sum(-1) + 1), [torch.randn(4, 10), torch.randn(10)]),
+    # Note [reduced dims anywhere]: reductions over dims other than the innermost ones (a bias
+    # gradient's sum over the batch, softmax over channels), with prologue and epilogue, keepdim
+    # or not, several dims, strided inputs, and a normalization written back over the full domain
+    "sum-outer": (lambda x: (x.sum(0), x.mean(1, keepdim=True), (x * 2).amax((0, 2)), x.sum((0, 2), dtype=torch.float64)),
+                  [torch.randn(6, 7, 5)]),
+    "sum-outer-strided": (lambda x, g: ((x * g).sum(0), g.sum(0) + 1), [_strided(40, 6), torch.randn(40, 6)]),
+    "softmax-dim1": (lambda x: (torch.softmax(x, 1), torch.log_softmax(x * 0.5, 0)), [torch.randn(3, 9, 5)]),
+    "var-outer": (lambda x: (x.var(0), torch.var_mean(x, (0, 1), correction=0)), [torch.randn(5, 4, 3)]),
+    "center-outer": (lambda x, w: ((x - x.mean(0, keepdim=True)) * w, torch.logsumexp(x, 0)),
+                     [torch.randn(8, 16), torch.randn(16)]),
+    "any-outer": (lambda x: ((x > 1).any(0), (x > -2).all(1)), [torch.randn(30, 4, 3)]),
+    # Note [column passes]: tiles shared among threads, a last tile shorter than the others
+    # (150 = 64 + 64 + 22), kept dims before and after the reduced one
+    "sum-outer-threaded": (lambda x: (x.sum(0), (x * x).mean(0, keepdim=True)), [torch.randn(300, 700)]),
+    "mean-outer-tail": (lambda x: (x.mean(1), x.amax(1) - x.amin(1)), [torch.randn(2, 20, 3, 150)]),
     # inference batch norm is pointwise: per-channel statistics, with and without an affine part
     "batch-norm-eval": (lambda x, m, v, w, b: (F.hardtanh(F.batch_norm(x, m, v, w, b, eps=1e-3), 0.0, 6.0),
                                                F.batch_norm(x, m, v) + x),
@@ -131,7 +146,8 @@ CASES["math-double"] = (lambda x: tuple(getattr(torch, f)(x * 4 - 2 if f in ("fl
 # tolerances per case (the generator computes in fp32 where eager does too, so most are tight)
 TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
        "sum-mean": 1e-4, "layer-norm": 1e-4, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4,
-       "softmax-kept": 1e-5}
+       "softmax-kept": 1e-5, "sum-outer": 1e-4, "sum-outer-strided": 1e-5, "var-outer": 1e-5, "center-outer": 1e-5,
+       "sum-outer-threaded": 1e-4, "mean-outer-tail": 1e-5}
 
 
 # --- every elementwise op the generator takes (runtime/codegen/pointwise.py), one case each ----

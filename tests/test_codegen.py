@@ -79,14 +79,34 @@ def test_a_second_compile_of_the_same_segment_compiles_nothing() -> None:
     assert compilations == before
 
 
+def test_outer_reductions_take_column_passes_on_the_cpu_and_rows_on_cuda() -> None:
+    """Note [column passes]: the body holds both variants; the C++ build takes the tiled one,
+    shared among threads where the work is worth it, and the CUDA source the per-row one."""
+    bodies = {}
+    for case in ("sum-outer-threaded", "sum-outer", "sum-mean"):
+        fn, inputs = CASES[case]
+        bodies[case] = [k.body for k in _program(fn, inputs).kernels.values()]
+    columns = [b for b in bodies["sum-outer-threaded"] + bodies["sum-outer"] if b.startswith("#ifdef __CUDACC__")]
+    assert len(columns) == len(bodies["sum-outer-threaded"]) + 2  # sum(0) and mean(1); amax((0, 2)) keeps rows
+    for body in columns:
+        assert body.count("#else\n") == 1, body
+        cuda, cpu = body.split("#else\n")
+        assert "FUSEG_BLOCK" in cuda and "FUSEG_BLOCK" not in cpu
+        assert "for (FUSEG_I t = 0; t < tn; ++t)" in cpu
+    assert all("#pragma omp parallel for" in b.split("#else\n")[1] for b in bodies["sum-outer-threaded"])
+    assert not any("omp parallel" in b.split("#else\n")[1] for b in columns[-2:])  # small: one thread
+    assert not any("tn" in b for b in bodies["sum-mean"])  # innermost reductions keep the per-row kernel alone
+
+
 def test_declines_fall_back_to_torch_with_the_reason() -> None:
-    prog = _program(lambda x: (x.sum(0) * 2, x @ x), [torch.randn(8, 8)])
+    fn = lambda x: (torch.linalg.vector_norm(x, 3, dim=0) * 2, x @ x)  # noqa: E731
+    prog = _program(fn, [torch.randn(8, 8)])
     reasons = [why for passed in prog.passed_over.values() for name, why in passed if name == "cpp"]
-    assert any("not the innermost" in r for r in reasons), reasons
+    assert any("vector norm of order 3" in r for r in reasons), reasons
     assert any("matmul" in r for r in reasons), reasons
     assert set(prog.backend_of.values()) == {"torch"}
     x = torch.randn(8, 8)
-    torch.testing.assert_close(prog(x)[0], x.sum(0) * 2)
+    torch.testing.assert_close(prog(x)[0], fn(x)[0])
 
 
 def test_in_place_update_is_written_by_the_kernel_into_the_input() -> None:

@@ -2,12 +2,13 @@
 
 Note [kernel shapes]: a POINTWISE segment becomes one kernel with one grid-stride loop per
 distinct output shape (outputs of one shape share a loop and its loads). A REDUCTION or
-NORMALIZATION segment becomes a row kernel: every reduction reduces the same innermost dims of
-the same domain F = O + I; each block takes rows of O, runs one block-wide pass over I per
-reduction (each pass may use the results of the earlier ones), then writes the outputs of shape F
-in a last pass and those of shape O (or O + 1s) from thread 0. A reduced value may only be read
-at its own row: it reaches other values through elementwise ops, broadcasts over I and views
-between O and O + 1s, and the structural check in ``rows.row_levels`` declines everything else.
+NORMALIZATION segment becomes a row kernel: every reduction reduces the same dims I of the same
+domain F, whose other dims are O (innermost or not: Note [reduced dims anywhere] in rows.py);
+each block takes rows of O, runs one block-wide pass over I per reduction (each pass may use the
+results of the earlier ones), then writes the outputs of shape F in a last pass and those of
+shape O (or F with 1s for I, keepdim) from thread 0. A reduced value may only be read at its own
+row: it reaches other values through elementwise ops, broadcasts over I and views between those
+two shapes, and the structural check in ``rows.row_levels`` declines everything else.
 Outputs of other shapes that depend on no reduction get pointwise loops of their own.
 
 Values are computed where they are needed, once per loop (a memo per loop body); a branch of
@@ -28,6 +29,7 @@ from segmenter.ir import ValueRef, view_roots
 
 from . import index as ix
 from .checks import MAX_EXTENT, check_layout, check_segment_metas, dim_arg, index_arg, int_arg, shape_ints, slice_bounds
+from .columns import column_loop, takes_columns
 from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
 from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
@@ -503,7 +505,10 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         block = int(os.environ.get("FUSEG_ROW_BLOCK", "0")) or min(512, max(32, (R + 31) // 32 * 32))
         if block % 32 or not 32 <= block <= 1024:
             raise Declined(f"FUSEG_ROW_BLOCK={block}: a multiple of 32 from 32 to 1024 is needed")
-        loops.append(row_loop(lw, row, full, rowouts, stores, block))
+        rows_body = row_loop(lw, row, full, rowouts, stores, block)
+        if takes_columns(row):  # Note [column passes]: on the CPU, a tile of rows per thread
+            rows_body = f"#ifdef __CUDACC__\n{rows_body}#else\n{column_loop(lw, row, full, rowouts, stores)}#endif\n"
+        loops.append(rows_body)
         grid = max(1, min(math.prod(row.O), 1 << 20))
         kind = "row"
     _check_in_place(lw, outs, stores)

@@ -1,10 +1,17 @@
 """Row kernels for REDUCTION and NORMALIZATION segments (see Note [kernel shapes] in lower.py).
 
-Every reduction of the segment reduces the same innermost dims of the same domain F = O + I. A
-block takes rows of O and runs one block-wide pass over I per reduction (later passes use the
-results of earlier ones), then writes the outputs of shape F in a last pass and those of shape O
-(or O + 1s) from thread 0. ``row_levels`` is the structural check that a reduced value is only
-ever read at its own row.
+Every reduction of the segment reduces the same dims of the same domain F: the kept dims O and
+the reduced dims I. A block takes rows of O and runs one block-wide pass over I per reduction
+(later passes use the results of earlier ones), then writes the outputs of shape F in a last pass
+and those of shape O (or F with each reduced dim 1, keepdim) from thread 0. ``row_levels`` is the
+structural check that a reduced value is only ever read at its own row.
+
+Note [reduced dims anywhere]: the reduced dims need not be the innermost ones (a bias gradient's
+sum over the batch, a softmax over channels, a mean over dim 0). A row is still one position of
+the kept dims and its elements those of the reduced dims; ``Row.index`` puts each dim's counter
+back at its place in F, so every load and store indexes F as the op does, at any strides. Only
+the order of memory accesses changes: a pass over a reduced outer dim reads with that dim's
+stride (``omp simd`` then gathers on the CPU; uncoalesced on CUDA). Rows go to threads as before.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from .ctypes_ import Declined, compute_type, literal
 from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
 
-__all__ = ["REDUCTIONS", "Row", "plan_row", "row_levels", "row_loop"]
+__all__ = ["REDUCTIONS", "Row", "emit_reductions", "plan_row", "row_levels", "row_loop"]
 
 REDUCTIONS = {
     "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
@@ -36,20 +43,39 @@ REDUCTIONS = {
 
 @dataclass
 class Row:
+    """The domain F of a segment's reductions and the dims they reduce (Note [reduced dims
+    anywhere]): a row is one position of the kept dims, its elements those of the reduced ones."""
+
     F: tuple[int, ...]
-    k: int
+    reduced: tuple[int, ...]  # sorted dims of F
+
+    @property
+    def k(self) -> int:
+        return len(self.reduced)
 
     @property
     def O(self) -> tuple[int, ...]:  # noqa: N802, E743 - the outer shape, as in Note [kernel shapes]
-        return self.F[: len(self.F) - self.k]
+        """The kept dims, in order: a reduction's output without keepdim."""
+        return tuple(n for d, n in enumerate(self.F) if d not in self.reduced)
 
     @property
     def O1(self) -> tuple[int, ...]:  # noqa: N802
-        return self.O + (1,) * self.k
+        """F with each reduced dim 1: a reduction's output with keepdim."""
+        return tuple(1 if d in self.reduced else n for d, n in enumerate(self.F))
+
+    @property
+    def I(self) -> tuple[int, ...]:  # noqa: N802, E743
+        """The reduced dims, in order: the shape a row's elements are counted in."""
+        return tuple(self.F[d] for d in self.reduced)
 
     @property
     def R(self) -> int:  # noqa: N802
-        return math.prod(self.F[len(self.F) - self.k:])
+        return math.prod(self.I)
+
+    def index(self, outer: list[str], inner: list[str]) -> list[str]:
+        """An index of F from one per kept dim (``outer``) and one per reduced dim (``inner``)."""
+        o, i = iter(outer), iter(inner)
+        return [next(i) if d in self.reduced else next(o) for d in range(len(self.F))]
 
 
 def reduced_dims(node: Node, a: dict, rank: int) -> tuple[int, ...]:
@@ -80,13 +106,11 @@ def plan_row(lw, reductions: list[Node]) -> Row:
         x = a["input"] if "input" in a else a["self"]
         F = lw.meta(x.name).shape
         dims = reduced_dims(node, a, len(F))
-        k = len(dims)
-        if dims != tuple(range(len(F) - k, len(F))):
-            raise Declined(f"{node.op} reduces dims {list(dims)} of {list(F)}: not the innermost ones")
         if row is None:
-            row = Row(F, k)
-        elif (row.F, row.k) != (F, k):
-            raise Declined(f"reductions over different domains ({list(row.F)} / {row.k} dims and {list(F)} / {k})")
+            row = Row(F, dims)
+        elif (row.F, row.reduced) != (F, dims):
+            raise Declined(f"reductions over different domains ({list(row.F)} reducing {list(row.reduced)} and "
+                           f"{list(F)} reducing {list(dims)})")
     lw.row = row
     return row
 
@@ -173,7 +197,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     arrays indexed by the iteration: later passes and the final write read registers, not memory.
     Only loads at the top of a pass body are cached (never one inside a cat/pad branch).
     Off unless FUSEG_ROW_CACHE=1: it made the H100 runs slower, not faster (see below)."""
-    O, inner = row.O, row.F[len(row.O):]  # noqa: E741
+    O, inner = row.O, row.I  # noqa: E741
     R = row.R
     # off by default: measured slower on an H100 (softmax-4k 0.065 -> 0.080 ms, layer-norm-4k 0.113 ->
     # 0.177; perf/results/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
@@ -192,13 +216,14 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     def j_loop(loop: str) -> tuple[Body, list[str], list[str]]:
         b = Body(lw, loop, "      ")
         head = []
-        idx = list(outer)
+        js = []
         for d, term in enumerate(ix.unravel_terms("j", inner)):
             if term == "0":
-                idx.append("0")
+                js.append("0")
             else:
                 b.lines.append(f"      const FUSEG_I j_{d} = {term};")
-                idx.append(f"j_{d}")
+                js.append(f"j_{d}")
+        idx = row.index(outer, js)
         if cached:
             head.append("    FUSEG_UNROLL for (int it = 0; it < FUSEG_EPT; ++it) {")
             head.append("      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;")
@@ -241,6 +266,49 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         lines.append(f"    const {ct} {name} = {expr};")
         return name
 
+    def scratch(ct: str) -> str | None:
+        """Note [softmax keeps its exps]: the per-thread array of a row's exps, or None."""
+        if cached or R * (8 if ct == "double" else 4) > EXP_SCRATCH_BYTES:
+            return None
+        name = lw.fresh("e")
+        lines.extend(["#ifndef __CUDACC__", f"    {ct} {name}[{R}];", "#endif"])
+        return name
+
+    emit_reductions(lw, R, reduce_pass, row_let, scratch)
+    if full:
+        b, idx, head = j_loop(lw.fresh("W"))
+        for p in full:
+            store_output(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
+        lines.extend(simd(head))
+        lines.extend(b.lines)
+        lines.append("    }")
+    if rowouts:
+        b = Body(lw, lw.fresh("T"), "      ")
+        for p in rowouts:
+            shape = p.shape
+            idx = list(outer) if shape == O else row.index(outer, ["0"] * row.k)
+            store_output(lw, b, p, idx, stores)
+        lines.append("    if (FUSEG_THREAD == 0) {")
+        lines.extend(b.lines)
+        lines.append("    }")
+    lines.append("  }")
+    lw.cache_body = None
+    head = []  # what stands before the row loop
+    if lw.cache_decls:
+        lines[decl_at:decl_at] = lw.cache_decls
+        epr = f"(({R} + {block} - 1) / {block})"
+        head.append(f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
+    if worth_threads(math.prod(row.F), lines) and math.prod(O) > 1:  # rows shared among CPU threads
+        head += ["#ifndef __CUDACC__", "#pragma omp parallel for schedule(static)", "#endif"]
+    return "\n".join(head + lines) + "\n"
+
+
+def emit_reductions(lw, R: int, reduce_pass, row_let, scratch_array) -> None:  # noqa: ANN001 - see row_loop
+    """Every reduction of the segment as passes over a row and values per row, in node order:
+    ``reduce_pass(ct, combine, element)`` and ``row_let(ct, expr)`` emit them and return the
+    row's value as an expression (the loop structure is the variant's: one thread or block per
+    row in ``row_loop``, a tile of rows per thread in ``columns.column_loop``); ``scratch_array(ct)``
+    declares the array a softmax keeps its exps in, or returns None. Sets ``lw.regs``."""
     for node in lw.seg.nodes:
         if node.op not in REDUCTIONS:
             continue
@@ -284,10 +352,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             m = reduce_pass(ct, "fuseg_max", xval)
             # exp(x - m) with m = -inf (a row of -inf) is exp(nan): use 0 as the shift there, as torch does
             shift = row_let(ct, f"(({m}) == -{literal(float('inf'), ct)} ? ({ct})0 : {m})")
-            scratch = None
-            if name == "_softmax" and not cached and R * (8 if ct == "double" else 4) <= EXP_SCRATCH_BYTES:
-                scratch = lw.fresh("e")  # Note [softmax keeps its exps]
-                lines.extend(["#ifndef __CUDACC__", f"    {ct} {scratch}[{R}];", "#endif"])
+            scratch = scratch_array(ct) if name == "_softmax" else None  # Note [softmax keeps its exps]
 
             def exp_element(b: Body, idx: list[str], xval=xval, shift=shift, scratch=scratch, ct=ct,
                             node=node) -> str:
@@ -320,29 +385,3 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         for k, o in enumerate(node.outputs):  # round reduced values to their dtype, as eager holds them
             if o is not None and (node.name, k) in lw.regs and lw.meta(o).dtype in (torch.float16, torch.bfloat16):
                 lw.regs[(node.name, k)] = row_let("float", lw.rounded(lw.meta(o).dtype, lw.regs[(node.name, k)]))
-    if full:
-        b, idx, head = j_loop(lw.fresh("W"))
-        for p in full:
-            store_output(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
-        lines.extend(simd(head))
-        lines.extend(b.lines)
-        lines.append("    }")
-    if rowouts:
-        b = Body(lw, lw.fresh("T"), "      ")
-        for p in rowouts:
-            shape = p.shape
-            idx = list(outer) if shape == O else list(outer) + ["0"] * row.k
-            store_output(lw, b, p, idx, stores)
-        lines.append("    if (FUSEG_THREAD == 0) {")
-        lines.extend(b.lines)
-        lines.append("    }")
-    lines.append("  }")
-    lw.cache_body = None
-    head = []  # what stands before the row loop
-    if lw.cache_decls:
-        lines[decl_at:decl_at] = lw.cache_decls
-        epr = f"(({R} + {block} - 1) / {block})"
-        head.append(f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
-    if worth_threads(math.prod(row.F), lines) and math.prod(O) > 1:  # rows shared among CPU threads
-        head += ["#ifndef __CUDACC__", "#pragma omp parallel for schedule(static)", "#endif"]
-    return "\n".join(head + lines) + "\n"
