@@ -123,6 +123,9 @@ CASES: dict[str, tuple] = {
     "center-outer": (lambda x, w: ((x - x.mean(0, keepdim=True)) * w, torch.logsumexp(x, 0)),
                      [torch.randn(8, 16), torch.randn(16)]),
     "any-outer": (lambda x: ((x > 1).any(0), (x > -2).all(1)), [torch.randn(30, 4, 3)]),
+    # a 0-d value reduced over its dim 0 (or -1) is itself (op_db's logsumexp found the crash)
+    "reduce-0d": (lambda x: (torch.logsumexp(x, 0), x.sum(-1), x.amax(0, keepdim=True), torch.softmax(x, 0)),
+                  [torch.tensor(-8.4784)]),
     # Note [column passes]: tiles shared among threads, a last tile shorter than the others
     # (150 = 64 + 64 + 22), kept dims before and after the reduced one
     "sum-outer-threaded": (lambda x: (x.sum(0), (x * x).mean(0, keepdim=True)), [torch.randn(300, 700)]),

@@ -81,7 +81,8 @@ class Row:
 def reduced_dims(node: Node, a: dict, rank: int) -> tuple[int, ...]:
     op = node.op
     if op in ("aten._softmax.default", "aten._log_softmax.default"):
-        return (norm_dim(a["dim"], rank),)
+        d = norm_dim(a["dim"], rank)  # checked: within [-1, 0] for a 0-d value, which is its own row
+        return () if rank == 0 else (d,)
     if op == "aten.native_layer_norm.default":
         k = len(shape_ints(a["normalized_shape"], "normalized_shape"))
         if k > rank:
@@ -96,7 +97,8 @@ def reduced_dims(node: Node, a: dict, rank: int) -> tuple[int, ...]:
         raise Declined(f"{op}: dim must be a list of dims, got {type(dims).__name__}")
     if dims is None or len(dims) == 0:
         return tuple(range(rank))
-    return tuple(sorted({norm_dim(d, rank) for d in dims}))
+    dims = tuple(sorted({norm_dim(d, rank) for d in dims}))  # checked: within [-1, 0] for a 0-d value
+    return () if rank == 0 else dims  # a 0-d value reduced over "its" dim 0 is its own row
 
 
 def plan_row(lw, reductions: list[Node]) -> Row:
@@ -106,6 +108,8 @@ def plan_row(lw, reductions: list[Node]) -> Row:
         x = a["input"] if "input" in a else a["self"]
         F = lw.meta(x.name).shape
         dims = reduced_dims(node, a, len(F))
+        if any(not 0 <= d < len(F) for d in dims):  # pragma: no cover - reduced_dims normalizes; a guard
+            raise Declined(f"{node.op} reduces dims {list(dims)} of a rank-{len(F)} value")
         if row is None:
             row = Row(F, dims)
         elif (row.F, row.reduced) != (F, dims):
