@@ -56,10 +56,6 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
             outer.append(f"o_{d}")
     outer.append("(c0 + t)")
 
-    def tile_body(loop: str, indent: str) -> tuple[Body, list[str]]:
-        """A body run per row of the tile (``t``), with the index of the kept dims."""
-        return Body(lw, loop, indent), outer
-
     def j_terms() -> tuple[list[str], list[str]]:
         decls, js = [], []
         for d, term in enumerate(ix.unravel_terms("j", row.I)):
@@ -72,7 +68,7 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
 
     def element_pass(loop: str, each) -> None:  # noqa: ANN001 - each(body, idx) -> the lines after the body's
         decls, js = j_terms()
-        b, outer = tile_body(loop, "        ")
+        b = Body(lw, loop, "        ")  # run per row of the tile (t); ``outer`` indexes its kept dims
         after = each(b, row.index(outer, js))
         lines.append(f"    for (FUSEG_I j = 0; j < {R}; ++j) {{")
         lines.extend(decls)
@@ -99,10 +95,13 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
     lw.exp_scratch = {}  # the per-row variant's kept exps are not this variant's
     emit_reductions(lw, R, reduce_pass, row_let, lambda ct: None)
     if full:
-        element_pass(lw.fresh("W"), lambda b, idx: [
-            *_stores(lw, b, full, idx, row, stores)])
+        def write(b: Body, idx: list[str]) -> list[str]:
+            for p in full:
+                store_output(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
+            return []  # the stores are the body's own lines
+        element_pass(lw.fresh("W"), write)
     if rowouts:
-        b, outer = tile_body(lw.fresh("T"), "      ")
+        b = Body(lw, lw.fresh("T"), "      ")
         for p in rowouts:
             store_output(lw, b, p, list(outer) if p.shape == O else row.index(outer, ["0"] * row.k), stores)
         lines.append("    for (FUSEG_I t = 0; t < tn; ++t) {")
@@ -114,9 +113,3 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
         head.append("#pragma omp parallel for schedule(static)")
     return "\n".join(head + lines) + "\n"
 
-
-def _stores(lw, b: Body, full: list[Param], idx: list[str], row: Row, stores: dict) -> list[str]:  # noqa: ANN001
-    """Stores of the full-size outputs at ``idx`` (their lines go into ``b``; nothing after)."""
-    for p in full:
-        store_output(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
-    return []
