@@ -41,7 +41,7 @@ __all__ = ["FOLD_BYTES", "CompiledProgram", "Launch", "compile_program"]
 #: most bytes of values a program computes once when compiled (Note [folded segments])
 FOLD_BYTES = 16 << 20
 #: OPAQUE ops folded like kernel segments where every input is folded (Note [folded segments])
-PURE_OPAQUE = frozenset({"aten.index.Tensor"})
+PURE_OPAQUE = frozenset({"aten.index.Tensor", "aten.cumsum.default"})
 
 Env = dict[str, torch.Tensor]
 
@@ -162,10 +162,10 @@ class CompiledProgram:
         """Note [folded segments]: a segment that reads no graph input (position ids, a causal
         mask, ``arange``...) computes the same values on every call: it runs once, here, and the
         program reads what it made (as Inductor's constants). Not folded: OPAQUE segments (random
-        ops, ops with effects) other than a lone op of ``PURE_OPAQUE`` (a gather of folded
-        values: transformers' masks), segments whose values a graph output or a write-back may
-        see (a caller could write into them), and values past ``FOLD_BYTES`` in all (memory held
-        for the program's life). Returns the folded segments and the values later launches read.
+        ops, ops with effects) other than a lone op of ``PURE_OPAQUE`` (a gather or a cumsum of
+        folded values: transformers' masks and position ids), segments whose values a graph
+        output or a write-back may see (a caller could write into them), and values past
+        ``FOLD_BYTES`` in all (memory held for the program's life). Returns the folded segments and the values later launches read.
         Where a pure op raises when folded (an index out of range), folding is done again without
         those: the op then raises on every call, as in eager."""
         try:

@@ -204,3 +204,16 @@ def test_the_torch_backend_still_runs_both_on_aten() -> None:
     assert prog.kernels == {}
     assert {launch.backend for launch in prog.launches if launch.kind == SegmentKind.OPAQUE} == {"torch"}
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=0, rtol=0)
+
+
+def _positions(x):
+    ids = torch.ones(2, 16, dtype=torch.int64, device=x.device).cumsum(1) - 1  # reads no input: folded
+    return x + ids.to(x.dtype)
+
+
+def test_a_cumsum_of_folded_values_is_folded() -> None:
+    """Note [folded segments]: a cumsum of position ids made from nothing (opt's mask) runs once."""
+    x = torch.randn(2, 16)
+    prog = _program(_positions, [x])
+    assert _segment_of(prog, CUMSUM) in prog.folded
+    assert_matches_eager(_positions, [x], prog.graph, program=prog, atol=0, rtol=0)
