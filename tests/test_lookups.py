@@ -127,15 +127,6 @@ EMBEDDINGS_DECLINED = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,inputs,why", EMBEDDINGS_DECLINED, ids=[d[0] for d in EMBEDDINGS_DECLINED])
-def test_embeddings_the_generator_declines_run_on_torch_with_the_reason(name, fn, inputs, why) -> None:
-    prog = _program(fn, inputs)
-    i = _segment_of(prog, EMBEDDING)
-    assert prog.backend_of[i] == "torch"
-    assert why in dict(prog.passed_over[i])["cpp"]
-    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=0, rtol=0)
-
-
 def test_a_recorded_output_meta_that_contradicts_the_op_is_declined() -> None:
     """Note [checked source values]: the kernel is sized by the metas; one the op contradicts
     (here rows twice as long as the weight's, which would read past each row) is not believed."""
@@ -188,10 +179,13 @@ CUMSUMS_DECLINED = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,inputs,why", CUMSUMS_DECLINED, ids=[d[0] for d in CUMSUMS_DECLINED])
-def test_cumsums_the_generator_declines_run_on_torch_with_the_reason(name, fn, inputs, why) -> None:
+DECLINED = [(EMBEDDING, *d) for d in EMBEDDINGS_DECLINED] + [(CUMSUM, *d) for d in CUMSUMS_DECLINED]
+
+
+@pytest.mark.parametrize("op,name,fn,inputs,why", DECLINED, ids=[f"{d[0].split('.')[1]}-{d[1]}" for d in DECLINED])
+def test_lookups_the_generator_declines_run_on_torch_with_the_reason(op, name, fn, inputs, why) -> None:
     prog = _program(fn, inputs)
-    i = _segment_of(prog, CUMSUM)
+    i = _segment_of(prog, op)
     assert prog.backend_of[i] == "torch"
     assert why in dict(prog.passed_over[i])["cpp"]
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=0, rtol=0)
