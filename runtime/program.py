@@ -165,9 +165,10 @@ class CompiledProgram:
         ops, ops with effects) other than a lone op of ``PURE_OPAQUE`` (a gather or a cumsum of
         folded values: transformers' masks and position ids), segments whose values a graph
         output or a write-back may see (a caller could write into them), and values past
-        ``FOLD_BYTES`` in all (memory held for the program's life). Returns the folded segments and the values later launches read.
-        Where a pure op raises when folded (an index out of range), folding is done again without
-        those: the op then raises on every call, as in eager."""
+        ``FOLD_BYTES`` in all (memory held for the program's life). Returns the folded segments
+        and the values later launches read. Where a pure op raises when folded (an index out of
+        range), folding is done again without those: the op then raises on every call, as in
+        eager."""
         try:
             return self._fold_segments(PURE_OPAQUE)
         except Exception:  # noqa: BLE001 - again without them: an error of the others raises there

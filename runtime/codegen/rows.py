@@ -11,7 +11,8 @@ sum over the batch, a softmax over channels, a mean over dim 0). A row is still 
 the kept dims and its elements those of the reduced dims; ``Row.index`` puts each dim's counter
 back at its place in F, so every load and store indexes F as the op does, at any strides. Only
 the order of memory accesses changes: a pass over a reduced outer dim reads with that dim's
-stride (``omp simd`` then gathers on the CPU; uncoalesced on CUDA). Rows go to threads as before.
+stride (uncoalesced on CUDA). Where the innermost dim is kept, the CPU build runs the column
+variant instead (Note [column passes] in columns.py); this per-row one stays the CUDA source.
 """
 
 from __future__ import annotations
