@@ -130,6 +130,9 @@ CASES: dict[str, tuple] = {
     # (150 = 64 + 64 + 22), kept dims before and after the reduced one
     "sum-outer-threaded": (lambda x: (x.sum(0), (x * x).mean(0, keepdim=True)), [torch.randn(300, 700)]),
     "mean-outer-tail": (lambda x: (x.mean(1), x.amax(1) - x.amin(1)), [torch.randn(2, 20, 3, 150)]),
+    # integer rows: the simd reductions max/min had no declaration for long long (g++ refused the
+    # kernel; found through multilabel_margin_loss in tests/test_planned_views.py)
+    "amax-amin-int64": (lambda x: (x.amax(-1), x.amin(-1), x.sum(-1)), [torch.randint(-1000, 1000, (5, 300))]),
     # inference batch norm is pointwise: per-channel statistics, with and without an affine part
     "batch-norm-eval": (lambda x, m, v, w, b: (F.hardtanh(F.batch_norm(x, m, v, w, b, eps=1e-3), 0.0, 6.0),
                                                F.batch_norm(x, m, v) + x),

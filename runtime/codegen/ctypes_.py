@@ -248,10 +248,13 @@ static inline float fuseg_erf(float x) {
 static inline double fuseg_erf(double x) { return erf(x); }
 """ + _COMMON + r"""
 // Reductions a row pass may vectorize (#pragma omp simd): NaN propagates as in fuseg_max/min.
+// (integer rows too: rows.py marks their max/min passes simd as well)
 #pragma omp declare reduction(fuseg_max : float : omp_out = fuseg_max<float>(omp_out, omp_in)) initializer(omp_priv = -FUSEG_INF)
 #pragma omp declare reduction(fuseg_max : double : omp_out = fuseg_max<double>(omp_out, omp_in)) initializer(omp_priv = -(double)FUSEG_INF)
 #pragma omp declare reduction(fuseg_min : float : omp_out = fuseg_min<float>(omp_out, omp_in)) initializer(omp_priv = FUSEG_INF)
 #pragma omp declare reduction(fuseg_min : double : omp_out = fuseg_min<double>(omp_out, omp_in)) initializer(omp_priv = (double)FUSEG_INF)
+#pragma omp declare reduction(fuseg_max : long long : omp_out = fuseg_max<long long>(omp_out, omp_in)) initializer(omp_priv = (-9223372036854775807LL - 1))
+#pragma omp declare reduction(fuseg_min : long long : omp_out = fuseg_min<long long>(omp_out, omp_in)) initializer(omp_priv = 9223372036854775807LL)
 // One thread per block on the CPU: the block's value is the thread's.
 template <class T, T (*OP)(T, T)> static inline T fuseg_block_reduce(T v, T) { return v; }
 """
