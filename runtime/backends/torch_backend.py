@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import keyword
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from segmenter.ops import resolve_op
 
 from .. import layout
 from ..inplace import out_overload
+from ..views import planned_views
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
 
@@ -131,17 +132,36 @@ def _count_error(node: Node) -> str:
     return f"node {node.name!r}: {node.op} did not return the {len(node.outputs)} values the graph names"
 
 
-def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[str, str]) -> None:
+def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[str, str],
+               planned: Mapping[str, tuple[str, TensorMeta, int]] | None = None) -> None:
     """The nodes in order; a value that nothing after its last use reads (and ``keep`` does not
-    hold) is deleted there, so intermediates die as they would in eager."""
+    hold) is deleted there, so intermediates die as they would in eager. ``planned``: node name
+    -> (source, layout, offset delta) of the view ops made from the plan (Note [views from the
+    plan] in runtime/views.py): such a view reads its chain's source, and one nothing reads (a
+    link of a chain) is not made."""
+    planned = planned or {}
+
+    def reads(node: Node) -> tuple[str, ...]:
+        view = planned.get(node.name)
+        return (view[0],) if view is not None else node.inputs
+
     last: dict[str, int] = {}
     for k, node in enumerate(nodes):
-        for v in node.inputs:
+        for v in reads(node):
             last[v] = k
+    rt = code.const(layout.reinterpret_fn(code.fast)) if planned else ""
     for k, node in enumerate(nodes):
-        emit_node(code, node, targets.get(node.name))
-        dead = [v for v in node.inputs if last[v] == k and v not in keep]
-        dead += [o for o in node.outputs if o is not None and o not in last and o not in keep]  # never read
+        view = planned.get(node.name)
+        unread = [o for o in node.outputs if o is not None and o not in last and o not in keep]
+        if view is None:
+            emit_node(code, node, targets.get(node.name))
+        elif unread:
+            unread = []  # a view nothing reads is not made
+        else:
+            src, m, delta = view
+            code.line(f"{code.var(node.outputs[0])} = {rt}({code.var(src)}, {code.const(m.shape)}, "
+                      f"{code.const(m.stride)}, {delta})")
+        dead = [v for v in reads(node) if last[v] == k and v not in keep] + unread
         if dead:
             code.dels(dict.fromkeys(dead))
 
@@ -191,7 +211,7 @@ def emit_torch(code: Code, ctx: BuildContext, seg: Segment, dying: frozenset[str
     roots = _view_roots_inside(seg)
     # inputs still alive after this launch, and the roots of view outputs (compared below), are kept
     keep = set(seg.outputs) | (set(seg.inputs) - dying) | set(targets.values()) | set(roots.values())
-    emit_nodes(code, seg.nodes, keep, targets)
+    emit_nodes(code, seg.nodes, keep, targets, planned_views(ctx.graph, seg, targets))
     emit_outputs(code, ctx, seg, written, roots)
     late = [v for v in dict.fromkeys(roots.values()) if v in dying]
     if late:
