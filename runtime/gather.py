@@ -10,8 +10,9 @@ compiled (Note [folded segments] in runtime/program.py), and then the gather's e
 lies at ``c + sum_d a_d * p_d`` elements past ``x``'s offset for some integers ``c`` and ``a``
 exactly when every index is affine in ``p``: checked element by element here, on the folded
 values (negative indices wrapped as ATen wraps them; any index out of range, a negative step, an
-index tensor that is not an integer one, a bool mask, a ``None`` slot, or more than ``MAX_CHECKED``
-elements leaves the op to ATen, which raises or gathers as before). The launch then copies that
+index tensor that is not an integer one, a bool mask, or more than ``MAX_CHECKED`` elements leaves
+the op to ATen, which raises or gathers as before). ``None`` slots (full slices: falcon reads its
+fused q/k/v as ``x[:, :, [-2]]``) are taken since the addresses are found by ATen's own index. The launch then copies that
 strided view of ``x`` into a fresh buffer of the planned layout: the output is new memory, as
 ATen's is (no aliasing), and ``x`` is only read inside its own extent (every index is in range;
 where ``x`` is a graph input, its storage is checked to hold that extent on every call).
@@ -19,6 +20,8 @@ Measured in ``perf/results/before_after_gather_cpu.json``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -35,26 +38,34 @@ __all__ = ["MAX_CHECKED", "AffineGather", "affine_gather", "affine_view"]
 MAX_CHECKED = 1 << 16
 
 
-def affine_view(x_shape: tuple[int, ...], x_stride: tuple[int, ...], indices: list[torch.Tensor],
+def affine_view(x_shape: tuple[int, ...], x_stride: tuple[int, ...], indices: list[torch.Tensor | None],
                 out_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
     """``(strides, offset)`` in elements of ``x`` (from its own offset) of the view of ``x`` that
-    holds ``x[indices]`` for ``out_shape``, where one exists with non-negative strides; else None."""
-    if len(indices) != len(x_shape) or not indices:
+    holds ``x[indices]`` for ``out_shape``, where one exists with non-negative strides; else None.
+    ``indices`` as ``aten.index.Tensor`` takes them: a None slot (and every dim past the last
+    index) is a full slice. Each element's address is found by ATen's own index applied to
+    ``x``'s addresses (per dim, an expanded arange: nothing of ``x``'s size is made), so where
+    the indexed dims land, how negative indices wrap and which indices are out of range (None
+    here: ATen raises when called) are torch's rules."""
+    if not indices or len(indices) > len(x_shape) or all(t is None for t in indices):
         return None
-    if any(t.dtype not in (torch.int64, torch.int32) for t in indices):
+    if any(t is not None and t.dtype not in (torch.int64, torch.int32) for t in indices):
         return None
-    try:
-        full = torch.broadcast_tensors(*[t.detach().to("cpu", torch.int64) for t in indices])
-    except RuntimeError:
+    if not 0 < math.prod(out_shape) <= MAX_CHECKED or 0 in x_shape:
         return None
-    if tuple(full[0].shape) != tuple(out_shape) or not 0 < full[0].numel() <= MAX_CHECKED:
-        return None
+    key = [None if t is None else t.detach().to("cpu", torch.int64) for t in indices]
     address = torch.zeros(out_shape, dtype=torch.int64)
-    for t, n, s in zip(full, x_shape, x_stride):
-        t = torch.where(t < 0, t + n, t)
-        if bool(((t < 0) | (t >= n)).any()):
+    for d, (n, st) in enumerate(zip(x_shape, x_stride)):
+        shape = [1] * len(x_shape)
+        shape[d] = n
+        term = (torch.arange(n, dtype=torch.int64) * st).view(shape).expand(x_shape)  # x's addresses along d
+        try:
+            term = torch.ops.aten.index.Tensor(term, key)
+        except (IndexError, RuntimeError):  # out of range, or index tensors that do not broadcast
             return None
-        address += t * s
+        if tuple(term.shape) != tuple(out_shape):
+            return None
+        address += term
     c = int(address.reshape(-1)[0])
     steps, expect = [], torch.full(out_shape, c, dtype=torch.int64)
     for d, n in enumerate(out_shape):
@@ -113,7 +124,7 @@ def affine_gather(ctx: BuildContext, seg: Segment, fixed: dict[str, torch.Tensor
     x, idx = node.args
     if not isinstance(x, ValueRef) or not isinstance(idx, tuple) or ctx.targets(seg):
         return None
-    if not all(isinstance(i, ValueRef) and i.name in fixed for i in idx) or x.name in fixed:
+    if not all(i is None or (isinstance(i, ValueRef) and i.name in fixed) for i in idx) or x.name in fixed:
         return None
     out = node.outputs[0]
     g = ctx.graph
@@ -124,7 +135,7 @@ def affine_gather(ctx: BuildContext, seg: Segment, fixed: dict[str, torch.Tensor
         return None
     if any(st < 0 for st in xm.stride):  # pragma: no cover - planned layouts never have them
         return None
-    found = affine_view(xm.shape, xm.stride, [fixed[i.name] for i in idx], om.shape)
+    found = affine_view(xm.shape, xm.stride, [None if i is None else fixed[i.name] for i in idx], om.shape)
     if found is None:
         return None
     return AffineGather(ctx, seg, x.name, *found)
