@@ -22,7 +22,7 @@ import torch
 
 from segmenter import FusionGraph, GraphError, OpKind, Segment, op_info
 
-from .. import layout
+from .. import layout, pages
 from ..codegen import Declined, Kernel
 from ..codegen.index import dense_strides
 from ..codegen.lower import check_kind
@@ -160,7 +160,10 @@ class KernelLaunch(SegmentLaunch):
                 emit_torch(code, ctx, self.segment, dying)
 
     def alloc(self, code: Code, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> str:
-        empty = code.const(layout.empty_fn(code.fast, self.ctx.device))
+        if pages.wants_huge(span_bytes(shape, stride, dtype), self.ctx.device, code.fast):
+            empty = code.const(pages.empty_huge)  # Note [huge pages for big buffers]
+        else:
+            empty = code.const(layout.empty_fn(code.fast, self.ctx.device))
         return f"{empty}({code.const(shape)}, {code.const(stride)}, {code.const(dtype)})"
 
     def emit_call(self, code: Code, tensors: list[str]) -> None:

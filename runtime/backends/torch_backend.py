@@ -22,7 +22,8 @@ from segmenter import GraphError, Node, OpKind, Segment, SegmentKind, TensorMeta
 from segmenter.ir import OpRef, ValueRef
 from segmenter.ops import resolve_op
 
-from .. import layout
+from .. import layout, pages
+from ..codegen.index import dense_strides
 from ..inplace import out_overload
 from ..views import planned_views
 from ..wrapper import Code
@@ -133,12 +134,14 @@ def _count_error(node: Node) -> str:
 
 
 def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[str, str],
-               planned: Mapping[str, tuple[str, TensorMeta, int]] | None = None) -> None:
+               planned: Mapping[str, tuple[str, TensorMeta, int]] | None = None,
+               big: Mapping[str, TensorMeta] | None = None) -> None:
     """The nodes in order; a value that nothing after its last use reads (and ``keep`` does not
     hold) is deleted there, so intermediates die as they would in eager. ``planned``: node name
     -> (source, layout, offset delta) of the view ops made from the plan (Note [views from the
     plan] in runtime/views.py): such a view reads its chain's source, and one nothing reads (a
-    link of a chain) is not made."""
+    link of a chain) is not made. ``big``: node name -> the planned layout of its one output,
+    computed by the op's ``.out`` overload into a buffer on huge pages (``big_outputs``)."""
     planned = planned or {}
 
     def reads(node: Node) -> tuple[str, ...]:
@@ -153,7 +156,13 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
     for k, node in enumerate(nodes):
         view = planned.get(node.name)
         unread = [o for o in node.outputs if o is not None and o not in last and o not in keep]
-        if view is None:
+        if view is None and big is not None and node.name in big:
+            out = code.var(node.outputs[0])
+            m = big[node.name]
+            code.line(f"{out} = {code.const(pages.empty_huge)}({code.const(m.shape)}, {code.const(m.stride)}, "
+                      f"{code.const(m.dtype)})")
+            emit_node(code, node, node.outputs[0])
+        elif view is None:
             emit_node(code, node, targets.get(node.name))
         elif unread:
             unread = []  # a view nothing reads is not made
@@ -164,6 +173,40 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
         dead = [v for v in reads(node) if last[v] == k and v not in keep] + unread
         if dead:
             code.dels(dict.fromkeys(dead))
+
+
+def big_outputs(ctx: BuildContext, seg: Segment, targets: Mapping[str, str], fast: bool) -> dict[str, TensorMeta]:
+    """Note [huge pages for big buffers] (runtime/pages.py), for ATen's ops: node name -> the
+    planned layout of an output of at least ``pages.HUGE_MIN`` bytes that the fast variant
+    allocates itself and has the op's ``.out`` overload write (``out_overload``: every argument
+    taken as the functional op takes it). Only known single-output ops with one ``out`` argument,
+    not a view, not random (an out overload need not draw the same numbers), not written in
+    place, into a dense layout without repeated elements or view bits (the planned layout is the
+    functional op's, so the out overload neither resizes nor restrides)."""
+    if not fast or ctx.device.type != "cpu":
+        return {}
+    found = {}
+    for node in seg.nodes:
+        if len(node.outputs) != 1 or node.outputs[0] is None or node.name in targets:
+            continue
+        m = ctx.graph.metas[node.outputs[0]]
+        info = op_info(node.op)
+        if (not pages.wants_huge(m.nbytes, ctx.device, fast) or m.conj or m.neg or m.dtype.is_complex
+                or info.kind == OpKind.VIEW or not info.known or info.mutates or info.reason == "random"
+                or not _dense(m)):
+            continue
+        op, _ = out_overload(node)
+        if op is None or sum(a.is_out for a in op._schema.arguments) != 1:
+            continue
+        found[node.name] = m
+    return found
+
+
+def _dense(m: TensorMeta) -> bool:
+    """A fresh buffer's layout: no offset, no gap, no repeated element (dims in any order)."""
+    if m.storage_offset or any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
+        return False
+    return all(a == b for n, a, b in zip(m.shape, m.stride, dense_strides(m.shape, m.stride)) if n > 1)
 
 
 def _view_roots_inside(seg: Segment) -> dict[str, str]:
@@ -211,7 +254,8 @@ def emit_torch(code: Code, ctx: BuildContext, seg: Segment, dying: frozenset[str
     roots = _view_roots_inside(seg)
     # inputs still alive after this launch, and the roots of view outputs (compared below), are kept
     keep = set(seg.outputs) | (set(seg.inputs) - dying) | set(targets.values()) | set(roots.values())
-    emit_nodes(code, seg.nodes, keep, targets, planned_views(ctx.graph, seg, targets))
+    emit_nodes(code, seg.nodes, keep, targets, planned_views(ctx.graph, seg, targets),
+               big_outputs(ctx, seg, targets, code.fast))
     emit_outputs(code, ctx, seg, written, roots)
     late = [v for v in dict.fromkeys(roots.values()) if v in dying]
     if late:
