@@ -12,8 +12,9 @@ exactly when every index is affine in ``p``: checked element by element here, on
 values (negative indices wrapped as ATen wraps them; any index out of range, a negative step, an
 index tensor that is not an integer one, a bool mask, or more than ``MAX_CHECKED`` elements leaves
 the op to ATen, which raises or gathers as before). ``None`` slots (full slices: falcon reads its
-fused q/k/v as ``x[:, :, [-2]]``) are taken since the addresses are found by ATen's own index. The launch then copies that
-strided view of ``x`` into a fresh buffer of the planned layout: the output is new memory, as
+fused q/k/v as ``x[:, :, [-2]]``) are taken, since the addresses are found by ATen's own index.
+The launch then copies that strided view of ``x`` into a fresh buffer of the planned layout: the
+output is new memory, as
 ATen's is (no aliasing), and ``x`` is only read inside its own extent (every index is in range;
 where ``x`` is a graph input, its storage is checked to hold that extent on every call).
 Measured in ``perf/results/before_after_gather_cpu.json``.

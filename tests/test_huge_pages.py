@@ -139,3 +139,18 @@ def test_random_ops_keep_their_own_allocation() -> None:
         (out,) = program(p)
     assert out.shape == p.shape and set(out.unique().tolist()) <= {0.0, 1.0}
     assert not _advises(program)
+
+
+def test_generated_out_overloads_are_not_used() -> None:
+    """An out overload tagged ``generated`` computes into a temporary and copies (a pass more over
+    a big buffer): the op keeps its own allocation."""
+    def fn(x):
+        return torch.nn.functional.embedding(torch.arange(N), x)  # one generated out= (embedding.out)
+
+    x = torch.randn(N, N)
+    plan = apply_aliases(segment(capture(fn, [x])), "post")
+    program = runtime.compile(plan, backend="torch")
+    with torch.no_grad():
+        assert_matches_eager(fn, [x], plan.graph, program=program)
+    assert torch.Tag.generated in torch.ops.aten.embedding.out.tags
+    assert not _advises(program)

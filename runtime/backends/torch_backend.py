@@ -62,8 +62,9 @@ def _render(code: Code, a: Any) -> str:
 
 
 def emit_node(code: Code, node: Node, out: str | None = None) -> None:
-    """``node``'s op as one call defining its outputs' locals; with ``out`` (a graph input), the
-    op's ``.out`` overload writes the result straight into it (Note [in-place write-back])."""
+    """``node``'s op as one call defining its outputs' locals; with ``out`` (a graph input, or a
+    big output's buffer already made: ``big_outputs``), the op's ``.out`` overload writes the
+    result straight into it (Note [in-place write-back])."""
     op = _op_entry(node)
     names = _argument_names(op) if node.kwargs else None
     for k, _ in node.kwargs:
@@ -179,8 +180,9 @@ def big_outputs(ctx: BuildContext, seg: Segment, targets: Mapping[str, str], fas
     """Note [huge pages for big buffers] (runtime/pages.py), for ATen's ops: node name -> the
     planned layout of an output of at least ``pages.HUGE_MIN`` bytes that the fast variant
     allocates itself and has the op's ``.out`` overload write (``out_overload``: every argument
-    taken as the functional op takes it). Only known single-output ops with one ``out`` argument,
-    not a view, not random (an out overload need not draw the same numbers), not written in
+    taken as the functional op takes it). Only known single-output ops with one ``out`` argument
+    that is the op's own kernel (an overload tagged ``generated`` computes into a temporary and
+    copies: ``convolution``, ``clone``, ``embedding``), not a view, not random (an out overload need not draw the same numbers), not written in
     place, into a dense layout without repeated elements or view bits (the planned layout is the
     functional op's, so the out overload neither resizes nor restrides)."""
     if not fast or ctx.device.type != "cpu":
@@ -196,7 +198,7 @@ def big_outputs(ctx: BuildContext, seg: Segment, targets: Mapping[str, str], fas
                 or not _dense(m)):
             continue
         op, _ = out_overload(node)
-        if op is None or sum(a.is_out for a in op._schema.arguments) != 1:
+        if op is None or sum(a.is_out for a in op._schema.arguments) != 1 or torch.Tag.generated in op.tags:
             continue
         found[node.name] = m
     return found
