@@ -29,21 +29,15 @@ from alias.analysis import is_true_view
 from segmenter import FusionGraph, OpKind, Segment, TensorMeta, op_info
 from segmenter.ir import ValueRef
 
-__all__ = ["extent_end", "metadata_views", "planned_views"]
+__all__ = ["metadata_views", "planned_views"]
 
 View = tuple[str, TensorMeta, int]  # (chain source, view layout, offset delta in elements)
 
 
-def extent_end(m: TensorMeta) -> int:
-    """Bytes from the start of the storage to the end of the last element ``m`` reaches."""
-    if 0 in m.shape:
-        return m.storage_offset * m.itemsize
-    return (m.storage_offset + sum((n - 1) * st for n, st in zip(m.shape, m.stride)) + 1) * m.itemsize
-
-
 def _within(want: TensorMeta, have: TensorMeta) -> bool:
-    """Whether every element of the view ``want`` lies inside its source's extent ``have``."""
-    return want.storage_offset >= have.storage_offset and extent_end(want) <= extent_end(have)
+    """Whether every element of the view ``want`` lies inside its source's extent ``have`` (of
+    the same dtype: both are asked only then)."""
+    return want.storage_offset >= have.storage_offset and want.storage_extent <= have.storage_extent
 
 
 def planned_views(graph: FusionGraph, seg: Segment, targets: Mapping[str, str]) -> dict[str, View]:

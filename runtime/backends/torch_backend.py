@@ -143,7 +143,7 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
     plan] in runtime/views.py): such a view reads its chain's source, and one nothing reads (a
     link of a chain) is not made. ``big``: node name -> the planned layout of its one output,
     computed by the op's ``.out`` overload into a buffer on huge pages (``big_outputs``)."""
-    planned = planned or {}
+    planned, big = planned or {}, big or {}
 
     def reads(node: Node) -> tuple[str, ...]:
         view = planned.get(node.name)
@@ -157,7 +157,7 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
     for k, node in enumerate(nodes):
         view = planned.get(node.name)
         unread = [o for o in node.outputs if o is not None and o not in last and o not in keep]
-        if view is None and big is not None and node.name in big:
+        if view is None and node.name in big:
             out = code.var(node.outputs[0])
             m = big[node.name]
             code.line(f"{out} = {code.const(pages.empty_huge)}({code.const(m.shape)}, {code.const(m.stride)}, "
