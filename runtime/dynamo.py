@@ -24,7 +24,7 @@ from segmenter.fx_import import storage_ids
 
 from .program import CompiledProgram
 
-__all__ = ["FusegCompiler", "aot_backend", "decompositions", "fuseg_backend"]
+__all__ = ["FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend"]
 
 
 def _signature(args: Sequence[Any]) -> tuple:
@@ -44,6 +44,10 @@ class FusegCompiler:
         self.options = options or SegmenterOptions()
         self.backend = backend
         self.compiled: list[CompiledProgram] = []  # every program built, for inspection and tests
+        #: graphs AOTAutograd handed us: (the boxed call, and for an inference graph its metadata,
+        #: else None); and why the last ``compile_with_aot`` refused a direct call (None: it did not)
+        self.graphs: list[tuple[Callable[..., Any], Any]] = []
+        self.direct_refused: str | None = None
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         tokens = strip_effect_tokens(gm)
@@ -83,7 +87,24 @@ class FusegCompiler:
             it = iter(results)
             return tuple(next(it) if p else None for p in present)
 
+        def hot(*args: Any) -> list[torch.Tensor] | None:
+            """Note [direct inference call]: the last program's outputs where its entry takes these
+            arguments, else None (nothing run)."""
+            return last[0].entry(*args) if last and len(args) == last[0].arity else None
+
         run._boxed_call = True  # type: ignore[attr-defined]
+        run.hot, run.tokens = hot, tokens  # type: ignore[attr-defined]
+        run.placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")  # type: ignore[attr-defined]
+        self.graphs.append((run, None))
+        return run
+
+    def infer(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        """AOTAutograd's inference compiler: as a call, keeping the graph's metadata (its
+        ``ViewAndMutationMeta``, which AOTAutograd's runtime wrapper acts on) for
+        Note [direct inference call]."""
+        run = self(gm, example_inputs)
+        ctx = torch._guards.TracingContext.try_get()
+        self.graphs[-1] = (run, getattr(ctx, "fw_metadata", None) if ctx is not None else None)
         return run
 
 
@@ -157,7 +178,7 @@ def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: 
     if unknown:
         raise ValueError(f"fuseg: unknown options {sorted(unknown)} (known: alias_mode, backend)")
     compiler = FusegCompiler(mode=opts.get("alias_mode", "post"), backend=opts.get("backend", "auto"))
-    return aot_backend(compiler)(gm, example_inputs)
+    return compile_with_aot(compiler, gm, example_inputs)
 
 
 def aot_backend(compiler: FusegCompiler) -> Callable[..., Any]:
@@ -165,8 +186,80 @@ def aot_backend(compiler: FusegCompiler) -> Callable[..., Any]:
     input mutations kept in the graph, and Note [decompositions before segmenting]."""
     from torch._dynamo.backends.common import aot_autograd
 
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, keep_inference_input_mutations=True,
-                        decompositions=decompositions())
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, inference_compiler=compiler.infer,
+                        keep_inference_input_mutations=True, decompositions=decompositions())
+
+
+# Note [direct inference call]: AOTAutograd's runtime wrapper runs around every call of the graph
+# it compiled: it prepends the module's parameters, applies mutations to inputs that the graph
+# returns instead of doing, regenerates outputs that alias inputs or each other, turns grad mode
+# off, and more. For an inference graph that has none of these to do, it costs ~1 us a call
+# (rms-norm: a backend through it whose graph returns saved outputs took 9.7 us against 8.7 us
+# for one without it, scratch), about what generated kernels leave of small programs' time. So
+# ``compile_with_aot`` gives dynamo a function that tries the program the previous call ran
+# (its entry: Note [one entry] in runtime/program.py, which refuses anything but a plain call on
+# the layouts it was built for, having run nothing) and otherwise calls AOTAutograd's function:
+# the first call, a new layout, a dispatch mode, inputs that need grad. It does so only where
+# the graph's ViewAndMutationMeta says the wrapper has nothing to do (``_direct_refusal`` lists
+# each condition), so an input mutation, an output that aliases an input, another output or an
+# intermediate, training, effect tokens, subclasses or autocast keep AOTAutograd's wrapper on
+# every call. Grad mode: AOTAutograd only builds an inference graph where no input requires grad
+# or grad is off, dynamo guards both, and an inference graph's outputs need no grad (checked),
+# so ops that run with grad on record nothing, as with it off.
+def compile_with_aot(compiler: FusegCompiler, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """``aot_backend(compiler)`` on ``gm``, called directly where it can be (Note [direct
+    inference call]); ``compiler.direct_refused`` says why not."""
+    compiled = aot_backend(compiler)(gm, example_inputs)
+    compiler.direct_refused = _direct_refusal(compiler, gm, example_inputs)
+    if compiler.direct_refused is not None:
+        return compiled
+    hot = compiler.graphs[0][0].hot  # type: ignore[attr-defined]
+    fallbacks = [0]
+
+    def fuseg_direct(*args: Any) -> Any:
+        results = hot(*args)
+        if results is None:
+            fallbacks[0] += 1
+            return compiled(*args)
+        return results
+
+    fuseg_direct.fuseg_fallbacks = fallbacks  # type: ignore[attr-defined]
+    return torch._dynamo.disable(fuseg_direct, reason="fuseg's compiled program")
+
+
+def _direct_refusal(compiler: FusegCompiler, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """Why AOTAutograd's runtime wrapper has work to do on this graph's calls; None: it has none."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if len(compiler.graphs) != 1 or compiler.graphs[0][1] is None:
+        return "training (a forward graph for autograd) or no metadata from AOTAutograd"
+    run, meta = compiler.graphs[0]
+    if any(isinstance(a, (list, tuple, dict)) for a in example_inputs):
+        return "inputs that dynamo flattens"
+    if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
+        return "parameters or buffers that AOTAutograd prepends to the inputs"
+    if run.tokens or meta.tokens:  # type: ignore[attr-defined]
+        return "effect tokens"
+    if run.placeholders != len(example_inputs):  # type: ignore[attr-defined]
+        return "AOTAutograd merged or reordered inputs"
+    if any(is_traceable_wrapper_subclass(a) for a in example_inputs if isinstance(a, torch.Tensor)):
+        return "tensor subclass inputs"
+    if torch._C._is_any_autocast_enabled() or torch._functorch.config.functionalize_rng_ops:
+        return "autocast or functionalized RNG, which the wrapper sets around the call"
+    ctx = torch._guards.TracingContext.try_get()
+    if ctx is not None and ctx.fakify_first_call:
+        return "a fakified first call"
+    if any(i.mutates_data or i.mutates_metadata or i.mutates_storage_metadata for i in meta.input_info):
+        return "the graph mutates an input"
+    if (meta.num_outputs_aliased or meta.num_intermediate_bases or meta.num_mutated_inp_runtime_indices
+            or any(o.output_type != OutputType.non_alias for o in meta.output_info)):
+        return "an output aliases an input, another output or an intermediate"
+    if any(o.requires_grad for o in meta.output_info):
+        return "an output requires grad"
+    if meta.dynamic_outputs or meta.grad_enabled_mutation is not None:
+        return "dynamic outputs or a grad-mode change, which the wrapper applies"
+    return None
 
 
 # Note [decompositions before segmenting]: AOTAutograd leaves some composite ops whole that are
