@@ -31,6 +31,7 @@ from . import index as ix
 from .checks import MAX_EXTENT, check_layout, check_segment_metas, dim_arg, index_arg, int_arg, shape_ints, slice_bounds
 from .columns import column_loop, takes_columns
 from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
+from .fission import fission
 from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, Row, plan_row, row_levels, row_loop
@@ -567,10 +568,16 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
     loop_vars = [v for v in idx_vars if v != "0"]
     levels = _hoist_levels(b.lines, b.indent, loop_vars)
     threads = worth_threads(n, b.lines)  # Note [work of a loop]
+    inner = [line for line, lv in zip(b.lines, levels) if lv >= len(nest) - 1]
+    # Note [one loop per branch range] (fission.py): only below an outer loop, which OpenMP shares
+    split = fission(nest[-1], inner, loop_vars[-1], shape[int(loop_vars[-1][2:])], indent) if len(nest) >= 2 else None
     if not any(lv < len(nest) - 1 for lv in levels):
         cpu = list(nest)
         if threads and nest:
             cpu.insert(0, f"#pragma omp parallel for collapse({max(len(nest) - 1, 1)}) schedule(static)")
+        if split is not None:
+            cpu[-1:] = [f"{indent}{{", *split, f"{indent}}}"]
+            return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *cpu, "#endif"]) + "\n"
         cpu.append(f"{indent}{{")
         return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
     # Note [hoisted per-loop values]: a value that depends only on outer loop counters (batch
@@ -582,13 +589,17 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
         cpu.append(f"#pragma omp parallel for collapse({max(min(first + 1, len(nest) - 1), 1)}) schedule(static)")
     opened = 0
     for d, header in enumerate(nest):
+        if d == len(nest) - 1 and split is not None:
+            cpu.extend(split)
+            break
         cpu.append(header)
         mine = [line for line, lv in zip(b.lines, levels) if lv == d and d < len(nest) - 1]
         if mine or d == len(nest) - 1:
             cpu.append(f"{indent}{{")
             opened += 1
             cpu.extend(mine)
-    cpu.extend(line for line, lv in zip(b.lines, levels) if lv >= len(nest) - 1)
+    else:
+        cpu.extend(inner)
     cpu.extend([f"{indent}}}"] * opened)
     return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *cpu, "#endif"]) + "\n"
 
