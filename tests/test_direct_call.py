@@ -190,3 +190,22 @@ def test_the_backend_by_name_calls_directly() -> None:
     finally:
         rd.compile_with_aot = real
     assert calls == [True]
+
+
+def test_no_grad_then_training_each_get_their_own_graph() -> None:
+    """Dynamo guards grad mode: the inference graph's direct call is never used for a call that
+    needs autograd; that call gets a training graph through AOTAutograd, with correct grads."""
+    backend, seen = _spy()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    f = torch.compile(model, backend=backend)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        f(x)
+        torch.testing.assert_close(f(x), model(x))
+    f(x).square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    assert [c.direct_refused is None for c, _ in seen] == [True, False]
