@@ -45,6 +45,12 @@ def _pad_last(x):
     return F.pad(x * 2, (3, 5), value=-1.0)
 
 
+def _pad_hoisted(x, m):
+    """exp(m[c]) is computed once per channel (Note [hoisted per-loop values]): the nest with
+    values at an outer loop is the other shape the split has to keep."""
+    return F.pad(x, (2, 6), value=0.5) * m.view(1, -1, 1).exp()
+
+
 def _cat_middle(x, y):
     return torch.cat([x.abs(), y * 3], 1)  # a cat along dim 1 of 3: an outer loop's counter
 
@@ -57,6 +63,7 @@ def _cat_1d(x, y):
 CASES = {
     "rope": (_rope, lambda: [torch.randn(2, 16, 64, 32), torch.randn(64, 8), torch.randn(64, 8)], 3, None),
     "pad": (_pad_last, lambda: [torch.randn(8, 16, 24)], 3, None),
+    "pad-hoisted": (_pad_hoisted, lambda: [torch.randn(2, 6, 24), torch.randn(6)], 3, None),
     "cat-middle": (_cat_middle, lambda: [torch.randn(4, 5, 16), torch.randn(4, 7, 16)], 1, "i_1"),
     "cat-1d": (_cat_1d, lambda: [torch.randn(1000), torch.randn(3000)], 1, "i_0"),
 }
@@ -75,7 +82,11 @@ def test_innermost_branch_ranges_become_loops(case: str) -> None:
     assert all(re.search(rf"\b{inner}\b", t) is None for t in branches if tested != inner), cpu
     if tested is not None:
         assert any(re.search(rf"\b{tested}\b", t) for t in branches), cpu
-    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=0, rtol=0)
+    exact = 0 if case != "pad-hoisted" else 1e-6  # fuseg_exp is within 1 ulp of libm's
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=exact, rtol=exact)
+    if case == "pad-hoisted":
+        channel = cpu.index("for (FUSEG_I i_1")
+        assert "fuseg_exp(" in cpu[channel:cpu.index(f"for (FUSEG_I {inner}")], cpu
 
 
 @needs_compiler
