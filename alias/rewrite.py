@@ -23,7 +23,7 @@ from segmenter import Boundary, FusionGraph, Node, OpKind, Segment, SegmentedFus
 from segmenter.ir import view_roots
 from segmenter.segments import build_segment
 
-from .analysis import SegmentAliases, analyze_segment
+from .analysis import SegmentAliases, analyze_segment, is_true_view
 from .elide import elide_copies
 
 __all__ = ["SegmentReport", "rewrite"]
@@ -118,11 +118,20 @@ class _Rewriter:
         k_nodes -= in_nodes  # the kernel reads these views strided, as inputs
         out_nodes = _ancestors(vcomp, made_by) - k_nodes - in_nodes
         placed = k_nodes | in_nodes | out_nodes
+        late: set[str] = set()
         for n in seg.nodes:  # views nothing needs: with whichever side they hang from
-            if n.name not in placed:
+            if n.name in placed:
+                continue
+            sources = {made_by[v].name for v in n.inputs if v in made_by}
+            if sources & (out_nodes | late):
+                # a view of a view made after the kernel: after it too (a true view is metadata
+                # there; anything else runs on its own, never in the kernel, which runs first)
+                (out_nodes if n.outputs[0] in facts.root and is_true_view(self.graph, n)[0] else late).add(n.name)
+            else:
                 (in_nodes if facts.view_of_input(seg, n.outputs[0] or "") else k_nodes).add(n.name)
         parts: list[tuple[SegmentKind, list[Node]]] = []
-        for kind, names in ((SegmentKind.METADATA, in_nodes), (seg.kind, k_nodes), (SegmentKind.METADATA, out_nodes)):
+        for kind, names in ((SegmentKind.METADATA, in_nodes), (seg.kind, k_nodes), (SegmentKind.METADATA, out_nodes),
+                            (SegmentKind.OPAQUE, late)):
             if names:
                 parts.append((kind, [n for n in seg.nodes if n.name in names]))  # in graph order
         report = SegmentReport(

@@ -368,3 +368,34 @@ def test_checker_agrees_with_itself_on_copy_offsets() -> None:
     inorm = torch.nn.InstanceNorm1d(3)
     sf, plan = _plan(inorm, [torch.randn(2, 3, 5)], "post")
     assert check(sf, plan) == []
+
+
+def test_unread_views_of_views_made_after_the_kernel_come_after_it() -> None:
+    """Found by the fuzzer (tests/test_fuzz_regressions.py): post put an unread view of a view
+    of the kernel's value into the kernel, which runs before that view is made ("s0 reads %v
+    before it is made"): the plan was refused. An unread true view goes with the metadata after
+    the kernel; an unread op of view kind that is not a true view (``contiguous``) runs on its
+    own after them."""
+    from segmenter import FusionGraph, GraphInput, Node, TensorMeta, ValueRef
+
+    row = TensorMeta((3, 4), (4, 1), 0, torch.float32)
+    flat = TensorMeta((12,), (1,), 0, torch.float32)
+    col = TensorMeta((4, 3), (1, 4), 0, torch.float32)
+    graph = FusionGraph(
+        inputs=(GraphInput("x", row),),
+        nodes=(Node("y", "aten.add.Tensor", (ValueRef("x"), 1), (), ("y",), (row,)),
+               Node("v", "aten.view.default", (ValueRef("y"), (12,)), (), ("v",), (flat,)),
+               Node("d2", "aten.view.default", (ValueRef("v"), (3, 4)), (), ("d2",), (row,)),
+               Node("d4", "aten.t.default", (ValueRef("d2"),), (), ("d4",), (col,)),
+               Node("d5", "aten.contiguous.default", (ValueRef("d4"),), (), ("d5",),
+                    (TensorMeta((4, 3), (3, 1), 0, torch.float32),))),
+        outputs=("v",))
+    sf = segment(graph)
+    plan = apply_aliases(sf, "post")
+    assert check(sf, plan) == []
+    where = {n.name: seg.kind for seg in plan.segments for n in seg.nodes}
+    assert where["v"] == where["d2"] == where["d4"] == SegmentKind.METADATA
+    assert where["y"] == SegmentKind.POINTWISE and where["d5"] == SegmentKind.OPAQUE
+    x = torch.randn(3, 4)
+    (got,) = runtime.compile(plan)(x)
+    torch.testing.assert_close(got, (x + 1).view(12))

@@ -68,6 +68,11 @@ def _cases() -> dict[str, tuple[Program, list[torch.Tensor]]]:
             Program(1, [("expand", 0, (2, 0)), ("inplace", 1, "add_", 1), ("to", 0, torch.float32),
                         ("to", 0, torch.float32), ("where", 2, 0)], [1]),
             [torch.empty(0, dtype=torch.int32)]),
+        # the plan check found a segment reading a reshape of an empty input before it was made
+        "in-place-add-through-a-reshape-of-an-empty-input": (
+            Program(1, [("inplace", 0, "add_", 1), ("reshape", 0, (-1,)), ("inplace", 1, "add_", 1),
+                        ("to", 1, torch.float32)], [0]),
+            [torch.empty(0, dtype=torch.int32)]),
     }
 
 
