@@ -60,6 +60,8 @@ class FusegCompiler:
             gm.recompile()
         cache: dict[tuple, CompiledProgram] = {}
         last: list[CompiledProgram] = []  # the program the previous call ran: tried first
+        if not any(present):
+            return self._as_it_is(gm, tokens, outs)
 
         def run(boxed: list[Any]) -> tuple[Any, ...]:
             # Boxed convention: we own the argument list and clear it, so AOTAutograd's inputs
@@ -94,6 +96,24 @@ class FusegCompiler:
 
         run._boxed_call = True  # type: ignore[attr-defined]
         run.hot, run.tokens = hot, tokens  # type: ignore[attr-defined]
+        run.placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")  # type: ignore[attr-defined]
+        self.graphs.append((run, None))
+        return run
+
+    def _as_it_is(self, gm: fx.GraphModule, tokens: frozenset[int], outs: list[Any]) -> Callable[..., Any]:
+        """A graph that returns no value (``x.sin(); return x``: dynamo returns the input itself
+        and hands over the op nothing reads) is no program to segment (``from_fx`` refuses a
+        graph with no outputs); it runs as it is, each op on ATen, so whatever it does to its
+        inputs or the random state happens as in eager. Found by tests/test_fuzz_dynamo.py."""
+
+        def run(boxed: list[Any]) -> tuple[Any, ...]:
+            args = [a for i, a in enumerate(boxed) if i not in tokens] if tokens else list(boxed)
+            boxed.clear()
+            gm(*args)
+            return tuple(None for _ in outs)
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        run.hot, run.tokens = (lambda *args: None), tokens  # type: ignore[attr-defined]
         run.placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")  # type: ignore[attr-defined]
         self.graphs.append((run, None))
         return run
