@@ -68,9 +68,10 @@ def fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
     written and the dim is expanded over it (copy_ refuses to write overlapping elements)."""
     if not any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
         return m.with_bits(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device)).copy_(t)
-    one = tuple(1 if st == 0 else n for n, st in zip(m.shape, m.stride))
+    # only repeating dims shrink to one: a size-0 dim with stride 0 stays empty (fuzzer finding)
+    one = tuple(1 if st == 0 and n > 1 else n for n, st in zip(m.shape, m.stride))
     base = m.with_bits(torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device))
-    base.copy_(t[tuple(slice(0, 1) if st == 0 else slice(None) for st in m.stride)])
+    base.copy_(t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(m.shape, m.stride))])
     return base.expand(m.shape)
 
 

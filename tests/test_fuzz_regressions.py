@@ -73,6 +73,12 @@ def _cases() -> dict[str, tuple[Program, list[torch.Tensor]]]:
             Program(1, [("inplace", 0, "add_", 1), ("reshape", 0, (-1,)), ("inplace", 1, "add_", 1),
                         ("to", 1, torch.float32)], [0]),
             [torch.empty(0, dtype=torch.int32)]),
+        # an empty slice of an expanded input: its size-0 dim has stride 0, and the copy into a
+        # fresh layout made that dim 1 long (a broadcast error instead of an empty output)
+        "empty-slice-of-an-expanded-input": (
+            Program(3, [("expand", 0, (1, 2, 1)), ("unary", 0, "sin"), ("slice", 3, 0, 0, -1, 1)], [5],
+                    same_input_twice=True),
+            [torch.tensor([[4.6230]]), torch.tensor([[4.6230]]), torch.tensor(4.6230)]),
     }
 
 
