@@ -118,3 +118,58 @@ def test_a_graph_whose_values_nothing_returns_runs() -> None:
         check_compiled(Program(1, [("unary", 0, "sin")], [0]), [torch.tensor(4.6230)])
         check_compiled(Program(2, [("binary", 0, 1, "add"), ("unary", 2, "exp")], [1, 0]),
                        [torch.randn(3), torch.randn(3)])
+
+
+TRAIN_EXAMPLES = int(os.environ.get("FUSEG_FUZZ_TRAIN_EXAMPLES", "20"))
+
+
+def _train(fn, backend, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """Outputs and input gradients of one training call: float inputs require grad, and the loss
+    weighs each output that needs grad by its position."""
+    torch._dynamo.reset()
+    f = fn if backend is None else torch.compile(fn, backend=backend)
+    ins = clone_inputs(inputs)
+    for t in {id(t): t for t in ins if t.is_floating_point()}.values():
+        t.requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = _tensors(f(*ins))
+        losses = [(o.double() * (k + 1)).sum() for k, o in enumerate(outs) if o.requires_grad]
+        if losses:
+            torch.stack(losses).sum().backward()
+    return [o.detach() for o in outs], [t.grad for t in ins]
+
+
+def _train_difference(want, got) -> str | None:
+    (w_out, w_grad), (g_out, g_grad) = want, got
+    if len(w_out) != len(g_out):
+        return f"{len(g_out)} outputs, eager {len(w_out)}"
+    for j, (e, g) in enumerate([*zip(w_out, g_out), *zip(w_grad, g_grad)]):
+        if (e is None) != (g is None):
+            return f"value {j}: None on one side only"
+        if e is not None and not (torch.allclose(g, e, atol=1e-4, rtol=1e-4, equal_nan=True) if e.is_floating_point()
+                                  else torch.equal(g, e)):
+            return f"value {j} (outputs, then input grads): values"
+    return None
+
+
+@settings(max_examples=TRAIN_EXAMPLES, deadline=None, database=None, derandomize=not _RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(programs())
+def test_random_programs_train_through_torch_compile(drawn: tuple[Program, list[torch.Tensor]]) -> None:
+    """The same programs with float inputs that require grad, through AOTAutograd's training
+    path (forward and backward graphs, both ours): outputs and input gradients against eager.
+    Programs eager refuses to differentiate (an in-place op on a leaf that needs grad) are
+    discarded."""
+    prog, inputs = drawn
+    fn = prog.as_function()
+    try:
+        want = _train(fn, None, inputs)
+    except RuntimeError:
+        assume(False)
+    got = _train(fn, "fuseg", inputs)
+    diff = _train_difference(want, got)
+    if diff is not None and _train_difference(_train(fn, "aot_eager", inputs), got) is None:
+        TORCH_BUGS[diff] += 1
+        assume(False)
+    assert diff is None, diff
