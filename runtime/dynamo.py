@@ -94,11 +94,7 @@ class FusegCompiler:
             arguments, else None (nothing run)."""
             return last[0].entry(*args) if last and len(args) == last[0].arity else None
 
-        run._boxed_call = True  # type: ignore[attr-defined]
-        run.hot, run.tokens = hot, tokens  # type: ignore[attr-defined]
-        run.placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")  # type: ignore[attr-defined]
-        self.graphs.append((run, None))
-        return run
+        return self._register(run, hot, tokens, gm)
 
     def _as_it_is(self, gm: fx.GraphModule, tokens: frozenset[int], outs: list[Any]) -> Callable[..., Any]:
         """A graph that returns no value (``x.sin(); return x``: dynamo returns the input itself
@@ -112,8 +108,13 @@ class FusegCompiler:
             gm(*args)
             return tuple(None for _ in outs)
 
+        return self._register(run, lambda *args: None, tokens, gm)
+
+    def _register(self, run: Callable[..., Any], hot: Callable[..., Any], tokens: frozenset[int],
+                  gm: fx.GraphModule) -> Callable[..., Any]:
+        """``run`` (boxed) with what ``compile_with_aot`` reads of it, kept in ``graphs``."""
         run._boxed_call = True  # type: ignore[attr-defined]
-        run.hot, run.tokens = (lambda *args: None), tokens  # type: ignore[attr-defined]
+        run.hot, run.tokens = hot, tokens  # type: ignore[attr-defined]
         run.placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")  # type: ignore[attr-defined]
         self.graphs.append((run, None))
         return run
