@@ -20,7 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, disable_fake_tensor_cache
 
 from .ir import Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
-from .ops import OpKind, op_info, resolve_op
+from .ops import OpKind, op_info, resolve_op, why_not_runnable
 
 __all__ = ["fake_constants", "fake_inputs", "fake_mode", "fakeable", "meta_mismatches", "propagate_metas",
            "quiet_fake_errors", "shallow", "uncached"]
@@ -150,7 +150,7 @@ def run_node(
     """Run one node's ATen op on the tensors in ``env``; returns its outputs as a list."""
     op = resolve_op(node.op)
     if op is None:
-        raise GraphError(f"node {node.name!r}: op {node.op} is not known to torch; it cannot be run")
+        raise GraphError(f"node {node.name!r}: {why_not_runnable(node.op)}; it cannot be run")
     args = [materialize(a, env) for a in node.args]
     kwargs = {k: materialize(v, env) for k, v in node.kwargs}
     result = op(*args, **kwargs)

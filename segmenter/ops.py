@@ -39,6 +39,7 @@ __all__ = [
     "op_name_problem",
     "op_refusal",
     "resolve_op",
+    "why_not_runnable",
 ]
 
 
@@ -253,6 +254,12 @@ def op_refusal(name: str) -> str | None:
             if "str" in str(a.type) and a.name not in _MODE_STRINGS:
                 return f"{name}: its string argument {a.name!r} reaches outside the graph's tensors"
     return None
+
+
+def why_not_runnable(name: str) -> str:
+    """Why ``resolve_op(name)`` is None, for an error message: the name's problem, the op's
+    refusal, or that torch has no such op."""
+    return op_name_problem(name) or op_refusal(name) or f"op {name} is not known to torch"
 
 
 def _find_overload(ns: str, op: str, overload: str) -> torch._ops.OpOverload | None:

@@ -71,3 +71,24 @@ def test_custom_op_under_torch_compile(mode: str) -> None:
         torch.testing.assert_close(g, e)
     torch.testing.assert_close(buf, ebuf)
     torch._dynamo.reset()
+
+
+@torch.library.custom_op("fuseg_test::tagged", mutates_args=())
+def tagged(x: torch.Tensor, tag: str) -> torch.Tensor:
+    return x * 2
+
+
+@tagged.register_fake
+def _(x, tag) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_a_custom_op_with_a_free_string_argument_is_refused_by_name() -> None:
+    """A string argument other than a known mode may name a file or a process (``aten.from_file``),
+    so such ops are refused, from files and under torch.compile alike (torch 2.13's chunked
+    ``F.linear_cross_entropy`` is one: its ``acc_policy``). The error said the op was "not known
+    to torch" (found by an op_db sweep through torch.compile); it names the argument now."""
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="string argument 'tag' reaches outside"):
+        torch.compile(lambda x: torch.ops.fuseg_test.tagged(x, "a") + 1, backend="fuseg")(torch.randn(4))
+    torch._dynamo.reset()

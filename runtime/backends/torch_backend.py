@@ -20,7 +20,7 @@ import torch
 
 from segmenter import GraphError, Node, OpKind, Segment, SegmentKind, TensorMeta, op_info
 from segmenter.ir import OpRef, ValueRef
-from segmenter.ops import resolve_op
+from segmenter.ops import resolve_op, why_not_runnable
 
 from .. import layout, pages
 from ..codegen.index import dense_strides
@@ -39,7 +39,7 @@ def _storage(t: torch.Tensor) -> int:
 def _op_entry(node: Node) -> torch._ops.OpOverload:
     op = resolve_op(node.op)
     if not isinstance(op, torch._ops.OpOverload | torch._ops.HigherOrderOperator):
-        raise GraphError(f"node {node.name!r}: op {node.op} is not known to torch; it cannot be run")
+        raise GraphError(f"node {node.name!r}: {why_not_runnable(node.op)}; it cannot be run")
     return op
 
 
