@@ -373,3 +373,20 @@ def test_multiply_add_rounds_twice_as_eager_does() -> None:
     assert prog.backend_of == {0: "cpp"}, prog.passed_over
     (got,) = prog(x, y, z)
     assert torch.equal(got, x * y + z)
+
+
+def test_a_branch_per_dim_with_two_input_dtypes_is_not_miscompiled() -> None:
+    """Found by tests/test_fuzz_dynamo.py: ``cat([y_int32 + 1, x.to(float64)])`` along dim 0 gave
+    zeros for x's rows. The kernel source was right; g++ 12.2 at -O3 with -fno-trapping-math
+    if-converted the two branches (an int load, a float load) and vectorized them wrongly (so did
+    -mno-avx512f; -O0, -fno-tree-loop-vectorize or -fno-tree-loop-if-convert gave the right
+    values). CPU_FLAGS turn loop if-conversion off."""
+    def f(x, y):
+        return torch.cat([y + 1, x.to(torch.float64)], 0)
+
+    x = torch.tensor([[4.6230, -0.8803], [-6.5364, 1.7053]])
+    y = torch.tensor([[5, -1], [-7, 2]], dtype=torch.int32)
+    prog = _program(f, [x, y])
+    assert "cpp" in prog.backend_of.values(), prog.passed_over
+    (got,) = prog(x, y)
+    assert torch.equal(got, f(x, y))
