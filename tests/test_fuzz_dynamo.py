@@ -51,6 +51,13 @@ def _run(fn, backend, inputs: list[torch.Tensor], calls: int) -> list[tuple[list
     return runs
 
 
+def _close(g: torch.Tensor, e: torch.Tensor) -> bool:
+    """Values as the fuzzers compare them: 1e-4 for floats (NaN equal to NaN), exact otherwise."""
+    if e.is_floating_point():
+        return torch.allclose(g.cpu(), e.cpu(), atol=1e-4, rtol=1e-4, equal_nan=True)
+    return torch.equal(g, e)
+
+
 def _difference(want, got) -> str | None:
     """What differs between two runs (values, layouts, aliasing, inputs afterwards), or None."""
     for call, ((w_out, w_in), (g_out, g_in)) in enumerate(zip(want, got)):
@@ -59,14 +66,12 @@ def _difference(want, got) -> str | None:
         for j, (e, g) in enumerate(zip(w_out, g_out)):
             if layout(e) != layout(g):
                 return f"call {call} output {j}: eager {layout(e)} ours {layout(g)}"
-            if not torch.allclose(g.cpu(), e.cpu(), atol=1e-4, rtol=1e-4, equal_nan=True) if g.is_floating_point() \
-                    else not torch.equal(g, e):
+            if not _close(g, e):
                 return f"call {call} output {j}: values"
         if alias_pattern(w_in, w_out) != alias_pattern(g_in, g_out):
             return f"call {call}: aliasing"
         for i, (e, g) in enumerate(zip(w_in, g_in)):
-            if not torch.allclose(g, e, atol=1e-4, rtol=1e-4, equal_nan=True) if g.is_floating_point() \
-                    else not torch.equal(g, e):
+            if not _close(g, e):
                 return f"call {call} input {i} afterwards"
     return None
 
@@ -147,8 +152,7 @@ def _train_difference(want, got) -> str | None:
     for j, (e, g) in enumerate([*zip(w_out, g_out), *zip(w_grad, g_grad)]):
         if (e is None) != (g is None):
             return f"value {j}: None on one side only"
-        if e is not None and not (torch.allclose(g, e, atol=1e-4, rtol=1e-4, equal_nan=True) if e.is_floating_point()
-                                  else torch.equal(g, e)):
+        if e is not None and not _close(g, e):
             return f"value {j} (outputs, then input grads): values"
     return None
 

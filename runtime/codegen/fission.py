@@ -76,7 +76,10 @@ def split_points(tests: list[str], counter: str, extent: int) -> list[int] | Non
     0 and ``extent``; None where no test is (or the loop is longer than ``MAX_EVALUATED``)."""
     if extent <= 0 or extent > MAX_EVALUATED:
         return None
-    columns = _columns(tests, counter, extent)
+    return _points(_columns(tests, counter, extent), extent)
+
+
+def _points(columns: dict[str, list[bool]], extent: int) -> list[int] | None:
     if not columns:
         return None
     cuts = {k for v in columns.values() for k in range(1, extent) if v[k] != v[k - 1]}
@@ -86,11 +89,12 @@ def split_points(tests: list[str], counter: str, extent: int) -> list[int] | Non
 def fission(header: str, body: list[str], counter: str, extent: int, indent: str) -> list[str] | None:
     """Note [one loop per branch range]: ``header`` (``for (FUSEG_I counter = 0; ...)``) and its
     ``body`` as one loop per range, or None (nothing to split, or more than ``MAX_RANGES``)."""
-    tests = [m.group(3) for m in map(_TEST.match, body) if m]
-    points = split_points(tests, counter, extent)
+    if extent <= 0 or extent > MAX_EVALUATED:
+        return None
+    values = _columns([m.group(3) for m in map(_TEST.match, body) if m], counter, extent)
+    points = _points(values, extent)  # each test evaluated once, for the cuts and the constants
     if points is None or len(points) - 1 > MAX_RANGES:
         return None
-    values = _columns(tests, counter, extent)
     out: list[str] = []
     for lo, hi in zip(points, points[1:]):
         out.append(f"{header.split('for (')[0]}for (FUSEG_I {counter} = {lo}; {counter} < {hi}; ++{counter})")
