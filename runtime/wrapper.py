@@ -40,13 +40,19 @@ therefore not make this module run code of its choosing (see README, "Security: 
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["Code"]
 
-_ids = itertools.count()
+
+
+def _code_name(name: str, src: str) -> str:
+    """The file name a traceback shows for generated ``src``: named by its content, so the same
+    program gets the same name in every process and on every replay (a counter made Hypothesis
+    see a replayed failure as a new one and report it as flaky instead of shrinking it)."""
+    return f"<fuseg {name} {hashlib.sha1(src.encode()).hexdigest()[:12]}>"
 
 #: lines per part of a long function (Note [program parts])
 PART_LINES = 2000
@@ -151,7 +157,7 @@ class Code:
         """``def name(params): body; return returns`` compiled with this code's globals, and its source."""
         src = self.source(name, params, body, returns)
         scope: dict[str, Any] = dict(self.globals)
-        exec(compile(src, f"<fuseg {name} #{next(_ids)}>", "exec"), scope)  # noqa: S102 - our own source, see the note
+        exec(compile(src, _code_name(name, src), "exec"), scope)  # noqa: S102 - our own source, see the note
         return scope[name], src
 
     def program(self, name: str, params: list[str], returns: str) -> tuple[Callable[..., Any], str]:
@@ -172,11 +178,11 @@ class Code:
             head = ([f"    {''.join(v + ', ' for v in live_in)}= _s"] if live_in else []) + ["    _s.clear()"]
             ret = returns if live_out is None else f"[{''.join(v + ', ' for v in live_out)}]"
             src = self.source(part, ["_s"], head + self.lines[start:end], ret)
-            exec(compile(src, f"<fuseg {name} part {k} #{next(_ids)}>", "exec"), scope)  # noqa: S102 - see the notes
+            exec(compile(src, _code_name(f"{name} part {k}", src), "exec"), scope)  # noqa: S102 - see the notes
             main.append(f"    return {part}(_s)" if live_out is None else f"    _s = {part}(_s)")
             sources.append(src)
         head_src = self.source(name, params, main, None)
-        exec(compile(head_src, f"<fuseg {name} #{next(_ids)}>", "exec"), scope)  # noqa: S102 - see the notes
+        exec(compile(head_src, _code_name(name, head_src), "exec"), scope)  # noqa: S102 - see the notes
         return scope[name], head_src + "".join("\n" + s for s in sources)
 
     def _cuts(self, every: int) -> list[tuple[int, list[str]]]:
