@@ -127,8 +127,10 @@ class _Rewriter:
                 # a view of a view made after the kernel: after it too (a true view is metadata
                 # there; anything else runs on its own, never in the kernel, which runs first)
                 (out_nodes if n.outputs[0] in facts.root and is_true_view(self.graph, n)[0] else late).add(n.name)
+            elif sources <= in_nodes and facts.view_of_input(seg, n.outputs[0] or ""):
+                in_nodes.add(n.name)  # before the kernel, as the views it hangs from
             else:
-                (in_nodes if facts.view_of_input(seg, n.outputs[0] or "") else k_nodes).add(n.name)
+                k_nodes.add(n.name)  # with the kernel, which makes (or reads) what it hangs from
         parts: list[tuple[SegmentKind, list[Node]]] = []
         for kind, names in ((SegmentKind.METADATA, in_nodes), (seg.kind, k_nodes), (SegmentKind.METADATA, out_nodes),
                             (SegmentKind.OPAQUE, late)):

@@ -79,6 +79,12 @@ def _cases() -> dict[str, tuple[Program, list[torch.Tensor]]]:
             Program(3, [("expand", 0, (1, 2, 1)), ("unary", 0, "sin"), ("slice", 3, 0, 0, -1, 1)], [5],
                     same_input_twice=True),
             [torch.tensor([[4.6230]]), torch.tensor([[4.6230]]), torch.tensor(4.6230)]),
+        # the plan check: "s0 reads %alias before it is made" (a dead reshape of a dtype view of
+        # an empty input, beside a kernel reading that view)
+        "dead-reshape-of-a-dtype-view-of-an-empty-input": (
+            Program(1, [("view_dtype", 0, torch.int32), ("unary", 1, "sin"), ("reshape", 1, (-1,)),
+                        ("to", 3, torch.float32)], [2]),
+            [torch.empty(0)]),
     }
 
 
