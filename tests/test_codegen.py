@@ -380,7 +380,8 @@ def test_a_branch_per_dim_with_two_input_dtypes_is_not_miscompiled() -> None:
     zeros for x's rows. The kernel source was right; g++ 12.2 at -O3 with -fno-trapping-math
     if-converted the two branches (an int load, a float load) and vectorized them wrongly (so did
     -mno-avx512f; -O0, -fno-tree-loop-vectorize or -fno-tree-loop-if-convert gave the right
-    values). CPU_FLAGS turn loop if-conversion off."""
+    values). A kernel with an ``if`` is built without loop if-conversion (Note [no if-conversion
+    of branches])."""
     def f(x, y):
         return torch.cat([y + 1, x.to(torch.float64)], 0)
 
@@ -390,3 +391,57 @@ def test_a_branch_per_dim_with_two_input_dtypes_is_not_miscompiled() -> None:
     assert "cpp" in prog.backend_of.values(), prog.passed_over
     (got,) = prog(x, y)
     assert torch.equal(got, f(x, y))
+
+
+def _kernel_functions(prog) -> list[str]:
+    return [la.kernel.function("cpu") for la in prog._chosen.values() if getattr(la, "kernel", None) is not None]
+
+
+def test_only_kernels_with_if_statements_lose_if_conversion() -> None:
+    """Note [no if-conversion of branches]: a cat along an outer dim (an ``if`` per row range,
+    a load in each arm) is built without loop if-conversion; a clamp (ternaries between computed
+    values) keeps it; so does a cat along the last dim once loop fission made its tests constant."""
+    x, y = torch.randn(64, 256), torch.randn(64, 256)
+    outer = _program(lambda a, b: torch.cat([a + 1, b * 2], 0), [x, y])
+    clamp = _program(lambda a: a.clamp(-0.5, 0.5) * 2, [x])
+    last = _program(lambda a, b: torch.cat([a + 1, b * 2], 1), [x, y])
+    (fo,), (fc,), (fl,) = (_kernel_functions(p) for p in (outer, clamp, last))
+    assert "if (" in fo and "FUSEG_NO_IF_CONVERT" in fo
+    assert "FUSEG_NO_IF_CONVERT" not in fc
+    assert "if (1)" in fl and "FUSEG_NO_IF_CONVERT" not in fl
+    for prog, fn, ins in ((outer, lambda a, b: torch.cat([a + 1, b * 2], 0), [x, y]),
+                          (clamp, lambda a: a.clamp(-0.5, 0.5) * 2, [x]),
+                          (last, lambda a, b: torch.cat([a + 1, b * 2], 1), [x, y])):
+        (got,) = prog(*ins)
+        assert torch.equal(got, fn(*ins))
+
+
+def test_the_attribute_keeps_the_command_line_rules() -> None:
+    """The function attribute that turns if-conversion off must not bring FP contraction back
+    (GCC's optimize attribute applies on top of the command line): x*y + z in a kernel with an
+    ``if`` still rounds the product first, as eager does, on every element."""
+    x, y, z = (torch.randn(64, 1024) for _ in range(3))
+    w = torch.randn(8, 1024)
+
+    def f(a, b, c, d):
+        return torch.cat([a * b + c, d], 0)
+
+    prog = _program(f, [x, y, z, w])
+    (fn,) = _kernel_functions(prog)
+    assert "FUSEG_NO_IF_CONVERT" in fn
+    (got,) = prog(x, y, z, w)
+    assert torch.equal(got, f(x, y, z, w))
+
+
+def test_cpu_lines_skip_cuda_sections_only() -> None:
+    from runtime.codegen.kernel import branches_with_loads, cpu_lines
+
+    body = "\n".join(["#ifdef __CUDACC__", "  if (a) x;", "#else", "  cpu1;", "#endif",
+                      "#ifndef __CUDACC__", "  cpu2;", "#else", "  if (b) y;", "#endif",
+                      "#if FOO", "  both;", "#ifdef __CUDACC__", "  cuda;", "#endif", "#endif", "  if (1) z;"])
+    assert cpu_lines(body) == ["  cpu1;", "  cpu2;", "  both;", "  if (1) z;"]
+    assert not branches_with_loads(body)
+    assert branches_with_loads(body + "\n  if (i_0 < 2) {")
+    # directives the lowering never writes unbalanced: every line counts, so the branch does too
+    assert branches_with_loads("#ifdef __CUDACC__\n  if (a) x;")
+    assert branches_with_loads("#endif\n  if (a) x;")

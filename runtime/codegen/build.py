@@ -106,13 +106,10 @@ def _remove_stale_builds(path: str) -> None:
 #: without trapping math, branches that pick a value (clamps, NaN rules) become vector selects;
 #: without errno from math functions (nothing reads it), sqrt is one instruction that vectorizes
 #: and may move out of a loop (values are unchanged: only errno is no longer set)
-#: no loop if-conversion: g++ 12.2 miscompiled an if-converted branch per row (cat of an int32 and
-#: a float input into float64 gave zeros for the float rows; the source was right, and -O0,
-#: -fno-tree-loop-vectorize or -fno-tree-loop-if-convert gave the right values; regression test
-#: in tests/test_codegen.py). Branchy loops then vectorize less: a wrong value is worse than a slow one
+#: (kernels with ``if`` statements are built without loop if-conversion, a function attribute:
+#: Note [no if-conversion of branches] in kernel.py)
 CPU_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
-             "-fno-math-errno", "-fno-trapping-math",  # no code reads FP exception flags; selects may then vectorize
-             "-fno-tree-loop-if-convert")
+             "-fno-math-errno", "-fno-trapping-math")  # no code reads FP exception flags; selects may then vectorize
 
 
 @functools.cache

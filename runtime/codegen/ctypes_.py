@@ -185,6 +185,11 @@ using namespace fuseg_math;
 #define FUSEG_FN static inline
 #define FUSEG_UNROLL
 #define FUSEG_ON_CPU(cpu, cuda) (cpu)
+#if defined(__GNUC__) && !defined(__clang__)
+#define FUSEG_NO_IF_CONVERT __attribute__((optimize("no-tree-loop-if-convert")))
+#else
+#define FUSEG_NO_IF_CONVERT
+#endif
 #define FUSEG_INF (__builtin_inff())
 #define FUSEG_NAN (__builtin_nanf(""))
 #define FUSEG_BLOCK ((FUSEG_I)0)

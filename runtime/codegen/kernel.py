@@ -59,7 +59,53 @@ class Kernel:
         if target == "cuda" and self.returns != "void":
             raise Declined(f"kernel {self.name} returns a value: the CPU target only")
         qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
+        if target == "cpu" and branches_with_loads(self.body):
+            qual += " FUSEG_NO_IF_CONVERT"
         return f"{qual} {self.returns} {self.name}({args}) {{\n{self.body}}}\n"
+
+
+# Note [no if-conversion of branches]: g++ 12.2 at -O3 miscompiled a kernel whose loop held an
+# if/else on an outer counter with a load of another dtype in each arm (cat of int32 + 1 and a
+# float input into float64 along dim 0: zeros for the float rows; the source was right, and -O0,
+# -fno-tree-loop-vectorize or -fno-tree-loop-if-convert gave the right values; regression test in
+# tests/test_codegen.py). If-conversion of such a loop must turn each arm's loads into masked
+# loads. Our kernels hold conditional loads only inside ``if`` statements (cat, pad, scatter,
+# conv's padding, embedding's range check): every other condition is a ternary between values
+# already computed, whose loads are unconditional. So a kernel with an ``if`` is built without
+# loop if-conversion (a function attribute; the rest of the command line still holds, as
+# tests/test_codegen.py checks), and every other kernel keeps it: a clamp's ternaries then become
+# vector selects (turning it off for all kernels cost mobilenet-v2 1.17x). ``if (0)``/``if (1)``,
+# the constant tests loop fission leaves (Note [one loop per branch range]), g++ removes first.
+_BRANCH = re.compile(r"\bif \((?![01]\))")
+
+
+def cpu_lines(body: str) -> list[str]:
+    """The lines of a kernel body that a CPU build compiles: all but ``__CUDACC__``'s own
+    sections (``#ifdef __CUDACC__``, the ``#else`` of ``#ifndef __CUDACC__``). Unbalanced
+    directives (not something the lowering writes) give every line."""
+    flip = {"cuda": "cpu", "cpu": "cuda", "both": "both"}
+    sections: list[str] = []  # per open #if: whose section this is
+    lines = []
+    for line in body.splitlines():
+        d = line.strip()
+        if d.startswith("#if"):
+            sections.append({"#ifdef __CUDACC__": "cuda", "#ifndef __CUDACC__": "cpu"}.get(d, "both"))
+        elif d in ("#else", "#endif"):
+            if not sections:
+                return body.splitlines()
+            if d == "#else":
+                sections[-1] = flip[sections[-1]]
+            else:
+                sections.pop()
+        elif "cuda" not in sections:
+            lines.append(line)
+    return lines if not sections else body.splitlines()
+
+
+def branches_with_loads(body: str) -> bool:
+    """Whether a CPU build of a kernel body has an ``if`` statement (Note [no if-conversion of
+    branches])."""
+    return any(_BRANCH.search(line) for line in cpu_lines(body))
 
 
 def translation_unit(kernels: list[Kernel], target: str) -> str:
