@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from segmenter import GraphError, TensorMeta
+from segmenter.reference import fresh_in_layout
 
 # the stride rules live in codegen/index.py (the generator needs them without torch); re-exported here
 from .codegen.index import contiguous_strides, dense_strides
@@ -60,19 +61,6 @@ def empty_fn(fast: bool, device: torch.device):
 def same_strides(t: torch.Tensor, m: TensorMeta) -> bool:
     """Same shape, and the same strides wherever a dim has more than one element."""
     return tuple(t.shape) == m.shape and all(a == b for n, a, b in zip(m.shape, t.stride(), m.stride) if n > 1)
-
-
-def fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
-    """A fresh tensor with ``t``'s values in layout ``m``. Where ``m`` repeats elements (a stride-0
-    dim, as an expanded output has), the values along that dim are equal: one copy of them is
-    written and the dim is expanded over it (copy_ refuses to write overlapping elements)."""
-    if not any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
-        return m.with_bits(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device)).copy_(t)
-    # only repeating dims shrink to one: a size-0 dim with stride 0 stays empty (fuzzer finding)
-    one = tuple(1 if st == 0 and n > 1 else n for n, st in zip(m.shape, m.stride))
-    base = m.with_bits(torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device))
-    base.copy_(t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(m.shape, m.stride))])
-    return base.expand(m.shape)
 
 
 def dense_copy(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from .ir import FusionGraph, GraphError, TensorMeta
 from .meta import run_node
 
-__all__ = ["check_inputs", "clone_inputs", "evaluate", "finish", "run_graph", "storage_key"]
+__all__ = ["check_inputs", "clone_inputs", "evaluate", "finish", "fresh_in_layout", "run_graph", "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -80,11 +80,25 @@ def clone_inputs(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
+    """A fresh tensor with ``t``'s values in layout ``m``, with ``m``'s conj/neg bits (copy_ into a
+    view with the bits stores the values so that the view reads as ``t`` does). Where ``m``
+    repeats elements (a stride-0 dim, as an expanded output has), the values along that dim are
+    equal: one copy of them is written and the dim is expanded over it (copy_ refuses to write
+    overlapping elements)."""
+    if not any(st == 0 and n > 1 for n, st in zip(m.shape, m.stride)):
+        return m.with_bits(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=t.device)).copy_(t)
+    # only repeating dims shrink to one: a size-0 dim with stride 0 stays empty (fuzzer finding)
+    one = tuple(1 if st == 0 and n > 1 else n for n, st in zip(m.shape, m.stride))
+    base = m.with_bits(torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device))
+    base.copy_(t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(m.shape, m.stride))])
+    return base.expand(m.shape)
+
+
 def _fresh(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` in its own storage, same layout and same conj/neg bits (copy_ into a view
-    with the bits stores the values so that the view reads as ``t`` does)."""
-    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return TensorMeta.from_tensor(t).with_bits(out).copy_(t)
+    """A copy of ``t`` in its own storage, same layout and same conj/neg bits (an expanded ``t``
+    too: a torch.compile fuzzer finding)."""
+    return fresh_in_layout(t, TensorMeta.from_tensor(t))
 
 
 def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -115,6 +115,27 @@ def test_torch_drops_an_in_place_add_on_a_0_dim_float64_input() -> None:
     assert x.item() == 5.0 and out.item() == 5.0
 
 
+def test_an_expanded_view_of_a_mutated_input_is_returned() -> None:
+    """Found by this fuzzer: ``x.add_(1); return x.expand(1, 2)`` (sins between, unused).
+    AOTAutograd's graph returns the expanded value as an output of its own; it shares the input's
+    storage, so it is handed back as a fresh copy in its own layout, and that copy was made with
+    ``copy_`` into a stride-0 buffer, which torch refuses ("more than one element of the
+    written-to tensor refers to a single memory location")."""
+    with torch.no_grad():
+        check_compiled(Program(1, [("inplace", 0, "add_", 1), ("unary", 0, "sin"), ("unary", 0, "sin"),
+                                   ("expand", 0, (1, 2)), ("unary", 0, "sin")], [3]),
+                       [torch.tensor([4.6230])])
+    # the same in a captured graph: an output that is a copy in the graph and repeats elements
+    from segmenter import capture
+    from segmenter.reference import finish
+
+    x = torch.tensor([4.6230])
+    g = capture(lambda t: t.expand(3, 2).clone(), [x])
+    (out,) = finish(g, [x], {g.outputs[0]: x.expand(3, 2)})
+    assert out.stride() == (0, 0) and torch.equal(out, x.expand(3, 2))
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
 def test_a_graph_whose_values_nothing_returns_runs() -> None:
     """Found by this fuzzer: ``x.sin(); return x`` — dynamo returns the input itself and hands
     AOTAutograd a graph whose one op nothing returns; ``from_fx`` refused the empty graph and the
