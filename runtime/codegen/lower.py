@@ -594,7 +594,8 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
             break
         cpu.append(header)
         mine = [line for line, lv in zip(b.lines, levels) if lv == d and d < len(nest) - 1]
-        if mine or d == len(nest) - 1:
+        # the loop right above a split encloses several loops: braces even with nothing of its own
+        if mine or d == len(nest) - 1 or (split is not None and d == len(nest) - 2):
             cpu.append(f"{indent}{{")
             opened += 1
             cpu.extend(mine)
