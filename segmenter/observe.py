@@ -27,6 +27,7 @@ from .ir import GraphInput, ValueRef
 from .meta import fake_mode, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .outputs import FlatOutputs, output_tensors
+from .recorded import overlaps_itself
 from .reference import clone_inputs
 
 __all__ = ["Observed", "check_write_back", "module_state", "observe", "user_outputs"]
@@ -127,7 +128,13 @@ def _run_watched(
 def check_write_back(inp: GraphInput, value: str, conv: Any, seen: Observed, user_index: int | None,
                       graph_name: str) -> None:
     """A write-back must fit the input; where it does not, export has read a change of the
-    input's layout as a write (``resize_as_``): refuse, naming the op."""
+    input's layout as a write (``resize_as_``): refuse, naming the op. An input whose elements
+    share memory (a stride-0 dim) cannot take a write-back at all: eager's write through a view
+    reaches every element that shares the memory, the functional value only the one written (the
+    loader refuses such a graph with the same words: segmenter/recorded.py)."""
+    if overlaps_itself(inp.meta):
+        raise CaptureError(f"{graph_name}: input {inp.name!r} ({inp.meta}) is written, and its elements that share "
+                           "memory cannot be written back as eager writes them: not supported (clone() the input)")
     meta = next((m for n in conv.nodes for o, m in zip(n.outputs, n.metas) if o == value), None)
     if meta is None or (meta.shape == inp.meta.shape and meta.dtype == inp.meta.dtype):
         return

@@ -289,3 +289,25 @@ def test_none_outputs_are_not_values(fn) -> None:
             capture(fn, (torch.randn(3),))
         return
     assert len(graph.outputs) == 1
+
+
+def test_a_write_into_an_input_whose_elements_share_memory_is_refused_at_capture() -> None:
+    """Found by the capture fuzzer: ``x[::2].add_(1)`` on an expanded x (stride 0). Eager writes
+    the one element, which every element of x is; the functional graph's write-back value
+    (slice_scatter) changes only the first, so no write-back can give eager's memory. Capture made
+    that graph anyway, the loader refused it and the program raised eager's error for a write into
+    overlapping memory, which eager does not raise here. Capture now refuses it, naming the input,
+    as the loader does."""
+    def f(x):
+        x[::2].add_(1)
+        return x
+
+    x = torch.tensor([4.6230]).expand(2)
+    with pytest.raises(CaptureError, match="elements that share memory"):
+        capture(f, [x])
+    # the same program on an input with its own memory per element is captured and runs
+    y = torch.tensor([4.6230, 4.6230])
+    graph = capture(f, [y.clone()])
+    ins = clone_inputs([y])
+    (out,) = run_graph(graph, ins)
+    assert torch.equal(out, f(y.clone())) and torch.equal(ins[0], torch.tensor([5.6230, 4.6230]))

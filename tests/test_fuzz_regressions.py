@@ -85,6 +85,12 @@ def _cases() -> dict[str, tuple[Program, list[torch.Tensor]]]:
             Program(1, [("view_dtype", 0, torch.int32), ("unary", 1, "sin"), ("reshape", 1, (-1,)),
                         ("to", 3, torch.float32)], [2]),
             [torch.empty(0)]),
+        # refused at capture (a write into an input whose elements share memory), not by the
+        # loader after capture made the graph and the program raised at run time
+        "write-through-a-slice-of-an-expanded-input": (
+            Program(1, [("slice", 0, 0, 0, None, 2), ("unary", 0, "sin"), ("unary", 0, "sin"),
+                        ("inplace", 1, "add_", 1)], [0]),
+            [torch.tensor([4.6230]).expand(2)]),
     }
 
 
