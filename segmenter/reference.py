@@ -101,6 +101,62 @@ def _fresh(t: torch.Tensor) -> torch.Tensor:
     return fresh_in_layout(t, TensorMeta.from_tensor(t))
 
 
+def _extent_bytes(m: TensorMeta) -> int:
+    """Bytes of storage a layout reaches (from the storage's start); 0 for an empty one."""
+    if m.numel == 0:
+        return 0
+    return (m.storage_offset + sum((n - 1) * abs(st) for n, st in zip(m.shape, m.stride)) + 1) * m.itemsize
+
+
+def _write_in_layout(storage: torch.UntypedStorage, m: TensorMeta, value: torch.Tensor) -> torch.Tensor:
+    """``value`` written into ``storage`` at layout ``m`` (its bits applied), and that view."""
+    view = torch.empty(0, dtype=m.dtype, device=value.device).set_(storage, m.storage_offset, m.shape, m.stride)
+    view = m.with_bits(view)
+    if m.numel:
+        # a layout that repeats elements takes one copy of them (copy_ refuses overlapping writes)
+        pick = tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(m.shape, m.stride))
+        view[pick].copy_(value[pick])
+    return view
+
+
+def _rebase_output_views(graph: FusionGraph, env: dict[str, torch.Tensor], fresh: list[torch.Tensor | None]) -> None:
+    """Note [views of an output]: an output recorded as a view of an earlier output (both views of
+    one buffer the program made, the earlier one not the whole of it: ``y[0::2], y[1:2]`` of an
+    intermediate ``y``) is made by ``finish`` as a view of that output's storage, in the recorded
+    layout. That is only right where the earlier output's storage is the one the later one's value
+    lies in, at the recorded offsets. A plan may hand the earlier one back as a buffer of its own
+    (a copy: "pre"/"off", or the post pass keeping it one), whose storage holds only its own
+    elements: the view then fell outside it (torch refuses) or, where the copy's strides leave
+    holes, read elements nobody wrote. Where the later outputs' own values do not lie in the
+    earlier one's storage at their recorded layouts, the group gets a fresh zeroed storage that
+    every member's values are written into at their recorded layouts, and the earlier output
+    becomes its view there: values and storage sharing as eager's."""
+    members: dict[int, list[int]] = {}
+    for k, a in enumerate(graph.output_aliases):
+        if a is not None and a.source == "output" and fresh[a.index] is not None:
+            members.setdefault(a.index, []).append(k)
+    metas = graph.metas
+    for j, ks in members.items():
+        base = fresh[j]
+        assert base is not None
+        mj = metas[graph.outputs[j]]
+        layouts = [graph.output_aliases[k].layout or metas[graph.outputs[k]] for k in ks]  # type: ignore[union-attr]
+
+        def holds(k: int, m: TensorMeta) -> bool:
+            v = env[graph.outputs[k]]
+            return (storage_key(v) == storage_key(base) and v.storage_offset() == m.storage_offset
+                    and v.stride() == m.stride and v.dtype == m.dtype)
+
+        if (base.storage_offset() == mj.storage_offset and base.stride() == mj.stride
+                and all(holds(k, m) for k, m in zip(ks, layouts))):
+            continue
+        nbytes = max(_extent_bytes(m) for m in [mj, *layouts])
+        storage = torch.zeros(nbytes, dtype=torch.uint8, device=base.device).untyped_storage()
+        for k, m in zip(ks, layouts):
+            _write_in_layout(storage, m, env[graph.outputs[k]])
+        fresh[j] = _write_in_layout(storage, mj, base)
+
+
 def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run the graph as the original program would: mutations land, views stay views."""
     check_inputs(graph, inputs)
@@ -144,6 +200,7 @@ def finish(
             t = _fresh(t)  # a plan may have made two outputs views of one buffer; the original did not
         taken.add(storage_key(t))
         fresh.append(t)
+    _rebase_output_views(graph, env, fresh)
     for i, val in finals.items():
         inputs[i].copy_(val)
     for i, inp in enumerate(graph.inputs):

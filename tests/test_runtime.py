@@ -13,6 +13,8 @@ from segmenter import GraphError, SegmentKind, capture, segment
 from segmenter.from_torch import bind_inputs
 from segmenter.reference import clone_inputs
 
+from .util import assert_matches_eager
+
 
 def _program(fn, inputs, mode="post"):
     return runtime.compile(apply_aliases(segment(capture(fn, inputs)), mode))
@@ -259,3 +261,35 @@ def test_ensure_passes_planned_layouts_through_and_conforms_the_rest() -> None:
         ensure(torch.randn(4, 8, dtype=torch.float64), spec)
     with pytest.raises(GraphError, match="value %y: the op returned int"):
         ensure(3, spec)
+
+
+def _svd_every_other_and_second(x):
+    y = torch.linalg.svdvals(x)  # made by an op that runs on ATen: the views are of its buffer
+    return y[0::2], y[1:2]
+
+
+def _svd_first_and_last(x):
+    y = torch.linalg.svdvals(x)
+    return y[0:1], y[4:5]
+
+
+def _svd_row_and_bits(x):
+    y = torch.linalg.svdvals(x)
+    return y[1:4], y[2:3].view(torch.int32), y[::4]
+
+
+@pytest.mark.parametrize("mode", ["off", "pre", "post"])
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+@pytest.mark.parametrize("fn", [_svd_every_other_and_second, _svd_first_and_last, _svd_row_and_bits],
+                         ids=lambda f: f.__name__)
+def test_outputs_recorded_as_views_of_an_output_hold_their_own_values(fn, backend: str, mode: str) -> None:
+    """Found through op_db's linalg.cond trained under torch.compile: outputs that are views of
+    one intermediate (not an output) are recorded as views of the first of them. The first was
+    handed back as a buffer of its own (a copy, or kept a copy by the post pass), and the others
+    were made as views of that buffer in the recorded layout: out of bounds (refused by torch) or,
+    where that buffer was big enough (``y[0::2]`` leaves holes), reading its uninitialized
+    elements: a silent wrong value. Now each keeps its values and the storage sharing eager has."""
+    x = torch.randn(5, 5)
+    graph = capture(fn, [x])
+    program = runtime.compile(apply_aliases(segment(graph), mode), backend=backend)
+    assert_matches_eager(fn, [x], graph, program=program)
