@@ -119,6 +119,12 @@ def _write_in_layout(storage: torch.UntypedStorage, m: TensorMeta, value: torch.
     return view
 
 
+def _lies_at(v: torch.Tensor, storage: int, m: TensorMeta) -> bool:
+    """Whether ``v`` is the view of ``storage`` at layout ``m``."""
+    return (storage_key(v) == storage and v.storage_offset() == m.storage_offset and v.stride() == m.stride
+            and v.dtype == m.dtype)
+
+
 def _rebase_output_views(graph: FusionGraph, env: dict[str, torch.Tensor], fresh: list[torch.Tensor | None]) -> None:
     """Note [views of an output]: an output recorded as a view of an earlier output (both views of
     one buffer the program made, the earlier one not the whole of it: ``y[0::2], y[1:2]`` of an
@@ -142,13 +148,8 @@ def _rebase_output_views(graph: FusionGraph, env: dict[str, torch.Tensor], fresh
         mj = metas[graph.outputs[j]]
         layouts = [graph.output_aliases[k].layout or metas[graph.outputs[k]] for k in ks]  # type: ignore[union-attr]
 
-        def holds(k: int, m: TensorMeta) -> bool:
-            v = env[graph.outputs[k]]
-            return (storage_key(v) == storage_key(base) and v.storage_offset() == m.storage_offset
-                    and v.stride() == m.stride and v.dtype == m.dtype)
-
         if (base.storage_offset() == mj.storage_offset and base.stride() == mj.stride
-                and all(holds(k, m) for k, m in zip(ks, layouts))):
+                and all(_lies_at(env[graph.outputs[k]], storage_key(base), m) for k, m in zip(ks, layouts))):
             continue
         nbytes = max(_extent_bytes(m) for m in [mj, *layouts])
         storage = torch.zeros(nbytes, dtype=torch.uint8, device=base.device).untyped_storage()
