@@ -80,6 +80,12 @@ def clone_inputs(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def _one_of_each(m: TensorMeta) -> tuple[slice, ...]:
+    """An index that picks one element along each dim ``m`` repeats (size > 1, stride 0) and
+    every element along the others: what copy_ may write of a layout that repeats elements."""
+    return tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(m.shape, m.stride))
+
+
 def fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
     """A fresh tensor with ``t``'s values in layout ``m``, with ``m``'s conj/neg bits (copy_ into a
     view with the bits stores the values so that the view reads as ``t`` does). Where ``m``
@@ -91,7 +97,7 @@ def fresh_in_layout(t: torch.Tensor, m: TensorMeta) -> torch.Tensor:
     # only repeating dims shrink to one: a size-0 dim with stride 0 stays empty (fuzzer finding)
     one = tuple(1 if st == 0 and n > 1 else n for n, st in zip(m.shape, m.stride))
     base = m.with_bits(torch.empty_strided(one, m.stride, dtype=m.dtype, device=t.device))
-    base.copy_(t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(m.shape, m.stride))])
+    base.copy_(t[_one_of_each(m)])
     return base.expand(m.shape)
 
 
@@ -113,8 +119,7 @@ def _write_in_layout(storage: torch.UntypedStorage, m: TensorMeta, value: torch.
     view = torch.empty(0, dtype=m.dtype, device=value.device).set_(storage, m.storage_offset, m.shape, m.stride)
     view = m.with_bits(view)
     if m.numel:
-        # a layout that repeats elements takes one copy of them (copy_ refuses overlapping writes)
-        pick = tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(m.shape, m.stride))
+        pick = _one_of_each(m)  # copy_ refuses overlapping writes
         view[pick].copy_(value[pick])
     return view
 
@@ -147,7 +152,6 @@ def _rebase_output_views(graph: FusionGraph, env: dict[str, torch.Tensor], fresh
         assert base is not None
         mj = metas[graph.outputs[j]]
         layouts = [graph.output_aliases[k].layout or metas[graph.outputs[k]] for k in ks]  # type: ignore[union-attr]
-
         if (base.storage_offset() == mj.storage_offset and base.stride() == mj.stride
                 and all(_lies_at(env[graph.outputs[k]], storage_key(base), m) for k, m in zip(ks, layouts))):
             continue
