@@ -76,23 +76,29 @@ def _difference(want, got) -> str | None:
     return None
 
 
+def _ours_or_torchs(run):
+    """``run("fuseg")``; where it raises and ``run("aot_eager")``, torch's own AOTAutograd path,
+    raises the same error word for word, the bug is torch's (the view replay of
+    test_torch_replays_a_view_of_an_input_passed_twice): the example is discarded."""
+    try:
+        return run("fuseg")
+    except Exception as ours:
+        try:
+            run("aot_eager")
+        except type(ours) as theirs:
+            if str(theirs) == str(ours):
+                TORCH_BUGS[f"raises {type(ours).__name__}: {str(ours)[:80]}"] += 1
+                assume(False)
+        raise
+
+
 def check_compiled(prog: Program, inputs: list[torch.Tensor], calls: int = 3) -> None:
     """Our compiled program against eager; where they differ and torch's own AOTAutograd path
     (``aot_eager``) gives our results, the difference is torch's (Note [torch's own bugs]): the
     example is discarded, not passed."""
     fn = prog.as_function()
     want = _run(fn, None, inputs, calls)
-    try:
-        got = _run(fn, "fuseg", inputs, calls)
-    except Exception as ours:
-        # torch's own path raising the same error makes it torch's (the view replay below)
-        try:
-            _run(fn, "aot_eager", inputs, calls)
-        except type(ours) as theirs:
-            if str(theirs) == str(ours):
-                TORCH_BUGS[f"raises {type(ours).__name__}: {str(ours)[:80]}"] += 1
-                assume(False)
-        raise
+    got = _ours_or_torchs(lambda backend: _run(fn, backend, inputs, calls))
     diff = _difference(want, got)
     if diff is not None and _difference(_run(fn, "aot_eager", inputs, calls), got) is None:
         TORCH_BUGS[diff] += 1
@@ -223,7 +229,7 @@ def test_random_programs_train_through_torch_compile(drawn: tuple[Program, list[
         want = _train(fn, None, inputs)
     except RuntimeError:
         assume(False)
-    got = _train(fn, "fuseg", inputs)
+    got = _ours_or_torchs(lambda backend: _train(fn, backend, inputs))
     diff = _train_difference(want, got)
     if diff is not None and _train_difference(_train(fn, "aot_eager", inputs), got) is None:
         TORCH_BUGS[diff] += 1
