@@ -47,12 +47,12 @@ from typing import Any
 __all__ = ["Code"]
 
 
-
 def _code_name(name: str, src: str) -> str:
     """The file name a traceback shows for generated ``src``: named by its content, so the same
     program gets the same name in every process and on every replay (a counter made Hypothesis
     see a replayed failure as a new one and report it as flaky instead of shrinking it)."""
     return f"<fuseg {name} {hashlib.sha1(src.encode()).hexdigest()[:12]}>"
+
 
 #: lines per part of a long function (Note [program parts])
 PART_LINES = 2000

@@ -62,8 +62,11 @@ def _as_function(test: str, counter: str) -> Callable[[int], bool] | None:
 
 
 def _columns(tests: list[str], counter: str, extent: int) -> dict[str, list[bool]]:
-    """Each test that is the counter's alone, and its value at each value of the counter."""
-    out = {}
+    """Each test that is the counter's alone, and its value at each value of the counter; none
+    for a loop that is empty or longer than ``MAX_EVALUATED``."""
+    out: dict[str, list[bool]] = {}
+    if extent <= 0 or extent > MAX_EVALUATED:
+        return out
     for t in dict.fromkeys(tests):
         f = _as_function(t, counter)
         if f is not None:
@@ -74,8 +77,6 @@ def _columns(tests: list[str], counter: str, extent: int) -> dict[str, list[bool
 def split_points(tests: list[str], counter: str, extent: int) -> list[int] | None:
     """Where the value of any test that is the counter's alone changes over ``[0, extent)``, with
     0 and ``extent``; None where no test is (or the loop is longer than ``MAX_EVALUATED``)."""
-    if extent <= 0 or extent > MAX_EVALUATED:
-        return None
     return _points(_columns(tests, counter, extent), extent)
 
 
@@ -89,8 +90,6 @@ def _points(columns: dict[str, list[bool]], extent: int) -> list[int] | None:
 def fission(header: str, body: list[str], counter: str, extent: int, indent: str) -> list[str] | None:
     """Note [one loop per branch range]: ``header`` (``for (FUSEG_I counter = 0; ...)``) and its
     ``body`` as one loop per range, or None (nothing to split, or more than ``MAX_RANGES``)."""
-    if extent <= 0 or extent > MAX_EVALUATED:
-        return None
     values = _columns([m.group(3) for m in map(_TEST.match, body) if m], counter, extent)
     points = _points(values, extent)  # each test evaluated once, for the cuts and the constants
     if points is None or len(points) - 1 > MAX_RANGES:
