@@ -25,6 +25,8 @@ def emit_metadata(code: Code, graph: FusionGraph, seg: Segment, dying: frozenset
         emit_nodes(code, seg.nodes, set(seg.outputs) | set(seg.inputs), {})
     rt = code.const(layout.reinterpret_fn(code.fast))
     for o, (src, want, delta) in views.items():
+        if o in code.pointers:  # never made: Note [views passed as pointers] in runtime/pointers.py
+            continue
         code.line(f"{code.var(o)} = {rt}({code.var(src)}, {code.const(want.shape)}, {code.const(want.stride)}, {delta})")
         have = graph.metas[src]
         if want.conj or want.neg or have.conj or have.neg:  # the view's own bits, not its source's

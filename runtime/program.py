@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from alias.check import PlanError, plan_problems
-from segmenter import Segment, SegmentedFusion, SegmentKind
+from segmenter import Segment, SegmentedFusion, SegmentKind, TensorMeta
 from segmenter.ir import view_roots
 from segmenter.reference import check_inputs, finish
 
@@ -34,6 +34,8 @@ from .gather import affine_gather
 from .guards import LearnedGuard
 from .inplace import plan_in_place_writes
 from .metadata import emit_metadata
+from .pointers import last_uses, pointer_views
+from .views import metadata_views, planned_views
 from .wrapper import Code
 
 __all__ = ["FOLD_BYTES", "CompiledProgram", "Launch", "compile_program"]
@@ -62,19 +64,6 @@ class Launch:
 
     def __repr__(self) -> str:
         return f"Launch(segment={self.segment}, kind={self.kind.value}, backend={self.backend!r})"
-
-
-def _last_uses(plan: SegmentedFusion, keep: set[str]) -> dict[int, frozenset[str]]:
-    """Segment index -> the values whose last use in the program is that segment (linear)."""
-    last_use: dict[str, int] = {}
-    for seg in plan.segments:
-        for v in seg.inputs:
-            last_use[v] = seg.index
-    dying: dict[int, set[str]] = {}
-    for v, k in last_use.items():
-        if v not in keep:
-            dying.setdefault(k, set()).add(v)
-    return {k: frozenset(vs) for k, vs in dying.items()}
 
 
 def _without_cyclic_gc(fn: Callable) -> Callable:
@@ -122,7 +111,7 @@ class CompiledProgram:
                 if v in made and plan.segments[made[v]].kind != SegmentKind.METADATA and v not in keep
             )
         device = torch.device(graph.inputs[0].meta.device) if graph.inputs else torch.device("cpu")
-        self.ctx = ctx = BuildContext(graph, self.in_place, materialize, device, _last_uses(plan, keep))
+        self.ctx = ctx = BuildContext(graph, self.in_place, materialize, device, last_uses(plan, keep))
         choices = backends_for(device.type, backend)
         kernel_choices = [(b, why) for b, why in choices if b.kernel_segments]
         chosen: dict[int, SegmentLaunch] = {}
@@ -148,6 +137,9 @@ class CompiledProgram:
         for i, launch in chosen.items():  # Note [gathers at constant affine indices] (runtime/gather.py)
             if i not in self.folded and isinstance(launch, TorchLaunch) and (gather := affine_gather(ctx, launch.segment, self._fixed)):
                 chosen[i] = gather
+        #: Note [views passed as pointers] (runtime/pointers.py): the fast program's, and what dies where there
+        self.pointers = pointer_views(plan, chosen, self.folded, keep, materialize)
+        self._fast_dying = last_uses(plan, keep, self.pointers) if self.pointers else ctx.dying
         self.launches = tuple(
             Launch(self, seg.index, seg.kind, chosen[seg.index].backend if seg.index in chosen else "metadata",
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
@@ -245,6 +237,8 @@ class CompiledProgram:
         seconds spent in each launch added up (``profile_launches``)."""
         graph = self.graph
         code = Code(fast, reuse=True)  # straight-line: Note [reused local names]
+        if fast:
+            code.pointers = self.pointers
         params = [code.var(v) for v in graph.input_names]
         for v, t in self._fixed.items():
             code.fixed(v, t)
@@ -259,7 +253,7 @@ class CompiledProgram:
             code.line(f"# segment {seg.index}: {seg.kind.value} on {self.launches[seg.index].backend}")
             if timed is not None:
                 code.line(f"_t0 = {clock}()")
-            self._emit_launch(code, seg, guard=False)
+            self._emit_launch(code, seg, guard=False, dying=self._fast_dying.get(seg.index, frozenset()) if fast else None)
             if timed is not None:
                 code.line(f"{acc}[{seg.index}] += {clock}() - _t0")
         needed = list(dict.fromkeys([*graph.outputs, *(m.value for m in graph.mutations), *self.constants]))
@@ -311,7 +305,7 @@ class CompiledProgram:
         """Per input: the storage offset, the storage's size where a kernel reads it (Note [kernel
         reads stay in storage]), and that no two inputs share a storage (what no guard checks)."""
         g = self.graph
-        needs = self._storage_needs()
+        needs = self._storage_needs
         distinct = len({i.storage for i in g.inputs}) == len(g.inputs) > 1
         tests = [f"{v}.storage_offset() == {inp.meta.storage_offset}" for v, inp in zip(params, g.inputs)]
         storages = [f"{v}.untyped_storage()" for v in params]
@@ -373,31 +367,44 @@ class CompiledProgram:
         entry, _ = code.function("fuseg_entry", params, body, None)
         return check, entry
 
+    @functools.cached_property
     def _storage_needs(self) -> dict[int, int]:
         """Graph input index -> bytes its storage must hold, for the inputs generated kernels read
-        or write (Note [kernel reads stay in storage] in runtime/backends/kernels.py) and those a
-        gather reads through a view it makes without the dispatcher (runtime/gather.py)."""
+        or write (Note [kernel reads stay in storage] in runtime/backends/kernels.py), and those
+        read through a view made without the dispatcher: a gather's (runtime/gather.py), a
+        METADATA segment's or one made from the plan inside a segment on ATen (Note [views from
+        the plan] in runtime/views.py), which ATen's view ops would have checked."""
         index = {v: i for i, v in enumerate(self.graph.input_names)}
         needs: dict[int, int] = {}
 
-        def reads(v: str | None, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> None:
+        def reads(v: str | None, m: TensorMeta, shape: tuple[int, ...], stride: tuple[int, ...],
+                  dtype: torch.dtype) -> None:
+            """``v`` read from ``m``'s storage offset, at this layout."""
             if v in index:
-                m = self.graph.inputs[index[v]].meta
                 need = m.storage_offset * m.itemsize + span_bytes(shape, stride, dtype)
                 needs[index[v]] = max(needs.get(index[v], 0), need)
 
+        inputs = {v: i.meta for v, i in zip(self.graph.input_names, self.graph.inputs)}
         for launch in self._chosen.values():
             for p in getattr(getattr(launch, "kernel", None), "params", ()):
                 for v in (p.value, p.target):
-                    reads(v, p.shape, p.stride, p.dtype)
+                    if v in inputs:
+                        reads(v, inputs[v], p.shape, p.stride, p.dtype)
             src = getattr(launch, "raw_source", None)  # Note [gathers at constant affine indices]
-            if src in index:
-                m = self.graph.inputs[index[src]].meta
-                reads(src, m.shape, m.stride, m.dtype)
+            if src in inputs:
+                m = inputs[src]
+                reads(src, m, m.shape, m.stride, m.dtype)
+        for seg in self.plan.segments:
+            if seg.index in self.folded:
+                continue
+            views = (metadata_views(self.graph, seg)[0] if seg.kind == SegmentKind.METADATA
+                     else planned_views(self.graph, seg, self.ctx.targets(seg)))
+            for src, want, _ in views.values():
+                reads(src, want, want.shape, want.stride, want.dtype)
         return needs
 
     def _check_storages(self, inputs: Sequence[torch.Tensor]) -> None:
-        for i, need in self._storage_needs().items():
+        for i, need in self._storage_needs.items():
             t = inputs[i]
             check_storage(t, need - t.storage_offset() * t.itemsize, self.graph.inputs[i].name)
 

@@ -78,6 +78,9 @@ class Code:
         #: (line index, locals bound there) where a long function may be cut (Note [program parts])
         self._marks: list[tuple[int, list[str]]] = []
         self.indent = "    "
+        #: views never made, read as their source's pointer plus bytes (Note [views passed as
+        #: pointers] in runtime/pointers.py): set by the fast program only
+        self.pointers: dict[str, tuple[str, int]] = {}
 
     # --- names ------------------------------------------------------------------------------
 
@@ -90,6 +93,18 @@ class Code:
             name = self._vars[value] = self._free.pop() if self._free else f"v{self._count}"
             self._count += 1
         return name
+
+    def pointer(self, value: str) -> str:
+        """An expression for the data pointer of graph value ``value`` (Note [views passed as pointers])."""
+        if value in self.pointers:
+            src, delta = self.pointers[value]
+            return f"({self.var(src)}.data_ptr() + {delta})" if delta else f"{self.var(src)}.data_ptr()"
+        return f"{self.var(value)}.data_ptr()"
+
+    def through(self, value: str) -> str:
+        """The value whose local holds ``value``'s memory alive: its source where ``value`` is a
+        view passed as a pointer, else itself."""
+        return self.pointers[value][0] if value in self.pointers else value
 
     def has_var(self, value: str) -> bool:
         return value in self._vars

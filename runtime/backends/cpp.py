@@ -24,8 +24,11 @@ _ATEN_FASTER_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.defa
 
 
 class CppLaunch(KernelLaunch):
-    def emit_call(self, code: Code, tensors: list[str]) -> None:
-        code.line(f"{self.built(code)}({', '.join(f'{t}.data_ptr()' for t in tensors)})")
+    #: the kernel reads its inputs' data pointers only (Note [views passed as pointers] in runtime/pointers.py)
+    reads_pointers = True
+
+    def emit_call(self, code: Code, values: list[str]) -> None:
+        code.line(f"{self.built(code)}({', '.join(code.pointer(v) for v in values)})")
 
 
 class LoneOpLaunch(CppLaunch):
@@ -45,13 +48,13 @@ class LoneOpLaunch(CppLaunch):
             raise Declined(why)
         self._bind(_LONE_OPS[node.op](ctx.graph, node))
 
-    def emit_call(self, code: Code, tensors: list[str]) -> None:
+    def emit_call(self, code: Code, values: list[str]) -> None:
         if self.kernel.returns == "void":
-            super().emit_call(code, tensors)
+            super().emit_call(code, values)
             return
         # an embedding: the count of indices out of range, raised as eager raises (Note [embedding kernels])
         weight, ids = self.kernel.params[0], self.kernel.params[1]
-        code.line(f"_bad = {self.built(code)}({', '.join(f'{t}.data_ptr()' for t in tensors)})")
+        code.line(f"_bad = {self.built(code)}({', '.join(code.pointer(v) for v in values)})")
         code.line("if _bad:")
         with code.block():
             code.line(f"{code.const(index_error)}(_bad, {weight.shape[0]}, {code.const(ids.value)})")

@@ -53,8 +53,8 @@ def cuda_caller(fn, kernel: Kernel) -> Callable[[list[torch.Tensor]], None]:
 
 
 class CupyLaunch(KernelLaunch):
-    def emit_call(self, code: Code, tensors: list[str]) -> None:
-        code.line(f"{self.built(code)}([{', '.join(tensors)}])")
+    def emit_call(self, code: Code, values: list[str]) -> None:
+        code.line(f"{self.built(code)}([{', '.join(code.var(v) for v in values)}])")
 
 
 class CupyBackend(Backend):

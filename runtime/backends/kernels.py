@@ -143,8 +143,9 @@ class KernelLaunch(SegmentLaunch):
             else:
                 code.line(f"{code.var(p.value)} = {self.alloc(code, p.shape, p.stride, p.dtype)}")
         if any(_numel(p.shape) for p in outs):
-            self.emit_call(code, [code.var(p.value) for p in (*ins, *outs)])
-        dead = [v for v in self.segment.inputs if v in dying]
+            self.emit_call(code, [p.value for p in (*ins, *outs)])
+        # an input passed as a pointer is its source's memory (Note [views passed as pointers])
+        dead = [v for v in dict.fromkeys(code.through(v) for v in self.segment.inputs) if v in dying]
         if dead:
             code.dels(dead)
         rt = code.const(layout.reinterpret_fn(code.fast))
@@ -166,7 +167,8 @@ class KernelLaunch(SegmentLaunch):
             empty = code.const(layout.empty_fn(code.fast, self.ctx.device))
         return f"{empty}({code.const(shape)}, {code.const(stride)}, {code.const(dtype)})"
 
-    def emit_call(self, code: Code, tensors: list[str]) -> None:
+    def emit_call(self, code: Code, values: list[str]) -> None:
+        """The kernel's call on these graph values (inputs, then outputs)."""
         raise NotImplementedError
 
     def built(self, code: Code) -> str:
