@@ -101,8 +101,24 @@ class AffineGather(SegmentLaunch):
         #: runtime/backends/kernels.py)
         self.raw_source = src
 
+    def in_place_of_copy(self) -> tuple[str, int] | None:
+        """``(source, bytes past its first element)`` where the gathered elements already lie in
+        the source at the output's planned layout (every dim with more than one element has the
+        planned stride: llama's mask reads ``x[0, 0:16]`` of a [1, 16] tensor), so a kernel
+        compiled for that layout may read them there (Note [views passed as pointers] in
+        runtime/pointers.py); else None."""
+        m = self.ctx.graph.metas[self.segment.nodes[0].outputs[0]]
+        if any(n > 1 and a != b for n, a, b in zip(m.shape, m.stride, self.stride)):
+            return None
+        return self.raw_source, self.delta * m.itemsize
+
     def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
         out = self.segment.nodes[0].outputs[0]
+        if out in code.pointers:  # Note [views passed as pointers]: read where it lies
+            dead = [x for x in dict.fromkeys(code.through(x) for x in self.segment.inputs) if x in dying]
+            if dead:
+                code.dels(dead)
+            return
         m = self.ctx.graph.metas[out]
         empty = code.const(layout.empty_fn(code.fast, self.ctx.device))
         rt = code.const(layout.reinterpret_fn(code.fast))

@@ -17,6 +17,14 @@ source carries a conjugate or negative bit. The view tensor kept its source's st
 its own last use; the source now lives until the last use of every view passed as its pointer
 (``last_uses`` reads each such view as its source). The safe program variant and a launch run on
 its own (``Launch.run``, which checks each input's layout) still make every view.
+
+A gather at constant affine indices (Note [gathers at constant affine indices] in
+runtime/gather.py) copies one strided view of its source; where that view has the output's
+planned strides (llama's mask reads ``x[0, 0:16]`` of a [1, 16] tensor, four times a call), the
+kernels that read the copy read the source there instead, under the same conditions, and one more:
+the source is no graph input, nor a view of one (only graph inputs are ever written during a
+program: Note [in-place write-back]), so nothing changes the elements between the gather's place
+and the kernels'.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from segmenter import FusionGraph, SegmentedFusion, SegmentKind
+from segmenter.ir import view_roots
 
 from .views import metadata_views
 
@@ -35,15 +44,33 @@ Pointers = dict[str, tuple[str, int]]
 
 def pointer_views(plan: SegmentedFusion, launches: Mapping[int, object], folded: frozenset[int],
                   keep: set[str], materialize: frozenset[str]) -> Pointers:
-    """Note [views passed as pointers]: the views of the fast program that are not made."""
+    """Note [views passed as pointers]: the views of the fast program that are not made, and the
+    gathers not copied."""
     graph: FusionGraph = plan.graph
+    inputs = set(graph.input_names)
+    roots = view_roots(graph)
     readers: dict[str, list[int]] = {}
     for seg in plan.segments:
         for v in seg.inputs:
             readers.setdefault(v, []).append(seg.index)
+
+    def only_kernels_read(v: str) -> bool:
+        users = readers.get(v, [])
+        return bool(users) and all(i not in folded and getattr(launches.get(i), "reads_pointers", False)
+                                   for i in users)
+
     found: Pointers = {}
     for seg in plan.segments:
-        if seg.kind != SegmentKind.METADATA or seg.index in folded:
+        if seg.index in folded:
+            continue
+        gather = getattr(launches.get(seg.index), "in_place_of_copy", None)
+        if gather is not None:  # a copy of elements that lie at the planned layout in their source
+            o, where = seg.outputs[0], gather()
+            if (where is not None and roots.get(where[0], where[0]) not in inputs and o not in keep
+                    and only_kernels_read(o)):
+                found[o] = where
+            continue
+        if seg.kind != SegmentKind.METADATA:
             continue
         views, _ = metadata_views(graph, seg)  # views replayed on ATen are not in it
         for o, (src, want, delta) in views.items():
@@ -51,8 +78,7 @@ def pointer_views(plan: SegmentedFusion, launches: Mapping[int, object], folded:
             if (o in keep or o in materialize or want.conj or want.neg or have.conj or have.neg
                     or want.dtype != have.dtype or delta < 0):
                 continue
-            users = readers.get(o, [])
-            if users and all(i not in folded and getattr(launches.get(i), "reads_pointers", False) for i in users):
+            if only_kernels_read(o):
                 found[o] = (src, delta * want.dtype.itemsize)
     return found
 

@@ -65,6 +65,7 @@ def check_program(prog: Program, inputs: list[torch.Tensor]) -> None:
             assert_matches_eager(fn, inputs, graph, program=program, atol=1e-4, rtol=1e-4)
             COVERAGE[f"mode:{mode}/{backend}"] += 1
             COVERAGE[f"generated kernels:{backend}"] += sum(b == backend for b in program.backend_of.values())
+            COVERAGE[f"views passed as pointers:{backend}"] += len(program.pointers)
 
 
 # shrinking a failure can take many minutes; FUSEG_FUZZ_SHRINK=0 reports the first failure as found

@@ -148,3 +148,60 @@ def test_inputs_read_through_views_are_checked(name, fn, options, shrunk, need, 
     assert program.entry(*args) is None  # the fast entry runs nothing
     with pytest.raises(GraphError, match="storage holds 252 bytes"):
         program(*args)
+
+
+_A = torch.arange
+
+
+def _mask_reads(m):
+    """transformers' mask read: a cumsum read at constant affine indices (folded when compiled)."""
+    c = m.cumsum(-1)
+    b, k = _A(1).view(1, 1, 1, 1), _A(m.shape[1])
+    return c[b, k.view(1, 1, -1, 1)] * 2, c[b, k.view(1, 1, 1, -1)] + c[b, k.view(1, 1, -1, 1)]
+
+
+def _rows_of_an_intermediate(x):
+    return x.cumsum(-1)[_A(1, 3).view(2, 1), _A(6).view(1, 6)] * 2
+
+
+def _every_other_column(x):
+    return x.cumsum(-1)[_A(2).view(2, 1), _A(0, 6, 2).view(1, 3)] * 2
+
+
+def _rows_of_an_input(x):
+    return x[_A(2).view(2, 1), _A(6).view(1, 6)] * 2
+
+
+def _rows_of_an_input_then_written(x):
+    g = x[_A(2).view(2, 1), _A(6).view(1, 6)]
+    x.mul_(3)  # the gather holds the old values
+    return g + 1
+
+
+def _gather_is_an_output(x):
+    g = x.cumsum(-1)[_A(2).view(2, 1), _A(6).view(1, 6)]
+    return g, g * 2
+
+
+# Note [views passed as pointers], for gathers at constant affine indices:
+# (program, input, the gathers read where they lie: sorted (source, bytes) pairs)
+GATHERS = [
+    ("transformers' mask reads", _mask_reads, torch.randint(0, 3, (1, 16)), [("cumsum", 0)] * 3),
+    ("rows of an intermediate, at an offset", _rows_of_an_intermediate, torch.randn(4, 6), [("cumsum", 24)]),
+    ("other strides than planned: copied", _every_other_column, torch.randn(4, 6), []),
+    ("from a graph input: copied", _rows_of_an_input, torch.randn(4, 6), []),
+    ("from a graph input written later: copied", _rows_of_an_input_then_written, torch.randn(4, 6), []),
+    ("an output: copied", _gather_is_an_output, torch.randn(4, 6), []),
+]
+
+
+@needs_compiler
+@pytest.mark.parametrize("name, fn, x, expected", GATHERS, ids=[c[0] for c in GATHERS])
+def test_gathers_read_where_they_lie(name, fn, x, expected) -> None:
+    plan, program = _compiled(fn, [x])
+    gathers = [s for s in plan.segments if any(n.op == "aten.index.Tensor" for n in s.nodes)]
+    assert gathers and not set(s.index for s in gathers) & program.folded
+    assert sorted(program.pointers.values()) == expected
+    with torch.no_grad():
+        assert_matches_eager(fn, [x], plan.graph, program=program)
+    assert program.source.count(".copy_(") == len(gathers) - len(expected)
