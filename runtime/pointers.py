@@ -3,7 +3,7 @@
 Note [views passed as pointers]: a METADATA segment's output is made as a tensor
 (``reinterpret``, ~0.45 us a call) although a generated C++ kernel reads nothing of it but its
 data pointer (the kernel was compiled for the planned layout: Note [planned layouts] in
-runtime/layout.py). llama-tiny's program made 71 views a call, 29 of them read only that way. In
+runtime/layout.py). llama-tiny's program made 71 views a call, 28 of them read only that way. In
 the fast program such a view is not made: each kernel that reads it is handed its source's
 pointer plus the view's offset in bytes, which is what the view's own ``data_ptr()`` would
 return (the view is made from the plan: one strided view of its source, at an offset from the
