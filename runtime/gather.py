@@ -115,7 +115,7 @@ class AffineGather(SegmentLaunch):
     def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
         out = self.segment.nodes[0].outputs[0]
         if out in code.pointers:  # Note [views passed as pointers]: read where it lies
-            dead = [x for x in dict.fromkeys(code.through(x) for x in self.segment.inputs) if x in dying]
+            dead = code.dying(self.segment.inputs, dying)
             if dead:
                 code.dels(dead)
             return

@@ -46,6 +46,8 @@ def pointer_views(plan: SegmentedFusion, launches: Mapping[int, object], folded:
                   keep: set[str], materialize: frozenset[str]) -> Pointers:
     """Note [views passed as pointers]: the views of the fast program that are not made, and the
     gathers not copied."""
+    if not any(getattr(launch, "reads_pointers", False) for launch in launches.values()):
+        return {}  # no kernel that takes pointers (the torch backend): nothing to pass
     graph: FusionGraph = plan.graph
     inputs = set(graph.input_names)
     roots = view_roots(graph)

@@ -395,8 +395,8 @@ class CompiledProgram:
                 m = inputs[src]
                 reads(src, m, m.shape, m.stride, m.dtype)
         for seg in self.plan.segments:
-            if seg.index in self.folded:
-                continue
+            if seg.index in self.folded or not any(v in inputs for v in seg.inputs):
+                continue  # (a view made from the plan starts at a segment input)
             views = (metadata_views(self.graph, seg)[0] if seg.kind == SegmentKind.METADATA
                      else planned_views(self.graph, seg, self.ctx.targets(seg)))
             for src, want, _ in views.values():

@@ -106,6 +106,11 @@ class Code:
         view passed as a pointer, else itself."""
         return self.pointers[value][0] if value in self.pointers else value
 
+    def dying(self, inputs: Iterable[str], dying: frozenset[str]) -> list[str]:
+        """Of a launch's ``inputs``, the values to delete after it, each once: an input passed as
+        a pointer is its source's memory (``through``)."""
+        return [v for v in dict.fromkeys(self.through(v) for v in inputs) if v in dying]
+
     def has_var(self, value: str) -> bool:
         return value in self._vars
 

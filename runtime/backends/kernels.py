@@ -144,8 +144,7 @@ class KernelLaunch(SegmentLaunch):
                 code.line(f"{code.var(p.value)} = {self.alloc(code, p.shape, p.stride, p.dtype)}")
         if any(_numel(p.shape) for p in outs):
             self.emit_call(code, [p.value for p in (*ins, *outs)])
-        # an input passed as a pointer is its source's memory (Note [views passed as pointers])
-        dead = [v for v in dict.fromkeys(code.through(v) for v in self.segment.inputs) if v in dying]
+        dead = code.dying(self.segment.inputs, dying)  # Note [views passed as pointers]
         if dead:
             code.dels(dead)
         rt = code.const(layout.reinterpret_fn(code.fast))
