@@ -94,9 +94,9 @@ def test_segments_writing_an_input_in_place_are_never_memoized() -> None:
     assert isinstance(BuildContext(g, {}, frozenset(), torch.device("cpu")).kernel_memo, dict)
 
 
-def test_a_matmul_segment_is_declined_before_any_lowering_work(monkeypatch) -> None:
-    """A kernel backend declines MATMUL (and OPAQUE) segments by kind first: they never reach the
-    lowering memo (keying them cost ~0.7 s at 100k nodes, only to decline them)."""
+def test_a_matmul_segment_never_reaches_the_lowering_memo(monkeypatch) -> None:
+    """MATMUL (and OPAQUE) segments never reach the lowering memo (keying them cost ~0.7 s at 100k
+    nodes, only to decline them); the cpp backend's matmul kernels are built apart from it."""
     import torch
 
     import runtime
@@ -110,7 +110,7 @@ def test_a_matmul_segment_is_declined_before_any_lowering_work(monkeypatch) -> N
     x, w = torch.randn(4, 8), torch.randn(8, 8)
     prog = runtime.compile(apply_aliases(segment(capture(lambda x, w: (x @ w).relu() + 1, [x, w])), "post"), backend="cpp")
     matmuls = [s.index for s in prog.plan.segments if s.kind == SegmentKind.MATMUL]
-    assert matmuls and all(prog.backend_of[i] == "torch" for i in matmuls)
-    assert all(dict(prog.passed_over[i])["cpp"] == "matmul segments run on torch" for i in matmuls)
+    # (the cpp backend builds its matmul kernel apart from the lowering: Note [matmul kernels])
+    assert matmuls and all(prog.kernels[i].name.startswith("fuseg_matmul_") for i in matmuls)
     assert SegmentKind.MATMUL not in keyed and keyed  # the pointwise segment was still lowered
     torch.testing.assert_close(prog(x, w)[0], (x @ w).relu() + 1)

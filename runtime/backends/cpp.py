@@ -12,10 +12,11 @@ from ..codegen import Declined
 from ..codegen.build import build_cpu_many, cpu_compiler
 from ..codegen.conv import CONVOLUTION, depthwise_kernel
 from ..codegen.embedding import EMBEDDING, embedding_kernel, index_error
+from ..codegen.gemm import matmul_kernel
 from ..codegen.scan import CUMSUM, cumsum_kernel
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
-from .kernels import KernelLaunch, bits_problem
+from .kernels import KernelLaunch, bits_problem, layouts, views_of_outputs
 
 __all__ = ["CppBackend"]
 
@@ -60,6 +61,29 @@ class LoneOpLaunch(CppLaunch):
             code.line(f"{code.const(index_error)}(_bad, {weight.shape[0]}, {code.const(ids.value)})")
 
 
+class MatmulLaunch(CppLaunch):
+    """A MATMUL segment as its generated kernel (Note [matmul kernels] in runtime/codegen/gemm.py):
+    the product is written into a buffer of its planned layout; outputs that are views of it
+    are made after the launch, as for any kernel."""
+
+    def __init__(self, backend: str, ctx: BuildContext, seg: Segment) -> None:  # noqa: D107 - see the class
+        self.backend, self.ctx, self.segment = backend, ctx, seg
+        if any(n.name in ctx.in_place for n in seg.nodes):
+            raise Declined("a matmul written into an input")
+        why = bits_problem(ctx.graph, seg)
+        if why is not None:
+            raise Declined(why)
+        views = {o: b for o, b in views_of_outputs(ctx.graph, seg).items()
+                 if o not in ctx.materialize and b not in ctx.materialize}
+        kernel = matmul_kernel(ctx.graph, seg, layouts(ctx.graph, seg, ctx.materialize, {}))
+        written = {p.value for p in kernel.params if p.output}
+        if any(o not in views and o not in written for o in seg.outputs):
+            raise Declined("an output of the segment that is neither the product nor a view of it")
+        m = ctx.graph.metas
+        self._bind(kernel, hidden=written - set(seg.outputs),
+                   views=[(o, b, m[o], m[o].storage_offset - m[b].storage_offset) for o, b in views.items()])
+
+
 _LONE_OPS = {CONVOLUTION: depthwise_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel}
 
 
@@ -77,6 +101,8 @@ class CppBackend(Backend):
     def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
         if seg.kind == SegmentKind.OPAQUE:
             return LoneOpLaunch(self.name, ctx, seg)
+        if seg.kind == SegmentKind.MATMUL:
+            return MatmulLaunch(self.name, ctx, seg)
         return CppLaunch(self.name, ctx, seg)
 
     def not_chosen_for(self, seg: Segment) -> str | None:

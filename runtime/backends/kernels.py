@@ -31,7 +31,7 @@ from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import emit_torch
 
-__all__ = ["KernelLaunch", "bits_problem", "check_storage", "layouts", "span_bytes"]
+__all__ = ["KernelLaunch", "bits_problem", "check_storage", "layouts", "span_bytes", "views_of_outputs"]
 
 
 def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], written: dict[str, str]) -> dict:
@@ -49,7 +49,7 @@ def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], writt
     return out
 
 
-def _views_of_outputs(graph: FusionGraph, seg: Segment) -> dict[str, str]:
+def views_of_outputs(graph: FusionGraph, seg: Segment) -> dict[str, str]:
     """Outputs of ``seg`` that are views (a chain of view ops, same dtype) of a value the kernel
     computes: as in the program, they are made as views of that value after the launch (which
     the kernel then writes whole), so they share its storage and keep their offsets."""
@@ -105,7 +105,7 @@ class KernelLaunch(SegmentLaunch):
         targets = ctx.targets(seg)
         written = {n.outputs[0]: targets[n.name] for n in seg.nodes if n.name in targets}
         # (a value that crosses launches as a dense copy, in pre/off, is written by the kernel itself)
-        views = {o: b for o, b in _views_of_outputs(graph, seg).items()
+        views = {o: b for o, b in views_of_outputs(graph, seg).items()
                  if o not in ctx.materialize and b not in ctx.materialize}
         written_outputs = [o for o in seg.outputs if o not in views]
         lowered = dataclasses.replace(seg, outputs=tuple(dict.fromkeys([*written_outputs, *views.values()])))

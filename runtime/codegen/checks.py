@@ -171,10 +171,12 @@ def lone(node: Node, inputs: tuple[str, ...]) -> Segment:
     return Segment(-1, SegmentKind.OPAQUE, (node,), inputs, tuple(o for o in node.outputs if o is not None), 0, 0)
 
 
-def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> None:
+def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict[str, torch.Tensor]:
     """Declined unless every output of every node of ``seg`` has the shape and dtype torch's meta
     kernels compute from the layouts the kernel's inputs are planned to have (Note [checked
-    source values], rule 2). Runs on the meta device: nothing is allocated or computed."""
+    source values], rule 2). Runs on the meta device: nothing is allocated or computed. Returns
+    every value of ``seg`` as torch computes it there: a view's strides and storage offset are
+    torch's own (each input starts at offset 0), never the recorded ones."""
     env: dict[str, torch.Tensor] = {}
     meta = torch.device("meta")
     for v in seg.inputs:
@@ -232,3 +234,4 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> None
                 raise Declined(f"node {node.name!r} output %{name}: recorded {list(recorded.shape)} {recorded.dtype}, "
                                f"torch computes {list(got.shape)} {got.dtype}")
             env[name] = got
+    return env

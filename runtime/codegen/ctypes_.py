@@ -262,6 +262,159 @@ static inline double fuseg_erf(double x) { return erf(x); }
 #pragma omp declare reduction(fuseg_min : long long : omp_out = fuseg_min<long long>(omp_out, omp_in)) initializer(omp_priv = 9223372036854775807LL)
 // One thread per block on the CPU: the block's value is the thread's.
 template <class T, T (*OP)(T, T)> static inline T fuseg_block_reduce(T v, T) { return v; }
+// Note [matmul kernels] (runtime/codegen/gemm.py): small float32 matmuls, C = A @ B (+ X), one
+// batch after another. 16-float vectors (GCC/clang vector extensions: the compiler maps them to
+// the machine's registers), multiply-adds contracted to FMA here only (FUSEG_CONTRACT).
+#if defined(__clang__)
+#define FUSEG_CONTRACT
+#define FUSEG_CONTRACT_BODY _Pragma("clang fp contract(fast)")
+#elif defined(__GNUC__)
+#define FUSEG_CONTRACT __attribute__((optimize("fp-contract=fast")))
+#define FUSEG_CONTRACT_BODY
+#else
+#define FUSEG_CONTRACT
+#define FUSEG_CONTRACT_BODY
+#endif
+typedef float fuseg_vf __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int fuseg_vi __attribute__((vector_size(64)));
+#define FUSEG_LD(v, p) __builtin_memcpy(&(v), (p), 64)
+#define FUSEG_ST(p, v) __builtin_memcpy((p), &(v), 64)
+#define FUSEG_BC(x) ((fuseg_vf){} + (float)(x))
+#if defined(__clang__)
+#define FUSEG_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define FUSEG_SHUF(a, b, ...) __builtin_shuffle(a, b, (fuseg_vi){__VA_ARGS__})
+#endif
+// The sums of 16 vectors at once: lane j of the result is the sum of a[j]'s lanes.
+FUSEG_CONTRACT static inline fuseg_vf fuseg_hsum16(const fuseg_vf* a) {
+  fuseg_vf t[8], u[4], w[2];
+  for (int p = 0; p < 8; ++p)
+    t[p] = FUSEG_SHUF(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+         + FUSEG_SHUF(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int p = 0; p < 4; ++p)
+    u[p] = FUSEG_SHUF(t[2 * p], t[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+         + FUSEG_SHUF(t[2 * p], t[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int p = 0; p < 2; ++p)
+    w[p] = FUSEG_SHUF(u[2 * p], u[2 * p + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+         + FUSEG_SHUF(u[2 * p], u[2 * p + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return FUSEG_SHUF(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+       + FUSEG_SHUF(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+// B with unit strides along n: MR rows of C times NV vectors of 16 columns, k outermost.
+template <int MR, int NV, long K, long SAM, long SAK, long SBK, long LDC, int BIAS, long SXM, long SXN>
+FUSEG_CONTRACT static inline void fuseg_mm_nn_tile(const float* A, const float* B, const float* X, float* C) {
+  FUSEG_CONTRACT_BODY
+  fuseg_vf acc[MR][NV] = {};
+  for (long k = 0; k < K; ++k) {
+    fuseg_vf b[NV];
+    for (int j = 0; j < NV; ++j) FUSEG_LD(b[j], B + k * SBK + 16 * j);
+    for (int i = 0; i < MR; ++i) {
+      const fuseg_vf a = FUSEG_BC(A[i * SAM + k * SAK]);
+      for (int j = 0; j < NV; ++j) acc[i][j] += a * b[j];
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) {
+      fuseg_vf v = acc[i][j];
+      if constexpr (BIAS && SXN == 1) { fuseg_vf x; FUSEG_LD(x, X + i * SXM + 16 * j); v = v + x; }
+      if constexpr (BIAS && SXN == 0) v = v + FUSEG_BC(X[i * SXM]);
+      if constexpr (BIAS && SXN != 0 && SXN != 1) {
+        float x[16];
+        for (int l = 0; l < 16; ++l) x[l] = X[i * SXM + (16 * j + l) * SXN];
+        fuseg_vf xv;
+        FUSEG_LD(xv, x);
+        v = v + xv;
+      }
+      FUSEG_ST(C + i * LDC + 16 * j, v);
+    }
+}
+// One element of C from any strides (the columns past the last whole vector).
+template <long K, long SAK, long SBK>
+FUSEG_CONTRACT static inline float fuseg_mm_dot(const float* a, const float* b) {
+  FUSEG_CONTRACT_BODY
+  float s = 0.0f;
+  for (long k = 0; k < K; ++k) s += a[k * SAK] * b[k * SBK];
+  return s;
+}
+template <long M, long N, long K, long SAM, long SAK, long SBK, long SBN, long LDC, int BIAS, long SXM, long SXN>
+FUSEG_CONTRACT static inline void fuseg_mm_nn(const float* A, const float* B, const float* X, float* C) {
+  constexpr long NW = N / 64 * 64, NT = (N % 64) / 16, NS = N / 16 * 16;
+  for (long m = 0; m < M / 4 * 4; m += 4) {
+    for (long n = 0; n < NW; n += 64)
+      fuseg_mm_nn_tile<4, 4, K, SAM, SAK, SBK, LDC, BIAS, SXM, SXN>(A + m * SAM, B + n, X + m * SXM + n * SXN, C + m * LDC + n);
+    if constexpr (NT > 0)
+      fuseg_mm_nn_tile<4, NT, K, SAM, SAK, SBK, LDC, BIAS, SXM, SXN>(A + m * SAM, B + NW, X + m * SXM + NW * SXN, C + m * LDC + NW);
+  }
+  if constexpr (M % 4 > 0) {
+    constexpr long m = M / 4 * 4;
+    for (long n = 0; n < NW; n += 64)
+      fuseg_mm_nn_tile<M % 4, 4, K, SAM, SAK, SBK, LDC, BIAS, SXM, SXN>(A + m * SAM, B + n, X + m * SXM + n * SXN, C + m * LDC + n);
+    if constexpr (NT > 0)
+      fuseg_mm_nn_tile<M % 4, NT, K, SAM, SAK, SBK, LDC, BIAS, SXM, SXN>(A + m * SAM, B + NW, X + m * SXM + NW * SXN, C + m * LDC + NW);
+  }
+  for (long m = 0; m < M; ++m)
+    for (long n = NS; n < N; ++n) {
+      const float s = fuseg_mm_dot<K, SAK, SBK>(A + m * SAM, B + n * SBN);
+      C[m * LDC + n] = BIAS ? s + X[m * SXM + n * SXN] : s;
+    }
+}
+// A and B with unit strides along k: 4 x 4 elements of C as 16 dot products of 16-float vectors,
+// summed across lanes at once (fuseg_hsum16); lane 4 i + j holds C[i][j].
+template <long K, long SAM, long SBN>
+FUSEG_CONTRACT static inline fuseg_vf fuseg_mm_nt_tile(const float* A, const float* B) {
+  FUSEG_CONTRACT_BODY
+  fuseg_vf acc[16] = {};
+  for (long k = 0; k + 16 <= K; k += 16) {
+    fuseg_vf a[4], b[4];
+    for (int i = 0; i < 4; ++i) FUSEG_LD(a[i], A + i * SAM + k);
+    for (int j = 0; j < 4; ++j) FUSEG_LD(b[j], B + j * SBN + k);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) acc[4 * i + j] += a[i] * b[j];
+  }
+  fuseg_vf r = fuseg_hsum16(acc);
+  if constexpr (K % 16 > 0) {
+    float t[16];
+    __builtin_memcpy(t, &r, 64);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j)
+        for (long k = K / 16 * 16; k < K; ++k) t[4 * i + j] += A[i * SAM + k] * B[j * SBN + k];
+    __builtin_memcpy(&r, t, 64);
+  }
+  return r;
+}
+template <long K>
+FUSEG_CONTRACT static inline float fuseg_mm_nt_dot(const float* a, const float* b) {
+  FUSEG_CONTRACT_BODY
+  fuseg_vf acc = {};
+  for (long k = 0; k + 16 <= K; k += 16) {
+    fuseg_vf x, y;
+    FUSEG_LD(x, a + k);
+    FUSEG_LD(y, b + k);
+    acc += x * y;
+  }
+  float t[16], s = 0.0f;
+  __builtin_memcpy(t, &acc, 64);
+  for (int l = 0; l < 16; ++l) s += t[l];
+  for (long k = K / 16 * 16; k < K; ++k) s += a[k] * b[k];
+  return s;
+}
+template <long M, long N, long K, long SAM, long SBN, long LDC, int BIAS, long SXM, long SXN>
+FUSEG_CONTRACT static inline void fuseg_mm_nt(const float* A, const float* B, const float* X, float* C) {
+  for (long m = 0; m < M / 4 * 4; m += 4)
+    for (long n = 0; n < N / 4 * 4; n += 4) {
+      const fuseg_vf r = fuseg_mm_nt_tile<K, SAM, SBN>(A + m * SAM, B + n * SBN);
+      float t[16];
+      __builtin_memcpy(t, &r, 64);
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j)
+          C[(m + i) * LDC + n + j] = BIAS ? t[4 * i + j] + X[(m + i) * SXM + (n + j) * SXN] : t[4 * i + j];
+    }
+  for (long m = 0; m < M; ++m)
+    for (long n = (m < M / 4 * 4 ? N / 4 * 4 : 0); n < N; ++n) {
+      const float s = fuseg_mm_nt_dot<K>(A + m * SAM, B + n * SBN);
+      C[m * LDC + n] = BIAS ? s + X[m * SXM + n * SXN] : s;
+    }
+}
 """
 
 

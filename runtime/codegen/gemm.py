@@ -1,0 +1,156 @@
+"""Small float32 matmuls as generated C++ kernels (the CPU target only).
+
+Note [matmul kernels]: the transformers of the bench multiply tiny matrices (a projection of 16
+tokens of 64 features by a 64 x 64 weight: 65k multiply-adds), and ATen's ``mm``/``addmm``/``bmm``
+spend 3.5-7.5 us a call on them on this 2-core machine kind, nearly all of it outside the
+arithmetic (dispatch, checks, BLAS's own setup), against ~1 us for the arithmetic itself at
+this core's vector rate. 18 of them are about half of llama-tiny's program. The kernel here is
+the arithmetic: per batch, C = A @ B (+ X, addmm's bias broadcast to C), in 16-float vectors
+(GCC/clang vector extensions), the multiply-adds contracted into FMAs, as BLAS computes them.
+Two loop shapes, by which of B's dims is contiguous:
+
+* B contiguous along n (``x @ w`` of a Conv1D, ``attn @ v``): tiles of 4 rows x 64 columns of C
+  in registers, one k at a time, A's element broadcast (A in any layout);
+* A and B contiguous along k (``x @ w.t()`` of a Linear, ``q @ k.transpose``): tiles of 4 x 4
+  elements of C as 16 vector dot products along k, summed across lanes together at the end.
+
+Values are not ATen's bits: the sums run in another order (BLAS's own order depends on the
+machine and the sizes). The kernel cases check them against eager within the tolerances of
+float32 arithmetic. Taken: one ``mm``, ``addmm`` (beta = alpha = 1) or ``bmm`` in a MATMUL
+segment whose other nodes are views, every value float32, the product written contiguously,
+each operand read through the layout torch's meta kernels compute for its views (never the
+recorded one) and lying inside its input's planned extent, at most ``MAX_WORK`` multiply-adds.
+Above that, ATen's BLAS (blocked, packed, threaded) is the faster one and takes the segment.
+Anything else is declined with the reason and runs on torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from segmenter import FusionGraph, OpKind, Segment, op_info
+from segmenter.ir import ValueRef
+
+from .checks import check_layout, check_segment_metas, int_arg
+from .ctypes_ import Declined
+from .kernel import Kernel, Param, bind
+
+__all__ = ["MATMULS", "MAX_WORK", "matmul_kernel"]
+
+MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default"})
+#: multiply-adds above which a matmul is left to ATen's BLAS. Measured (one thread, this machine
+#: kind, a scratch comparison): 64 x 256 x 256 (4M) took 42 us here against ATen's 46 us with B
+#: contiguous along n, but 66 us against 46 with the dot-product loop; at 16 x 128 x 64 and below
+#: both loops took a third to a half of ATen's time.
+MAX_WORK = 1 << 20
+
+
+def _one(v: object, what: str) -> None:
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 1):
+        raise Declined(f"{what} = {v!r:.40} (only 1 is taken)")
+
+
+def _unit(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
+    return shape[dim] <= 1 or stride[dim] == 1
+
+
+def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
+    """The kernel of ``seg``, a MATMUL segment (Note [matmul kernels]); ``layouts``: value ->
+    (shape, strides) planned for its inputs."""
+    products = [n for n in seg.nodes if n.op in MATMULS]
+    others = [n for n in seg.nodes if n.op not in MATMULS]
+    if len(products) != 1 or any(op_info(n.op).kind != OpKind.VIEW for n in others):
+        raise Declined("not one mm/addmm/bmm among views")
+    node = products[0]
+    if len(node.outputs) != 1 or node.outputs[0] is None:
+        raise Declined("a matmul without its one output")
+    env = check_segment_metas(graph, seg, layouts)  # torch's own layouts of every value
+    a = bind(node)
+    batched = node.op == "aten.bmm.default"
+    if node.op == "aten.addmm.default":
+        _one(a.get("beta"), "beta")
+        _one(a.get("alpha"), "alpha")
+        names = {"A": a.get("mat1"), "B": a.get("mat2"), "X": a.get("self")}
+    else:
+        names = {"A": a.get("self"), "B": a.get("mat2")}
+    if not all(isinstance(v, ValueRef) for v in names.values()):
+        raise Declined("a matmul of something other than tensor values")
+    out = node.outputs[0]
+    values = [*(v.name for v in names.values()), out]
+    if any(env[v].dtype != torch.float32 for v in values) or graph.metas[out].dtype != torch.float32:
+        raise Declined("a matmul not of float32 values (the generator takes float32)")
+    made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
+    roots: dict[str, str] = {}  # operand -> the segment input it is a view of
+    for v in names.values():
+        r = v.name
+        while r in made and r not in seg.inputs:
+            view = made[r]
+            if len(view.inputs) != 1:
+                raise Declined(f"operand %{v.name}: made by {view.op} of {len(view.inputs)} values")
+            r = view.inputs[0]
+        if r not in seg.inputs:
+            raise Declined(f"operand %{v.name} is not a view of an input of the segment")
+        roots[v.name] = r
+    params, cname = [], {}
+    for r in dict.fromkeys(roots.values()):
+        shape, stride = check_layout(*(layouts[r] if r in layouts else (graph.metas[r].shape, graph.metas[r].stride)),
+                                     f"input %{r}")
+        cname[r] = f"p{len(params)}_"
+        params.append(Param(cname[r], r, torch.float32, shape, stride, False))
+    extent = {p.value: (sum((n - 1) * s for n, s in zip(p.shape, p.stride)) + 1 if 0 not in p.shape else 0)
+              for p in params}
+    ops = {}
+    for key, v in names.items():
+        t = env[v.name]
+        shape, stride = check_layout(tuple(t.shape), t.stride(), f"operand %{v.name}")
+        offset = int_arg(t.storage_offset(), f"operand %{v.name} offset", 0)
+        if key == "X":  # addmm's bias, broadcast to the product's shape
+            try:
+                t = t.expand(env[out].shape)
+            except RuntimeError:
+                raise Declined(f"bias %{v.name} of shape {list(shape)} does not broadcast") from None
+            shape, stride = tuple(t.shape), t.stride()
+        last = offset + sum((n - 1) * s for n, s in zip(shape, stride)) if 0 not in shape else -1
+        if last >= extent[roots[v.name]]:
+            raise Declined(f"operand %{v.name} reaches past the planned extent of %{roots[v.name]}")
+        ops[key] = (shape, stride, offset, cname[roots[v.name]])
+    (ashape, astride, *_), (bshape, bstride, *_) = ops["A"], ops["B"]
+    batch = ashape[0] if batched else 1
+    m, k, n = ashape[-2], ashape[-1], bshape[-1]
+    oshape, ostride = check_layout(graph.metas[out].shape, graph.metas[out].stride, f"output %{out}")
+    want = (batch, m, n) if batched else (m, n)
+    dense = tuple(math.prod(want[d + 1:]) for d in range(len(want)))
+    if oshape != want or any(s != d for s, d, e in zip(ostride, dense, want) if e > 1):
+        raise Declined(f"an output of {list(oshape)} / {list(ostride)}: the kernel writes {list(want)} contiguously")
+    work = batch * m * n * k
+    if work > MAX_WORK:
+        raise Declined(f"{work} multiply-adds: ATen's BLAS is faster above {MAX_WORK} (Note [matmul kernels])")
+    r = 1 if batched else 0  # first matrix dim
+    sam, sak = astride[r], astride[r + 1]
+    sbk, sbn = bstride[r], bstride[r + 1]
+    if "X" in ops:
+        sxm, sxn = ops["X"][1]
+        bias = 1
+    else:
+        sxm = sxn = bias = 0
+    # (a dim of size 1 is never stepped along: its stride does not matter)
+    if _unit(bshape, bstride, r + 1):
+        call = f"fuseg_mm_nn<{m}, {n}, {k}, {sam}, {sak}, {sbk}, {sbn}, {n}, {bias}, {sxm}, {sxn}>"
+    elif _unit(bshape, bstride, r) and _unit(ashape, astride, r + 1):
+        call = f"fuseg_mm_nt<{m}, {n}, {k}, {sam}, {sbn}, {n}, {bias}, {sxm}, {sxn}>"
+    else:
+        raise Declined(f"operands of strides {list(astride)} and {list(bstride)}: the kernel reads B contiguous "
+                       "along n, or A and B contiguous along k")
+    sab = astride[0] if batched else 0
+    sbb = bstride[0] if batched else 0
+    ap, bp = ops["A"], ops["B"]
+    x = f"{ops['X'][3]} + {ops['X'][2]}" if bias else "nullptr"
+    lines = [f"  for (FUSEG_I b = 0; b < {batch}; ++b)",
+             f"    {call}({ap[3]} + {ap[2]} + b * {sab}, {bp[3]} + {bp[2]} + b * {sbb}, {x}, y_ + b * {m * n});"]
+    params.append(Param("y_", out, torch.float32, oshape, ostride, True))
+    body = "\n".join(lines) + "\n"
+    digest = hashlib.sha1((body + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
+    return Kernel(f"fuseg_matmul_{digest}", tuple(params), body, 1, 1, "matmul")

@@ -1,0 +1,172 @@
+"""Small float32 matmuls as generated C++ kernels (runtime/codegen/gemm.py, Note [matmul
+kernels]): a table of the ones the cpp backend takes, each against eager (values, strides,
+aliasing), in both loop shapes and every tail of their tiles; a table of the ones it declines,
+each with its reason; and the layouts it reads coming from torch's meta kernels, never from
+recorded metas."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import runtime
+from alias import apply_aliases
+from runtime.codegen import Declined, gemm
+from segmenter import SegmentKind, capture, segment
+
+from .util import assert_matches_eager
+
+TOL = 1e-5  # float32 sums in another order than BLAS's
+
+
+def _program(fn, inputs, backend="auto"):
+    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend=backend)
+
+
+def _matmuls(prog) -> list[int]:
+    return [s.index for s in prog.plan.segments if s.kind == SegmentKind.MATMUL]
+
+
+def _r(*shape):
+    return torch.randn(*shape)
+
+
+# (name, program, inputs, loop): "nn" where B is contiguous along n, "nt" where A and B are
+# contiguous along k. Shapes cover whole tiles and every tail: rows past the last 4 (M % 4),
+# columns past the last 64 / 16 / 4, k past the last 16; bias broadcasts; views with offsets.
+MATMULS = [
+    ("linear", lambda x, w, b: F.linear(x, w, b), [_r(16, 64), _r(64, 64), _r(64)], "nt"),
+    ("linear-no-bias", lambda x, w: F.linear(x, w), [_r(16, 64), _r(32, 64)], "nt"),
+    ("linear-tails", lambda x, w, b: F.linear(x, w, b), [_r(7, 19), _r(6, 19), _r(6)], "nt"),
+    ("linear-3d", lambda x, w, b: F.linear(x, w, b), [_r(2, 8, 48), _r(40, 48), _r(40)], "nt"),
+    ("linear-one-row", lambda x, w: F.linear(x, w), [_r(1, 33), _r(9, 33)], "nt"),
+    ("conv1d-style", lambda x, w, b: torch.addmm(b, x, w), [_r(16, 64), _r(64, 192), _r(192)], "nn"),
+    ("nn-tails", lambda x, w: x @ w, [_r(9, 21), _r(21, 117)], "nn"),
+    ("nn-narrow", lambda x, w: x @ w, [_r(5, 8), _r(8, 3)], "nn"),
+    ("nn-one-column", lambda x, w: x @ w, [_r(6, 8), _r(8, 1)], "nn"),
+    ("nn-transposed-a", lambda x, w: x.t() @ w, [_r(24, 10), _r(24, 80)], "nn"),
+    ("nn-sliced", lambda x, w: x[1:, 2:] @ w[2:, 3:], [_r(10, 30), _r(30, 70)], "nn"),
+    ("bias-matrix", lambda b, x, w: torch.addmm(b, x, w), [_r(6, 20), _r(6, 5), _r(5, 20)], "nn"),
+    ("bias-column", lambda b, x, w: torch.addmm(b, x, w), [_r(6, 1), _r(6, 5), _r(5, 40)], "nn"),
+    ("bias-transposed", lambda b, x, w: torch.addmm(b.t(), x, w), [_r(40, 6), _r(6, 5), _r(5, 40)], "nn"),
+    ("bias-column-nt", lambda b, x, w: torch.addmm(b, x, w.t()), [_r(6, 1), _r(6, 16), _r(9, 16)], "nt"),
+    ("empty-k", lambda x, w, b: torch.addmm(b, x, w), [_r(4, 0), _r(0, 5), _r(5)], "nn"),
+    ("bmm-nn", lambda a, b: torch.bmm(a, b), [_r(4, 16, 16), _r(4, 16, 16)], "nn"),
+    ("bmm-nt", lambda q, k: q @ k.transpose(1, 2), [_r(4, 16, 16), _r(4, 16, 16)], "nt"),
+    ("bmm-heads", lambda q, k: q.view(2, 16, 4, 8).transpose(1, 2).reshape(8, 16, 8) @ k.transpose(1, 2),
+     [_r(2, 16, 32), _r(8, 16, 8)], "nt"),
+    ("bmm-expanded", lambda a, b: torch.bmm(a, b.expand(3, 12, 20)), [_r(3, 5, 12), _r(1, 12, 20)], "nn"),
+    ("then-gelu", lambda x, w, b: F.gelu(F.linear(x, w, b)), [_r(8, 64), _r(256, 64), _r(256)], "nt"),
+    ("output-viewed", lambda x, w: (x @ w).view(2, 3, 10), [_r(6, 7), _r(7, 10)], "nn"),
+]
+
+
+@pytest.mark.parametrize("name,fn,inputs,loop", MATMULS, ids=[t[0] for t in MATMULS])
+def test_matmuls_run_as_generated_kernels(name, fn, inputs, loop) -> None:
+    prog = _program(fn, inputs)
+    (i,) = _matmuls(prog)
+    assert prog.backend_of[i] == "cpp", prog.passed_over.get(i)
+    assert f"fuseg_mm_{loop}<" in prog.kernels[i].body
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=TOL, rtol=TOL)
+    assert_matches_eager(fn, inputs, prog.graph, program=prog.run_checked, atol=TOL, rtol=TOL)
+
+
+def test_a_module_of_linears_matches_eager_under_torch_compile() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(32, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    x = torch.randn(2, 8, 32)
+    compiled = torch.compile(model, backend="fuseg")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=TOL, rtol=TOL)
+
+
+def test_the_kernel_reads_the_inputs_it_is_called_with_each_time() -> None:
+    fn, inputs = MATMULS[0][1], MATMULS[0][2]
+    prog = _program(fn, inputs)
+    for _ in range(3):
+        fresh = [torch.randn_like(t) for t in inputs]
+        torch.testing.assert_close(prog(*fresh)[0], fn(*fresh), atol=TOL, rtol=TOL)
+
+
+# (name, program, inputs, why): matmuls the generator declines (they run on torch, as before)
+DECLINED = [
+    ("double", lambda x, w: x @ w, [_r(4, 5).double(), _r(5, 6).double()], "float32"),
+    ("half", lambda x, w: x @ w, [_r(4, 5).half(), _r(5, 6).half()], "float32"),
+    ("large", lambda x, w: x @ w, [_r(128, 128), _r(128, 128)], "ATen's BLAS is faster"),
+    ("beta", lambda b, x, w: torch.addmm(b, x, w, beta=0.5), [_r(6), _r(4, 5), _r(5, 6)], "beta = 0.5"),
+    ("alpha", lambda b, x, w: torch.addmm(b, x, w, alpha=2), [_r(6), _r(4, 5), _r(5, 6)], "alpha = 2"),
+    ("strided-both", lambda x, w: x.t() @ w.t(), [_r(5, 4), _r(6, 5)], "contiguous"),
+    ("columns-of-b", lambda x, w: x @ w[:, ::2], [_r(4, 5), _r(5, 12)], "contiguous"),
+]
+
+
+@pytest.mark.parametrize("name,fn,inputs,why", DECLINED, ids=[t[0] for t in DECLINED])
+def test_matmuls_the_generator_declines_run_on_torch_with_the_reason(name, fn, inputs, why) -> None:
+    prog = _program(fn, inputs)
+    (i,) = _matmuls(prog)
+    assert prog.backend_of[i] == "torch"
+    assert why in dict(prog.passed_over[i])["cpp"]
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=0, rtol=0)
+
+
+def test_the_torch_backend_still_runs_matmuls_on_aten() -> None:
+    fn, inputs = MATMULS[0][1], MATMULS[0][2]
+    prog = _program(fn, inputs, backend="torch")
+    assert prog.kernels == {}
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=0, rtol=0)
+
+
+def _linear_segment(fn, inputs):
+    graph = capture(fn, inputs)
+    plan = apply_aliases(segment(graph), "post")
+    (seg,) = [s for s in plan.segments if s.kind == SegmentKind.MATMUL]
+    return graph, seg
+
+
+def test_a_recorded_view_layout_is_not_believed() -> None:
+    """Note [checked source values]: the permute inside the segment is recorded with the strides
+    of a weight that is not transposed; the kernel reads through torch's strides (the transpose),
+    so the program still computes eager's values."""
+    fn, inputs = MATMULS[0][1], MATMULS[0][2]
+    graph = capture(fn, inputs)
+    node = next(n for n in graph.nodes if n.op == "aten.permute.default")
+    lying = dataclasses.replace(node.metas[0], stride=(64, 1))
+    graph = dataclasses.replace(graph, nodes=tuple(dataclasses.replace(n, metas=(lying,)) if n is node else n
+                                                   for n in graph.nodes))
+    prog = runtime.compile(apply_aliases(segment(graph), "post"))
+    (i,) = _matmuls(prog)
+    if prog.backend_of[i] == "cpp":
+        assert "fuseg_mm_nt<" in prog.kernels[i].body  # torch's transpose, not the recorded rows
+    torch.testing.assert_close(prog(*inputs)[0], fn(*inputs), atol=TOL, rtol=TOL)
+
+
+def test_a_recorded_product_shape_that_contradicts_the_op_is_declined() -> None:
+    fn, inputs = MATMULS[1][1], MATMULS[1][2]
+    graph, seg = _linear_segment(fn, inputs)
+    node = next(n for n in seg.nodes if n.op in gemm.MATMULS)
+    lying = dataclasses.replace(node.metas[0], shape=(16, 64), stride=(64, 1))
+    seg = dataclasses.replace(seg, nodes=tuple(dataclasses.replace(n, metas=(lying,)) if n is node else n
+                                               for n in seg.nodes))
+    with pytest.raises(Declined, match="torch computes"):
+        gemm.matmul_kernel(graph, seg, {})
+
+
+def test_an_operand_past_its_inputs_planned_extent_is_declined(monkeypatch) -> None:
+    """The operand's layout must lie inside its input's planned extent (which the program checks
+    against the storage on every call): a view whose meta reached further is not read."""
+    fn, inputs = MATMULS[1][1], MATMULS[1][2]
+    graph, seg = _linear_segment(fn, inputs)
+    gemm.matmul_kernel(graph, seg, {})  # taken as computed
+    real = gemm.check_segment_metas
+
+    def shifted(graph, seg, layouts):
+        env = real(graph, seg, layouts)
+        t = env["permute"]
+        env["permute"] = torch.empty(t.numel() + 1, device="meta").as_strided(t.shape, t.stride(), 1)  # one further
+        return env
+
+    monkeypatch.setattr(gemm, "check_segment_metas", shifted)
+    with pytest.raises(Declined, match="past the planned extent"):
+        gemm.matmul_kernel(graph, seg, {})
