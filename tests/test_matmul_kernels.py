@@ -35,7 +35,7 @@ def _r(*shape):
 
 
 # (name, program, inputs, loop): "nn" where B is contiguous along n, "nt" where A and B are
-# contiguous along k. Shapes cover whole tiles and every tail: rows past the last 4 (M % 4),
+# contiguous along k ("nt_packed" from 32 rows: B copied contiguous along n, then "nn"). Shapes cover whole tiles and every tail: rows past the last 4 (M % 4),
 # columns past the last 64 / 16 / 4, k past the last 16; bias broadcasts; views with offsets.
 MATMULS = [
     ("linear", lambda x, w, b: F.linear(x, w, b), [_r(16, 64), _r(64, 64), _r(64)], "nt"),
@@ -43,6 +43,10 @@ MATMULS = [
     ("linear-tails", lambda x, w, b: F.linear(x, w, b), [_r(7, 19), _r(6, 19), _r(6)], "nt"),
     ("linear-3d", lambda x, w, b: F.linear(x, w, b), [_r(2, 8, 48), _r(40, 48), _r(40)], "nt"),
     ("linear-one-row", lambda x, w: F.linear(x, w), [_r(1, 33), _r(9, 33)], "nt"),
+    # from 32 rows the weight is first copied contiguous along n (16 x 16 blocks, then the edges)
+    ("linear-packed", lambda x, w, b: F.linear(x, w, b), [_r(64, 64), _r(128, 64), _r(128)], "nt_packed"),
+    ("linear-packed-edges", lambda x, w, b: F.linear(x, w, b), [_r(2, 20, 35), _r(21, 35), _r(21)], "nt_packed"),
+    ("linear-packed-strided-rows", lambda x, w: F.linear(x[:, 1:], w[3:]), [_r(33, 50), _r(20, 49)], "nt_packed"),
     ("conv1d-style", lambda x, w, b: torch.addmm(b, x, w), [_r(16, 64), _r(64, 192), _r(192)], "nn"),
     ("nn-tails", lambda x, w: x @ w, [_r(9, 21), _r(21, 117)], "nn"),
     ("nn-narrow", lambda x, w: x @ w, [_r(5, 8), _r(8, 3)], "nn"),

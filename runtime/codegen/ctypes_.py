@@ -358,6 +358,51 @@ FUSEG_CONTRACT static inline void fuseg_mm_nn(const float* A, const float* B, co
       C[m * LDC + n] = BIAS ? s + X[m * SXM + n * SXN] : s;
     }
 }
+// B (K x N, contiguous along k: row n of B's transpose at B + n * SBN) copied contiguous along n
+// into P (K x N), 16 x 16 blocks transposed in registers, the edges element by element; then the
+// loop for B contiguous along n reads P (Note [matmul kernels]: the dot-product loop sums across
+// lanes for every element of C, which costs as much as its multiply-adds at K = 64).
+template <long K, long N, long SBN>
+static inline void fuseg_mm_pack(const float* B, float* P) {
+  for (long n = 0; n + 16 <= N; n += 16)
+    for (long k = 0; k + 16 <= K; k += 16) {
+      fuseg_vf r[16];
+      for (int i = 0; i < 16; ++i) FUSEG_LD(r[i], B + (n + i) * SBN + k);
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 8)) {
+      const fuseg_vf x = r[i], y = r[i + 8];
+      r[i] = FUSEG_SHUF(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+      r[i + 8] = FUSEG_SHUF(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 4)) {
+      const fuseg_vf x = r[i], y = r[i + 4];
+      r[i] = FUSEG_SHUF(x, y, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+      r[i + 4] = FUSEG_SHUF(x, y, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 2)) {
+      const fuseg_vf x = r[i], y = r[i + 2];
+      r[i] = FUSEG_SHUF(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      r[i + 2] = FUSEG_SHUF(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 1)) {
+      const fuseg_vf x = r[i], y = r[i + 1];
+      r[i] = FUSEG_SHUF(x, y, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+      r[i + 1] = FUSEG_SHUF(x, y, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    }
+      for (int j = 0; j < 16; ++j) FUSEG_ST(P + (k + j) * N + n, r[j]);
+    }
+  for (long n = 0; n < N; ++n)
+    for (long k = (n < N / 16 * 16 ? K / 16 * 16 : 0); k < K; ++k) P[k * N + n] = B[n * SBN + k];
+}
+template <long M, long N, long K, long SAM, long SBN, long LDC, int BIAS, long SXM, long SXN>
+static inline void fuseg_mm_nt_packed(const float* A, const float* B, const float* X, float* C) {
+  float P[K * N];
+  fuseg_mm_pack<K, N, SBN>(B, P);
+  fuseg_mm_nn<M, N, K, SAM, 1, N, 1, LDC, BIAS, SXM, SXN>(A, P, X, C);
+}
 // A and B with unit strides along k: 4 x 4 elements of C as 16 dot products of 16-float vectors,
 // summed across lanes at once (fuseg_hsum16); lane 4 i + j holds C[i][j].
 template <long K, long SAM, long SBN>
