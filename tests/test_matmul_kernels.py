@@ -65,6 +65,8 @@ MATMULS = [
     ("bmm-expanded", lambda a, b: torch.bmm(a, b.expand(3, 12, 20)), [_r(3, 5, 12), _r(1, 12, 20)], "nn"),
     ("then-gelu", lambda x, w, b: F.gelu(F.linear(x, w, b)), [_r(8, 64), _r(256, 64), _r(256)], "nt"),
     ("output-viewed", lambda x, w: (x @ w).view(2, 3, 10), [_r(6, 7), _r(7, 10)], "nn"),
+    # (the dtype view runs in a METADATA segment before the matmul: the kernel reads a float32 value)
+    ("int8-seen-as-float", lambda x, w: x.view(torch.float32) @ w, [_r(4, 6).view(torch.int8), _r(6, 5)], "nn"),
 ]
 
 
@@ -174,3 +176,16 @@ def test_an_operand_past_its_inputs_planned_extent_is_declined(monkeypatch) -> N
     monkeypatch.setattr(gemm, "check_segment_metas", shifted)
     with pytest.raises(Declined, match="past the planned extent"):
         gemm.matmul_kernel(graph, seg, {})
+
+
+def test_an_input_of_another_dtype_viewed_inside_the_segment_is_declined() -> None:
+    """Our segmenter leaves a dtype view out of a MATMUL segment; a segment holding one (a graph
+    file's, another partitioner's) would hand the kernel an int8 input as a float32 parameter,
+    its layout counted in the wrong elements: declined."""
+    fn = lambda x, w: x.view(torch.float32) @ w  # noqa: E731
+    graph = capture(fn, [_r(4, 6).view(torch.int8), _r(6, 5)])
+    view, mm = apply_aliases(segment(graph), "post").segments
+    assert view.kind == SegmentKind.METADATA and mm.kind == SegmentKind.MATMUL
+    merged = dataclasses.replace(mm, nodes=(*view.nodes, *mm.nodes), inputs=(*view.inputs, "w"))
+    with pytest.raises(Declined, match="int8, seen as float32"):
+        gemm.matmul_kernel(graph, merged, {})

@@ -106,6 +106,8 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
         roots[v.name] = r
     params, cname = [], {}
     for r in dict.fromkeys(roots.values()):
+        if graph.metas[r].dtype != torch.float32:  # its layout is counted in its own dtype's elements
+            raise Declined(f"input %{r} is {str(graph.metas[r].dtype).removeprefix('torch.')}, seen as float32 by a view")
         shape, stride = check_layout(*(layouts[r] if r in layouts else (graph.metas[r].shape, graph.metas[r].stride)),
                                      f"input %{r}")
         cname[r] = f"p{len(params)}_"
