@@ -71,7 +71,7 @@ def _apply(pool: list[torch.Tensor], step: Step) -> None:
         pool.append(F.pad(pool[i], (lo, hi)))
     elif kind == "matmul":
         i, j = a
-        pool.append(pool[i] @ pool[j])
+        pool.append(pool[i] @ (pool[i].t() if j is None else pool[j]))
     elif kind == "softmax":
         i, dim = a
         pool.append(torch.softmax(pool[i], dim))
@@ -187,7 +187,10 @@ def _draw_step(draw: st.DrawFn, pool: list[torch.Tensor], n_inputs: int) -> Step
     if kind == "pad":
         return ("pad", i, draw(st.integers(0, 2)), draw(st.integers(0, 2)))
     if kind == "matmul":  # same dtype: eager accepts mixed dtypes on empty matrices, torch.export never
-        return ("matmul", i, draw(st.sampled_from([j for j, t in enumerate(pool) if t.dtype == x.dtype])))
+        # a matrix whose rows match x's columns, or x's own transpose (None): a product eager
+        # computes (the generated matmul kernels take float32 ones)
+        fits = [j for j, t in enumerate(pool) if t.dtype == x.dtype and t.dim() == 2 and t.shape[0] == x.shape[1]]
+        return ("matmul", i, draw(st.sampled_from([*fits, None])))
     target = draw(st.sampled_from(["input", "any"]))
     if target == "input":
         i = draw(st.integers(0, n_inputs - 1))

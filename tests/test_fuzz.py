@@ -66,6 +66,7 @@ def check_program(prog: Program, inputs: list[torch.Tensor]) -> None:
             COVERAGE[f"mode:{mode}/{backend}"] += 1
             COVERAGE[f"generated kernels:{backend}"] += sum(b == backend for b in program.backend_of.values())
             COVERAGE[f"views passed as pointers:{backend}"] += len(program.pointers)
+            COVERAGE[f"matmul kernels:{backend}"] += sum(k.kind == "matmul" for k in program.kernels.values())
 
 
 # shrinking a failure can take many minutes; FUSEG_FUZZ_SHRINK=0 reports the first failure as found

@@ -11,6 +11,8 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import runtime
 from alias import apply_aliases
@@ -189,3 +191,43 @@ def test_an_input_of_another_dtype_viewed_inside_the_segment_is_declined() -> No
     merged = dataclasses.replace(mm, nodes=(*view.nodes, *mm.nodes), inputs=(*view.inputs, "w"))
     with pytest.raises(Declined, match="int8, seen as float32"):
         gemm.matmul_kernel(graph, merged, {})
+
+
+@st.composite
+def _products(draw):
+    """A float32 mm, addmm or bmm of small random sizes whose operands are each contiguous, a
+    transpose or a slice at an offset: a product eager computes."""
+    op = draw(st.sampled_from(["mm", "addmm", "bmm"]))
+    m, k, n = (draw(st.integers(0, 40)) for _ in range(3))
+    batch = draw(st.integers(1, 3)) if op == "bmm" else None
+
+    def operand(rows, cols):
+        how = draw(st.sampled_from(["contiguous", "transposed", "sliced"]))
+        lead = (batch,) if batch else ()
+        if how == "transposed":
+            return torch.randn(*lead, cols, rows).transpose(-1, -2)
+        if how == "sliced":
+            return torch.randn(*lead, rows + 2, cols + 3)[..., 1:rows + 1, 3:]
+        return torch.randn(*lead, rows, cols)
+
+    a, b = operand(m, k), operand(k, n)
+    if op == "bmm":
+        return torch.bmm, [a, b]
+    if op == "mm":
+        return torch.mm, [a, b]
+    bias = draw(st.sampled_from([(n,), (m, n), (m, 1), (1, n)]))
+    return (lambda x, y, z: torch.addmm(z, x, y)), [a, b, torch.randn(*bias)]
+
+
+@settings(max_examples=60, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_products())
+def test_random_products_match_eager(drawn) -> None:
+    """Whatever each product's layouts, it matches eager; it runs as a kernel unless its layouts
+    are ones the kernel does not read."""
+    fn, inputs = drawn
+    prog = _program(fn, inputs)
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=TOL, rtol=TOL)
+    (i,) = _matmuls(prog)
+    if prog.backend_of[i] != "cpp":  # the one reason a product of these sizes and dtype is left to ATen
+        assert "contiguous along" in dict(prog.passed_over[i])["cpp"], prog.passed_over[i]

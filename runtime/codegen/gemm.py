@@ -135,7 +135,8 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
     oshape, ostride = check_layout(graph.metas[out].shape, graph.metas[out].stride, f"output %{out}")
     want = (batch, m, n) if batched else (m, n)
     dense = tuple(math.prod(want[d + 1:]) for d in range(len(want)))
-    if oshape != want or any(s != d for s, d, e in zip(ostride, dense, want) if e > 1):
+    # (an empty product is never written: its strides do not matter)
+    if oshape != want or 0 not in want and any(s != d for s, d, e in zip(ostride, dense, want) if e > 1):
         raise Declined(f"an output of {list(oshape)} / {list(ostride)}: the kernel writes {list(want)} contiguously")
     work = batch * m * n * k
     if work > MAX_WORK:
