@@ -358,6 +358,15 @@ FUSEG_CONTRACT static inline void fuseg_mm_nn(const float* A, const float* B, co
       C[m * LDC + n] = BIAS ? s + X[m * SXM + n * SXN] : s;
     }
 }
+// One step of a 16 x 16 transpose in registers: rows i and i + B swap their blocks of B lanes.
+#define FUSEG_LANES(...) __VA_ARGS__
+#define FUSEG_TRANSPOSE_STEP(r, B, LO, HI) \
+  for (int i = 0; i < 16; ++i) \
+    if (!(i & B)) { \
+      const fuseg_vf x = r[i], y = r[i + B]; \
+      r[i] = FUSEG_SHUF(x, y, FUSEG_LANES LO); \
+      r[i + B] = FUSEG_SHUF(x, y, FUSEG_LANES HI); \
+    }
 // B (K x N, contiguous along k: row n of B's transpose at B + n * SBN) copied contiguous along n
 // into P (K x N), 16 x 16 blocks transposed in registers, the edges element by element; then the
 // loop for B contiguous along n reads P (Note [matmul kernels]: the dot-product loop sums across
@@ -368,30 +377,14 @@ static inline void fuseg_mm_pack(const float* B, float* P) {
     for (long k = 0; k + 16 <= K; k += 16) {
       fuseg_vf r[16];
       for (int i = 0; i < 16; ++i) FUSEG_LD(r[i], B + (n + i) * SBN + k);
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 8)) {
-      const fuseg_vf x = r[i], y = r[i + 8];
-      r[i] = FUSEG_SHUF(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-      r[i + 8] = FUSEG_SHUF(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    }
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 4)) {
-      const fuseg_vf x = r[i], y = r[i + 4];
-      r[i] = FUSEG_SHUF(x, y, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-      r[i + 4] = FUSEG_SHUF(x, y, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    }
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 2)) {
-      const fuseg_vf x = r[i], y = r[i + 2];
-      r[i] = FUSEG_SHUF(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-      r[i + 2] = FUSEG_SHUF(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    }
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 1)) {
-      const fuseg_vf x = r[i], y = r[i + 1];
-      r[i] = FUSEG_SHUF(x, y, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-      r[i + 1] = FUSEG_SHUF(x, y, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-    }
+      FUSEG_TRANSPOSE_STEP(r, 8, (0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+                           (8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
+      FUSEG_TRANSPOSE_STEP(r, 4, (0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+                           (4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31));
+      FUSEG_TRANSPOSE_STEP(r, 2, (0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+                           (2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31));
+      FUSEG_TRANSPOSE_STEP(r, 1, (0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+                           (1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
       for (int j = 0; j < 16; ++j) FUSEG_ST(P + (k + j) * N + n, r[j]);
     }
   for (long n = 0; n < N; ++n)
