@@ -73,15 +73,12 @@ class MatmulLaunch(CppLaunch):
         why = bits_problem(ctx.graph, seg)
         if why is not None:
             raise Declined(why)
-        views = {o: b for o, b in views_of_outputs(ctx.graph, seg).items()
-                 if o not in ctx.materialize and b not in ctx.materialize}
+        views = views_of_outputs(ctx.graph, seg, ctx.materialize)
         kernel = matmul_kernel(ctx.graph, seg, layouts(ctx.graph, seg, ctx.materialize, {}))
         written = {p.value for p in kernel.params if p.output}
         if any(o not in views and o not in written for o in seg.outputs):
             raise Declined("an output of the segment that is neither the product nor a view of it")
-        m = ctx.graph.metas
-        self._bind(kernel, hidden=written - set(seg.outputs),
-                   views=[(o, b, m[o], m[o].storage_offset - m[b].storage_offset) for o, b in views.items()])
+        self._bind(kernel, hidden=written - set(seg.outputs), views=views)
 
 
 _LONE_OPS = {CONVOLUTION: depthwise_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel}

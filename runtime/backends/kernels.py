@@ -49,17 +49,18 @@ def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], writt
     return out
 
 
-def views_of_outputs(graph: FusionGraph, seg: Segment) -> dict[str, str]:
+def views_of_outputs(graph: FusionGraph, seg: Segment, materialize: frozenset[str]) -> dict[str, str]:
     """Outputs of ``seg`` that are views (a chain of view ops, same dtype) of a value the kernel
     computes: as in the program, they are made as views of that value after the launch (which
-    the kernel then writes whole), so they share its storage and keep their offsets."""
+    the kernel then writes whole), so they share its storage and keep their offsets. (A value
+    that crosses launches as a dense copy, in pre/off, is written by the kernel itself.)"""
     made = {o: n for n in seg.nodes for o in n.outputs if o is not None}
     views = {}
     for o in seg.outputs:
         v = o
         while v in made and op_info(made[v].op).kind == OpKind.VIEW and len(made[v].inputs) == 1:
             v = made[v].inputs[0]
-        if v != o and v in made and graph.metas[v].dtype == graph.metas[o].dtype:
+        if v != o and v in made and graph.metas[v].dtype == graph.metas[o].dtype and not {o, v} & materialize:
             views[o] = v
     return views
 
@@ -104,22 +105,21 @@ class KernelLaunch(SegmentLaunch):
             raise Declined(why)
         targets = ctx.targets(seg)
         written = {n.outputs[0]: targets[n.name] for n in seg.nodes if n.name in targets}
-        # (a value that crosses launches as a dense copy, in pre/off, is written by the kernel itself)
-        views = {o: b for o, b in views_of_outputs(graph, seg).items()
-                 if o not in ctx.materialize and b not in ctx.materialize}
+        views = views_of_outputs(graph, seg, ctx.materialize)
         written_outputs = [o for o in seg.outputs if o not in views]
         lowered = dataclasses.replace(seg, outputs=tuple(dict.fromkeys([*written_outputs, *views.values()])))
         self._bind(lower_memo(ctx.kernel_memo, graph, lowered,
                               layouts(graph, lowered, ctx.materialize, written), targets),
                    hidden={b for b in views.values() if b not in written_outputs},  # written for their views only
-                   views=[(o, b, graph.metas[o], graph.metas[o].storage_offset - graph.metas[b].storage_offset)
-                          for o, b in views.items()])
+                   views=views)
 
-    def _bind(self, kernel: Kernel, hidden: set[str] | None = None, views: list | None = None) -> None:
-        """The launch's kernel, the values it writes only for their views, and those views."""
+    def _bind(self, kernel: Kernel, hidden: set[str] | None = None, views: dict[str, str] | None = None) -> None:
+        """The launch's kernel, the values it writes only for their views, and those views (view ->
+        the value it views)."""
         self.kernel: Kernel = kernel
         self.hidden = hidden if hidden is not None else set()
-        self.views = views if views is not None else []
+        m = self.ctx.graph.metas
+        self.views = [(o, b, m[o], m[o].storage_offset - m[b].storage_offset) for o, b in (views or {}).items()]
         self.fn: Callable[..., Any] | None = None
         #: how often a launch run on its own found an input in another layout than planned (and ran on torch)
         self.stats = {"layout_fallbacks": 0}

@@ -63,6 +63,11 @@ def _one(v: object, what: str) -> None:
         raise Declined(f"{what} = {v!r:.40} (only 1 is taken)")
 
 
+def _furthest(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """The furthest element of a layout from its first (-1: no element)."""
+    return sum((n - 1) * s for n, s in zip(shape, stride)) if 0 not in shape else -1
+
+
 def _unit(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
     return shape[dim] <= 1 or stride[dim] == 1
 
@@ -112,8 +117,7 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
                                      f"input %{r}")
         cname[r] = f"p{len(params)}_"
         params.append(Param(cname[r], r, torch.float32, shape, stride, False))
-    extent = {p.value: (sum((n - 1) * s for n, s in zip(p.shape, p.stride)) + 1 if 0 not in p.shape else 0)
-              for p in params}
+    extent = {p.value: _furthest(p.shape, p.stride) + 1 for p in params}
     ops = {}
     for key, v in names.items():
         t = env[v.name]
@@ -125,8 +129,7 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
             except RuntimeError:
                 raise Declined(f"bias %{v.name} of shape {list(shape)} does not broadcast") from None
             shape, stride = tuple(t.shape), t.stride()
-        last = offset + sum((n - 1) * s for n, s in zip(shape, stride)) if 0 not in shape else -1
-        if last >= extent[roots[v.name]]:
+        if 0 not in shape and offset + _furthest(shape, stride) >= extent[roots[v.name]]:
             raise Declined(f"operand %{v.name} reaches past the planned extent of %{roots[v.name]}")
         ops[key] = (shape, stride, offset, cname[roots[v.name]])
     (ashape, astride, *_), (bshape, bstride, *_) = ops["A"], ops["B"]
