@@ -9,6 +9,7 @@ from segmenter import Segment, SegmentKind
 from segmenter.ops import OpKind, op_info
 
 from ..codegen import Declined
+from ..codegen.attention import ATTENTION, attention_kernel
 from ..codegen.build import build_cpu_many, cpu_compiler
 from ..codegen.conv import CONVOLUTION, depthwise_kernel
 from ..codegen.embedding import EMBEDDING, embedding_kernel, index_error
@@ -34,8 +35,9 @@ class CppLaunch(KernelLaunch):
 
 class LoneOpLaunch(CppLaunch):
     """A lone OPAQUE op as its generated kernel: a depthwise convolution (Note [depthwise
-    convolutions] in runtime/codegen/conv.py), an embedding (Note [embedding kernels]) or a
-    cumsum (Note [cumsum kernels]); launched, guarded and freed as any kernel."""
+    convolutions] in runtime/codegen/conv.py), an embedding (Note [embedding kernels]), a
+    cumsum (Note [cumsum kernels]) or an attention (Note [attention kernels]); launched, guarded
+    and freed as any kernel."""
 
     def __init__(self, backend: str, ctx: BuildContext, seg: Segment) -> None:  # noqa: D107 - see the class
         self.backend, self.ctx, self.segment = backend, ctx, seg
@@ -81,13 +83,14 @@ class MatmulLaunch(CppLaunch):
         self._bind(kernel, hidden=written - set(seg.outputs), views=views)
 
 
-_LONE_OPS = {CONVOLUTION: depthwise_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel}
+_LONE_OPS = {CONVOLUTION: depthwise_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel,
+             ATTENTION: attention_kernel}
 
 
 class CppBackend(Backend):
     name = "cpp"
     device = "cpu"
-    opaque_ops = frozenset(_LONE_OPS)  # depthwise convolutions, embeddings, cumsums
+    opaque_ops = frozenset(_LONE_OPS)  # depthwise convolutions, embeddings, cumsums, attention
 
     def unavailable(self, device_type: str) -> str | None:
         why = super().unavailable(device_type)

@@ -453,6 +453,48 @@ FUSEG_CONTRACT static inline void fuseg_mm_nt(const float* A, const float* B, co
       C[m * LDC + n] = BIAS ? s + X[m * SXM + n * SXN] : s;
     }
 }
+// Note [attention kernels] (runtime/codegen/attention.py): one head of a small float32
+// attention. The scores P = Q K^T (L x S, on the stack) by the matmul loops above (Q and K
+// contiguous along e: dot products, or from PACK rows K first copied contiguous along s), each row scaled, masked (an additive mask, or keys past the row's own
+// index when CAUSAL), soft-maxed in place, then O = P V (V contiguous along e, O's rows OSM
+// apart). A row whose scores are all -inf gets zeros and a logsumexp of 0, as ATen's CPU kernel
+// gives it.
+template <long L, long S, long E, int PACK, long QSM, long KSN, long VSS, long OSM,
+          int MASK, long MSM, long MSN, int CAUSAL, int LSE, long LSM>
+static inline void fuseg_attention_head(const float* Q, const float* K, const float* V, const float* Mk,
+                                        const float scale, float* O, float* Lse) {
+  float P[L * S];
+  if constexpr (PACK) fuseg_mm_nt_packed<L, S, E, QSM, KSN, S, 0, 0, 0>(Q, K, nullptr, P);
+  else fuseg_mm_nt<L, S, E, QSM, KSN, S, 0, 0, 0>(Q, K, nullptr, P);
+  for (long i = 0; i < L; ++i) {
+    float* r = P + i * S;
+    const long n = CAUSAL ? (i + 1 < S ? i + 1 : S) : S;  // the keys row i sees
+    float mx = -FUSEG_INF;
+#pragma omp simd reduction(fuseg_max : mx)
+    for (long j = 0; j < n; ++j) {
+      float s = r[j] * scale;
+      if constexpr (MASK) s = s + Mk[i * MSM + j * MSN];
+      r[j] = s;
+      mx = fuseg_max<float>(mx, s);
+    }
+    float sum = 0.0f;
+    if (mx == -FUSEG_INF) {
+      for (long j = 0; j < S; ++j) r[j] = 0.0f;
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (long j = 0; j < n; ++j) {
+        const float e = fuseg_exp(r[j] - mx);
+        r[j] = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      for (long j = 0; j < n; ++j) r[j] = r[j] * inv;
+      for (long j = n; j < S; ++j) r[j] = 0.0f;
+    }
+    if constexpr (LSE) Lse[i * LSM] = (mx == -FUSEG_INF ? 0.0f : mx) + fuseg_math::log(sum == 0.0f ? 1.0f : sum);
+  }
+  fuseg_mm_nn<L, E, S, S, 1, VSS, 1, OSM, 0, 0, 0>(P, V, nullptr, O);
+}
 """
 
 

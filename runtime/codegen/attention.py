@@ -1,0 +1,159 @@
+"""Small float32 attention as generated C++ kernels (the CPU target only).
+
+Note [attention kernels]: under torch.compile, a transformer's ``scaled_dot_product_attention``
+reaches us as ATen's ``_scaled_dot_product_flash_attention_for_cpu``, which spends 7-11 us a
+call on the bench's tiny shapes (4 heads of 16 tokens by 16 features) on this 2-core machine
+kind, nearly all of it around the arithmetic: its blocked loops, buffers and threads are built
+for long sequences. It was a fifth to a quarter of every tiny transformer's program. The kernel
+here is the arithmetic, one head after another: the scores Q K^T into a buffer on the stack (the
+loops of Note [matmul kernels]), each row scaled, masked and soft-maxed in place (max, then exp
+and sum, then a multiply by 1 / sum), then P V written straight into the output's rows. A row
+whose scores are all -inf (masked out whole) gets zeros and a logsumexp of 0, as ATen's CPU
+kernel gives it; the logsumexp (max + log(sum), what the backward reads) is computed only where
+the program uses it. Values are not ATen's bits (another summation order, another exp): the
+kernel cases check them against eager within the tolerances of float32 arithmetic.
+
+Taken: float32 query, key and value of 4 dims with the same batch and heads (no grouped-query
+broadcast), query, key, value and output contiguous along the feature dim, no dropout, an optional float32 additive mask of 2 or 4 dims
+broadcast to the scores, ``is_causal`` (keys past the query's own index masked: ATen's top-left
+alignment), any ``scale`` (default 1 / sqrt(features)), outputs in the layouts torch's meta
+kernel gives them, at most ``MAX_SCORES`` scores a head (the stack buffer). Heads are shared
+among threads where the work passes ``PARALLEL_MIN``: below it, measured inside llama-tiny's
+program (2 calls of 4 heads of 16 x 16 scores), waking the threads took the launch from 4.5 to
+17 us, although a scratch loop of back-to-back calls, the threads kept awake, gained 10%. Anything else is declined with the reason
+and runs on ATen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from segmenter import FusionGraph, Node
+from segmenter.ir import ValueRef
+
+from .checks import check_layout, check_segment_metas, float_arg, lone
+from .ctypes_ import Declined
+from .gemm import PACK_MAX_BYTES, PACK_MIN_ROWS
+from .kernel import COSTLY_CALL, PARALLEL_MIN, Kernel, Param, bind
+
+__all__ = ["ATTENTION", "MAX_SCORES", "attention_kernel"]
+
+ATTENTION = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+#: scores of one head (query rows x keys) the kernel keeps on the stack; longer sequences are
+#: left to ATen's blocked kernel
+MAX_SCORES = 1 << 14
+_FLOAT_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _work(heads: int, lq: int, s: int, e: int) -> int:
+    """Note [work of a loop] for the scores: an exp each (``COSTLY_CALL``), and two multiply-adds
+    a feature, 16 to a vector."""
+    return heads * lq * s * (1 + COSTLY_CALL + e // 8)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _unit(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
+    return shape[dim] <= 1 or stride[dim] == 1
+
+
+def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
+    """The kernel of ``node``, a lone ``_scaled_dot_product_flash_attention_for_cpu`` (Note
+    [attention kernels])."""
+    if node.op != ATTENTION:
+        raise Declined("not a flash attention for the CPU")
+    a = bind(node)
+    q, k, v, mask = a.get("query"), a.get("key"), a.get("value"), a.get("attn_mask")
+    if not all(isinstance(t, ValueRef) for t in (q, k, v)) or not (mask is None or isinstance(mask, ValueRef)):
+        raise Declined("an attention of something other than tensor values")
+    if float_arg(a.get("dropout_p"), "dropout_p") != 0.0:
+        raise Declined("an attention with dropout (random: left to ATen)")
+    causal = a.get("is_causal")
+    if not isinstance(causal, bool):
+        raise Declined(f"is_causal must be a bool, got {type(causal).__name__}")
+    scale = a.get("scale")
+    if scale is not None:
+        scale = float_arg(scale, "scale")
+        if abs(scale) > _FLOAT_MAX:
+            raise Declined(f"scale = {scale}: not a float32")
+    if len(node.outputs) != 2 or node.outputs[0] is None:
+        raise Declined("an attention without its output")
+    out, lse = node.outputs
+    inputs = [t.name for t in (q, k, v, mask) if t is not None]
+    # the recorded outputs are the op's, or not believed (and torch checks the arguments)
+    env = check_segment_metas(graph, lone(node, tuple(dict.fromkeys(inputs))), {})
+    if any(graph.metas[t].dtype != torch.float32 for t in inputs) or node.metas[0].dtype != torch.float32:
+        raise Declined("an attention not of float32 values (the generator takes float32)")
+    (qs, qt), (ks, kt), (vs, vt) = (check_layout(graph.metas[t.name].shape, graph.metas[t.name].stride, f"%{t.name}")
+                                    for t in (q, k, v))
+    if not len(qs) == len(ks) == len(vs) == 4:
+        raise Declined("query, key and value not of 4 dims")
+    b, h, lq, e = qs
+    s = ks[2]
+    if ks != (b, h, s, e) or vs != (b, h, s, e):
+        raise Declined(f"key {list(ks)} and value {list(vs)} for a query of {list(qs)}: the kernel takes one "
+                       "batch, heads and feature size for all three (no grouped-query broadcast)")
+    if 0 in qs or s == 0:
+        raise Declined("an empty attention")
+    if lq * s > MAX_SCORES:
+        raise Declined(f"{lq} x {s} scores a head: more than the kernel keeps ({MAX_SCORES}); ATen's blocked kernel")
+    written = [(out, "output")] + ([(lse, "logsumexp")] if lse is not None else [])
+    layouts = {}
+    for value, what in written:
+        m = graph.metas[value]
+        shape, stride = check_layout(m.shape, m.stride, f"{what} %{value}")
+        want = env[value]
+        # (a dim of size 1 is never stepped along: its stride does not matter)
+        if shape != tuple(want.shape) or any(n > 1 and st != w for n, st, w in zip(shape, stride, want.stride())):
+            raise Declined(f"{what} %{value} recorded as {list(shape)} / {list(stride)}: torch's meta kernel "
+                           f"gives {list(want.shape)} / {list(want.stride())}")
+        layouts[value] = (shape, stride)
+    ot = layouts[out][1]
+    if not (_unit(qs, qt, 3) and _unit(ks, kt, 3) and _unit(vs, vt, 3) and _unit(qs, ot, 3)):
+        raise Declined(f"query / key / value / output of strides {list(qt)} / {list(kt)} / {list(vt)} / {list(ot)}: "
+                       "the kernel reads and writes them contiguous along the features")
+    packed = lq >= PACK_MIN_ROWS and e >= 16 and s >= 16 and e * s * 4 <= PACK_MAX_BYTES
+    scale = 1.0 / math.sqrt(e) if scale is None else scale
+    params = [Param("q_", q.name, torch.float32, qs, qt, False), Param("k_", k.name, torch.float32, ks, kt, False),
+              Param("v_", v.name, torch.float32, vs, vt, False)]
+    msb = msh = msm = msn = 0
+    if mask is not None:
+        ms, mt = check_layout(graph.metas[mask.name].shape, graph.metas[mask.name].stride, f"mask %{mask.name}")
+        if len(ms) not in (2, 4):
+            raise Declined(f"a mask of {len(ms)} dims (2 or 4 are taken)")
+        full = (b, h, lq, s)[4 - len(ms):]
+        if any(n not in (1, f) for n, f in zip(ms, full)):
+            raise Declined(f"a mask of {list(ms)} for scores of {[b, h, lq, s]}")
+        # a dim of size 1 is broadcast: stride 0
+        msb, msh, msm, msn = (0,) * (4 - len(ms)) + tuple(st if n > 1 else 0 for n, st in zip(ms, mt))
+        params.append(Param("m_", mask.name, torch.float32, ms, mt, False))
+    params.append(Param("y_", out, torch.float32, *layouts[out], True))
+    osb, osh, osm, _ = ot
+    lsb = lsh = lsm = 0
+    if lse is not None:
+        lsb, lsh, lsm = layouts[lse][1]
+        params.append(Param("l_", lse, torch.float32, *layouts[lse], True))
+    qsb, qsh, qsm, _ = qt
+    ksb, ksh, ksn, _ = kt
+    vsb, vsh, vss, _ = vt
+    head = (f"fuseg_attention_head<{lq}, {s}, {e}, {int(packed)}, {qsm}, {ksn}, {vss}, {osm}, "
+            f"{int(mask is not None)}, {msm}, {msn}, {int(causal)}, {int(lse is not None)}, {lsm}>")
+    lines = [
+        "// loops",
+        f"  for (FUSEG_I bh = 0; bh < {b * h}; ++bh) {{",
+        f"    const FUSEG_I b = bh / {h}, h = bh % {h};",
+        f"    {head}(q_ + b * {qsb} + h * {qsh}, k_ + b * {ksb} + h * {ksh}, v_ + b * {vsb} + h * {vsh},",
+        f"      {'m_ + b * %d + h * %d' % (msb, msh) if mask is not None else 'nullptr'}, (float){float(scale)!r},",
+        f"      y_ + b * {osb} + h * {osh}, {'l_ + b * %d + h * %d' % (lsb, lsh) if lse is not None else 'nullptr'});",
+        "  }",
+    ]
+    if b * h > 1 and _work(b * h, lq, s, e) >= PARALLEL_MIN:
+        lines.insert(1, "#pragma omp parallel for schedule(static)")
+    body = "\n".join(lines) + "\n"
+    digest = hashlib.sha1((body + repr([(p.name, p.value, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
+    return Kernel(f"fuseg_attention_{digest}", tuple(params), body, 1, 1, "attention")
