@@ -143,13 +143,14 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
     vsb, vsh, vss, _ = vt
     head = (f"fuseg_attention_head<{lq}, {s}, {e}, {int(packed)}, {qsm}, {ksn}, {vss}, {osm}, "
             f"{int(mask is not None)}, {msm}, {msn}, {int(causal)}, {int(lse is not None)}, {lsm}>")
+    mptr = f"m_ + b * {msb} + h * {msh}" if mask is not None else "nullptr"
+    lptr = f"l_ + b * {lsb} + h * {lsh}" if lse is not None else "nullptr"
     lines = [
         "// loops",
         f"  for (FUSEG_I bh = 0; bh < {b * h}; ++bh) {{",
         f"    const FUSEG_I b = bh / {h}, h = bh % {h};",
         f"    {head}(q_ + b * {qsb} + h * {qsh}, k_ + b * {ksb} + h * {ksh}, v_ + b * {vsb} + h * {vsh},",
-        f"      {'m_ + b * %d + h * %d' % (msb, msh) if mask is not None else 'nullptr'}, (float){float(scale)!r},",
-        f"      y_ + b * {osb} + h * {osh}, {'l_ + b * %d + h * %d' % (lsb, lsh) if lse is not None else 'nullptr'});",
+        f"      {mptr}, (float){float(scale)!r}, y_ + b * {osb} + h * {osh}, {lptr});",
         "  }",
     ]
     if b * h > 1 and _work(b * h, lq, s, e) >= PARALLEL_MIN:
