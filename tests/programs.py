@@ -75,6 +75,11 @@ def _apply(pool: list[torch.Tensor], step: Step) -> None:
     elif kind == "softmax":
         i, dim = a
         pool.append(torch.softmax(pool[i], dim))
+    elif kind == "attention":  # self-attention over x's last two dims (bounded, NaN-free scores)
+        i, causal = a
+        y = torch.tanh(pool[i]).nan_to_num(0.0)
+        y = y if y.dim() == 4 else y.unsqueeze(0)
+        pool.append(F.scaled_dot_product_attention(y, y, y, is_causal=causal))
     elif kind == "where":
         i, j = a
         pool.append(torch.where(pool[i] > 0, pool[i], pool[j]))
@@ -145,6 +150,8 @@ def _draw_step(draw: st.DrawFn, pool: list[torch.Tensor], n_inputs: int) -> Step
         kinds += ["slice", "permute", "reduce", "cat", "pad", "expand"]
         if x.dtype.is_floating_point:
             kinds.append("softmax")
+            if nd in (3, 4):
+                kinds.append("attention")
         if x.shape[0]:
             kinds.append("select")
     if nd == 2:
@@ -180,6 +187,8 @@ def _draw_step(draw: st.DrawFn, pool: list[torch.Tensor], n_inputs: int) -> Step
         return ("reduce", i, draw(st.sampled_from(["sum", "amax", "mean"])), dim, draw(st.booleans()))
     if kind == "softmax":
         return ("softmax", i, dim)
+    if kind == "attention":
+        return ("attention", i, draw(st.booleans()))
     if kind == "where":
         return ("where", i, draw(st.integers(0, len(pool) - 1)))
     if kind == "cat":
