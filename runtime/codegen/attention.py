@@ -54,10 +54,6 @@ def _work(heads: int, lq: int, s: int, e: int) -> int:
     return heads * lq * s * (1 + COSTLY_CALL + e // 8)
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _unit(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
     return shape[dim] <= 1 or stride[dim] == 1
 
