@@ -11,17 +11,21 @@ and sum, then a multiply by 1 / sum), then P V written straight into the output'
 whose scores are all -inf (masked out whole) gets zeros and a logsumexp of 0, as ATen's CPU
 kernel gives it; the logsumexp (max + log(sum), what the backward reads) is computed only where
 the program uses it. Values are not ATen's bits (another summation order, another exp): the
-kernel cases check them against eager within the tolerances of float32 arithmetic.
+kernel cases check them against eager within the tolerances of float32 arithmetic. A NaN score
+makes its row NaN, as SDPA's math backend computes it; ATen's flash kernel drops NaN from a row's
+max in ways that depend on the row's length (a query row of NaN scores comes out as zeros there).
 
 Taken: float32 query, key and value of 4 dims with the same batch and heads (no grouped-query
-broadcast), query, key, value and output contiguous along the feature dim, no dropout, an optional float32 additive mask of 2 or 4 dims
-broadcast to the scores, ``is_causal`` (keys past the query's own index masked: ATen's top-left
-alignment), any ``scale`` (default 1 / sqrt(features)), outputs in the layouts torch's meta
-kernel gives them, at most ``MAX_SCORES`` scores a head (the stack buffer). Heads are shared
-among threads where the work passes ``PARALLEL_MIN``: below it, measured inside llama-tiny's
-program (2 calls of 4 heads of 16 x 16 scores), waking the threads took the launch from 4.5 to
-17 us, although a scratch loop of back-to-back calls, the threads kept awake, gained 10%. Anything else is declined with the reason
-and runs on ATen.
+broadcast), query, key, value and output contiguous along the feature dim, no dropout, an
+optional float32 additive mask of 2 or 4 dims broadcast to the scores, ``is_causal`` (keys past
+the query's own index masked: ATen's top-left alignment), any ``scale`` (default 1 /
+sqrt(features)), outputs in the layouts torch's meta kernel gives them, at most ``MAX_SCORES``
+scores a head (the stack buffer). Anything else is declined with the reason and runs on ATen.
+
+Heads are shared among threads where the work passes ``PARALLEL_MIN``. Below it, measured inside
+llama-tiny's program (2 calls of 4 heads of 16 x 16 scores), waking the threads took a launch
+from 4.5 to 17 us, although a scratch loop of back-to-back calls, the threads kept awake, gained
+10%.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from segmenter.ir import ValueRef
 
 from .checks import check_layout, check_segment_metas, float_arg, lone
 from .ctypes_ import Declined
-from .gemm import PACK_MAX_BYTES, PACK_MIN_ROWS
+from .gemm import PACK_MAX_BYTES, PACK_MIN_ROWS, unit_stride
 from .kernel import COSTLY_CALL, PARALLEL_MIN, Kernel, Param, bind
 
 __all__ = ["ATTENTION", "MAX_SCORES", "attention_kernel"]
@@ -52,10 +56,6 @@ def _work(heads: int, lq: int, s: int, e: int) -> int:
     """Note [work of a loop] for the scores: an exp each (``COSTLY_CALL``), and two multiply-adds
     a feature, 16 to a vector."""
     return heads * lq * s * (1 + COSTLY_CALL + e // 8)
-
-
-def _unit(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
-    return shape[dim] <= 1 or stride[dim] == 1
 
 
 def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
@@ -110,7 +110,7 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
                            f"gives {list(want.shape)} / {list(want.stride())}")
         layouts[value] = (shape, stride)
     ot = layouts[out][1]
-    if not (_unit(qs, qt, 3) and _unit(ks, kt, 3) and _unit(vs, vt, 3) and _unit(qs, ot, 3)):
+    if not all(unit_stride(shape, stride, 3) for shape, stride in ((qs, qt), (ks, kt), (vs, vt), (qs, ot))):
         raise Declined(f"query / key / value / output of strides {list(qt)} / {list(kt)} / {list(vt)} / {list(ot)}: "
                        "the kernel reads and writes them contiguous along the features")
     packed = lq >= PACK_MIN_ROWS and e >= 16 and s >= 16 and e * s * 4 <= PACK_MAX_BYTES

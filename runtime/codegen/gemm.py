@@ -44,7 +44,7 @@ from .checks import check_layout, check_segment_metas, int_arg
 from .ctypes_ import Declined
 from .kernel import Kernel, Param, bind
 
-__all__ = ["MATMULS", "MAX_WORK", "matmul_kernel"]
+__all__ = ["MATMULS", "MAX_WORK", "matmul_kernel", "unit_stride"]
 
 MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default"})
 #: multiply-adds above which a matmul is left to ATen's BLAS. Measured (one thread, this machine
@@ -68,7 +68,8 @@ def _furthest(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return sum((n - 1) * s for n, s in zip(shape, stride)) if 0 not in shape else -1
 
 
-def _unit(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
+def unit_stride(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
+    """Whether stepping along ``dim`` moves one element (a dim of size 1 is never stepped along)."""
     return shape[dim] <= 1 or stride[dim] == 1
 
 
@@ -153,9 +154,9 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
     else:
         sxm = sxn = bias = 0
     # (a dim of size 1 is never stepped along: its stride does not matter)
-    if _unit(bshape, bstride, r + 1):
+    if unit_stride(bshape, bstride, r + 1):
         call = f"fuseg_mm_nn<{m}, {n}, {k}, {sam}, {sak}, {sbk}, {sbn}, {n}, {bias}, {sxm}, {sxn}>"
-    elif _unit(bshape, bstride, r) and _unit(ashape, astride, r + 1):
+    elif unit_stride(bshape, bstride, r) and unit_stride(ashape, astride, r + 1):
         packed = m >= PACK_MIN_ROWS and k >= 16 and n >= 16 and k * n * 4 <= PACK_MAX_BYTES
         call = f"fuseg_mm_nt{'_packed' if packed else ''}<{m}, {n}, {k}, {sam}, {sbn}, {n}, {bias}, {sxm}, {sxn}>"
     else:
