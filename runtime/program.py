@@ -29,6 +29,7 @@ from segmenter.reference import check_inputs, finish
 from .backends import BuildContext, SegmentLaunch, backends_for
 from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
+from .chains import Chain, emit_chain, plan_chains
 from .codegen import Declined
 from .gather import affine_gather
 from .guards import LearnedGuard
@@ -85,7 +86,7 @@ class CompiledProgram:
     """Call it like the graph: ``program(*inputs) -> list of outputs``."""
 
     @_without_cyclic_gc
-    def __init__(self, plan: SegmentedFusion, backend: str = "auto") -> None:
+    def __init__(self, plan: SegmentedFusion, backend: str = "auto", chains: bool = True) -> None:
         problems = plan_problems(plan)  # linear time; the full alias.check runs in the tests
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
@@ -140,6 +141,8 @@ class CompiledProgram:
         #: Note [views passed as pointers] (runtime/pointers.py): the fast program's, and what dies where there
         self.pointers = pointer_views(plan, chosen, self.folded, keep, materialize)
         self._fast_dying = last_uses(plan, keep, self.pointers) if self.pointers else ctx.dying
+        #: Note [one native call for a chain of kernels] (runtime/chains.py): the fast program's
+        self.chains = self._plan_chains(keep) if chains else []
         self.launches = tuple(
             Launch(self, seg.index, seg.kind, chosen[seg.index].backend if seg.index in chosen else "metadata",
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
@@ -149,6 +152,21 @@ class CompiledProgram:
         self.guard = LearnedGuard()
         self._check, self.entry = self._check_and_entry()
         self.arity = len(graph.inputs)
+
+    def _plan_chains(self, keep: set[str]) -> list[Chain]:
+        inputs = set(self.graph.input_names)
+        chains = plan_chains(self.plan, self._chosen, self.folded, self.pointers,
+                             lambda v: v not in inputs and v not in self._fixed)
+        if chains:
+            last_read: dict[str, int] = {}  # a view passed as a pointer is read with its source
+            for seg in self.plan.segments:
+                if seg.index not in self.folded:
+                    for v in seg.inputs:
+                        last_read[v] = seg.index
+                        if v in self.pointers:
+                            last_read[self.pointers[v][0]] = seg.index
+            self._read_after = lambda v, i: v in keep or last_read.get(v, -1) > i
+        return chains
 
     def _fold(self) -> tuple[frozenset[int], dict[str, torch.Tensor]]:
         """Note [folded segments]: a segment that reads no graph input (position ids, a causal
@@ -245,7 +263,20 @@ class CompiledProgram:
         if timed is not None:
             clock = code.const(time.perf_counter)
             acc = code.const(timed)
+        # launches timed one by one run on their own; so does the safe variant
+        chains = {c.first: c for c in self.chains} if fast and timed is None else {}
+        skip_to = -1
         for seg in self.plan.segments:
+            if seg.index <= skip_to:
+                continue
+            chain = chains.get(seg.index)
+            if chain is not None:
+                code.mark()
+                code.line(f"# segments {chain.first}-{chain.last}: {chain.kernels} kernels in one call (a chain)")
+                emit_chain(code, chain, self.plan, self._chosen, self.folded, self._fast_dying, self._read_after,
+                           self.ctx.device)
+                skip_to = chain.last
+                continue
             if seg.index in self.folded:
                 code.line(f"# segment {seg.index}: {seg.kind.value}, folded (computed when compiled)")
                 continue
@@ -511,8 +542,8 @@ def _plain_call(inputs: Sequence[torch.Tensor]) -> bool:
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
-def compile_program(plan: SegmentedFusion, backend: str = "auto") -> CompiledProgram:
-    return CompiledProgram(plan, backend)
+def compile_program(plan: SegmentedFusion, backend: str = "auto", chains: bool = True) -> CompiledProgram:
+    return CompiledProgram(plan, backend, chains)
 
 
 def run(plan: SegmentedFusion, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -14,6 +14,7 @@ from ..codegen.build import build_cpu_many, cpu_compiler
 from ..codegen.conv import CONVOLUTION, depthwise_kernel
 from ..codegen.embedding import EMBEDDING, embedding_kernel, index_error
 from ..codegen.gemm import matmul_kernel
+from ..codegen.runner import runner_kernel
 from ..codegen.scan import CUMSUM, cumsum_kernel
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
@@ -28,6 +29,9 @@ _ATEN_FASTER_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.defa
 class CppLaunch(KernelLaunch):
     #: the kernel reads its inputs' data pointers only (Note [views passed as pointers] in runtime/pointers.py)
     reads_pointers = True
+    #: a run of such launches may be one native call (Note [one native call for a chain of
+    #: kernels] in runtime/chains.py): the launch is ``emit`` and ``emit_call`` as here
+    chainable = True
 
     def emit_call(self, code: Code, values: list[str]) -> None:
         code.line(f"{self.built(code)}({', '.join(code.pointer(v) for v in values)})")
@@ -55,12 +59,15 @@ class LoneOpLaunch(CppLaunch):
         if self.kernel.returns == "void":
             super().emit_call(code, values)
             return
-        # an embedding: the count of indices out of range, raised as eager raises (Note [embedding kernels])
-        weight, ids = self.kernel.params[0], self.kernel.params[1]
         code.line(f"_bad = {self.built(code)}({', '.join(code.pointer(v) for v in values)})")
         code.line("if _bad:")
         with code.block():
-            code.line(f"{code.const(index_error)}(_bad, {weight.shape[0]}, {code.const(ids.value)})")
+            code.line(f"{code.const(self.raise_count)}(_bad)")
+
+    def raise_count(self, count: int) -> None:
+        """An embedding's count of indices out of range, raised as eager raises (Note [embedding kernels])."""
+        weight, ids = self.kernel.params[0], self.kernel.params[1]
+        index_error(count, weight.shape[0], ids.value)
 
 
 class MatmulLaunch(CppLaunch):
@@ -121,7 +128,9 @@ class CppBackend(Backend):
     def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str]:
         kernels = [launch.kernel for launch in launches]  # type: ignore[attr-defined]
         declined = {}
-        for launch, fn in zip(launches, build_cpu_many(kernels)):
+        # with the chain runner (runtime/chains.py), so that a cold cache builds it alongside
+        built = build_cpu_many([*kernels, runner_kernel()]) if kernels else []
+        for launch, fn in zip(launches, built):
             if isinstance(fn, Declined):
                 declined[launch] = str(fn)
             else:

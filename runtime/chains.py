@@ -1,0 +1,331 @@
+"""Consecutive generated kernels run by one native call, their short-lived values in one buffer.
+
+Note [one native call for a chain of kernels]: in llama-tiny's fast program (34 C++ kernels, 67
+us a call outside dynamo), what the program did around its kernels cost about as much as a third
+of the call: a planned-layout allocation (``empty_strided``, ~0.4 us with its free), one
+``data_ptr()`` per argument (~0.06 us) and a ctypes call (~0.1 us) per launch. A run of
+consecutive launches that are all generated C++ kernels (with the views, folded segments and
+gathers passed as pointers between them, which make nothing) is therefore emitted as a *chain*:
+
+* every value a chained kernel writes that nothing after the chain reads (no later launch, no
+  output, no write-back) lives in one ``uint8`` buffer of the chain (the *arena*), at an offset
+  planned when compiled: values whose lifetimes (first writer to last reader, in steps) overlap
+  get disjoint bytes, others may share them (first fit, 64-byte aligned);
+* every value read after the chain gets its own buffer of its planned layout as before (an
+  output the caller keeps, a value a later launch on ATen reads), made before the call; so do
+  bases of views read after the chain; views are made after the call, from their bases, as
+  the launches made them; values written into an input in place are written there;
+* the program then calls the runner (runtime/codegen/runner.py) once, with the chain's steps
+  (kernel addresses and arguments as slot + bytes, fixed when compiled) and the data pointers of
+  this call's tensors (the inputs, the buffers made for the call, the arena).
+
+A kernel joins a chain when it is a C++ launch that says it may (``chainable``), takes at most
+``MAX_ARGS`` pointers, has non-negative strides, and every value it reads or writes that the
+program makes spans at most ``VALUE_BYTES``: the arena never holds a big value, and a big value
+(whose kernel costs far more than its launch) keeps being freed at its last use. A METADATA
+segment joins when all its outputs are views made from the plan without bit changes (the views
+it would make); anything else (an ATen op, a launch on another backend) ends the chain. A chain
+has at least two kernels; a lone one is launched as before.
+
+Kept as before: the order of the kernels, their arguments' layouts and addresses (an arena
+value's address is its buffer's plus its offset, so each kernel reads and writes the bytes it was
+compiled for), the outputs' buffers and their sharing, and the errors (a counting kernel that
+stops the chain raises what it raised alone; the kernels after it do not run, as the lines after
+a raise did not). A value an input held before the chain is freed after it rather than inside it
+(it lived until its last use, now until the chain's end). The safe program variant and a profiled
+program (``profile_launches``, which times launches one by one) launch every kernel on its own.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind
+
+from . import layout
+from .backends.kernels import span_bytes
+from .codegen import Declined
+from .codegen.build import build_cpu
+from .codegen.runner import MAX_ARGS, MAX_STEPS, runner_kernel, split_result
+from .views import metadata_views
+from .wrapper import Code
+
+__all__ = ["ALIGN", "VALUE_BYTES", "Chain", "emit_chain", "plan_chains"]
+
+#: the most bytes a program-made value may span to be read or written in a chain
+VALUE_BYTES = 1 << 18
+#: arena offsets are multiples of this (a cache line; torch's CPU buffers start at one)
+ALIGN = 64
+
+
+@dataclass
+class Chain:
+    """Segments ``first`` to ``last`` (in program order), run as one call of the runner."""
+
+    first: int
+    last: int
+    kernels: int
+    #: filled when emitted: bytes of the arena, values in it -> offset (for tests and reports)
+    arena_bytes: int = 0
+    arena: dict[str, int] = field(default_factory=dict)
+
+
+def plan_chains(plan: SegmentedFusion, chosen: Mapping[int, Any], folded: frozenset[int],
+                pointers: Mapping[str, tuple[str, int]], made_by_program: Callable[[str], bool]) -> list[Chain]:
+    """The chains of the fast program: maximal runs of joinable segments, trimmed to their first
+    and last kernel, with at least two kernels. None where the runner cannot be built."""
+    try:
+        runner()
+    except Declined:
+        return []
+    graph = plan.graph
+    chains: list[Chain] = []
+    run: list[int] = []  # the current run's kernel segments
+
+    def close() -> None:
+        if len(run) >= 2:
+            chains.append(Chain(run[0], run[-1], len(run)))
+        run.clear()
+
+    for seg in plan.segments:
+        kind = _joins(graph, seg, chosen.get(seg.index), folded, made_by_program)
+        if kind == "gather":  # a gather joins where its output is passed as a pointer (no copy)
+            kind = "quiet" if seg.outputs[0] in pointers else None
+        if kind is None or (kind == "kernel" and len(run) >= MAX_STEPS):
+            close()
+            if kind != "kernel":
+                continue
+        if kind == "kernel":
+            run.append(seg.index)
+    close()
+    return chains
+
+
+def _joins(graph: FusionGraph, seg: Segment, launch: Any, folded: frozenset[int],
+           made_by_program: Callable[[str], bool]) -> str | None:
+    """How ``seg`` sits in a chain: "kernel", "quiet" (it makes nothing: a folded segment, a
+    gather passed as a pointer, views from the plan) or None (it ends the chain)."""
+    if seg.index in folded:
+        return "quiet"
+    if seg.kind == SegmentKind.METADATA:
+        views, replay = metadata_views(graph, seg)
+        if replay:
+            return None
+        for src, want, delta in views.values():
+            have = graph.metas[src]
+            if want.conj or want.neg or have.conj or have.neg or delta < 0:
+                return None
+        return "quiet"
+    if getattr(launch, "in_place_of_copy", None) is not None:
+        return "gather"  # quiet where its output is passed as a pointer: decided when emitted
+    if not getattr(launch, "chainable", False) or launch.fn is None:
+        return None
+    if any(delta < 0 for *_, delta in launch.views):  # a view before its base's first element
+        return None
+    k = launch.kernel
+    if len(k.params) > MAX_ARGS or k.returns not in ("void", "long long"):
+        return None
+    for p in k.params:
+        if any(s < 0 for s in p.stride):
+            return None
+        if made_by_program(p.value) and span_bytes(p.shape, p.stride, p.dtype) > VALUE_BYTES:
+            return None
+    return "kernel"
+
+
+def runner() -> Callable[..., int]:
+    return build_cpu(runner_kernel())
+
+
+def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[int, Any],
+               folded: frozenset[int], dying: Mapping[int, frozenset[str]], read_after: Callable[[str, int], bool],
+               device: torch.device) -> None:
+    """The lines that run ``chain`` (Note [one native call for a chain of kernels]).
+    ``read_after(v, i)``: whether value ``v`` is read after segment ``i`` (or kept after the program)."""
+    graph = plan.graph
+    segs = [plan.segments[i] for i in range(chain.first, chain.last + 1)]
+    alias: dict[str, tuple[str, int]] = {}  # value -> (base, bytes past the base's first element)
+    views: dict[str, tuple[str, tuple, tuple, int]] = {}  # a view made after the chain, if read: base, layout, offset
+    targets: dict[str, str] = {}  # value written into an input in place -> that input
+    written: dict[str, tuple[int, Any, Any]] = {}  # value a kernel writes -> (its step, its parameter, the launch)
+    order: list[str] = []  # values the chain makes, in order
+    steps: list[Any] = []  # the launches run (a kernel whose outputs are all empty is not)
+    for seg in segs:
+        if seg.index in folded:
+            continue
+        launch = chosen.get(seg.index)
+        if seg.kind == SegmentKind.METADATA:
+            for o, (src, want, delta) in metadata_views(graph, seg)[0].items():
+                if o not in code.pointers:
+                    alias[o] = (src, delta * want.dtype.itemsize)
+                    views[o] = (src, want.shape, want.stride, delta)
+                    order.append(o)
+            continue
+        if getattr(launch, "in_place_of_copy", None) is not None:
+            if seg.outputs[0] not in code.pointers:  # pragma: no cover - plan_chains ends chains there
+                raise RuntimeError("internal: a gather copied inside a chain")
+            continue
+        k = launch.kernel
+        for p in k.params:
+            if p.output and p.target:
+                alias[p.value] = (p.target, 0)
+                targets[p.value] = p.target
+                order.append(p.value)
+            elif p.output:
+                written[p.value] = (len(steps), p, launch)
+                order.append(p.value)
+        for o, b, m, delta in launch.views:
+            alias[o] = (b, delta * m.dtype.itemsize)
+            views[o] = (b, m.shape, m.stride, delta)
+            order.append(o)
+        if any(_numel(p.shape) for p in k.params if p.output):
+            steps.append(launch)
+
+    def root(v: str) -> tuple[str, int]:
+        total = 0
+        while True:
+            if v in alias:
+                v, d = alias[v]
+            elif v in code.pointers:
+                v, d = code.pointers[v]
+            else:
+                return v, total
+            total += d
+
+    # what must exist as a tensor after the chain: values read after it, and their bases
+    last = chain.last
+    need: set[str] = set()
+
+    def want(v: str) -> None:
+        if v in need:
+            return
+        need.add(v)
+        if v in views:
+            want(views[v][0])
+
+    for v in order:
+        if read_after(v, last):
+            want(v)
+    for launch in steps:  # a read outside the bytes its value was written in: a buffer of its own,
+        for p in launch.kernel.params:  # as when launched alone (never another value's bytes)
+            r, delta = root(p.value)
+            if not p.output and r in written and (delta < 0 or delta + _span(p) > _span(written[r][1])):
+                want(r)
+    made = set(order)
+    own = [v for v in order if v in written and v in need]  # buffers of their own, made before the call
+
+    # the arena: the other values kernels write, placed by their lifetimes in steps
+    ends = {v: w[0] for v, w in written.items()}
+    for s, launch in enumerate(steps):
+        for p in launch.kernel.params:
+            if not p.output:
+                r, _ = root(p.value)
+                if r in ends:
+                    ends[r] = max(ends[r], s)
+    offsets, arena_bytes = _place([(v, written[v][0], ends[v], _span(written[v][1]))
+                                   for v in order if v in written and v not in need])
+    chain.arena, chain.arena_bytes = offsets, arena_bytes
+
+    # the steps: kernel address, count of arguments, whether it counts, then slot and bytes each
+    for v in own:
+        _, p, writer = written[v]
+        code.line(f"{code.var(v)} = {writer.alloc(code, p.shape, p.stride, p.dtype)}")
+    slots: list[str] = []
+    slot_of: dict[str, int] = {}
+
+    def slot(r: str) -> int:
+        if r not in slot_of:
+            if not code.has_var(r):  # a generator bug: fail here, never pass a stale pointer
+                raise RuntimeError(f"internal: the chain reads %{r}, which no local holds")
+            slot_of[r] = len(slots)
+            slots.append(f"{code.var(r)}.data_ptr()")
+        return slot_of[r]
+
+    words = [len(steps)]
+    for launch in steps:
+        k = launch.kernel
+        words += [ctypes.cast(launch.fn, ctypes.c_void_p).value, len(k.params), int(k.returns != "void")]
+        for p in k.params:
+            r, delta = root(p.value)
+            if r in offsets:
+                if "_arena" not in slot_of:
+                    slot_of["_arena"] = len(slots)
+                    slots.append("_arena.data_ptr()")
+                words += [slot_of["_arena"], offsets[r] + delta]
+            else:
+                words += [slot(r), delta]
+    program = array.array("q", words)
+    run = code.const(runner())
+    fail = code.const(_failure([launch.raise_count if launch.kernel.returns != "void" else None for launch in steps]))
+    if arena_bytes:
+        code.line(f"_arena = {code.const(layout.empty_fn(code.fast, device))}(({arena_bytes},), (1,), "
+                  f"{code.const(torch.uint8)})")
+    code.line(f"_slots = {code.const(array.array)}('q', ({''.join(s + ', ' for s in slots)}))")
+    code.line(f"_bad = {run}({code.const(program.buffer_info()[0])}, _slots.buffer_info()[0])")
+    code.const(program)  # the steps live as long as the program
+    if arena_bytes:
+        code.line("del _arena")
+    code.line("if _bad:")
+    with code.block():
+        code.line(f"{fail}(_bad)")
+    rt = code.const(layout.reinterpret_fn(code.fast))
+    for v in order:  # after the call, what is read after it, in the order the launches made it
+        if v not in need or v in written:
+            continue
+        if v in targets:
+            code.line(f"{code.var(v)} = {code.var(targets[v])}")
+        else:
+            base, shape, stride, delta = views[v]
+            code.line(f"{code.var(v)} = {rt}({code.var(base)}, {code.const(shape)}, {code.const(stride)}, {delta})")
+    dead = [v for seg in segs for v in sorted(dying.get(seg.index, ())) if v not in made and code.has_var(v)]
+    dead += [v for v in order if v in need and not read_after(v, last)]  # made only as a base of a view
+    if dead:
+        code.dels(dict.fromkeys(dead))
+
+
+def _span(p: Any) -> int:
+    return span_bytes(p.shape, p.stride, p.dtype)
+
+
+def _place(values: list[tuple[str, int, int, int]]) -> tuple[dict[str, int], int]:
+    """First fit: value -> offset, so that values whose step ranges overlap get disjoint bytes;
+    and the bytes in all. ``values``: (name, first step, last step, bytes), by first step."""
+    offsets: dict[str, int] = {}
+    live: list[tuple[int, int, int]] = []  # (last step, offset, end) of values placed
+    top = 0
+    for name, first, last, size in values:
+        live = [b for b in live if b[0] >= first]
+        size = -(-max(size, 1) // ALIGN) * ALIGN
+        at = 0
+        for _, start, end in sorted(live, key=lambda b: b[1]):
+            if at + size <= start:
+                break
+            at = max(at, end)
+        offsets[name] = at
+        live.append((last, at, at + size))
+        top = max(top, at + size)
+    return offsets, top
+
+
+def _failure(counters: list[Callable[[int], None] | None]) -> Callable[[int], None]:
+    def fail(result: int) -> None:
+        step, count = split_result(result)
+        raise_count = counters[step] if 0 <= step < len(counters) else None
+        if raise_count is None:  # pragma: no cover - only counting kernels stop a chain
+            raise RuntimeError(f"internal: the chain runner stopped at step {step} ({result})")
+        raise_count(count)
+
+    return fail
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
