@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 import runtime
 from alias import MODES, apply_aliases, check
 from runtime.codegen.build import cpu_compiler
-from segmenter import CaptureError, TensorMeta, capture, segment
+from segmenter import CaptureError, SegmenterOptions, TensorMeta, capture, segment
 from segmenter.recorded import overlaps_itself
 from segmenter.reference import clone_inputs
 from segmenter.serialize import from_json, to_json
@@ -67,6 +67,12 @@ def check_program(prog: Program, inputs: list[torch.Tensor]) -> None:
             COVERAGE[f"generated kernels:{backend}"] += sum(b == backend for b in program.backend_of.values())
             COVERAGE[f"views passed as pointers:{backend}"] += len(program.pointers)
             COVERAGE[f"matmul kernels:{backend}"] += sum(k.kind == "matmul" for k in program.kernels.values())
+    if "cpp" in BACKENDS:  # one op a segment: many kernels a program, run as chains (runtime/chains.py)
+        program = runtime.compile(apply_aliases(segment(graph, SegmenterOptions(max_ops_per_segment=1)), "post"),
+                                  backend="cpp")
+        assert_matches_eager(fn, inputs, graph, program=program, atol=1e-4, rtol=1e-4)
+        COVERAGE["chains:cpp"] += len(program.chains)
+        COVERAGE["chained kernels:cpp"] += sum(c.kernels for c in program.chains)
 
 
 # shrinking a failure can take many minutes; FUSEG_FUZZ_SHRINK=0 reports the first failure as found
