@@ -1,9 +1,10 @@
 """Consecutive generated kernels run by one native call, their short-lived values in one buffer.
 
-Note [one native call for a chain of kernels]: in llama-tiny's fast program (34 C++ kernels, 67
-us a call outside dynamo), what the program did around its kernels cost about as much as a third
-of the call: a planned-layout allocation (``empty_strided``, ~0.4 us with its free), one
-``data_ptr()`` per argument (~0.06 us) and a ctypes call (~0.1 us) per launch. A run of
+Note [one native call for a chain of kernels]: in llama-tiny's fast program (34 C++ kernels, 65
+us a call outside dynamo), the work around each kernel was most of the call: a planned-layout
+allocation (``empty_strided``, ~0.4 us with its free), one ``data_ptr()`` per argument (~0.06
+us) and a ctypes call (~0.1 us) per launch (scratch micro-timings). As one chain, the program
+took 33 us (scratch; through torch.compile: perf/results/before_after_chains_cpu.json). A run of
 consecutive launches that are all generated C++ kernels (with the views, folded segments and
 gathers passed as pointers between them, which make nothing) is therefore emitted as a *chain*:
 
@@ -237,7 +238,7 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
         _, p, writer = written[v]
         code.line(f"{code.var(v)} = {writer.alloc(code, p.shape, p.stride, p.dtype)}")
     slots: list[str] = []
-    slot_of: dict[str, int] = {}
+    slot_of: dict[str | None, int] = {}  # graph value -> slot; None: the arena (no graph value's name)
 
     def slot(r: str) -> int:
         if r not in slot_of:
@@ -254,10 +255,10 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
         for p in k.params:
             r, delta = root(p.value)
             if r in offsets:
-                if "_arena" not in slot_of:
-                    slot_of["_arena"] = len(slots)
+                if None not in slot_of:
+                    slot_of[None] = len(slots)
                     slots.append("_arena.data_ptr()")
-                words += [slot_of["_arena"], offsets[r] + delta]
+                words += [slot_of[None], offsets[r] + delta]
             else:
                 words += [slot(r), delta]
     program = array.array("q", words)

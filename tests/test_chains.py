@@ -167,3 +167,24 @@ def test_runner_result() -> None:
     with pytest.raises(RuntimeError, match="more arguments"):
         split_result(-1)
 
+
+
+@needs_compiler
+def test_a_value_named_like_the_arena_is_its_own_slot() -> None:
+    """A graph file names its values: an input called ``_arena`` is still that input, never the
+    chain's buffer (the arena's slot is keyed by no name)."""
+    import json
+
+    from segmenter.serialize import from_json, to_json
+
+    inputs = _small()()
+    graph = capture(_three_pointwise, inputs)
+    doc = json.loads(to_json(graph))
+    renamed = json.dumps(doc).replace('"x"', '"_arena"')
+    assert '"_arena"' in renamed
+    graph = from_json(renamed)
+    program = runtime.compile_program(apply_aliases(segment(graph, SegmenterOptions(max_ops_per_segment=1)), "post"),
+                                      backend="cpp")
+    assert [c.kernels for c in program.chains] == [4] and program.chains[0].arena
+    (out,) = program(*inputs)
+    torch.testing.assert_close(out, _three_pointwise(*inputs))
