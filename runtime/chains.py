@@ -50,7 +50,7 @@ import torch
 from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind
 
 from . import layout
-from .backends.kernels import span_bytes
+from .backends.kernels import _numel, span_bytes
 from .codegen import Declined
 from .codegen.build import build_cpu
 from .codegen.runner import MAX_ARGS, MAX_STEPS, runner_kernel, split_result
@@ -95,9 +95,7 @@ def plan_chains(plan: SegmentedFusion, chosen: Mapping[int, Any], folded: frozen
         run.clear()
 
     for seg in plan.segments:
-        kind = _joins(graph, seg, chosen.get(seg.index), folded, made_by_program)
-        if kind == "gather":  # a gather joins where its output is passed as a pointer (no copy)
-            kind = "quiet" if seg.outputs[0] in pointers else None
+        kind = _joins(graph, seg, chosen.get(seg.index), folded, pointers, made_by_program)
         if kind is None or (kind == "kernel" and len(run) >= MAX_STEPS):
             close()
             if kind != "kernel":
@@ -109,7 +107,7 @@ def plan_chains(plan: SegmentedFusion, chosen: Mapping[int, Any], folded: frozen
 
 
 def _joins(graph: FusionGraph, seg: Segment, launch: Any, folded: frozenset[int],
-           made_by_program: Callable[[str], bool]) -> str | None:
+           pointers: Mapping[str, tuple[str, int]], made_by_program: Callable[[str], bool]) -> str | None:
     """How ``seg`` sits in a chain: "kernel", "quiet" (it makes nothing: a folded segment, a
     gather passed as a pointer, views from the plan) or None (it ends the chain)."""
     if seg.index in folded:
@@ -124,7 +122,7 @@ def _joins(graph: FusionGraph, seg: Segment, launch: Any, folded: frozenset[int]
                 return None
         return "quiet"
     if getattr(launch, "in_place_of_copy", None) is not None:
-        return "gather"  # quiet where its output is passed as a pointer: decided when emitted
+        return "quiet" if seg.outputs[0] in pointers else None  # no copy where passed as a pointer
     if not getattr(launch, "chainable", False) or launch.fn is None:
         return None
     if any(delta < 0 for *_, delta in launch.views):  # a view before its base's first element
@@ -324,9 +322,3 @@ def _failure(counters: list[Callable[[int], None] | None]) -> Callable[[int], No
 
     return fail
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
