@@ -86,8 +86,21 @@ def _low_precision_guard(decomp: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+# Note [attention kept whole]: torch.export's table decomposes SDPA's CPU flash op into its math
+# ops and lays the output out as [L, N, H, E] in memory (permute, contiguous, permute back: what
+# export's own two stages need to agree). Eager's op, and its meta kernel, give the output
+# contiguous as [N, H, L, E]: after the decomposition every value computed from the attention
+# output had other strides than eager's (found by tests/test_fuzz.py). Kept whole, the op is an
+# attention segment as in the torch.compile path (AOTAutograd does not decompose it either): a
+# generated attention kernel where one fits, else ATen's own op, with eager's layout either way.
+_KEEP_WHOLE = ("_scaled_dot_product_flash_attention_for_cpu.default",)
+
+
 def _default_decompositions() -> Any:
     table = torch.export.default_decompositions()
+    for name in _KEEP_WHOLE:
+        packet, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
     for name in _KEEP_IN_LOW_PRECISION:
         op = getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1])
         if op in table:

@@ -91,6 +91,15 @@ def _cases() -> dict[str, tuple[Program, list[torch.Tensor]]]:
             Program(1, [("slice", 0, 0, 0, None, 2), ("unary", 0, "sin"), ("unary", 0, "sin"),
                         ("inplace", 1, "add_", 1)], [0]),
             [torch.tensor([4.6230]).expand(2)]),
+        # SDPA on the CPU: capture took torch.export's decomposition of the flash op, whose output
+        # is laid out [L, N, H, E] in memory; eager's op (and its meta) gives it contiguous, so the
+        # sin after it, and every output of a pointwise op after attention, had other strides
+        "attention-output-layout": (
+            Program(3, [("unary", 0, "sin")] * 4 + [("attention", 1, False)] + [("unary", 0, "sin")] * 3, [7]),
+            [torch.tensor([]), torch.tensor([[[4.6230], [-0.8803]], [[-6.5364], [1.7053]]]), torch.tensor(4.6230)]),
+        "attention-output-layout-wide": (
+            Program(1, [("attention", 0, True), ("unary", 1, "sin")], [2]),
+            [torch.randn(2, 3, 4)]),
     }
 
 
