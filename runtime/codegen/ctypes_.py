@@ -120,6 +120,10 @@ FUSEG_FN unsigned short fuseg_f2bf(float f) {
 template <class T> FUSEG_FN T fuseg_max(T a, T b) { return (a != a || b != b) ? (T)(a + b) : (a > b ? a : b); }
 template <class T> FUSEG_FN T fuseg_min(T a, T b) { return (a != a || b != b) ? (T)(a + b) : (a < b ? a : b); }
 template <class T> FUSEG_FN T fuseg_sum(T a, T b) { return (T)(a + b); }
+// Note [max without a NaN chain] (rows.py): the CPU's max/min passes compare alone (one vector
+// max/min instruction) and keep a NaN flag beside them
+template <class T> FUSEG_FN T fuseg_max_ordered(T a, T b) { return a > b ? a : b; }
+template <class T> FUSEG_FN T fuseg_min_ordered(T a, T b) { return a < b ? a : b; }
 template <class T> FUSEG_FN T fuseg_any(T a, T b) { return (T)(a || b); }
 template <class T> FUSEG_FN T fuseg_all(T a, T b) { return (T)(a && b); }
 """
@@ -258,6 +262,10 @@ static inline double fuseg_erf(double x) { return erf(x); }
 #pragma omp declare reduction(fuseg_max : double : omp_out = fuseg_max<double>(omp_out, omp_in)) initializer(omp_priv = -(double)FUSEG_INF)
 #pragma omp declare reduction(fuseg_min : float : omp_out = fuseg_min<float>(omp_out, omp_in)) initializer(omp_priv = FUSEG_INF)
 #pragma omp declare reduction(fuseg_min : double : omp_out = fuseg_min<double>(omp_out, omp_in)) initializer(omp_priv = (double)FUSEG_INF)
+#pragma omp declare reduction(fuseg_max_ordered : float : omp_out = fuseg_max_ordered<float>(omp_out, omp_in)) initializer(omp_priv = -FUSEG_INF)
+#pragma omp declare reduction(fuseg_max_ordered : double : omp_out = fuseg_max_ordered<double>(omp_out, omp_in)) initializer(omp_priv = -(double)FUSEG_INF)
+#pragma omp declare reduction(fuseg_min_ordered : float : omp_out = fuseg_min_ordered<float>(omp_out, omp_in)) initializer(omp_priv = FUSEG_INF)
+#pragma omp declare reduction(fuseg_min_ordered : double : omp_out = fuseg_min_ordered<double>(omp_out, omp_in)) initializer(omp_priv = (double)FUSEG_INF)
 #pragma omp declare reduction(fuseg_max : long long : omp_out = fuseg_max<long long>(omp_out, omp_in)) initializer(omp_priv = (-9223372036854775807LL - 1))
 #pragma omp declare reduction(fuseg_min : long long : omp_out = fuseg_min<long long>(omp_out, omp_in)) initializer(omp_priv = 9223372036854775807LL)
 // One thread per block on the CPU: the block's value is the thread's.
@@ -470,13 +478,16 @@ static inline void fuseg_attention_head(const float* Q, const float* K, const fl
     float* r = P + i * S;
     const long n = CAUSAL ? (i + 1 < S ? i + 1 : S) : S;  // the keys row i sees
     float mx = -FUSEG_INF;
-#pragma omp simd reduction(fuseg_max : mx)
+    int nan = 0;  // Note [max without a NaN chain] (rows.py)
+#pragma omp simd reduction(fuseg_max_ordered : mx) reduction(| : nan)
     for (long j = 0; j < n; ++j) {
       float s = r[j] * scale;
       if constexpr (MASK) s = s + Mk[i * MSM + j * MSN];
       r[j] = s;
-      mx = fuseg_max<float>(mx, s);
+      mx = fuseg_max_ordered<float>(mx, s);
+      nan |= s != s;
     }
+    mx = nan ? __builtin_nanf("") : mx;
     float sum = 0.0f;
     if (mx == -FUSEG_INF) {
       for (long j = 0; j < S; ++j) r[j] = 0.0f;

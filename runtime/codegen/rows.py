@@ -181,6 +181,18 @@ _IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
 # one change in the values.
 EXP_SCRATCH_BYTES = 64 * 1024
 
+# Note [max without a NaN chain]: a max pass combined ``fuseg_max`` (NaN wins, else the larger),
+# which g++ vectorizes as two compares, a mask or and two blends, all on the accumulator: each
+# 16-float vector waited for the previous one's whole chain. On one thread over 512x512 floats
+# that pass alone took ~78 us against ~8 us for a sum pass (a standalone microbenchmark,
+# scratch). On the CPU a float max/min pass now combines with the plain compare (``a > b ? a :
+# b``, one vector max instruction) and ORs a NaN flag (``x != x``, off the accumulator's chain)
+# beside it: ~10 us there. A row that held a NaN gives NaN (the max of the rest is discarded):
+# the canonical quiet NaN, which is what eager's CPU amax gives too, whatever the NaN it met.
+# A zero's sign, as before, is the one the order of visits leaves (+0 against -0). CUDA, the
+# row cache and integer rows keep ``fuseg_max``/``fuseg_min``. Measured (one interleaved run,
+# before/after checkouts, perf/results/row_reductions_cpu.json): see the README, "The runtime".
+
 
 def _identity(combine: str, ct: str) -> str:
     """The value a block reduction starts from: a max from the lowest value, a min from the highest."""
@@ -256,13 +268,26 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         e = element(b, idx)
         lw.cache_fill = False
         lines.append(f"    {acc_ct} {acc} = ({acc_ct})({ident});")
-        if acc_ct in ("float", "double", "long long") and combine in ("fuseg_sum", "fuseg_max", "fuseg_min"):
+        flagged = not cached and acc_ct in ("float", "double") and combine in ("fuseg_max", "fuseg_min")
+        if flagged:  # Note [max without a NaN chain]
+            nan, x = lw.fresh("nan"), lw.fresh("x")
+            lines.extend(["#ifndef __CUDACC__", f"    int {nan} = 0;", "#endif"])
+            head = simd(head, f" reduction({combine}_ordered:{acc}) reduction(|:{nan})")
+        elif acc_ct in ("float", "double", "long long") and combine in ("fuseg_sum", "fuseg_max", "fuseg_min"):
             op = "+" if combine == "fuseg_sum" else combine
             head = simd(head, f" reduction({op}:{acc})")
         lines.extend(head)
         lines.extend(b.lines)
-        lines.append(f"      {acc} = {combine}<{acc_ct}>({acc}, ({acc_ct})({e}));")
-        lines.append("    }")
+        if flagged:
+            lines.extend(["#ifdef __CUDACC__", f"      {acc} = {combine}<{acc_ct}>({acc}, ({acc_ct})({e}));", "#endif",
+                          "#ifndef __CUDACC__",
+                          f"      const {acc_ct} {x} = ({acc_ct})({e});",
+                          f"      {acc} = {combine}_ordered<{acc_ct}>({acc}, {x});",
+                          f"      {nan} |= {x} != {x};", "#endif", "    }",
+                          "#ifndef __CUDACC__", f"    {acc} = {nan} ? ({acc_ct})__builtin_nan(\"\") : {acc};", "#endif"])
+        else:
+            lines.append(f"      {acc} = {combine}<{acc_ct}>({acc}, ({acc_ct})({e}));")
+            lines.append("    }")
         lines.append(f"    const {acc_ct} {res} = fuseg_block_reduce<{acc_ct}, {combine}<{acc_ct}>>({acc}, ({acc_ct})({ident}));")
         return res
 
@@ -293,7 +318,10 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             shape = p.shape
             idx = list(outer) if shape == O else row.index(outer, ["0"] * row.k)
             store_output(lw, b, p, idx, stores)
-        lines.append("    if (FUSEG_THREAD == 0) {")
+        # thread 0 of a CUDA block writes the row's values; on the CPU one thread takes the row,
+        # and an ``if`` would cost the kernel its loop if-conversion (Note [no if-conversion of
+        # branches] in kernel.py): a max pass then ran as scalar branches, 12x slower
+        lines.extend(["#ifdef __CUDACC__", "    if (FUSEG_THREAD == 0) {", "#endif", "#ifndef __CUDACC__", "    {", "#endif"])
         lines.extend(b.lines)
         lines.append("    }")
     lines.append("  }")
