@@ -190,8 +190,10 @@ EXP_SCRATCH_BYTES = 64 * 1024
 # beside it: ~10 us there. A row that held a NaN gives NaN (the max of the rest is discarded):
 # the canonical quiet NaN, which is what eager's CPU amax gives too, whatever the NaN it met.
 # A zero's sign, as before, is the one the order of visits leaves (+0 against -0). CUDA, the
-# row cache and integer rows keep ``fuseg_max``/``fuseg_min``. Measured (one interleaved run,
-# before/after checkouts, perf/results/row_reductions_cpu.json): see the README, "The runtime".
+# row cache and integer rows keep ``fuseg_max``/``fuseg_min``. Measured with the row values
+# written without an ``if`` (row_loop; one interleaved run of before/after checkouts,
+# perf/results/row_reductions_cpu.json): amax over 512x512 from 9.07x eager's time to 0.86x,
+# logsumexp 4.86x to 0.54x, a lone softmax 1.75x to 1.13x; a row sum (neither change) 0.90x, 0.92x.
 
 
 def _identity(combine: str, ct: str) -> str:
@@ -320,7 +322,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             store_output(lw, b, p, idx, stores)
         # thread 0 of a CUDA block writes the row's values; on the CPU one thread takes the row,
         # and an ``if`` would cost the kernel its loop if-conversion (Note [no if-conversion of
-        # branches] in kernel.py): a max pass then ran as scalar branches, 12x slower
+        # branches] in kernel.py): a max pass then ran as scalar branches (Note [max without a NaN chain])
         lines.extend(["#ifdef __CUDACC__", "    if (FUSEG_THREAD == 0) {", "#endif", "#ifndef __CUDACC__", "    {", "#endif"])
         lines.extend(b.lines)
         lines.append("    }")
