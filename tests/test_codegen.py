@@ -483,6 +483,53 @@ def test_row_outputs_keep_if_conversion(name: str, fn) -> None:
         torch.testing.assert_close(g, w, equal_nan=True, rtol=1e-6, atol=1e-6)
 
 
+def _rope_table(inv, k):
+    pos = torch.arange(16)
+    freqs = pos[:, None].to(inv.dtype) * inv[None, :]
+    emb = torch.cat([freqs, freqs], -1)
+    cos, sin = emb.cos() * 1.0, emb.sin() * 1.0
+    rot = torch.cat([-k[..., 8:], k[..., :8]], -1)
+    ke = k * cos[None, None] + rot * sin[None, None]
+    return cos, sin, ke[:, :, None].expand(1, 2, 2, 16, 16).clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_later_loops_read_earlier_outputs_back_on_the_cpu(dtype: torch.dtype) -> None:
+    """Note [outputs read back on the CPU]: llama's RoPE kernel (the segmenter cuts this program
+    in two; torch.compile's graph of llama-tiny gives the one kernel, merged here by hand): cos
+    and sin of a 16x16 table are outputs of the first loop, and the loop of the key expanded to
+    the query heads (2x2x16x16) reads them back on the CPU, where it called cos and sin again;
+    CUDA recomputes them. Values: eager's; the key is bit for bit what the kernel computes from
+    the cos and sin it returned. A bf16 table is not read back (the stored value is rounded)."""
+    from runtime.codegen import lower_segment
+    from runtime.codegen.build import build_cpu
+    from segmenter import Segment
+
+    inv, k = torch.rand(8, dtype=dtype), torch.randn(1, 2, 16, 16, dtype=dtype)
+    plan = apply_aliases(segment(capture(_rope_table, [inv, k])), "post")
+    g = plan.graph
+    assert sum(s.is_kernel for s in plan.segments) == 2  # and the views between them
+    nodes = tuple(n for s in plan.segments for n in s.nodes)
+    made = {o for n in nodes for o in n.outputs if o is not None}
+    inputs = tuple(dict.fromkeys(v for s in plan.segments for v in s.inputs if v not in made))
+    merged = Segment(0, plan.segments[0].kind, nodes, inputs, tuple(g.outputs), 0, 0)
+    lay = {v: (g.metas[v].shape, g.metas[v].stride) for v in (*inputs, *g.outputs)}
+    kernel = lower_segment(g, merged, lay)
+    reads = {r for r in ("out0", "out1") if f"FUSEG_ON_CPU(((float){r}[" in kernel.body}  # cos, sin
+    assert reads == ({"out0", "out1"} if dtype == torch.float32 else set()), kernel.body
+    fn = build_cpu(kernel)
+    args = {g.input_names[0]: inv, g.input_names[1]: k}
+    outs = [torch.empty(g.metas[v].shape, dtype=g.metas[v].dtype) for v in g.outputs]
+    fn(*[args[p.value].data_ptr() for p in kernel.params if not p.output], *[o.data_ptr() for o in outs])
+    cos, sin, ke = outs
+    for got, want in zip(outs, _rope_table(inv, k)):
+        torch.testing.assert_close(got, want, rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-5)
+    if dtype == torch.float32:
+        rot = torch.cat([-k[..., 8:], k[..., :8]], -1)
+        mine = (k * cos[None, None] + rot * sin[None, None])[:, :, None].expand(1, 2, 2, 16, 16)
+        assert torch.equal(ke, mine)
+
+
 def test_the_attribute_keeps_the_command_line_rules() -> None:
     """The function attribute that turns if-conversion off must not bring FP contraction back
     (GCC's optimize attribute applies on top of the command line): x*y + z in a kernel with an

@@ -58,6 +58,8 @@ class _Lowerer:
         #: softmax node -> (its per-row array of exps, the row index they are kept at): Note
         #: [softmax keeps its exps] in rows.py
         self.exp_scratch: dict[str, tuple[str, tuple[str, ...]]] = {}
+        #: output value -> (its param, the loop that stores it): Note [outputs read back on the CPU]
+        self.stored: dict[str, tuple[Param, str]] = {}
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -78,7 +80,13 @@ class _Lowerer:
             expr = self.node_value(b, node, k, idx)
         else:
             expr = self.load(b, v, idx)
-        name = expr if expr.isidentifier() else b.let(compute_type(self.meta(v).dtype), expr)
+        ct = compute_type(self.meta(v).dtype)
+        name = expr if expr.isidentifier() else b.let(ct, expr)
+        stored = self.stored.get(v)
+        if stored is not None and stored[1] != b.loop and _read_back(stored[0], self.meta(v)):
+            p = stored[0]
+            kept = load(p.dtype, f"{p.name}[{ix.linear(idx, p.shape, p.stride)}]")
+            name = b.let(ct, f"FUSEG_ON_CPU({kept}, {name})")
         b.memo[key] = name
         return name
 
@@ -525,6 +533,22 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
 
 _ENUMS = {"rounding_mode": {None, "trunc", "floor"}, "approximate": {"none", "tanh"}}
 
+# Note [outputs read back on the CPU]: a kernel with several loops (one per output shape, side
+# loops before a row loop) computes a value where each loop needs it. A value one loop stored as
+# an output was computed again in a later loop: llama's RoPE kernel writes cos and sin of the
+# positions (two 16x16 outputs) and then, for the key expanded to the query heads (2x2x16x16),
+# called libm's cos and sin again for every element, 2560 calls where 512 do. On the CPU the
+# loops run one after another (each parallel loop ends at OpenMP's barrier), so a later loop reads
+# the element a pointwise loop stored back: ``FUSEG_ON_CPU(out[i], recomputed)``; g++ drops the recomputation as
+# dead code (libm calls are pure under -fno-math-errno). CUDA keeps recomputing: another block
+# may not have written the element yet. Only where the stored value is the computed one, bit for
+# bit: float32 and float64 outputs (compute type = storage type), not written into an input
+# (in place), laid out with the value's own shape.
+
+
+def _read_back(p: Param, m) -> bool:  # noqa: ANN001 - m: the value's TensorMeta
+    return p.target is None and p.dtype in (torch.float32, torch.float64) and tuple(p.shape) == tuple(m.shape)
+
 
 def _check_plain(node: Node, name: str, v: object) -> None:
     """A non-tensor argument of an elementwise op: a scalar (formatted by literal(), which checks
@@ -563,6 +587,9 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
         idx_vars.append(name)
     for p in ps:
         store_output(lw, b, p, idx_vars, stores)
+        # later loops may read it back (Note [outputs read back on the CPU]); a row kernel's own
+        # stores are not recorded: its row and column passes are two variants of one loop
+        lw.stored[p.value] = (p, loop)
     cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
             f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{", *unravel]
     loop_vars = [v for v in idx_vars if v != "0"]
