@@ -118,8 +118,10 @@ class CppBackend(Backend):
         # kernel, which computes each exp once and keeps it; ours then computed it in the sum pass
         # and again when it wrote. Since Note [softmax keeps its exps] ours computes each exp once
         # too; a lone softmax timed both ways afterwards (a diagnostic run, not committed: 64x1024,
-        # 512x512, 4096x4096) was level with ATen's, within the noise. With nothing fused around it
-        # there is still nothing to win, so it stays in ATen.
+        # 512x512, 4096x4096) was level with ATen's, within the noise. A committed run later
+        # (perf/results/row_reductions_cpu.json, two threads) had it at 1.75x ATen's on 512x512 and
+        # 64x1024 before Note [max without a NaN chain] (rows.py) and 1.13-1.15x after. With
+        # nothing fused around it there is nothing to win, so it stays in ATen.
         compute = [n for n in seg.nodes if op_info(n.op).kind != OpKind.VIEW]
         if len(compute) == 1 and compute[0].op in _ATEN_FASTER_ALONE:
             return f"a lone {compute[0].op} is faster in ATen's own CPU kernel"
