@@ -96,13 +96,18 @@ def _low_precision_guard(decomp: Callable[..., Any]) -> Callable[..., Any]:
 _KEEP_WHOLE = ("_scaled_dot_product_flash_attention_for_cpu.default",)
 
 
+def _aten(name: str) -> Any:
+    """``torch.ops.aten.<packet>.<overload>`` for a name of ours (``"packet.overload"``)."""
+    packet, overload = name.split(".")
+    return getattr(getattr(torch.ops.aten, packet), overload)
+
+
 def _default_decompositions() -> Any:
     table = torch.export.default_decompositions()
     for name in _KEEP_WHOLE:
-        packet, overload = name.split(".")
-        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+        table.pop(_aten(name), None)
     for name in _KEEP_IN_LOW_PRECISION:
-        op = getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1])
+        op = _aten(name)
         if op in table:
             table[op] = _low_precision_guard(table[op])
     return table
