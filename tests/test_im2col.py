@@ -89,6 +89,29 @@ def test_a_convolution_measured_faster_in_onednn_stays_on_torch(im2col_faster) -
     assert_matches_eager(fn, inputs, prog.graph, program=prog)
 
 
+@pytest.fixture
+def deterministic():
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def test_deterministic_algorithms_make_no_choice_by_timing(im2col_faster, deterministic) -> None:
+    """Which way is faster is a measurement, and two processes can measure differently (bit,
+    trained: oneDNN in one process, im2col in another, gradients 1e-3 apart). With
+    ``torch.use_deterministic_algorithms(True)`` nothing is measured: oneDNN's convolution, as
+    eager, bit for bit."""
+    fn, inputs = TAKEN[0][1], TAKEN[0][2]
+    prog = _program(fn, inputs)
+    (i,) = _conv_segments(prog)
+    assert prog.backend_of[i] == "torch"
+    assert "use_deterministic_algorithms" in dict(prog.passed_over[i])["im2col"]
+    assert im2col_faster.asked == []
+    assert _runs(prog, i) == "aten.convolution.default"
+    assert torch.equal(prog(*inputs)[0], fn(*inputs))
+
+
 def test_a_shape_is_measured_once(im2col_faster) -> None:
     fn = lambda x, w: F.conv2d(F.conv2d(x, w, padding=1).relu(), w, padding=1)  # noqa: E731 - two equal convs
     inputs = [torch.randn(2, 4, 6, 6), _weights(4, 4, 3, 3)]

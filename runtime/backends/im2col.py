@@ -16,6 +16,14 @@ last bits (4.5e-7 on resnet-tiny's output), as any other compiler's kernels do. 
 ``_MAX_MADE_UP_BYTES`` are not measured either (a strided convolution of a huge input has few
 multiply-adds, and the measurement allocates its inputs).
 
+Note [no choice by timing]: a measurement can come out either way where the two are close, so two
+processes may build the same program with different choices, whose results differ in the last
+bits (bit-tiny trained: im2col in one process out of six, gradients up to 1e-3 apart, loss
+-1.0434331 against -1.0434643; found by a scratch run over unseen models). With
+``torch.use_deterministic_algorithms(True)`` nothing is measured and every convolution stays with
+oneDNN, eager's choice, so a program gives the same bits in every process (dynamo guards the
+setting, so turning it on recompiles).
+
 Taken: a segment that is one ``aten.convolution`` of a 4-D float32/float64 input in contiguous
 (NCHW) layout, with a dense weight, groups 1, dilation 1, stride and padding two integers each
 (``convolution_args`` in runtime/codegen/conv.py), not transposed, its output contiguous and not
@@ -124,6 +132,9 @@ class Im2colBackend(Backend):
         made_up = xm.nbytes + wm.nbytes + (bm.nbytes if bm is not None else 0)
         if made_up > _MAX_MADE_UP_BYTES:  # a strided convolution of a huge input has few multiply-adds
             raise Declined(f"inputs of {made_up / 2**20:.0f} MiB: left to oneDNN, not measured")
+        if torch.are_deterministic_algorithms_enabled():  # Note [no choice by timing]
+            raise Declined("deterministic algorithms are on (torch.use_deterministic_algorithms): "
+                           "no choice by timing, oneDNN's convolution as in eager")
         key = (xm.shape, wm.shape, wm.stride, bm is not None, stride, padding, xm.dtype,
                torch.get_num_threads())
         times = _MEASURED.get(key)
