@@ -170,10 +170,10 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .models import MODELS
+    from .models import DEFAULT, MODELS
 
     p = argparse.ArgumentParser(prog="python -m perf.before_after", description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="*", help=f"default: all of {', '.join(MODELS)}")
+    p.add_argument("models", nargs="*", help=f"default: all of {', '.join(DEFAULT)}; also known: the UNSEEN set")
     p.add_argument("--before", required=True, help="a checkout of the project before the change")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--calls", type=int, default=20)
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="time the first call instead (a fresh process and an empty kernel cache per call)")
     p.add_argument("--out", help="write the record (JSON) here")
     a = p.parse_args(argv)
-    names = a.models or list(MODELS)
+    names = a.models or list(DEFAULT)
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")

@@ -1,11 +1,13 @@
 """Compiled models on the CPU: eager against ``torch.compile(backend="inductor")`` and
 ``torch.compile(backend="fuseg")``, default options, side by side in one run.
 
-    python -m perf.compiled [MODEL ...] [--rounds 5] [--calls 20] [--first-calls 3] [--no-first-call]
+    python -m perf.compiled [MODEL ...] [--set default|unseen|all] [--rounds 5] [--calls 20] [--first-calls 3] [--no-first-call]
                             [--out perf/results/compiled_cpu.json] [--plot FILE.png]
 
 Models: the zoo's runnable entries and transformer-family models the project never tuned for
-(``HELD_OUT``: tiny configs from ``transformers``, random weights, batch 2, sequence 32).
+(``HELD_OUT``: tiny configs from ``transformers``, random weights, batch 2, sequence 32); with
+``--set unseen`` (or ``all``) a second such set, ``UNSEEN`` in perf/models.py, first run after all
+the tuning done on the others.
 
 Method. Steady state: every variant of a model is compiled first, then the variants are timed
 in ``--rounds`` interleaved rounds (eager, inductor, fuseg, eager, ...) of ``--calls`` calls each
@@ -48,9 +50,13 @@ from torch.utils import _pytree as pytree
 
 from .bench import environment
 
-__all__ = ["HELD_OUT", "MODELS", "bench_compiled", "main"]
+__all__ = ["HELD_OUT", "MODELS", "UNSEEN", "bench_compiled", "main"]
 
-from .models import HELD_OUT, MODELS
+from .models import DEFAULT, HELD_OUT, MODELS, UNSEEN
+
+
+def _set_of(name: str) -> str:
+    return "unseen" if name in UNSEEN else "held_out" if name in HELD_OUT else "zoo"
 
 
 def _leaves(x: Any) -> list[torch.Tensor]:
@@ -102,7 +108,7 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
             raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
         torch._dynamo.reset()
         fn, inputs = MODELS[name]()
-        row: dict[str, Any] = {"model": name, "held_out": name in HELD_OUT}
+        row: dict[str, Any] = {"model": name, "held_out": name in HELD_OUT or name in UNSEEN, "set": _set_of(name)}
         variants: dict[str, Callable[[], Any]] = {"eager": lambda f=fn, a=inputs: f(*a)}
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -172,8 +178,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         vals = [r[key] for r in which if key in r]
         return statistics.median(vals) if vals else None
     out: dict[str, Any] = {}
-    for part, which in (("all", rows), ("zoo", [r for r in rows if not r["held_out"]]),
-                        ("held_out", [r for r in rows if r["held_out"]])):
+    def of(part: str) -> list[dict[str, Any]]:
+        return [r for r in rows if r.get("set", "held_out" if r["held_out"] else "zoo") == part]
+    for part, which in (("all", rows), ("zoo", of("zoo")), ("held_out", of("held_out")), ("unseen", of("unseen"))):
+        if part == "unseen" and not which:
+            continue
         out[part] = {"models": len(which),
                      "median_fuseg_vs_eager": med("fuseg_vs_eager", which),
                      "median_fuseg_vs_inductor": med("fuseg_vs_inductor", which),
@@ -212,7 +221,9 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("models", nargs="*", help=f"default: all ({', '.join(MODELS)})")
+    p.add_argument("models", nargs="*", help=f"default: the --set's models; known: {', '.join(MODELS)}")
+    p.add_argument("--set", choices=("default", "unseen", "all"), default="default",
+                   help="the zoo and HELD_OUT (default), UNSEEN, or both")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--first-calls", type=int, default=3, help="cold first calls per compiler and model (median kept)")
@@ -221,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot")
     a = p.parse_args(argv)
     first_calls = 0 if a.no_first_call else a.first_calls
-    rows = bench_compiled(a.models or list(MODELS), a.rounds, a.calls, first_calls)
+    sets = {"default": DEFAULT, "unseen": UNSEEN, "all": MODELS}
+    rows = bench_compiled(a.models or list(sets[a.set]), a.rounds, a.calls, first_calls)
     result = {"benchmark": "compiled models, CPU", "environment": environment("cpu"),
               "threads": torch.get_num_threads(), "rounds": a.rounds, "calls": a.calls, "first_calls": first_calls,
               "summary": summary(rows), "rows": rows}

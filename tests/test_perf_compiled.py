@@ -32,3 +32,22 @@ def test_summary_separates_models_below_the_floor() -> None:
     assert s["slower_than_eager_above_floor"] == ["small"]
     assert s["dynamo_alone_slower_than_eager"] == ["tiny", "small"]
     assert summary(rows)["held_out"]["slower_than_eager"] == []
+
+
+def test_summary_keeps_the_unseen_set_apart() -> None:
+    rows = [
+        {"model": "zoo", "held_out": False, "set": "zoo", "fuseg_vs_eager": 0.5},
+        {"model": "old", "held_out": True, "set": "held_out", "fuseg_vs_eager": 0.4},
+        {"model": "new", "held_out": True, "set": "unseen", "fuseg_vs_eager": 1.2},
+    ]
+    s = summary(rows)
+    assert [s[p]["models"] for p in ("all", "zoo", "held_out", "unseen")] == [3, 1, 1, 1]
+    assert s["unseen"]["slower_than_eager"] == ["new"] and s["held_out"]["slower_than_eager"] == []
+    assert "unseen" not in summary(rows[:2])  # a run without the set says nothing of it
+
+
+def test_every_model_set_builds_by_name() -> None:
+    from perf.models import DEFAULT, HELD_OUT, MODELS, UNSEEN
+
+    assert set(HELD_OUT) <= set(DEFAULT) and not set(UNSEEN) & set(DEFAULT)
+    assert set(MODELS) == set(DEFAULT) | set(UNSEEN)
