@@ -306,7 +306,8 @@ def view_as_complex(lay: Layout) -> Result:
         return NeedsCopy(f"view_as_complex of a {lay.dtype} tensor (torch refuses)")
     if not lay.shape or lay.shape[-1] != 2 or lay.stride[-1] != 1:
         return NeedsCopy("view_as_complex needs a last dim of size 2 and stride 1")
-    if lay.offset % 2 or any(s % 2 for s in lay.stride[:-1]):
+    # a dim of size 1 is never stepped along: torch checks no stride of one (and halves it all the same)
+    if lay.offset % 2 or any(s % 2 for s, n in zip(lay.stride[:-1], lay.shape[:-1]) if n != 1):
         return NeedsCopy("view_as_complex needs the offset and the other strides even")
     return Layout(lay.shape[:-1], tuple(s // 2 for s in lay.stride[:-1]), lay.offset // 2, lay.dtype.to_complex(),
                   False, lay.neg)

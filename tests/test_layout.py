@@ -32,6 +32,17 @@ def test_conj_bits_and_complex_views() -> None:
     assert isinstance(apply_view_op(L(torch.empty(3)), "aten._conj.default", ()), NeedsCopy)
 
 
+def test_view_as_complex_ignores_the_strides_of_size_1_dims() -> None:
+    """Found by test_random_view_chains_agree_with_torch: torch views a [1, 2] tensor of strides
+    (1, 1) as complex (stride 1 // 2 = 0) where the algebra said copy."""
+    base = torch.empty(16)
+    for shape, stride in [((1, 2), (1, 1)), ((1, 2), (7, 1)), ((3, 1, 2), (2, 5, 1))]:
+        x = base.as_strided(shape, stride)
+        assert apply_view_op(L(x), "aten.view_as_complex.default", ()) == L(torch.view_as_complex(x))
+    x = base.as_strided((2, 2), (1, 1))  # torch refuses an odd stride of a dim of size 2
+    assert isinstance(apply_view_op(L(x), "aten.view_as_complex.default", ()), NeedsCopy)
+
+
 def test_slice_then_view_dtype_from_the_issue() -> None:
     got = view_dtype(L(torch.empty(4, 8)[:, 2:6]), F64)
     assert got == Layout((4, 2), (4, 1), 1, F64)
