@@ -40,6 +40,31 @@ def _rope(x, cos, sin):
     return x * cos + rot * sin
 
 
+def _qk_norm_rope(x, w, cos, sin):
+    """Qwen3's per-head RMS norm, the heads moved before the sequence, then RoPE."""
+    return _rope(_rms(x, w).transpose(1, 2), cos, sin)
+
+
+def _norm_moved(x):
+    """A layer norm read through permutations: heads and sequence of one extent (4), so a
+    transposed output has F's very shape; the reduced dim moved first and to the middle."""
+    y = F.layer_norm(x, (16,))
+    return y.transpose(1, 2) * 2, y.permute(3, 0, 2, 1) + 1, (F.pad(y, (2, 0))[..., :16].flip(-1) * y).transpose(-1, -2)
+
+
+def _qk_norm_gqa(x, w):
+    """The key side: normalized heads repeated for grouped-query attention (repeat_kv)."""
+    k = _rms(x, w).transpose(1, 2)
+    b, h, s, d = k.shape
+    return k[:, :, None].expand(b, h, 3, s, d).reshape(b, h * 3, s, d)
+
+
+def _windows(x, w, b):
+    """Swin's window partition of a normalized image: views that split the kept dims, a no-op pad."""
+    y = F.pad(F.layer_norm(x, (16,), w, b).view(2, 8, 8, 16), (0, 0, 0, 0, 0, 0))
+    return y.view(2, 2, 4, 2, 4, 16).transpose(2, 3).contiguous()
+
+
 def _scatter_like(x, y):
     z = x.clone()
     z[:, 1:3] = y * 2
@@ -111,6 +136,16 @@ CASES: dict[str, tuple] = {
     "layer-norm-bf16": (lambda x: F.layer_norm(x, (40,)), [torch.randn(6, 40, dtype=torch.bfloat16)]),
     "rms-norm": (_rms, [torch.randn(2, 7, 48), torch.randn(48)]),
     "logsumexp-norm": (lambda x: (torch.logsumexp(x, -1), torch.linalg.vector_norm(x, dim=-1)), [torch.randn(5, 17)]),
+    # Note [permuted full values]: a normalized value re-indexed by transposes and permutes, and by
+    # slices, cat, pad and flip along the reduced dim, written in its own layout
+    "qk-norm-rope": (_qk_norm_rope, [torch.randn(2, 6, 3, 16), torch.randn(16), torch.randn(6, 16), torch.randn(6, 16)]),
+    "norm-moved": (_norm_moved, [torch.randn(2, 4, 4, 16)]),
+    "cosine-transposed": (lambda x: (F.normalize(x, dim=-1).transpose(-2, -1) * 3,
+                                     F.pad(torch.softmax(x, -1), (1, 2), value=0.5).transpose(0, 1)[..., 1:9] * 2),
+                          [torch.randn(2, 3, 5, 8)]),
+    "qk-norm-gqa": (_qk_norm_gqa, [torch.randn(2, 6, 2, 16), torch.randn(16)]),
+    "norm-windows": (_windows, [torch.randn(2, 64, 16), torch.randn(16), torch.randn(16)]),
+    "softmax-dim1-transposed": (lambda x: torch.softmax(x, 1).transpose(0, 2) * 2, [torch.randn(3, 9, 5)]),
     "reduce-epilogue": (lambda x, y: ((x - x.mean(-1, keepdim=True)) * y, x.sum(-1) + 1), [torch.randn(4, 10), torch.randn(10)]),
     # Note [reduced dims anywhere]: reductions over dims other than the innermost ones (a bias
     # gradient's sum over the batch, softmax over channels), with prologue and epilogue, keepdim
@@ -151,7 +186,7 @@ CASES["math-double"] = (lambda x: tuple(getattr(torch, f)(x * 4 - 2 if f in ("fl
 
 # tolerances per case (the generator computes in fp32 where eager does too, so most are tight)
 TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
-       "sum-mean": 1e-4, "layer-norm": 1e-4, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4,
+       "sum-mean": 1e-4, "layer-norm": 1e-4, "qk-norm-rope": 1e-5, "qk-norm-gqa": 1e-5, "norm-windows": 1e-5, "norm-moved": 1e-5, "cosine-transposed": 1e-5, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4,
        "softmax-kept": 1e-5, "sum-outer": 1e-4, "sum-outer-strided": 1e-5, "var-outer": 1e-5, "center-outer": 1e-5,
        "sum-outer-threaded": 1e-4, "mean-outer-tail": 1e-5}
 

@@ -5,6 +5,7 @@ compiles with nvcc where nvcc is on the PATH."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +108,50 @@ def test_declines_fall_back_to_torch_with_the_reason() -> None:
     assert set(prog.backend_of.values()) == {"torch"}
     x = torch.randn(128, 128)
     torch.testing.assert_close(prog(x)[0], fn(x)[0])
+
+
+def _transposed_plus_itself(x):
+    y = torch.nn.functional.layer_norm(x, (16,))
+    return y.transpose(1, 2) + y  # heads and sequence of one extent: the same shape, other rows
+
+
+def _rows_with_transposed(x):
+    m = x.mean(-1, keepdim=True)
+    return (x * 2 - m).transpose(0, 1) + m  # row i's mean beside row j's values
+
+
+def _rolled_kept_dim(x):
+    y = torch.nn.functional.layer_norm(x, (16,))
+    return torch.cat([y[:, 1:], y[:, :1]], 1) * 2  # a roll along a kept dim: Swin's shifted windows
+
+
+# Note [permuted full values]: re-indexings of a reduced value that would read another row's
+# registers (or write a position the row loop never visits) are declined, and the segment runs
+# on torch: a wrong result is never the price of a kernel
+_CROSS_ROW = {
+    "transposed-plus-itself": (_transposed_plus_itself, [torch.randn(2, 4, 4, 16)], "re-indexed"),
+    "rows-with-transposed": (_rows_with_transposed, [torch.randn(4, 4)], "re-indexed"),
+    "reduce-transposed": (lambda x: torch.softmax(x, -1).transpose(0, 1).sum(-1), [torch.randn(4, 4)],
+                          "re-indexed|reduces"),
+    "rolled-kept-dim": (_rolled_kept_dim, [torch.randn(3, 4, 16)], "re-indexed"),
+    # a slice of each row as big as the reduced size (4 rows of 4, one element each): a value the
+    # row loop, which visits the positions of F, has no place to write from
+    "part-of-a-row": (lambda x: torch.softmax(x, -1)[..., :1] * 2, [torch.randn(4, 4)], "part of a row"),
+    # an expand that would write each element of F to 32 places (MAX_COPIES is 16)
+    "many-copies": (lambda x: (torch.softmax(x, -1) * 2)[:, None].expand(4, 32, 4).reshape(128, 4), [torch.randn(4, 4)],
+                    "copies"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CROSS_ROW))
+def test_reduced_values_read_at_other_rows_are_declined(case: str) -> None:
+    fn, inputs, why = _CROSS_ROW[case]
+    prog = _program(fn, inputs)
+    rows = [s.index for s in prog.plan.segments if s.kind in (SegmentKind.REDUCTION, SegmentKind.NORMALIZATION)]
+    assert rows, "the case has no row segment"
+    reasons = [r for i in rows for name, r in prog.passed_over.get(i, ()) if name == "cpp"]
+    assert any(re.search(why, r) for r in reasons), (reasons, [prog.backend_of[i] for i in rows])
+    assert_matches_eager(fn, inputs, prog.graph, program=prog)
 
 
 def test_in_place_update_is_written_by_the_kernel_into_the_input() -> None:

@@ -21,7 +21,7 @@ import math
 
 from . import index as ix
 from .kernel import Body, Param, store_output, worth_threads
-from .rows import Row, _identity, emit_reductions
+from .rows import Row, _identity, emit_reductions, full_index
 
 __all__ = ["TILE", "column_loop", "takes_columns"]
 
@@ -97,7 +97,8 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
     if full:
         def write(b: Body, idx: list[str]) -> list[str]:
             for p in full:
-                store_output(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
+                for at in full_index(lw, row, p, idx):
+                    store_output(lw, b, p, at, stores)
             return []  # the stores are the body's own lines
         element_pass(lw.fresh("W"), write)
     if rowouts:

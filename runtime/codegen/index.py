@@ -10,7 +10,7 @@ import math
 
 from .ctypes_ import Declined
 
-__all__ = ["broadcast", "contiguous_strides", "dense_strides", "linear", "reshape", "unravel_terms"]
+__all__ = ["broadcast", "contiguous_strides", "dense_strides", "linear", "reshape", "reshape_groups", "unravel_terms"]
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -72,16 +72,12 @@ def broadcast(idx: list[str], in_shape: tuple[int, ...], out_shape: tuple[int, .
     return ["0" if n == 1 else idx[off + d] for d, n in enumerate(in_shape)]
 
 
-def reshape(idx: list[str], in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
-    """Row-major reshape, dim groups of equal product mapped separately (so leading and trailing
-    dims that a reshape leaves alone keep their index as it is)."""
-    if in_shape == out_shape:
-        return list(idx)
-    if math.prod(in_shape) == 0:
-        return ["0"] * len(in_shape)
+def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """The dims of a row-major reshape in groups of equal product: (dims of ``in_shape``, dims of
+    ``out_shape``), size-1 dims left out. Both shapes hold the same number (> 0) of elements."""
     ins = [d for d, n in enumerate(in_shape) if n != 1]
     outs = [d for d, n in enumerate(out_shape) if n != 1]
-    result = ["0"] * len(in_shape)
+    groups = []
     a = b = 0
     while a < len(ins) or b < len(outs):
         ga, gb = [ins[a]], [outs[b]]
@@ -96,6 +92,19 @@ def reshape(idx: list[str], in_shape: tuple[int, ...], out_shape: tuple[int, ...
                 gb.append(outs[b])
                 pb *= out_shape[outs[b]]
                 b += 1
+        groups.append((ga, gb))
+    return groups
+
+
+def reshape(idx: list[str], in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """Row-major reshape, dim groups of equal product mapped separately (so leading and trailing
+    dims that a reshape leaves alone keep their index as it is)."""
+    if in_shape == out_shape:
+        return list(idx)
+    if math.prod(in_shape) == 0:
+        return ["0"] * len(in_shape)
+    result = ["0"] * len(in_shape)
+    for ga, gb in reshape_groups(in_shape, out_shape):
         if len(ga) == 1 and len(gb) == 1:
             result[ga[0]] = idx[gb[0]]
             continue

@@ -7,8 +7,10 @@ domain F, whose other dims are O (innermost or not: Note [reduced dims anywhere]
 each block takes rows of O, runs one block-wide pass over I per reduction (each pass may use the
 results of the earlier ones), then writes the outputs of shape F in a last pass and those of
 shape O (or F with 1s for I, keepdim) from thread 0. A reduced value may only be read at its own
-row: it reaches other values through elementwise ops, broadcasts over I and views between those
-two shapes, and the structural check in ``rows.row_levels`` declines everything else.
+row: it reaches other values through elementwise ops, broadcasts over I, views (reshapes,
+permutes, expands) and slices, cats, pads and flips along I alone, and full outputs are written
+where those views take each position of F (Note [permuted full values] in rows.py); the
+structural check in ``rows.row_levels`` declines everything else.
 Outputs of other shapes that depend on no reduction get pointwise loops of their own.
 
 Values are computed where they are needed, once per loop (a memo per loop body); a branch of
@@ -34,7 +36,7 @@ from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_typ
 from .fission import fission
 from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
-from .rows import REDUCTIONS, Row, plan_row, row_levels, row_loop
+from .rows import REDUCTIONS, Row, exact, plan_row, row_levels, row_loop
 
 __all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
 
@@ -58,6 +60,8 @@ class _Lowerer:
         #: softmax node -> (its per-row array of exps, the row index they are kept at): Note
         #: [softmax keeps its exps] in rows.py
         self.exp_scratch: dict[str, tuple[str, tuple[str, ...]]] = {}
+        #: full value -> the views from F to it: Note [permuted full values] in rows.py
+        self.chains: dict = {}
         #: output value -> (its param, the loop that stores it): Note [outputs read back on the CPU]
         self.stored: dict[str, tuple[Param, str]] = {}
 
@@ -497,12 +501,15 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         for p in outs:
             if levels.get(p.value) == "row":
                 rowouts.append(p)
-            elif p.shape == row.F or (levels.get(p.value) == "full" and math.prod(p.shape) == math.prod(row.F)):
+            elif levels.get(p.value) == "full":
+                if not exact(lw, p.value):  # Note [permuted full values]
+                    raise Declined(f"output {p.value} of shape {list(p.shape)} is part of a row (sliced or padded "
+                                   f"after the reduction): the row loop has no position to write it from")
                 full.append(p)
-            elif p.value not in levels:
-                side.append(p)
+            elif p.shape == row.F:
+                full.append(p)
             else:
-                raise Declined(f"output {p.value} of shape {list(p.shape)} is outside the reduction's domain")
+                side.append(p)
         by_shape = {}
         for p in side:
             by_shape.setdefault(p.shape, []).append(p)

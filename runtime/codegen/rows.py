@@ -17,21 +17,22 @@ variant instead (Note [column passes] in columns.py); this per-row one stays the
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from segmenter import Node
 
 from . import index as ix
-from .checks import float_arg, shape_ints
+from .checks import MAX_EXTENT, float_arg, shape_ints
 from .ctypes_ import Declined, compute_type, literal
 from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
 
-__all__ = ["REDUCTIONS", "Row", "emit_reductions", "plan_row", "row_levels", "row_loop"]
+__all__ = ["REDUCTIONS", "Row", "emit_reductions", "exact", "full_index", "plan_row", "row_levels", "row_loop"]
 
 REDUCTIONS = {
     "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
@@ -120,10 +121,137 @@ def plan_row(lw, reductions: list[Node]) -> Row:
     return row
 
 
+# Note [permuted full values]: a full value need not keep F's layout. Qwen3 normalizes each head,
+# moves the heads before the sequence, applies RoPE (a slice, neg and cat of halves of the
+# normalized dim) and repeats the key heads for grouped-query attention (unsqueeze, expand);
+# Swin V2 normalizes and cuts the image into windows (views and transposes). The kernel computes
+# each output element by pulling its index back through the ops (lower.py), and a reduced value
+# read on the way is the register of the row the loop is at: the result is right exactly when
+# the pull-back of the position written lands on the row the loop is at. ``row_levels`` records
+# for each full value a ``Chain``: the views (reshape, permute, expand) that take a position of F
+# to the value's, and which dims of F each of the value's dims counts. Slice, narrow, cat,
+# constant_pad_nd and flip may move elements only along dims that count reduced dims of F alone
+# (within the row); values combined elementwise must have one chain, and a reduced value
+# broadcast over the row meets only values in F's own layout. The row loop, which visits every
+# position of F once, writes an output at its position taken through the chain (``full_index``;
+# an expand writes each of its copies). An output that is only part of a row (sliced or padded,
+# not cat back to its size) has no such position and is declined, as is any other re-indexing (a
+# slice or roll of a kept dim, a reduction of a re-indexed value, a reshape of a part of a row).
+PERMUTES = {"aten.transpose.int", "aten.t.default", "aten.permute.default"}
+WITHIN_ROW = {"aten.slice.Tensor", "aten.narrow.default", "aten.cat.default", "aten.constant_pad_nd.default",
+              "aten.flip.default"}
+MAX_COPIES = 16  # positions an expand may write per element of F
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The views from F to a full value: ``steps`` of ("reshape", from, to), ("perm", dims) or
+    ("expand", from, to); ``shape`` where they lead; ``deps``, per dim of it, the dims of F its
+    counter depends on (Note [permuted full values])."""
+
+    steps: tuple
+    shape: tuple[int, ...]
+    deps: tuple[frozenset[int], ...]
+
+    @staticmethod
+    def of(F: tuple[int, ...]) -> Chain:  # noqa: N803
+        return Chain((), F, tuple(frozenset({d}) for d in range(len(F))))
+
+    def reshape(self, to: tuple[int, ...]) -> Chain:
+        if to == self.shape:
+            return self
+        if math.prod(to) != math.prod(self.shape) or math.prod(to) == 0:
+            raise Declined(f"a view from {list(self.shape)} to {list(to)}")
+        deps = [frozenset()] * len(to)
+        for ga, gb in ix.reshape_groups(self.shape, to):
+            union = frozenset().union(*(self.deps[d] for d in ga))
+            for d in gb:
+                deps[d] = union
+        steps = self.steps
+        frm = self.shape
+        if steps and steps[-1][0] == "reshape":  # two reshapes are one
+            steps, frm = steps[:-1], steps[-1][1]
+        return Chain(steps if frm == to else (*steps, ("reshape", frm, to)), to, tuple(deps))
+
+    def permute(self, dims: list[int]) -> Chain:
+        if dims == list(range(len(dims))):
+            return self
+        steps = self.steps
+        if steps and steps[-1][0] == "perm":  # two permutes are one
+            dims = [steps[-1][1][d] for d in dims]
+            steps = steps[:-1]
+        chain = Chain(steps, tuple(self.shape[d] for d in dims), tuple(self.deps[d] for d in dims))
+        return chain if dims == list(range(len(dims))) else replace(chain, steps=(*steps, ("perm", tuple(dims))))
+
+    def expand(self, to: tuple[int, ...]) -> Chain:
+        lead = len(to) - len(self.shape)
+        if lead < 0 or any(n != m and n != 1 for n, m in zip(self.shape, to[lead:])):
+            raise Declined(f"an expand from {list(self.shape)} to {list(to)}")
+        if to == self.shape:
+            return self
+        copies = math.prod(m for n, m in zip((1,) * lead + self.shape, to) if n != m)
+        if copies > MAX_COPIES:
+            raise Declined(f"an expand writes {copies} copies of each element (at most {MAX_COPIES} in a row kernel)")
+        deps = (frozenset(),) * lead + tuple(dep if n == m else frozenset()
+                                              for dep, n, m in zip(self.deps, self.shape, to[lead:]))
+        return Chain((*self.steps, ("expand", self.shape, to)), to, deps)
+
+    def positions(self, idx: list[str]) -> list[list[str]]:
+        """The positions of the value that the element of F at ``idx`` is written to."""
+        out = [list(idx)]
+        for step in self.steps:
+            if step[0] == "reshape":
+                out = [ix.reshape(i, step[2], step[1]) for i in out]
+            elif step[0] == "perm":
+                out = [[i[d] for d in step[1]] for i in out]
+            else:
+                frm, to = step[1], step[2]
+                lead = len(to) - len(frm)
+                out = [list(c) for i in out for c in itertools.product(
+                    *([str(k) for k in range(m)] if d < lead or frm[d - lead] != m else [i[d - lead]]
+                      for d, m in enumerate(to)))]
+        return out
+
+
+def _permutation(node: Node, a: dict, rank: int) -> list[int]:
+    """For each dim of a transpose/permute's output, the input dim it is."""
+    if node.op == "aten.permute.default":
+        dims = a["dims"]
+        if not isinstance(dims, (tuple, list)):
+            raise Declined(f"permute dims must be a list of dims, got {type(dims).__name__}")
+        dims = [norm_dim(d, rank) for d in dims]
+        if sorted(dims) != list(range(rank)):
+            raise Declined(f"permute dims {dims} are not a permutation of {rank} dims")
+        return dims
+    p = list(range(rank))
+    if rank >= 2:
+        d0, d1 = (norm_dim(a["dim0"], rank), norm_dim(a["dim1"], rank)) if "dim0" in a else (0, 1)
+        p[d0], p[d1] = p[d1], p[d0]
+    return p
+
+
+def _moved_dims(node: Node, a: dict, rank: int) -> list[int]:
+    """The dims along which a WITHIN_ROW op moves elements (a pad: those it pads or crops)."""
+    if node.op == "aten.flip.default":
+        dims = a["dims"]
+        if not isinstance(dims, (tuple, list)):
+            raise Declined(f"flip dims must be a list of dims, got {type(dims).__name__}")
+        return [norm_dim(d, rank) for d in dims]
+    if node.op == "aten.constant_pad_nd.default":
+        pads = shape_ints(a["pad"], "pad", -MAX_EXTENT)
+        if len(pads) % 2 or len(pads) > 2 * rank:
+            raise Declined(f"pad {list(pads)} for a rank-{rank} tensor")
+        return [rank - 1 - j for j in range(len(pads) // 2) if pads[2 * j] or pads[2 * j + 1]]
+    return [norm_dim(a.get("dim", 0), rank)]
+
+
 def row_levels(lw, row: Row) -> dict[str, str]:
-    """Which values depend on a reduction: "row" (one per row, shape O or O+1s) or "full"."""
+    """Which values depend on a reduction: "row" (one per row, shape O or O+1s) or "full"; sets
+    ``lw.chains`` (Note [permuted full values])."""
     O, O1, F = row.O, row.O1, row.F  # noqa: E741
     level: dict[str, str] = {}
+    chains: dict[str, Chain] = {}
+    own = Chain.of(F)
     for node in lw.seg.nodes:
         outs = [o for o in node.outputs if o is not None]
         if node.op in REDUCTIONS:
@@ -131,6 +259,8 @@ def row_levels(lw, row: Row) -> dict[str, str]:
             x = a["input"] if "input" in a else a["self"]
             if level.get(x.name) == "row":
                 raise Declined(f"{node.op} reduces a reduced value")
+            if level.get(x.name) == "full" and chains[x.name] != own:
+                raise Declined(f"{node.op} reduces a value re-indexed after a reduction")
             for k, o in enumerate(node.outputs):
                 if o is None:
                     continue
@@ -140,6 +270,8 @@ def row_levels(lw, row: Row) -> dict[str, str]:
                 if not full and shape not in (O, O1):
                     raise Declined(f"{node.op} output of shape {list(shape)}")
                 level[o] = "full" if full else "row"
+                if full:
+                    chains[o] = own
             continue
         if node.op in CONST:  # reads no element of its input (full_like & co.)
             continue
@@ -147,23 +279,52 @@ def row_levels(lw, row: Row) -> dict[str, str]:
         fulls = [v for v in node.inputs if level.get(v) == "full"]
         if not rows and not fulls:
             continue
+        mine = {chains[v] for v in fulls}
+        chain = next(iter(mine)) if len(mine) == 1 else None  # the full inputs' chain, where they agree
+        exact = chain is not None and lw.meta(fulls[0]).shape == chain.shape
         for o in outs:
             so = lw.meta(o).shape
-            if node.op in ELEMENTWISE:
-                ok = all((lw.meta(v).shape == O1 and so in (F, O1)) or (lw.meta(v).shape == O and so == O)
-                         for v in rows) and all(lw.meta(v).shape == so for v in fulls)
-                ok &= not (rows and fulls and so != F)
+            new: Chain | None | bool = False  # the output's chain, None for a row value, False: declined
+            if len(mine) > 1:
+                pass  # values laid out differently: one position would be two rows
+            elif node.op in ELEMENTWISE:
+                if all((lw.meta(v).shape == O1 and so in (F, O1)) or (lw.meta(v).shape == O and so == O) for v in rows) \
+                        and all(lw.meta(v).shape == so for v in fulls) and not (rows and fulls and (so != F or chain != own)):
+                    new = chain if fulls else (own if so == F else None)
             elif node.op in LINEAR_VIEWS:
-                ok = so in (O, O1) if rows else math.prod(so) == math.prod(F)
+                if rows:
+                    new = None if so in (O, O1) else False
+                else:
+                    new = chain if lw.meta(fulls[0]).shape == so else chain.reshape(so) if exact else False
             elif node.op == "aten.expand.default":
-                ok = ((bool(rows) and lw.meta(rows[0]).shape == O1 and so in (F, O1))
-                      or (bool(fulls) and lw.meta(fulls[0]).shape == so))  # a no-op expand
-            else:
-                ok = False
-            if not ok:
+                if rows:
+                    new = (own if so == F else None) if lw.meta(rows[0]).shape == O1 and so in (F, O1) else False
+                else:
+                    new = chain if lw.meta(fulls[0]).shape == so else chain.expand(so) if exact else False
+            elif node.op in PERMUTES and not rows:
+                new = chain.permute(_permutation(node, bind(node), len(chain.shape)))
+            elif node.op in WITHIN_ROW and not rows:
+                moved = _moved_dims(node, bind(node), len(chain.shape))
+                new = chain if all(chain.deps[d] <= set(row.reduced) for d in moved) else False
+            if new is False or (new is None and not (rows and not fulls and so in (O, O1) and so != F)):
                 raise Declined(f"a reduced value is re-indexed by {node.op} (shape {list(so)})")
-            level[o] = "row" if rows and not fulls and so in (O, O1) and so != F else "full"
+            level[o] = "full" if new is not None else "row"
+            if new is not None:
+                chains[o] = new
+    lw.chains = chains
     return level
+
+
+def full_index(lw, row: Row, p: Param, idx: list[str]) -> list[list[str]]:
+    """Where the row loop, at position ``idx`` of F, writes full output ``p`` (Note [permuted full
+    values]); an output that depends on no reduction, of F's shape, at ``idx`` itself."""
+    chain = lw.chains.get(p.value)
+    return [list(idx)] if chain is None else chain.positions(idx)
+
+
+def exact(lw, v: str) -> bool:
+    """Whether full value ``v`` has an element for every position its chain leads to."""
+    return lw.meta(v).shape == lw.chains[v].shape
 
 
 _IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
@@ -310,7 +471,8 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     if full:
         b, idx, head = j_loop(lw.fresh("W"))
         for p in full:
-            store_output(lw, b, p, idx if p.shape == row.F else ix.reshape(idx, p.shape, row.F), stores)
+            for at in full_index(lw, row, p, idx):
+                store_output(lw, b, p, at, stores)
         lines.extend(simd(head))
         lines.extend(b.lines)
         lines.append("    }")
