@@ -61,6 +61,13 @@ def dim_arg(d: object, rank: int, what: str = "dim") -> int:
     return int_arg(d, what, -r, r - 1) % r
 
 
+def dims_arg(v: object, rank: int, what: str) -> list[int]:
+    """A list of dims (permute's, flip's, squeeze's), each checked and normalized as ``dim_arg``."""
+    if not isinstance(v, tuple):
+        raise Declined(f"{what} must be a list of dims, got {type(v).__name__} {v!r:.60}")
+    return [dim_arg(d, rank, what) for d in v]
+
+
 def index_arg(i: object, n: int, what: str = "index") -> int:
     """An index into a dim of size ``n`` (negative counts from the end), normalized."""
     if n == 0:

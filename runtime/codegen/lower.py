@@ -30,7 +30,16 @@ from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import ValueRef, view_roots
 
 from . import index as ix
-from .checks import MAX_EXTENT, check_layout, check_segment_metas, dim_arg, index_arg, int_arg, shape_ints, slice_bounds
+from .checks import (
+    MAX_EXTENT,
+    check_layout,
+    check_segment_metas,
+    dims_arg,
+    index_arg,
+    int_arg,
+    shape_ints,
+    slice_bounds,
+)
 from .columns import column_loop, takes_columns
 from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
 from .fission import fission
@@ -140,7 +149,7 @@ class _Lowerer:
         if op == "aten.expand.default":
             return self.value(b, x.name, ix.broadcast(idx, src.shape, out.shape))
         if op == "aten.permute.default":
-            dims = _dims(a["dims"], src.ndim, "permute dims")
+            dims = dims_arg(a["dims"], src.ndim, "permute dims")
             if sorted(dims) != list(range(src.ndim)):
                 raise Declined(f"permute dims {dims} are not a permutation of {src.ndim} dims")
             new = ["0"] * src.ndim
@@ -169,7 +178,7 @@ class _Lowerer:
             return self.value(b, x.name, idx[:dim] + idx[dim + 1:])
         if op in ("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"):
             dims = (range(src.ndim) if op == "aten.squeeze.default" else
-                    [norm_dim(a["dim"], src.ndim)] if op == "aten.squeeze.dim" else _dims(a["dim"], src.ndim, "squeeze dims"))
+                    [norm_dim(a["dim"], src.ndim)] if op == "aten.squeeze.dim" else dims_arg(a["dim"], src.ndim, "squeeze dims"))
             gone = {d for d in dims if src.ndim and src.shape[d] == 1}
             it = iter(idx)
             return self.value(b, x.name, ["0" if d in gone else next(it) for d in range(src.ndim)])
@@ -186,7 +195,7 @@ class _Lowerer:
             return self.value(b, x.name, new)
         if op == "aten.flip.default":
             new = list(idx)
-            for d in set(_dims(a["dims"], src.ndim, "flip dims")):
+            for d in set(dims_arg(a["dims"], src.ndim, "flip dims")):
                 new[d] = f"({src.shape[d] - 1} - {idx[d]})"
             return self.value(b, x.name, new)
         if op == "aten.repeat.default":
@@ -565,12 +574,6 @@ def _check_plain(node: Node, name: str, v: object) -> None:
     if isinstance(v, str) and v in _ENUMS.get(name, ()):
         return
     raise Declined(f"node {node.name!r} ({node.op}): argument {name} = {type(v).__name__} {v!r:.60}")
-
-
-def _dims(v: object, rank: int, what: str) -> list[int]:
-    if not isinstance(v, tuple):
-        raise Declined(f"{what} must be a list of dims, got {type(v).__name__} {v!r:.60}")
-    return [dim_arg(d, rank, what) for d in v]
 
 
 def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], stores: dict, indent: str) -> str:

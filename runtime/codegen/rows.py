@@ -27,7 +27,7 @@ import torch
 from segmenter import Node
 
 from . import index as ix
-from .checks import MAX_EXTENT, float_arg, shape_ints
+from .checks import MAX_EXTENT, dims_arg, float_arg, shape_ints
 from .ctypes_ import Declined, compute_type, literal
 from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
@@ -216,10 +216,7 @@ class Chain:
 def _permutation(node: Node, a: dict, rank: int) -> list[int]:
     """For each dim of a transpose/permute's output, the input dim it is."""
     if node.op == "aten.permute.default":
-        dims = a["dims"]
-        if not isinstance(dims, (tuple, list)):
-            raise Declined(f"permute dims must be a list of dims, got {type(dims).__name__}")
-        dims = [norm_dim(d, rank) for d in dims]
+        dims = dims_arg(a["dims"], rank, "permute dims")
         if sorted(dims) != list(range(rank)):
             raise Declined(f"permute dims {dims} are not a permutation of {rank} dims")
         return dims
@@ -233,10 +230,7 @@ def _permutation(node: Node, a: dict, rank: int) -> list[int]:
 def _moved_dims(node: Node, a: dict, rank: int) -> list[int]:
     """The dims along which a WITHIN_ROW op moves elements (a pad: those it pads or crops)."""
     if node.op == "aten.flip.default":
-        dims = a["dims"]
-        if not isinstance(dims, (tuple, list)):
-            raise Declined(f"flip dims must be a list of dims, got {type(dims).__name__}")
-        return [norm_dim(d, rank) for d in dims]
+        return dims_arg(a["dims"], rank, "flip dims")
     if node.op == "aten.constant_pad_nd.default":
         pads = shape_ints(a["pad"], "pad", -MAX_EXTENT)
         if len(pads) % 2 or len(pads) > 2 * rank:
