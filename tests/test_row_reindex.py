@@ -83,7 +83,7 @@ def _apply(step: tuple, pool: list[torch.Tensor], rows: list[torch.Tensor]) -> t
     if kind == "permute":
         return x.permute(a[0])
     if kind == "slice":
-        return x.narrow(a[0], 0, x.shape[a[0]])[(slice(None),) * a[0] + (slice(a[1], a[2]),)]
+        return x[(slice(None),) * a[0] + (slice(a[1], a[2]),)]
     if kind == "cat":
         return torch.cat((x, pool[a[0]]), a[1])
     if kind == "cat-halves":

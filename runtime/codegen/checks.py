@@ -68,6 +68,14 @@ def dims_arg(v: object, rank: int, what: str) -> list[int]:
     return [dim_arg(d, rank, what) for d in v]
 
 
+def permutation_arg(v: object, rank: int) -> list[int]:
+    """permute's dims: a checked list of dims, each of the ``rank`` dims once."""
+    dims = dims_arg(v, rank, "permute dims")
+    if sorted(dims) != list(range(rank)):
+        raise Declined(f"permute dims {dims} are not a permutation of {rank} dims")
+    return dims
+
+
 def index_arg(i: object, n: int, what: str = "index") -> int:
     """An index into a dim of size ``n`` (negative counts from the end), normalized."""
     if n == 0:

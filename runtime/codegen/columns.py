@@ -97,7 +97,7 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
     if full:
         def write(b: Body, idx: list[str]) -> list[str]:
             for p in full:
-                for at in full_index(lw, row, p, idx):
+                for at in full_index(lw, p, idx):
                     store_output(lw, b, p, at, stores)
             return []  # the stores are the body's own lines
         element_pass(lw.fresh("W"), write)

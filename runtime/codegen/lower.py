@@ -37,6 +37,7 @@ from .checks import (
     dims_arg,
     index_arg,
     int_arg,
+    permutation_arg,
     shape_ints,
     slice_bounds,
 )
@@ -45,7 +46,7 @@ from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_typ
 from .fission import fission
 from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
-from .rows import REDUCTIONS, Row, exact, plan_row, row_levels, row_loop
+from .rows import REDUCTIONS, Chain, Row, exact, plan_row, row_levels, row_loop
 
 __all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
 
@@ -70,7 +71,7 @@ class _Lowerer:
         #: [softmax keeps its exps] in rows.py
         self.exp_scratch: dict[str, tuple[str, tuple[str, ...]]] = {}
         #: full value -> the views from F to it: Note [permuted full values] in rows.py
-        self.chains: dict = {}
+        self.chains: dict[str, Chain] = {}
         #: output value -> (its param, the loop that stores it): Note [outputs read back on the CPU]
         self.stored: dict[str, tuple[Param, str]] = {}
 
@@ -149,9 +150,7 @@ class _Lowerer:
         if op == "aten.expand.default":
             return self.value(b, x.name, ix.broadcast(idx, src.shape, out.shape))
         if op == "aten.permute.default":
-            dims = dims_arg(a["dims"], src.ndim, "permute dims")
-            if sorted(dims) != list(range(src.ndim)):
-                raise Declined(f"permute dims {dims} are not a permutation of {src.ndim} dims")
+            dims = permutation_arg(a["dims"], src.ndim)
             new = ["0"] * src.ndim
             for d, p in enumerate(dims):
                 new[p] = idx[d]

@@ -27,12 +27,12 @@ import torch
 from segmenter import Node
 
 from . import index as ix
-from .checks import MAX_EXTENT, dims_arg, float_arg, shape_ints
+from .checks import MAX_EXTENT, dims_arg, float_arg, permutation_arg, shape_ints
 from .ctypes_ import Declined, compute_type, literal
 from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
 
-__all__ = ["REDUCTIONS", "Row", "emit_reductions", "exact", "full_index", "plan_row", "row_levels", "row_loop"]
+__all__ = ["REDUCTIONS", "Chain", "Row", "emit_reductions", "exact", "full_index", "plan_row", "row_levels", "row_loop"]
 
 REDUCTIONS = {
     "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
@@ -216,10 +216,7 @@ class Chain:
 def _permutation(node: Node, a: dict, rank: int) -> list[int]:
     """For each dim of a transpose/permute's output, the input dim it is."""
     if node.op == "aten.permute.default":
-        dims = dims_arg(a["dims"], rank, "permute dims")
-        if sorted(dims) != list(range(rank)):
-            raise Declined(f"permute dims {dims} are not a permutation of {rank} dims")
-        return dims
+        return permutation_arg(a["dims"], rank)
     p = list(range(rank))
     if rank >= 2:
         d0, d1 = (norm_dim(a["dim0"], rank), norm_dim(a["dim1"], rank)) if "dim0" in a else (0, 1)
@@ -275,7 +272,7 @@ def row_levels(lw, row: Row) -> dict[str, str]:
             continue
         mine = {chains[v] for v in fulls}
         chain = next(iter(mine)) if len(mine) == 1 else None  # the full inputs' chain, where they agree
-        exact = chain is not None and lw.meta(fulls[0]).shape == chain.shape
+        whole = chain is not None and lw.meta(fulls[0]).shape == chain.shape  # not part of a row
         for o in outs:
             so = lw.meta(o).shape
             new: Chain | None | bool = False  # the output's chain, None for a row value, False: declined
@@ -289,12 +286,12 @@ def row_levels(lw, row: Row) -> dict[str, str]:
                 if rows:
                     new = None if so in (O, O1) else False
                 else:
-                    new = chain if lw.meta(fulls[0]).shape == so else chain.reshape(so) if exact else False
+                    new = chain if lw.meta(fulls[0]).shape == so else chain.reshape(so) if whole else False
             elif node.op == "aten.expand.default":
                 if rows:
                     new = (own if so == F else None) if lw.meta(rows[0]).shape == O1 and so in (F, O1) else False
                 else:
-                    new = chain if lw.meta(fulls[0]).shape == so else chain.expand(so) if exact else False
+                    new = chain if lw.meta(fulls[0]).shape == so else chain.expand(so) if whole else False
             elif node.op in PERMUTES and not rows:
                 new = chain.permute(_permutation(node, bind(node), len(chain.shape)))
             elif node.op in WITHIN_ROW and not rows:
@@ -309,7 +306,7 @@ def row_levels(lw, row: Row) -> dict[str, str]:
     return level
 
 
-def full_index(lw, row: Row, p: Param, idx: list[str]) -> list[list[str]]:
+def full_index(lw, p: Param, idx: list[str]) -> list[list[str]]:
     """Where the row loop, at position ``idx`` of F, writes full output ``p`` (Note [permuted full
     values]); an output that depends on no reduction, of F's shape, at ``idx`` itself."""
     chain = lw.chains.get(p.value)
@@ -465,7 +462,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     if full:
         b, idx, head = j_loop(lw.fresh("W"))
         for p in full:
-            for at in full_index(lw, row, p, idx):
+            for at in full_index(lw, p, idx):
                 store_output(lw, b, p, at, stores)
         lines.extend(simd(head))
         lines.extend(b.lines)
