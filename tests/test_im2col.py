@@ -62,7 +62,9 @@ def _weights(*shape):
 TAKEN = [
     ("3x3-pad1", lambda x, w, b: F.conv2d(x, w, b, padding=1), [torch.randn(2, 4, 8, 8), _weights(6, 4, 3, 3), torch.randn(6)]),
     ("stride2-nobias", lambda x, w: F.conv2d(x, w, stride=2, padding=(1, 2)), [torch.randn(2, 3, 9, 7), _weights(5, 3, 3, 5)]),
-    ("1x1-then-relu", lambda x, w: F.relu(F.conv2d(x, w)) + 1, [torch.randn(1, 8, 4, 4), _weights(16, 8, 1, 1)]),
+    # (a 1x1 of stride 1 is a generated kernel's: Note [one-tap convolutions])
+    ("1x1-stride2-then-relu", lambda x, w: F.relu(F.conv2d(x, w, stride=2)) + 1,
+     [torch.randn(1, 8, 4, 4), _weights(16, 8, 1, 1)]),
     ("double", lambda x, w: F.conv2d(x, w, padding=1), [torch.randn(2, 2, 5, 5, dtype=torch.float64),
                                                        torch.randn(3, 2, 3, 3, dtype=torch.float64)]),
     ("strided-weight", lambda x, w: F.conv2d(x, w.transpose(2, 3)), [torch.randn(2, 3, 6, 6), _weights(4, 3, 2, 3)]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from segmenter import Segment, SegmentKind
+from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ops import OpKind, op_info
 
 from ..codegen import Declined
@@ -14,6 +14,8 @@ from ..codegen.build import build_cpu_many, cpu_compiler
 from ..codegen.conv import CONVOLUTION, depthwise_kernel
 from ..codegen.embedding import EMBEDDING, embedding_kernel, index_error
 from ..codegen.gemm import matmul_kernel
+from ..codegen.kernel import Kernel
+from ..codegen.onetap import onetap_kernel
 from ..codegen.runner import runner_kernel
 from ..codegen.scan import CUMSUM, cumsum_kernel
 from ..wrapper import Code
@@ -38,8 +40,8 @@ class CppLaunch(KernelLaunch):
 
 
 class LoneOpLaunch(CppLaunch):
-    """A lone OPAQUE op as its generated kernel: a depthwise convolution (Note [depthwise
-    convolutions] in runtime/codegen/conv.py), an embedding (Note [embedding kernels]), a
+    """A lone OPAQUE op as its generated kernel: a depthwise or one-tap convolution (Note [depthwise
+    convolutions] in runtime/codegen/conv.py, Note [one-tap convolutions]), an embedding (Note [embedding kernels]), a
     cumsum (Note [cumsum kernels]) or an attention (Note [attention kernels]); launched, guarded
     and freed as any kernel."""
 
@@ -90,14 +92,26 @@ class MatmulLaunch(CppLaunch):
         self._bind(kernel, hidden=written - set(seg.outputs), views=views)
 
 
-_LONE_OPS = {CONVOLUTION: depthwise_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel,
+def convolution_kernel(graph: FusionGraph, node: Node) -> Kernel:
+    """A depthwise convolution's kernel, or a one-tap one's (Note [one-tap convolutions] in
+    runtime/codegen/onetap.py), or ``Declined`` with why neither."""
+    try:
+        return depthwise_kernel(graph, node)
+    except Declined as depthwise:
+        try:
+            return onetap_kernel(graph, node)
+        except Declined as onetap:
+            raise Declined(f"depthwise: {depthwise}; one tap: {onetap}") from None
+
+
+_LONE_OPS = {CONVOLUTION: convolution_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel,
              ATTENTION: attention_kernel}
 
 
 class CppBackend(Backend):
     name = "cpp"
     device = "cpu"
-    opaque_ops = frozenset(_LONE_OPS)  # depthwise convolutions, embeddings, cumsums, attention
+    opaque_ops = frozenset(_LONE_OPS)  # depthwise and one-tap convolutions, embeddings, cumsums, attention
 
     def unavailable(self, device_type: str) -> str | None:
         why = super().unavailable(device_type)

@@ -26,7 +26,7 @@ setting, so turning it on recompiles).
 
 Taken: a segment that is one ``aten.convolution`` of a 4-D float32/float64 input in contiguous
 (NCHW) layout, with a dense weight, groups 1, dilation 1, stride and padding two integers each
-(``convolution_args`` in runtime/codegen/conv.py), not transposed, its output contiguous and not
+(``planar_args`` in runtime/codegen/conv.py), not transposed, its output contiguous and not
 written into an input. Anything else is declined with the reason and runs on torch;
 ``backend="torch"`` (the reference path) never comes here.
 """
@@ -43,7 +43,7 @@ import torch
 from segmenter import Node, Segment, TensorMeta
 
 from ..codegen import Declined
-from ..codegen.conv import CONVOLUTION, convolution_args
+from ..codegen.conv import CONVOLUTION, planar_args
 from .base import Backend, BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
 
@@ -71,7 +71,7 @@ def _dense(m: TensorMeta) -> bool:
 
 
 def _why_not(ctx: BuildContext, node: Node, a: dict) -> str | None:
-    """Why ``node``, a 2-D convolution with arguments ``a`` (``convolution_args``), is not one
+    """Why ``node``, a 2-D convolution with arguments ``a`` (``planar_args``), is not one
     this backend takes, or None."""
     x, w, out = ctx.graph.metas[a["input"].name], ctx.graph.metas[a["weight"].name], node.metas[0]
     if a["groups"] != 1:
@@ -118,7 +118,7 @@ class Im2colBackend(Backend):
         if len(seg.nodes) != 1 or seg.nodes[0].op != CONVOLUTION:
             raise Declined("not a lone convolution")
         node = seg.nodes[0]
-        a = convolution_args(ctx.graph, node)
+        a = planar_args(ctx.graph, node)
         why = _why_not(ctx, node, a)
         if why is not None:
             raise Declined(why)

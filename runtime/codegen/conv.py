@@ -39,7 +39,7 @@ from segmenter.ir import ValueRef
 from .ctypes_ import Declined, storage_type
 from .kernel import Kernel, Param, worth_threads
 
-__all__ = ["CONVOLUTION", "MAX_MACS", "convolution_args", "depthwise_kernel"]
+__all__ = ["CONVOLUTION", "MAX_MACS", "convolution_args", "depthwise_kernel", "planar_args"]
 
 CONVOLUTION = "aten.convolution.default"
 #: multiply-adds past which a depthwise convolution is left to oneDNN (perf/results/depthwise_cpu.json,
@@ -49,17 +49,19 @@ _STACK_FILTER_BYTES = 64 << 10  # the channels-last kernel's tap-major copy of t
 _ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
 
 
-def _pair(v: object, what: str, least: int) -> tuple[int, int]:
-    if not (isinstance(v, tuple) and len(v) == 2 and all(type(e) is int and least <= e < 1 << 20 for e in v)):
-        raise Declined(f"a convolution whose {what} is {v!r:.60} (two integers from {least} are taken)")
-    return v[0], v[1]
+def _ints(v: object, what: str, least: int, dims: int) -> tuple[int, ...]:
+    if not (isinstance(v, tuple) and len(v) == dims and all(type(e) is int and least <= e < 1 << 20 for e in v)):
+        raise Declined(f"a {dims}-D convolution whose {what} is {v!r:.60} ({dims} integers from {least} are taken)")
+    return v
 
 
 def convolution_args(graph: FusionGraph, node: Node) -> dict:
-    """The arguments of ``node``, a 2-D ``aten.convolution``, by name, or ``Declined`` with why
-    not: input, weight and bias are tensor values (the bias may be None), input and weight 4-D,
-    not transposed, and stride, padding and dilation each two integers in range (the schema also
-    takes one for both dims, which ATen's other convolutions refuse: it is declined here)."""
+    """The arguments of ``node``, a 1-D or 2-D ``aten.convolution``, by name, or ``Declined`` with
+    why not: input, weight and bias are tensor values (the bias may be None), input and weight
+    both 3-D or both 4-D (``spatial``: 1 or 2, the dims after batch and channels), not
+    transposed, and stride, padding and dilation each one integer in range per spatial dim (the
+    schema also takes one for all dims, which ATen's other convolutions refuse: it is declined
+    here)."""
     if node.op != CONVOLUTION or len(node.args) != len(_ARGS) or node.kwargs:
         raise Declined("not a convolution with the nine positional arguments of its schema")
     a = dict(zip(_ARGS, node.args))
@@ -69,17 +71,27 @@ def convolution_args(graph: FusionGraph, node: Node) -> dict:
     if a["transposed"] is not False:
         raise Declined("a transposed convolution")
     xm, wm = graph.metas[a["input"].name], graph.metas[a["weight"].name]
-    if len(xm.shape) != 4 or len(wm.shape) != 4:
-        raise Declined(f"a {len(xm.shape) - 2}-D convolution (2-D ones are taken)")
-    a["stride"] = _pair(a["stride"], "stride", 1)
-    a["padding"] = _pair(a["padding"], "padding", 0)
-    a["dilation"] = _pair(a["dilation"], "dilation", 1)
+    if len(xm.shape) not in (3, 4) or len(wm.shape) != len(xm.shape):
+        raise Declined(f"a {len(xm.shape) - 2}-D convolution with a {len(wm.shape)}-D weight (1-D and 2-D ones are "
+                       "taken)")
+    a["spatial"] = spatial = len(xm.shape) - 2
+    a["stride"] = _ints(a["stride"], "stride", 1, spatial)
+    a["padding"] = _ints(a["padding"], "padding", 0, spatial)
+    a["dilation"] = _ints(a["dilation"], "dilation", 1, spatial)
+    return a
+
+
+def planar_args(graph: FusionGraph, node: Node) -> dict:
+    """``convolution_args`` of a 2-D convolution, or ``Declined`` (a 1-D one too)."""
+    a = convolution_args(graph, node)
+    if a["spatial"] != 2:
+        raise Declined("a 1-D convolution (2-D ones are taken)")
     return a
 
 
 def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
     """The kernel of ``node``, a depthwise ``aten.convolution`` (Note [depthwise convolutions])."""
-    a = convolution_args(graph, node)
+    a = planar_args(graph, node)
     xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
     if ym is None or len(ym.shape) != 4:
         raise Declined("a convolution whose output is not 4-D")

@@ -44,7 +44,7 @@ from .checks import check_layout, check_segment_metas, int_arg
 from .ctypes_ import Declined
 from .kernel import Kernel, Param, bind
 
-__all__ = ["MATMULS", "MAX_WORK", "matmul_kernel", "unit_stride"]
+__all__ = ["MATMULS", "MAX_WORK", "matmul_kernel", "product_call", "unit_stride"]
 
 MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default"})
 #: multiply-adds above which a matmul is left to ATen's BLAS. Measured (one thread, this machine
@@ -71,6 +71,24 @@ def _furthest(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
 def unit_stride(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
     """Whether stepping along ``dim`` moves one element (a dim of size 1 is never stepped along)."""
     return shape[dim] <= 1 or stride[dim] == 1
+
+
+def product_call(m: int, n: int, k: int, a: tuple[int, int], b: tuple[int, int], ldc: int,
+                 bias: tuple[int, int] | None) -> str:
+    """The template that computes C (m x n, rows ``ldc`` apart, columns contiguous) = A (m x k, strides
+    ``a``) @ B (k x n, strides ``b``), plus X (strides ``bias``: 0 broadcasts) where given; or
+    ``Declined`` unless B is contiguous along n, or A and B both along k (Note [matmul kernels]).
+    A dim of size 1 is never stepped along: its stride does not matter."""
+    (sam, sak), (sbk, sbn) = a, b
+    sxm, sxn = bias if bias is not None else (0, 0)
+    x = int(bias is not None)
+    if n <= 1 or sbn == 1:
+        return f"fuseg_mm_nn<{m}, {n}, {k}, {sam}, {sak}, {sbk}, {sbn}, {ldc}, {x}, {sxm}, {sxn}>"
+    if k <= 1 or sbk == 1 and sak == 1:
+        packed = m >= PACK_MIN_ROWS and k >= 16 and n >= 16 and k * n * 4 <= PACK_MAX_BYTES
+        return f"fuseg_mm_nt{'_packed' if packed else ''}<{m}, {n}, {k}, {sam}, {sbn}, {ldc}, {x}, {sxm}, {sxn}>"
+    raise Declined(f"A of strides {[sam, sak]} and B of strides {[sbk, sbn]}: the kernel reads B contiguous along n, "
+                   "or A and B contiguous along k")
 
 
 def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
@@ -146,26 +164,16 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
     if work > MAX_WORK:
         raise Declined(f"{work} multiply-adds: ATen's BLAS is faster above {MAX_WORK} (Note [matmul kernels])")
     r = 1 if batched else 0  # first matrix dim
-    sam, sak = astride[r], astride[r + 1]
-    sbk, sbn = bstride[r], bstride[r + 1]
-    if "X" in ops:
-        sxm, sxn = ops["X"][1]
-        bias = 1
-    else:
-        sxm = sxn = bias = 0
-    # (a dim of size 1 is never stepped along: its stride does not matter)
-    if unit_stride(bshape, bstride, r + 1):
-        call = f"fuseg_mm_nn<{m}, {n}, {k}, {sam}, {sak}, {sbk}, {sbn}, {n}, {bias}, {sxm}, {sxn}>"
-    elif unit_stride(bshape, bstride, r) and unit_stride(ashape, astride, r + 1):
-        packed = m >= PACK_MIN_ROWS and k >= 16 and n >= 16 and k * n * 4 <= PACK_MAX_BYTES
-        call = f"fuseg_mm_nt{'_packed' if packed else ''}<{m}, {n}, {k}, {sam}, {sbn}, {n}, {bias}, {sxm}, {sxn}>"
-    else:
+    bias = ops["X"][1] if "X" in ops else None
+    try:
+        call = product_call(m, n, k, astride[r:], bstride[r:], n, bias)
+    except Declined:
         raise Declined(f"operands of strides {list(astride)} and {list(bstride)}: the kernel reads B contiguous "
-                       "along n, or A and B contiguous along k")
+                       "along n, or A and B contiguous along k") from None
     sab = astride[0] if batched else 0
     sbb = bstride[0] if batched else 0
     ap, bp = ops["A"], ops["B"]
-    x = f"{ops['X'][3]} + {ops['X'][2]}" if bias else "nullptr"
+    x = f"{ops['X'][3]} + {ops['X'][2]}" if bias is not None else "nullptr"
     lines = [f"  for (FUSEG_I b = 0; b < {batch}; ++b)",
              f"    {call}({ap[3]} + {ap[2]} + b * {sab}, {bp[3]} + {bp[2]} + b * {sbb}, {x}, y_ + b * {m * n});"]
     params.append(Param("y_", out, torch.float32, oshape, ostride, True))

@@ -1,0 +1,135 @@
+"""Convolutions whose filters have one tap, as generated matmuls (the CPU target only).
+
+Note [one-tap convolutions]: a convolution with a filter of size 1 in every spatial dim, stride 1
+and no padding (SqueezeBERT's grouped ``conv1d`` layers in place of its linear layers, the 1x1
+"pointwise" layers of MobileNet, EfficientNet, ResNet, RegNet...) is a matmul per image and group:
+over the positions (the spatial dims, which must make one run of equally spaced elements), out
+channel ``o`` is the weight's row ``o`` times the input's channels, plus the bias. Eager sends it
+to oneDNN, which spent 47-66 us a call on SqueezeBERT's 2x64x32 layers on this 2-core machine
+kind (a scratch comparison, one process; 12 of them were three quarters of its time), and ATen's
+im2col + GEMM (``aten.thnn_conv2d``, the im2col backend) 12-22 us on MobileNet's; the arithmetic
+is a few microseconds. The kernel calls the matmul templates of Note [matmul kernels] (gemm.py)
+once per image and group, in the orientation that writes the output's unit-stride dim along the
+product's rows: positions along columns for an NCHW output (C = W @ X), out channels along columns
+for a channels-last one (C = X^T @ W^T). The input may be read through any strides the templates
+take (SqueezeBERT's is a transpose of its [batch, seq, channels] hidden states). The images and
+groups are shared among threads where the work is worth it (``PARALLEL_WORK``).
+
+Values are not ATen's bits: the sums run in another order (oneDNN's depends on the machine and
+the sizes); the tests check them against eager within float32's tolerances, the sums being
+the matmul kernel's. Taken: one ``aten.convolution`` (1-D or 2-D, not transposed) of float32
+values, a filter of one tap, stride 1, padding 0 (any dilation: one tap has nothing to dilate),
+any groups, an output of the input's positions in a layout with positions or out channels one
+element apart, at most ``MAX_WORK`` multiply-adds. Anything else is declined with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from segmenter import FusionGraph, Node
+
+from .checks import check_layout
+from .conv import convolution_args
+from .ctypes_ import Declined
+from .gemm import product_call
+from .index import dense_strides
+from .kernel import Kernel, Param
+
+__all__ = ["MAX_WORK", "PARALLEL_WORK", "onetap_kernel"]
+
+#: multiply-adds above which a one-tap convolution is left to ATen (perf/results/onetap_cpu.json)
+MAX_WORK = 1 << 22
+#: multiply-adds from which images and groups are shared among threads (perf/results/onetap_cpu.json)
+PARALLEL_WORK = 1 << 18
+
+
+def _run(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int] | None:
+    """The dims ``shape`` as one run: (elements, stride), or None where they are not equally spaced."""
+    dims = [(n, st) for n, st in zip(shape, stride) if n != 1]
+    if not dims:
+        return 1, 1
+    for (_, outer), (n, inner) in zip(dims, dims[1:]):
+        if outer != inner * n:
+            return None
+    return math.prod(shape), dims[-1][1]
+
+
+def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
+    """The kernel of ``node``, a one-tap ``aten.convolution`` (Note [one-tap convolutions])."""
+    a = convolution_args(graph, node)
+    xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
+    bm = graph.metas[a["bias"].name] if a["bias"] is not None else None
+    if any(k != 1 for k in wm.shape[2:]):
+        raise Declined(f"a filter of {'x'.join(map(str, wm.shape[2:]))} taps (one-tap filters are taken)")
+    if any(s != 1 for s in a["stride"]):
+        raise Declined(f"stride {list(a['stride'])} (stride 1 is taken)")
+    if any(p != 0 for p in a["padding"]):
+        raise Declined(f"padding {list(a['padding'])} (no padding is taken)")
+    if ym is None or any(m.dtype != torch.float32 for m in (xm, wm, ym, *(bm,) * (bm is not None))):
+        raise Declined("a convolution not of float32 values (the matmul templates take float32)")
+    for what, m in (("input", xm), ("weight", wm), ("output", ym), *((("bias", bm),) if bm is not None else ())):
+        check_layout(m.shape, m.stride, f"{what} of the convolution")
+    if any(a != d for n, a, d in zip(ym.shape, ym.stride, dense_strides(ym.shape, ym.stride)) if n > 1):
+        raise Declined(f"an output of strides {list(ym.stride)} whose elements are not each at one place of one block")
+    groups = a["groups"]
+    (N, C, *positions), (filters, per_group) = xm.shape, wm.shape[:2]
+    if not (type(groups) is int and groups >= 1 and C == groups * per_group and filters % groups == 0):
+        raise Declined(f"groups={groups!r:.20} with an input of {C} channels and a weight of {list(wm.shape)}")
+    if ym.shape != (N, filters, *positions):
+        raise Declined(f"an output of shape {list(ym.shape)} for an input of {list(xm.shape)} and a weight of "
+                       f"{list(wm.shape)}")
+    if bm is not None and bm.shape != (filters,):
+        raise Declined(f"a bias of shape {list(bm.shape)}")
+    x_run, y_run = _run(xm.shape[2:], xm.stride[2:]), _run(ym.shape[2:], ym.stride[2:])
+    if x_run is None or y_run is None:
+        raise Declined("input or output positions that are not one run of equally spaced elements")
+    (L, sxl), (_, syl) = x_run, y_run
+    work = N * filters * per_group * L
+    if work > MAX_WORK:
+        raise Declined(f"{work} multiply-adds: ATen's convolution is left to them above {MAX_WORK} "
+                       "(Note [one-tap convolutions])")
+    og, (sxn, sxc), (syn, syo), (swo, swc) = filters // groups, xm.stride[:2], ym.stride[:2], wm.stride[:2]
+    sb = bm.stride[0] if bm is not None else 0
+    # columns along the output's unit-stride dim: positions (C = W @ X) or out channels (C = X^T @ W^T);
+    # where both are (one position, or one filter a group), the more columns first: the templates
+    # vectorize along columns, 16 at a time (a lone column is a dot product a position)
+    tries = []
+    if L <= 1 or syl == 1:
+        tries.append((L, ("w", "x"), lambda: product_call(og, L, per_group, (swo, swc), (sxc, sxl), syo,
+                                                        (sb, 0) if bm is not None else None)))
+    if og <= 1 or syo == 1:
+        tries.append((og, ("x", "w"), lambda: product_call(L, og, per_group, (sxl, sxc), (swc, swo), syl,
+                                                         (0, sb) if bm is not None else None)))
+    tries.sort(key=lambda t: -t[0])
+    if not tries:
+        raise Declined(f"an output of strides {list(ym.stride)}: neither positions nor out channels one element "
+                       "apart")
+    why, chosen = [], None
+    for _, operands, make in tries:
+        try:
+            chosen = (operands, make())
+            break
+        except Declined as e:
+            why.append(str(e))
+    if chosen is None:
+        raise Declined(f"strides the matmul templates do not take: {'; '.join(why)}")
+    (first, second), call = chosen
+    ptr = {"w": f"w_ + j * {og * swo}", "x": f"x_ + n * {sxn} + j * {per_group * sxc}"}
+    bias = f"b_ + j * {og * sb}" if bm is not None else "nullptr"
+    lines = [f"  for (FUSEG_I n = 0; n < {N}; ++n)",
+             f"    for (FUSEG_I j = 0; j < {groups}; ++j)",
+             f"      {call}({ptr[first]}, {ptr[second]}, {bias}, y_ + n * {syn} + j * {og * syo});"]
+    if work >= PARALLEL_WORK and N * groups > 1:
+        lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
+    params = [Param("x_", a["input"].name, xm.dtype, xm.shape, xm.stride, False),
+              Param("w_", a["weight"].name, wm.dtype, wm.shape, wm.stride, False)]
+    if bm is not None:
+        params.append(Param("b_", a["bias"].name, bm.dtype, bm.shape, bm.stride, False))
+    params.append(Param("y_", node.outputs[0], ym.dtype, ym.shape, ym.stride, True))
+    body = "\n".join(lines) + "\n"
+    digest = hashlib.sha1((body + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
+    return Kernel(f"fuseg_onetap_{digest}", tuple(params), body, 1, 1, "conv")

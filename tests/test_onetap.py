@@ -1,0 +1,125 @@
+"""Convolutions whose filters have one tap (kernel size 1 in every spatial dim, stride 1, no
+padding) as generated matmuls (runtime/codegen/onetap.py, Note [one-tap convolutions]): a table of
+the ones the cpp backend takes, 1-D and 2-D, grouped or not, each against eager (values, strides,
+aliasing), and of the ones it declines, each with its reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import runtime
+from alias import apply_aliases
+from runtime.codegen import onetap
+from segmenter import SegmentKind, capture, segment
+
+from .util import assert_matches_eager
+
+
+def _program(fn, inputs, backend="auto"):
+    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend=backend)
+
+
+def _conv_segment(prog) -> int:
+    (i,) = [s.index for s in prog.plan.segments
+            if s.kind == SegmentKind.OPAQUE and any(n.op == "aten.convolution.default" for n in s.nodes)]
+    return i
+
+
+def _nhwc(*shape):
+    return torch.randn(*shape).contiguous(memory_format=torch.channels_last)
+
+
+# (name, program, inputs): 1-D and 2-D, groups 1 and more, bias or none, an input read through a
+# transpose (SqueezeBERT's [batch, seq, channels] seen as [batch, channels, seq]), channels-last
+# in and out, odd sizes (tails of the 4 x 64 tiles), one position, a weight in another layout,
+# dilation (nothing to dilate with one tap), and one big enough to be shared among threads
+TAKEN = [
+    ("1d", lambda x, w, b: F.conv1d(x, w, b), [torch.randn(2, 16, 32), torch.randn(24, 16, 1), torch.randn(24)]),
+    ("1d-grouped-transposed", lambda x, w, b: F.conv1d(x.transpose(1, 2), w, b, groups=2),
+     [torch.randn(2, 32, 64), torch.randn(128, 32, 1), torch.randn(128)]),
+    ("1d-grouped-contiguous", lambda x, w, b: F.conv1d(x, w, b, groups=2),
+     [torch.randn(2, 128, 32), torch.randn(64, 64, 1), torch.randn(64)]),
+    ("1d-four-groups-no-bias", lambda x, w: F.conv1d(x, w, groups=4), [torch.randn(3, 12, 7), torch.randn(20, 3, 1)]),
+    ("1d-odd", lambda x, w, b: F.conv1d(x, w, b), [torch.randn(1, 5, 67), torch.randn(7, 5, 1), torch.randn(7)]),
+    ("1d-one-position", lambda x, w, b: F.conv1d(x, w, b), [torch.randn(2, 8, 1), torch.randn(6, 8, 1), torch.randn(6)]),
+    ("1d-dilated", lambda x, w: F.conv1d(x, w, dilation=3), [torch.randn(2, 4, 9), torch.randn(5, 4, 1)]),
+    ("2d", lambda x, w, b: F.conv2d(x, w, b), [torch.randn(2, 16, 8, 8), torch.randn(32, 16, 1, 1), torch.randn(32)]),
+    ("2d-nhwc", lambda x, w, b: F.conv2d(x, w, b), [_nhwc(2, 16, 5, 7), torch.randn(24, 16, 1, 1), torch.randn(24)]),
+    ("2d-nhwc-grouped", lambda x, w: F.conv2d(x, w, groups=4), [_nhwc(2, 16, 4, 4), torch.randn(8, 4, 1, 1)]),
+    ("2d-one-pixel", lambda x, w, b: F.conv2d(x, w, b), [torch.randn(2, 48, 1, 1), torch.randn(40, 48, 1, 1),
+                                                        torch.randn(40)]),
+    ("2d-weight-from-matrix", lambda x, m: F.conv2d(x, m.t()[:, :, None, None]),
+     [torch.randn(2, 6, 3, 5), torch.randn(6, 9)]),
+    ("2d-nhwc-weight-from-matrix", lambda x, m: F.conv2d(x, m.t()[:, :, None, None]),
+     [_nhwc(2, 6, 3, 5), torch.randn(6, 9)]),
+    ("2d-then-relu", lambda x, w: torch.relu(F.conv2d(x, w)), [torch.randn(2, 8, 4, 4), torch.randn(8, 8, 1, 1)]),
+    ("threaded", lambda x, w, b: F.conv1d(x, w, b, groups=2),
+     [torch.randn(2, 128, 64), torch.randn(128, 64, 1), torch.randn(128)]),
+]
+
+
+@pytest.mark.parametrize("name,fn,inputs", TAKEN, ids=[t[0] for t in TAKEN])
+def test_one_tap_convolutions_run_as_generated_kernels(name, fn, inputs) -> None:
+    prog = _program(fn, inputs)
+    i = _conv_segment(prog)
+    assert prog.backend_of[i] == "cpp", prog.passed_over.get(i)
+    assert prog.kernels[i].name.startswith("fuseg_onetap_")
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-5)
+
+
+def test_the_threaded_variant_is_threaded_and_the_small_one_is_not() -> None:
+    progs = {name: _program(fn, inputs) for name, fn, inputs in TAKEN if name in ("threaded", "1d")}
+    bodies = {name: p.kernels[_conv_segment(p)].body for name, p in progs.items()}
+    assert "omp parallel" in bodies["threaded"] and "omp parallel" not in bodies["1d"]
+
+
+def test_an_input_in_another_layout_than_compiled_runs_on_torch_not_misread() -> None:
+    """A launch run on its own checks its inputs' layouts (as every kernel launch does)."""
+    _, fn, inputs = TAKEN[0]
+    prog = _program(fn, inputs)
+    seg = prog.plan.segments[_conv_segment(prog)]
+    launch = prog.launches[seg.index]
+    env = dict(zip(prog.graph.input_names, inputs))
+    env[seg.inputs[0]] = inputs[0].transpose(1, 2).contiguous().transpose(1, 2)  # planned contiguous
+    launch.run(env)
+    assert launch.run.stats["layout_fallbacks"] == 1
+    torch.testing.assert_close(env[seg.outputs[0]], fn(*inputs), atol=1e-5, rtol=1e-5)
+
+
+# (name, program, inputs, why): convolutions the one-tap kernel declines, and its reason
+DECLINED = [
+    ("three-taps", lambda x, w: F.conv1d(x, w), [torch.randn(2, 4, 9), torch.randn(5, 4, 3)], "taps"),
+    ("strided", lambda x, w: F.conv2d(x, w, stride=2), [torch.randn(2, 4, 8, 8), torch.randn(5, 4, 1, 1)], "stride"),
+    ("padded", lambda x, w: F.conv1d(x, w, padding=1), [torch.randn(2, 4, 9), torch.randn(5, 4, 1)], "padding"),
+    ("double", lambda x, w: F.conv1d(x, w), [torch.randn(2, 4, 9).double(), torch.randn(5, 4, 1).double()],
+     "float32"),
+    # rows of every other image row: the two spatial dims do not make one run of positions
+    ("rows-apart", lambda x, w: F.conv2d(x[:, :, ::2], w), [torch.randn(2, 4, 8, 8), torch.randn(5, 4, 1, 1)],
+     "positions"),
+    # neither positions nor channels one element apart in the input
+    ("no-unit-stride", lambda x, w: F.conv1d(x[:, ::2, ::2], w), [torch.randn(2, 8, 10), torch.randn(5, 4, 1)],
+     "strides"),
+    ("3d", lambda x, w: F.conv3d(x, w), [torch.randn(1, 2, 3, 3, 3), torch.randn(4, 2, 1, 1, 1)], "3-D"),
+    ("transposed", lambda x, w: F.conv_transpose1d(x, w), [torch.randn(2, 4, 9), torch.randn(4, 5, 1)], "transposed"),
+]
+
+
+@pytest.mark.parametrize("name,fn,inputs,why", DECLINED, ids=[d[0] for d in DECLINED])
+def test_convolutions_the_one_tap_kernel_declines_run_elsewhere_with_the_reason(name, fn, inputs, why) -> None:
+    prog = _program(fn, inputs)
+    i = _conv_segment(prog)
+    assert prog.backend_of[i] != "cpp"
+    assert why in dict(prog.passed_over[i])["cpp"]
+    tol = 1e-12 if name == "double" else 1e-5
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
+
+
+def test_a_big_one_tap_convolution_is_left_to_aten(monkeypatch) -> None:
+    monkeypatch.setattr(onetap, "MAX_WORK", 100)
+    _, fn, inputs = TAKEN[0]  # 2 x 24 x 32 outputs of 16 multiply-adds
+    prog = _program(fn, inputs)
+    i = _conv_segment(prog)
+    assert "multiply-adds" in dict(prog.passed_over[i])["cpp"]
+    assert_matches_eager(fn, inputs, prog.graph, program=prog)
