@@ -27,11 +27,12 @@ from .bench import environment
 __all__ = ["SHAPES", "main"]
 
 #: (input shape, filters, groups, input layout): SqueezeBERT-tiny's (its input a transpose of
-#: [batch, seq, channels]: "T"), MobileNet-v2-tiny's and EfficientNet-tiny's, then bigger ones up to
+#: [batch, seq, channels]: "T"), MobileNet-v2-tiny's, EfficientNet-tiny's and PoolFormer-tiny's, then bigger ones up to
 #: full-size SqueezeBERT's and ResNet's. Layouts: "C" contiguous, "T" 1-D transposed, "L" channels-last.
 SHAPES = [((2, 128, 32), 64, 2, "C"), ((2, 64, 32), 128, 2, "T"), ((2, 64, 32), 64, 2, "T"),
           ((2, 24, 2, 2), 144, 1, "C"), ((2, 16, 4, 4), 96, 1, "C"), ((2, 24, 8, 8), 96, 1, "C"),
           ((2, 8, 16, 16), 48, 1, "C"), ((2, 336, 1, 1), 56, 1, "C"), ((2, 32, 4, 4), 128, 1, "L"),
+          ((2, 256, 2, 2), 64, 1, "C"), ((2, 512, 1, 1), 128, 1, "C"),
           ((2, 32, 16, 16), 64, 1, "C"), ((2, 128, 64), 128, 2, "T"), ((2, 256, 32), 256, 4, "C"),
           ((2, 96, 16, 16), 96, 1, "L"), ((2, 64, 16, 16), 128, 1, "C"), ((2, 256, 64), 256, 1, "C"),
           ((2, 64, 32, 32), 64, 1, "C"), ((2, 128, 16, 16), 128, 1, "L"), ((2, 128, 28, 28), 128, 1, "C"),

@@ -33,7 +33,7 @@ def _nhwc(*shape):
 
 # (name, program, inputs): 1-D and 2-D, groups 1 and more, bias or none, an input read through a
 # transpose (SqueezeBERT's [batch, seq, channels] seen as [batch, channels, seq]), channels-last
-# in and out, odd sizes (tails of the 4 x 64 tiles), one position, a weight in another layout,
+# in and out, odd sizes (tails of the 4 x 64 tiles), one position or a few, a weight in another layout,
 # dilation (nothing to dilate with one tap), and one big enough to be shared among threads
 TAKEN = [
     ("1d", lambda x, w, b: F.conv1d(x, w, b), [torch.randn(2, 16, 32), torch.randn(24, 16, 1), torch.randn(24)]),
@@ -54,6 +54,10 @@ TAKEN = [
      [torch.randn(2, 6, 3, 5), torch.randn(6, 9)]),
     ("2d-nhwc-weight-from-matrix", lambda x, m: F.conv2d(x, m.t()[:, :, None, None]),
      [_nhwc(2, 6, 3, 5), torch.randn(6, 9)]),
+    # fewer positions than a vector: copied contiguous along channels first
+    ("2d-few-positions", lambda x, w, b: F.conv2d(x, w, b), [torch.randn(2, 64, 2, 2), torch.randn(32, 64, 1, 1),
+                                                            torch.randn(32)]),
+    ("1d-few-positions-grouped", lambda x, w: F.conv1d(x, w, groups=2), [torch.randn(2, 34, 5), torch.randn(6, 17, 1)]),
     ("2d-then-relu", lambda x, w: torch.relu(F.conv2d(x, w)), [torch.randn(2, 8, 4, 4), torch.randn(8, 8, 1, 1)]),
     ("threaded", lambda x, w, b: F.conv1d(x, w, b, groups=2),
      [torch.randn(2, 128, 64), torch.randn(128, 64, 1), torch.randn(128)]),
@@ -73,6 +77,13 @@ def test_the_threaded_variant_is_threaded_and_the_small_one_is_not() -> None:
     progs = {name: _program(fn, inputs) for name, fn, inputs in TAKEN if name in ("threaded", "1d")}
     bodies = {name: p.kernels[_conv_segment(p)].body for name, p in progs.items()}
     assert "omp parallel" in bodies["threaded"] and "omp parallel" not in bodies["1d"]
+
+
+def test_few_positions_are_copied_contiguous_along_channels_first() -> None:
+    progs = {name: _program(fn, inputs) for name, fn, inputs in TAKEN
+             if name in ("2d-few-positions", "1d-few-positions-grouped", "2d", "1d-grouped-transposed")}
+    copied = {name for name, p in progs.items() if "xt[" in p.kernels[_conv_segment(p)].body}
+    assert copied == {"2d-few-positions", "1d-few-positions-grouped"}
 
 
 def test_an_input_in_another_layout_than_compiled_runs_on_torch_not_misread() -> None:
@@ -98,8 +109,9 @@ DECLINED = [
     # rows of every other image row: the two spatial dims do not make one run of positions
     ("rows-apart", lambda x, w: F.conv2d(x[:, :, ::2], w), [torch.randn(2, 4, 8, 8), torch.randn(5, 4, 1, 1)],
      "positions"),
-    # neither positions nor channels one element apart in the input
-    ("no-unit-stride", lambda x, w: F.conv1d(x[:, ::2, ::2], w), [torch.randn(2, 8, 10), torch.randn(5, 4, 1)],
+    # neither positions nor channels one element apart in the input, and positions enough for
+    # vectors (fewer are copied contiguous first: "1d-few-positions-grouped")
+    ("no-unit-stride", lambda x, w: F.conv1d(x[:, ::2, ::2], w), [torch.randn(2, 8, 40), torch.randn(5, 4, 1)],
      "strides"),
     ("3d", lambda x, w: F.conv3d(x, w), [torch.randn(1, 2, 3, 3, 3), torch.randn(4, 2, 1, 1, 1)], "3-D"),
     ("transposed", lambda x, w: F.conv_transpose1d(x, w), [torch.randn(2, 4, 9), torch.randn(4, 5, 1)], "transposed"),
@@ -123,3 +135,19 @@ def test_a_big_one_tap_convolution_is_left_to_aten(monkeypatch) -> None:
     i = _conv_segment(prog)
     assert "multiply-adds" in dict(prog.passed_over[i])["cpp"]
     assert_matches_eager(fn, inputs, prog.graph, program=prog)
+
+
+def test_a_recorded_output_that_contradicts_the_op_is_declined() -> None:
+    """Note [checked source values]: the kernel is sized by the metas; an output the op does not
+    make (here twice the positions, which would read past each input row) is not believed."""
+    import dataclasses
+
+    from runtime.codegen import Declined
+
+    _, fn, inputs = TAKEN[0]
+    graph = capture(fn, inputs)
+    node = next(n for n in graph.nodes if n.op == "aten.convolution.default")
+    lying = dataclasses.replace(node.metas[0], shape=(2, 24, 64), stride=(1536, 64, 1))
+    with pytest.raises(Declined, match="torch computes"):
+        onetap.onetap_kernel(graph, dataclasses.replace(node, metas=(lying,)))
+    assert onetap.onetap_kernel(graph, node).name.startswith("fuseg_onetap_")  # the true one is taken

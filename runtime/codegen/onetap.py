@@ -12,8 +12,13 @@ is a few microseconds. The kernel calls the matmul templates of Note [matmul ker
 once per image and group, in the orientation that writes the output's unit-stride dim along the
 product's rows: positions along columns for an NCHW output (C = W @ X), out channels along columns
 for a channels-last one (C = X^T @ W^T). The input may be read through any strides the templates
-take (SqueezeBERT's is a transpose of its [batch, seq, channels] hidden states). The images and
-groups are shared among threads where the work is worth it (``PARALLEL_WORK``).
+take (SqueezeBERT's is a transpose of its [batch, seq, channels] hidden states). Fewer than 16
+positions (MobileNet's and PoolFormer's 2x2 and 1x1 maps) would make each column a dot product
+reading the input one row of positions apart, element by element (PoolFormer's 2x256x2x2 layer
+took 55 us so, against 19 us as im2col): the image's group of positions is first copied
+contiguous along channels into a stack buffer, and the dot products run in vectors along the
+channels (3.8 us). The images and groups are shared among threads where the work is worth it
+(``PARALLEL_WORK``).
 
 Values are not ATen's bits: the sums run in another order (oneDNN's depends on the machine and
 the sizes); the tests check them against eager within float32's tolerances, the sums being
@@ -32,10 +37,10 @@ import torch
 
 from segmenter import FusionGraph, Node
 
-from .checks import check_layout
+from .checks import check_layout, check_segment_metas, lone
 from .conv import convolution_args
 from .ctypes_ import Declined
-from .gemm import product_call
+from .gemm import PACK_MAX_BYTES, product_call
 from .index import dense_strides
 from .kernel import Kernel, Param
 
@@ -61,6 +66,11 @@ def _run(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int] | N
 def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
     """The kernel of ``node``, a one-tap ``aten.convolution`` (Note [one-tap convolutions])."""
     a = convolution_args(graph, node)
+    if len(node.outputs) != 1 or node.outputs[0] is None:
+        raise Declined("a convolution without its one output")
+    # the recorded output is the op's, or not believed (and torch checks the arguments)
+    check_segment_metas(graph, lone(node, tuple(dict.fromkeys(
+        v.name for v in (a["input"], a["weight"], a["bias"]) if v is not None))), {})
     xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
     bm = graph.metas[a["bias"].name] if a["bias"] is not None else None
     if any(k != 1 for k in wm.shape[2:]):
@@ -97,32 +107,44 @@ def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
     # columns along the output's unit-stride dim: positions (C = W @ X) or out channels (C = X^T @ W^T);
     # where both are (one position, or one filter a group), the more columns first: the templates
     # vectorize along columns, 16 at a time (a lone column is a dot product a position)
+    bias = (sb, 0) if bm is not None else None
     tries = []
     if L <= 1 or syl == 1:
-        tries.append((L, ("w", "x"), lambda: product_call(og, L, per_group, (swo, swc), (sxc, sxl), syo,
-                                                        (sb, 0) if bm is not None else None)))
+        if L < 16 and per_group > 1 and sxc != 1 and swc == 1 and L * per_group * 4 <= PACK_MAX_BYTES:
+            # fewer positions than a vector: the columns would be dot products of the input read
+            # per_group * L apart; its positions are first copied contiguous along channels (a
+            # stack buffer), so the dot products run in vectors along the channels
+            tries.append((L, [f"float xt[{L * per_group}];",
+                              f"const float* xp = x_ + n * {sxn} + j * {per_group * sxc};",
+                              f"for (FUSEG_I c = 0; c < {per_group}; ++c)",
+                              f"  for (FUSEG_I l = 0; l < {L}; ++l) xt[l * {per_group} + c] = xp[c * {sxc} + l * {sxl}];"],
+                          ("w", "xt"), lambda: product_call(og, L, per_group, (swo, swc), (1, per_group), syo, bias)))
+        else:
+            tries.append((L, [], ("w", "x"), lambda: product_call(og, L, per_group, (swo, swc), (sxc, sxl), syo, bias)))
     if og <= 1 or syo == 1:
-        tries.append((og, ("x", "w"), lambda: product_call(L, og, per_group, (sxl, sxc), (swc, swo), syl,
-                                                         (0, sb) if bm is not None else None)))
+        tries.append((og, [], ("x", "w"), lambda: product_call(L, og, per_group, (sxl, sxc), (swc, swo), syl,
+                                                             (0, sb) if bm is not None else None)))
     tries.sort(key=lambda t: -t[0])
     if not tries:
         raise Declined(f"an output of strides {list(ym.stride)}: neither positions nor out channels one element "
                        "apart")
     why, chosen = [], None
-    for _, operands, make in tries:
+    for _, prologue, operands, make in tries:
         try:
-            chosen = (operands, make())
+            chosen = (prologue, operands, make())
             break
         except Declined as e:
             why.append(str(e))
     if chosen is None:
         raise Declined(f"strides the matmul templates do not take: {'; '.join(why)}")
-    (first, second), call = chosen
-    ptr = {"w": f"w_ + j * {og * swo}", "x": f"x_ + n * {sxn} + j * {per_group * sxc}"}
-    bias = f"b_ + j * {og * sb}" if bm is not None else "nullptr"
+    prologue, (first, second), call = chosen
+    ptr = {"w": f"w_ + j * {og * swo}", "x": f"x_ + n * {sxn} + j * {per_group * sxc}", "xt": "xt"}
+    b = f"b_ + j * {og * sb}" if bm is not None else "nullptr"
     lines = [f"  for (FUSEG_I n = 0; n < {N}; ++n)",
-             f"    for (FUSEG_I j = 0; j < {groups}; ++j)",
-             f"      {call}({ptr[first]}, {ptr[second]}, {bias}, y_ + n * {syn} + j * {og * syo});"]
+             f"    for (FUSEG_I j = 0; j < {groups}; ++j) {{",
+             *(f"      {line}" for line in prologue),
+             f"      {call}({ptr[first]}, {ptr[second]}, {b}, y_ + n * {syn} + j * {og * syo});",
+             "    }"]
     if work >= PARALLEL_WORK and N * groups > 1:
         lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
     params = [Param("x_", a["input"].name, xm.dtype, xm.shape, xm.stride, False),
