@@ -1,9 +1,16 @@
 """Convolutions whose filters have one tap (kernel size 1 in every spatial dim, stride 1, no
 padding) as generated matmuls (runtime/codegen/onetap.py, Note [one-tap convolutions]): a table of
 the ones the cpp backend takes, 1-D and 2-D, grouped or not, each against eager (values, strides,
-aliasing), and of the ones it declines, each with its reason."""
+aliasing), and of the ones it declines, each with its reason; then random ones (shapes, groups,
+layouts, bias, dilation, strides and paddings the kernel declines) against eager.
+``FUSEG_ONETAP_PROGRAMS`` sets how many (default 40, what CI runs; the same ones every run unless
+``FUSEG_FUZZ_RANDOM=1``, which draws a new seed and prints it)."""
 
 from __future__ import annotations
+
+import os
+import random
+from collections import Counter
 
 import pytest
 import torch
@@ -151,3 +158,67 @@ def test_a_recorded_output_that_contradicts_the_op_is_declined() -> None:
     with pytest.raises(Declined, match="torch computes"):
         onetap.onetap_kernel(graph, dataclasses.replace(node, metas=(lying,)))
     assert onetap.onetap_kernel(graph, node).name.startswith("fuseg_onetap_")  # the true one is taken
+
+
+PROGRAMS = int(os.environ.get("FUSEG_ONETAP_PROGRAMS", "40"))
+RANDOM = os.environ.get("FUSEG_FUZZ_RANDOM", "0") == "1"
+
+
+def _random_conv(rng: random.Random):
+    """A random 1-D or 2-D convolution, mostly one-tap, its input in a random layout."""
+    spatial = rng.choice((1, 2))
+    groups = rng.choice((1, 1, 2, 3, 4))
+    per_group, filters_per = rng.randint(1, 40), rng.randint(1, 24)
+    n = rng.randint(1, 3)
+    positions = [rng.choice((1, 2, 3, 5, 8, 17, 33)) for _ in range(spatial)]
+    kernel = [1] * spatial if rng.random() < 0.85 else [rng.choice((1, 2, 3)) for _ in range(spatial)]
+    stride = 1 if rng.random() < 0.85 else 2
+    padding = 0 if rng.random() < 0.9 else 1
+    dilation = rng.choice((1, 1, 2))
+    layout = rng.choice(("contiguous", "channels-last", "swapped", "sliced"))
+    c = per_group * groups
+    if layout == "channels-last":  # by a permute, as SqueezeBERT's [batch, seq, channels]
+        x = torch.randn(n, *positions, c).movedim(-1, 1)
+    elif layout == "swapped" and spatial == 2:  # positions not one run (unless one extent is 1)
+        x = torch.randn(n, c, *positions[::-1]).transpose(2, 3)
+    elif layout == "swapped":  # a window of a longer row: a storage offset
+        x = torch.randn(n, c, positions[0] + 3)[..., 1:positions[0] + 1]
+    elif layout == "sliced":  # every other channel
+        x = torch.randn(n, 2 * c, *positions)[:, ::2]
+    else:
+        x = torch.randn(n, c, *positions)
+    positions = [max(p, (k - 1) * dilation + 1) for p, k in zip(positions, kernel)]
+    if list(x.shape[2:]) != positions:  # a position count too small for the filter: made bigger
+        x = torch.randn(n, c, *positions)
+    w = torch.randn(filters_per * groups, per_group, *kernel)
+    b = torch.randn(filters_per * groups) if rng.random() < 0.7 else None
+    conv = F.conv1d if spatial == 1 else F.conv2d
+    what = (f"{conv.__name__} x {list(x.shape)} strides {list(x.stride())} ({layout}) w {list(w.shape)} groups "
+            f"{groups} stride {stride} padding {padding} dilation {dilation} bias {b is not None}")
+
+    def fn(x, w, *b):
+        return conv(x, w, *b, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    return fn, [x, w, *((b,) if b is not None else ())], what
+
+
+def test_random_convolutions_match_eager() -> None:
+    seed = random.randrange(2**32) if RANDOM else 4321
+    print(f"FUSEG_ONETAP seed {seed}")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    seen: Counter = Counter()
+    for k in range(PROGRAMS):
+        fn, inputs, what = _random_conv(rng)
+        prog = _program(fn, inputs)
+        try:
+            assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-5)
+        except AssertionError as e:
+            raise AssertionError(f"program {k} (seed {seed}): {what}") from e
+        i = _conv_segment(prog)
+        if prog.backend_of[i] == "cpp" and prog.kernels[i].name.startswith("fuseg_onetap_"):
+            seen["one-tap kernel"] += 1
+        elif "one tap:" in dict(prog.passed_over.get(i, ())).get("cpp", ""):
+            seen["declined"] += 1
+    print(f"FUSEG_ONETAP {dict(seen)}")
+    assert seen["one-tap kernel"] and seen["declined"], dict(seen)

@@ -83,7 +83,7 @@ def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
         raise Declined("a convolution not of float32 values (the matmul templates take float32)")
     for what, m in (("input", xm), ("weight", wm), ("output", ym), *((("bias", bm),) if bm is not None else ())):
         check_layout(m.shape, m.stride, f"{what} of the convolution")
-    if any(a != d for n, a, d in zip(ym.shape, ym.stride, dense_strides(ym.shape, ym.stride)) if n > 1):
+    if any(st != d for n, st, d in zip(ym.shape, ym.stride, dense_strides(ym.shape, ym.stride)) if n > 1):
         raise Declined(f"an output of strides {list(ym.stride)} whose elements are not each at one place of one block")
     groups = a["groups"]
     (N, C, *positions), (filters, per_group) = xm.shape, wm.shape[:2]
