@@ -109,7 +109,9 @@ DECLINED = [
      "neither contiguous"),
     ("bfloat16", lambda x, w: F.conv2d(x, w, groups=3), [torch.randn(2, 3, 6, 6).bfloat16(), _dw(3, 3, 3).bfloat16()],
      "bfloat16"),
-    ("conv1d", lambda x, w: F.conv1d(x, w, groups=3), [torch.randn(2, 3, 9), torch.randn(3, 1, 3)], "1-D"),
+    # (a float32 one is the patch kernel's: Note [1-D convolutions as patches])
+    ("conv1d", lambda x, w: F.conv1d(x, w, groups=3), [torch.randn(2, 3, 9).double(), torch.randn(3, 1, 3).double()],
+     "1-D"),
     ("transposed", lambda x, w: F.conv_transpose2d(x, w, groups=3), [torch.randn(2, 3, 5, 5), _dw(3, 3, 3)], "transposed"),
 ]
 

@@ -129,7 +129,8 @@ DECLINED = [
     ("dilated", lambda x, w: F.conv2d(x, w, dilation=2), [torch.randn(2, 3, 9, 9), _weights(4, 3, 3, 3)], "dilation"),
     ("channels-last", lambda x, w: F.conv2d(x, w),
      [torch.randn(2, 3, 6, 6).contiguous(memory_format=torch.channels_last), _weights(4, 3, 3, 3)], "layout"),
-    ("conv1d", lambda x, w: F.conv1d(x, w), [torch.randn(2, 3, 9), _weights(4, 3, 3)], "2-D"),
+    # (a float32 one is the patch kernel's: Note [1-D convolutions as patches])
+    ("conv1d", lambda x, w: F.conv1d(x, w), [torch.randn(2, 3, 9).double(), _weights(4, 3, 3).double()], "2-D"),
     ("transposed", lambda x, w: F.conv_transpose2d(x, w), [torch.randn(2, 3, 5, 5), _weights(3, 4, 3, 3)],
      "transposed"),
     ("half", lambda x, w: F.conv2d(x, w), [torch.randn(2, 3, 6, 6).bfloat16(), _weights(4, 3, 3, 3).bfloat16()],

@@ -16,6 +16,7 @@ from ..codegen.embedding import EMBEDDING, embedding_kernel, index_error
 from ..codegen.gemm import matmul_kernel
 from ..codegen.kernel import Kernel
 from ..codegen.onetap import onetap_kernel
+from ..codegen.patches import patches_kernel
 from ..codegen.runner import runner_kernel
 from ..codegen.scan import CUMSUM, cumsum_kernel
 from ..wrapper import Code
@@ -94,14 +95,15 @@ class MatmulLaunch(CppLaunch):
 
 def convolution_kernel(graph: FusionGraph, node: Node) -> Kernel:
     """A depthwise convolution's kernel, or a one-tap one's (Note [one-tap convolutions] in
-    runtime/codegen/onetap.py), or ``Declined`` with why neither."""
-    try:
-        return depthwise_kernel(graph, node)
-    except Declined as depthwise:
+    runtime/codegen/onetap.py), or a 1-D one's (Note [1-D convolutions as patches] in
+    runtime/codegen/patches.py), the first that takes it; or ``Declined`` with why none did."""
+    why = []
+    for name, make in (("depthwise", depthwise_kernel), ("one tap", onetap_kernel), ("patches", patches_kernel)):
         try:
-            return onetap_kernel(graph, node)
-        except Declined as onetap:
-            raise Declined(f"depthwise: {depthwise}; one tap: {onetap}") from None
+            return make(graph, node)
+        except Declined as e:
+            why.append(f"{name}: {e}")
+    raise Declined("; ".join(why))
 
 
 _LONE_OPS = {CONVOLUTION: convolution_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel,

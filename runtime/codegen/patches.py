@@ -1,0 +1,186 @@
+"""1-D convolutions as patches and a matmul, one generated kernel (the CPU target only).
+
+Note [1-D convolutions as patches]: a 1-D convolution of more than one tap (wav2vec 2.0's feature
+extractor, 10 and 3 taps of strides 5 and 2, and its grouped positional embedding of 16 taps;
+Whisper's stem) goes to oneDNN in eager, 48-222 us a call on wav2vec2-tiny's layers on this 2-core
+machine kind (a scratch comparison). ATen's other path, im2col + GEMM, takes 2-D ones only. The
+kernel here is that path in one function: per image and group, blocks of output positions; for
+each block, the patch of every position (its input channels times the filter's taps, zero where
+the filter reaches past either end of the row) is copied into a buffer on the stack, and the
+matmul templates of Note [matmul kernels] (gemm.py) multiply the group's filters by it, plus the
+bias, straight into the output's rows. The patches are laid out along positions (the templates'
+vector loop, 16 positions at a time) where a block has 16 positions or more, else along the patch
+(dot products in vectors along it, the weight's taps and channels one run). The filter is read
+in place: its channels and taps must make one run of equally spaced elements (either order).
+Padding reads nothing. The images and groups are shared among threads where the work is worth it
+(``PARALLEL_WORK``).
+
+Values are not ATen's bits (another summation order); the tests check them against eager within
+float32's tolerances. Taken: one ``aten.convolution`` of 1-D float32 values, not transposed, any
+stride, padding, dilation and groups, an output whose positions are one element apart (NCL), a
+patch of at most ``BLOCK_FLOATS`` elements, at most ``MAX_WORK`` multiply-adds, and from
+``PARALLEL_WORK`` multiply-adds at least ``MIN_FILTERS`` filters a group (each copied element is
+read once per filter: with fewer the copy costs more than oneDNN's whole call). Anything else is
+declined with the reason. (One-tap ones go to Note [one-tap convolutions] first, which reads the
+input in place.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from segmenter import FusionGraph, Node
+
+from .checks import check_layout, check_segment_metas, lone
+from .conv import convolution_args
+from .ctypes_ import Declined
+from .gemm import product_call
+from .index import dense_strides
+from .kernel import Kernel, Param
+
+__all__ = ["BLOCK_FLOATS", "MAX_WORK", "MIN_FILTERS", "PARALLEL_WORK", "patches_kernel"]
+
+#: multiply-adds above which a 1-D convolution is left to ATen (perf/results/patches_cpu.json: 0.84-0.88x
+#: eager's time at 6.3-6.6M, 1.7x at 24.6M and more beyond)
+MAX_WORK = 1 << 23
+#: filters a group from which the patches are worth copying at any size (perf/results/patches_cpu.json:
+#: 2.3x eager's time with 8 filters a group at 6.6M multiply-adds, each copied element read by 8
+#: filters only; 0.88x with 16)
+MIN_FILTERS = 16
+#: multiply-adds from which images and groups are shared among threads
+PARALLEL_WORK = 1 << 18
+#: floats of one block of patches on the stack (64 KiB)
+BLOCK_FLOATS = 1 << 14
+
+
+def _fill(per_group: int, taps: int, order: str, width: int, block: int, lines: list[str], along_positions: bool,
+          geometry: tuple[int, int, int, int, int, int, int]) -> None:
+    """Lines that copy the patches of ``width`` positions from ``l0`` into ``pt`` (row k of the
+    patch at ``pt + k * block`` along positions, or position l at ``pt + l * patch``)."""
+    s, p, d, length, positions, sxc, sxl = geometry
+    patch = per_group * taps
+    row = f"c * {taps} + t" if order == "c" else f"t * {per_group} + c"
+    at, step = (f"pt + ({row}) * {block}", "1") if along_positions else (f"pt + {row}", str(patch))
+    lines += [
+        f"for (FUSEG_I c = 0; c < {per_group}; ++c)",
+        f"  for (FUSEG_I t = 0; t < {taps}; ++t) {{",
+        f"    const FUSEG_I off = t * {d} - {p};  // output position l reads input position l * {s} + off",
+        f"    const FUSEG_I first = off >= 0 ? 0 : (-off + {s} - 1) / {s};",
+        f"    const FUSEG_I end = {length - 1} - off >= 0 ? ({length - 1} - off) / {s} + 1 : 0;",
+        f"    FUSEG_I lo = first - l0 < 0 ? 0 : first - l0, hi = (end < {positions} ? end : {positions}) - l0;",
+        f"    lo = lo > {width} ? {width} : lo;",
+        f"    hi = hi > {width} ? {width} : hi < lo ? lo : hi;",
+        f"    float* r = {at};",
+        f"    const float* xr = xp + c * {sxc};",
+        f"    for (FUSEG_I l = 0; l < lo; ++l) r[l * {step}] = 0.0f;",
+        f"    for (FUSEG_I l = lo; l < hi; ++l) r[l * {step}] = xr[((l0 + l) * {s} + off) * {sxl}];",
+        f"    for (FUSEG_I l = hi; l < {width}; ++l) r[l * {step}] = 0.0f;",
+        "  }",
+    ]
+
+
+def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
+    """The kernel of ``node``, a 1-D ``aten.convolution`` (Note [1-D convolutions as patches])."""
+    a = convolution_args(graph, node)
+    if a["spatial"] != 1:
+        raise Declined("a 2-D convolution (1-D ones are taken)")
+    if len(node.outputs) != 1 or node.outputs[0] is None:
+        raise Declined("a convolution without its one output")
+    # the recorded output is the op's, or not believed (and torch checks the arguments)
+    check_segment_metas(graph, lone(node, tuple(dict.fromkeys(
+        v.name for v in (a["input"], a["weight"], a["bias"]) if v is not None))), {})
+    xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
+    bm = graph.metas[a["bias"].name] if a["bias"] is not None else None
+    if ym is None or any(m.dtype != torch.float32 for m in (xm, wm, ym, *(bm,) * (bm is not None))):
+        raise Declined("a convolution not of float32 values (the matmul templates take float32)")
+    for what, m in (("input", xm), ("weight", wm), ("output", ym), *((("bias", bm),) if bm is not None else ())):
+        check_layout(m.shape, m.stride, f"{what} of the convolution")
+    if any(st != dn for n, st, dn in zip(ym.shape, ym.stride, dense_strides(ym.shape, ym.stride)) if n > 1):
+        raise Declined(f"an output of strides {list(ym.stride)} whose elements are not each at one place of one block")
+    groups = a["groups"]
+    (N, C, length), (filters, per_group, taps) = xm.shape, wm.shape
+    if not (type(groups) is int and groups >= 1 and C == groups * per_group and filters % groups == 0):
+        raise Declined(f"groups={groups!r:.20} with an input of {C} channels and a weight of {list(wm.shape)}")
+    if ym.shape[:2] != (N, filters) or len(ym.shape) != 3:
+        raise Declined(f"an output of shape {list(ym.shape)} for an input of {list(xm.shape)}")
+    positions = ym.shape[2]
+    (sxn, sxc, sxl), (syn, syo, syl), (swo, swc, swt) = xm.stride, ym.stride, wm.stride
+    if bm is not None and bm.shape != (filters,):
+        raise Declined(f"a bias of shape {list(bm.shape)}")
+    # the filter as a matrix of rows of patches: channel-major (c * taps + t) or tap-major
+    if taps == 1 or per_group == 1 or swc == taps * swt:
+        order, ks = "c", (swt if taps > 1 else swc)
+    elif swt == per_group * swc:
+        order, ks = "t", swc
+    else:
+        raise Declined(f"a weight of strides {list(wm.stride)} whose channels and taps are not one run")
+    patch = per_group * taps
+    if patch == 0 or positions == 0 or N == 0:
+        raise Declined("an empty convolution")
+    if patch > BLOCK_FLOATS:
+        raise Declined(f"patches of {patch} elements: more than a block on the stack holds ({BLOCK_FLOATS})")
+    work = N * filters * patch * positions
+    if work > MAX_WORK:
+        raise Declined(f"{work} multiply-adds: ATen's convolution is left to them above {MAX_WORK} "
+                       "(Note [1-D convolutions as patches])")
+    og, sb = filters // groups, (bm.stride[0] if bm is not None else 0)
+    if og < MIN_FILTERS and work >= PARALLEL_WORK:
+        raise Declined(f"{og} filters a group read each copied element of the patches: fewer than {MIN_FILTERS} "
+                       f"at {work} multiply-adds (Note [1-D convolutions as patches])")
+    # positions a block: as many as the stack buffer holds, in whole tiles of the templates' vector
+    # loop (64 columns, else 16) where there are that many: a column past the last whole vector is a
+    # dot product element by element
+    fits = BLOCK_FLOATS // patch
+    block = max(1, min(positions, fits // 64 * 64 if fits >= 64 else fits // 16 * 16 if fits >= 16 else fits))
+    # columns of the product along the output's unit-stride dim: positions (Y = W @ patches) or,
+    # where torch makes the output channels-last (after a channels-last weight), filters
+    # (Y^T = patches^T @ W^T, the patches along the patch)
+    if positions <= 1 or syl == 1:
+        along = block >= 16 or ks != 1  # patches along positions (vectors of positions), else along the patch
+        bstride = (block, 1) if along else (1, patch)
+
+        def product(width: int) -> str:
+            return product_call(og, width, patch, (swo, ks), bstride, syo, (sb, 0) if bm is not None else None)
+        operands, out_at = f"w_ + j * {og * swo}, pt", "yp + l0"
+    elif og <= 1 or syo == 1:
+        along = False
+
+        def product(width: int) -> str:
+            return product_call(width, og, patch, (patch, 1), (ks, swo), syl, (0, sb) if bm is not None else None)
+        operands, out_at = f"pt, w_ + j * {og * swo}", f"yp + l0 * {syl}"
+    else:
+        raise Declined(f"an output of strides {list(ym.stride)}: neither positions nor filters one element apart")
+    (s,), (p,), (d,) = a["stride"], a["padding"], a["dilation"]
+    geometry = (s, p, d, length, positions, sxc, sxl)
+    b = f"b_ + j * {og * sb}" if bm is not None else "nullptr"
+    lines = [f"  for (FUSEG_I n = 0; n < {N}; ++n)",
+             f"    for (FUSEG_I j = 0; j < {groups}; ++j) {{",
+             f"      const float* xp = x_ + n * {sxn} + j * {per_group * sxc};",
+             f"      float* yp = y_ + n * {syn} + j * {og * syo};",
+             f"      float pt[{patch * block}];"]
+    full, tail = positions // block * block, positions % block
+    body: list[str] = []
+    for width, start in ((block, None), (tail, full)):
+        if width == 0:
+            continue
+        call = product(width)
+        fill: list[str] = []
+        _fill(per_group, taps, order, width, block, fill, along, geometry)
+        head = (f"for (FUSEG_I l0 = 0; l0 < {full}; l0 += {block}) {{" if start is None
+                else f"{{ const FUSEG_I l0 = {start};")
+        body += [head, *(f"  {line}" for line in fill),
+                 f"  {call}({operands}, {b}, {out_at});", "}"]
+    lines += [f"      {line}" for line in body]
+    lines.append("    }")
+    if work >= PARALLEL_WORK and N * groups > 1:
+        lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
+    params = [Param("x_", a["input"].name, xm.dtype, xm.shape, xm.stride, False),
+              Param("w_", a["weight"].name, wm.dtype, wm.shape, wm.stride, False)]
+    if bm is not None:
+        params.append(Param("b_", a["bias"].name, bm.dtype, bm.shape, bm.stride, False))
+    params.append(Param("y_", node.outputs[0], ym.dtype, ym.shape, ym.stride, True))
+    text = "\n".join(lines) + "\n"
+    digest = hashlib.sha1((text + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
+    return Kernel(f"fuseg_patches_{digest}", tuple(params), text, 1, 1, "conv")
