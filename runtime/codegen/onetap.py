@@ -30,19 +30,15 @@ element apart, at most ``MAX_WORK`` multiply-adds. Anything else is declined wit
 
 from __future__ import annotations
 
-import hashlib
 import math
-
-import torch
 
 from segmenter import FusionGraph, Node
 
-from .checks import check_layout, check_segment_metas, lone
 from .conv import convolution_args
 from .ctypes_ import Declined
 from .gemm import PACK_MAX_BYTES, product_call
-from .index import dense_strides
-from .kernel import Kernel, Param
+from .kernel import Kernel
+from .matconv import checked_operands, matmul_conv_kernel
 
 __all__ = ["MAX_WORK", "PARALLEL_WORK", "onetap_kernel"]
 
@@ -66,34 +62,19 @@ def _run(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int] | N
 def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
     """The kernel of ``node``, a one-tap ``aten.convolution`` (Note [one-tap convolutions])."""
     a = convolution_args(graph, node)
-    if len(node.outputs) != 1 or node.outputs[0] is None:
-        raise Declined("a convolution without its one output")
-    # the recorded output is the op's, or not believed (and torch checks the arguments)
-    check_segment_metas(graph, lone(node, tuple(dict.fromkeys(
-        v.name for v in (a["input"], a["weight"], a["bias"]) if v is not None))), {})
-    xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
-    bm = graph.metas[a["bias"].name] if a["bias"] is not None else None
+    wm = graph.metas[a["weight"].name]
     if any(k != 1 for k in wm.shape[2:]):
         raise Declined(f"a filter of {'x'.join(map(str, wm.shape[2:]))} taps (one-tap filters are taken)")
     if any(s != 1 for s in a["stride"]):
         raise Declined(f"stride {list(a['stride'])} (stride 1 is taken)")
     if any(p != 0 for p in a["padding"]):
         raise Declined(f"padding {list(a['padding'])} (no padding is taken)")
-    if ym is None or any(m.dtype != torch.float32 for m in (xm, wm, ym, *(bm,) * (bm is not None))):
-        raise Declined("a convolution not of float32 values (the matmul templates take float32)")
-    for what, m in (("input", xm), ("weight", wm), ("output", ym), *((("bias", bm),) if bm is not None else ())):
-        check_layout(m.shape, m.stride, f"{what} of the convolution")
-    if any(st != d for n, st, d in zip(ym.shape, ym.stride, dense_strides(ym.shape, ym.stride)) if n > 1):
-        raise Declined(f"an output of strides {list(ym.stride)} whose elements are not each at one place of one block")
+    checked = checked_operands(graph, node, a)
+    xm, _, bm, ym = checked
     groups = a["groups"]
-    (N, C, *positions), (filters, per_group) = xm.shape, wm.shape[:2]
-    if not (type(groups) is int and groups >= 1 and C == groups * per_group and filters % groups == 0):
-        raise Declined(f"groups={groups!r:.20} with an input of {C} channels and a weight of {list(wm.shape)}")
-    if ym.shape != (N, filters, *positions):
-        raise Declined(f"an output of shape {list(ym.shape)} for an input of {list(xm.shape)} and a weight of "
-                       f"{list(wm.shape)}")
-    if bm is not None and bm.shape != (filters,):
-        raise Declined(f"a bias of shape {list(bm.shape)}")
+    (N, _), (filters, per_group) = xm.shape[:2], wm.shape[:2]
+    if ym.shape[2:] != xm.shape[2:]:
+        raise Declined(f"an output of positions {list(ym.shape[2:])} for an input of {list(xm.shape[2:])}")
     x_run, y_run = _run(xm.shape[2:], xm.stride[2:]), _run(ym.shape[2:], ym.stride[2:])
     if x_run is None or y_run is None:
         raise Declined("input or output positions that are not one run of equally spaced elements")
@@ -129,9 +110,9 @@ def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
         raise Declined(f"an output of strides {list(ym.stride)}: neither positions nor out channels one element "
                        "apart")
     why, chosen = [], None
-    for _, prologue, operands, make in tries:
+    for _, prologue, pair, make in tries:
         try:
-            chosen = (prologue, operands, make())
+            chosen = (prologue, pair, make())
             break
         except Declined as e:
             why.append(str(e))
@@ -147,11 +128,4 @@ def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
              "    }"]
     if work >= PARALLEL_WORK and N * groups > 1:
         lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
-    params = [Param("x_", a["input"].name, xm.dtype, xm.shape, xm.stride, False),
-              Param("w_", a["weight"].name, wm.dtype, wm.shape, wm.stride, False)]
-    if bm is not None:
-        params.append(Param("b_", a["bias"].name, bm.dtype, bm.shape, bm.stride, False))
-    params.append(Param("y_", node.outputs[0], ym.dtype, ym.shape, ym.stride, True))
-    body = "\n".join(lines) + "\n"
-    digest = hashlib.sha1((body + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"fuseg_onetap_{digest}", tuple(params), body, 1, 1, "conv")
+    return matmul_conv_kernel("fuseg_onetap_", node, a, checked, lines)

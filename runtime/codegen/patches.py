@@ -27,18 +27,13 @@ input in place.)
 
 from __future__ import annotations
 
-import hashlib
-
-import torch
-
 from segmenter import FusionGraph, Node
 
-from .checks import check_layout, check_segment_metas, lone
 from .conv import convolution_args
 from .ctypes_ import Declined
 from .gemm import product_call
-from .index import dense_strides
-from .kernel import Kernel, Param
+from .kernel import Kernel
+from .matconv import checked_operands, matmul_conv_kernel
 
 __all__ = ["BLOCK_FLOATS", "MAX_WORK", "MIN_FILTERS", "PARALLEL_WORK", "patches_kernel"]
 
@@ -86,29 +81,12 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
     a = convolution_args(graph, node)
     if a["spatial"] != 1:
         raise Declined("a 2-D convolution (1-D ones are taken)")
-    if len(node.outputs) != 1 or node.outputs[0] is None:
-        raise Declined("a convolution without its one output")
-    # the recorded output is the op's, or not believed (and torch checks the arguments)
-    check_segment_metas(graph, lone(node, tuple(dict.fromkeys(
-        v.name for v in (a["input"], a["weight"], a["bias"]) if v is not None))), {})
-    xm, wm, ym = graph.metas[a["input"].name], graph.metas[a["weight"].name], node.metas[0]
-    bm = graph.metas[a["bias"].name] if a["bias"] is not None else None
-    if ym is None or any(m.dtype != torch.float32 for m in (xm, wm, ym, *(bm,) * (bm is not None))):
-        raise Declined("a convolution not of float32 values (the matmul templates take float32)")
-    for what, m in (("input", xm), ("weight", wm), ("output", ym), *((("bias", bm),) if bm is not None else ())):
-        check_layout(m.shape, m.stride, f"{what} of the convolution")
-    if any(st != dn for n, st, dn in zip(ym.shape, ym.stride, dense_strides(ym.shape, ym.stride)) if n > 1):
-        raise Declined(f"an output of strides {list(ym.stride)} whose elements are not each at one place of one block")
+    checked = checked_operands(graph, node, a)
+    xm, wm, bm, ym = checked
     groups = a["groups"]
-    (N, C, length), (filters, per_group, taps) = xm.shape, wm.shape
-    if not (type(groups) is int and groups >= 1 and C == groups * per_group and filters % groups == 0):
-        raise Declined(f"groups={groups!r:.20} with an input of {C} channels and a weight of {list(wm.shape)}")
-    if ym.shape[:2] != (N, filters) or len(ym.shape) != 3:
-        raise Declined(f"an output of shape {list(ym.shape)} for an input of {list(xm.shape)}")
+    (N, _, length), (filters, per_group, taps) = xm.shape, wm.shape
     positions = ym.shape[2]
     (sxn, sxc, sxl), (syn, syo, syl), (swo, swc, swt) = xm.stride, ym.stride, wm.stride
-    if bm is not None and bm.shape != (filters,):
-        raise Declined(f"a bias of shape {list(bm.shape)}")
     # the filter as a matrix of rows of patches: channel-major (c * taps + t) or tap-major
     if taps == 1 or per_group == 1 or swc == taps * swt:
         order, ks = "c", (swt if taps > 1 else swc)
@@ -176,11 +154,4 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
     lines.append("    }")
     if work >= PARALLEL_WORK and N * groups > 1:
         lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
-    params = [Param("x_", a["input"].name, xm.dtype, xm.shape, xm.stride, False),
-              Param("w_", a["weight"].name, wm.dtype, wm.shape, wm.stride, False)]
-    if bm is not None:
-        params.append(Param("b_", a["bias"].name, bm.dtype, bm.shape, bm.stride, False))
-    params.append(Param("y_", node.outputs[0], ym.dtype, ym.shape, ym.stride, True))
-    text = "\n".join(lines) + "\n"
-    digest = hashlib.sha1((text + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"fuseg_patches_{digest}", tuple(params), text, 1, 1, "conv")
+    return matmul_conv_kernel("fuseg_patches_", node, a, checked, lines)
