@@ -15,22 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import runtime
-from alias import apply_aliases
 from runtime.codegen import Declined, patches
-from segmenter import SegmentKind, capture, segment
+from segmenter import capture
 
-from .util import assert_matches_eager
-
-
-def _program(fn, inputs):
-    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"))
-
-
-def _conv_segment(prog) -> int:
-    (i,) = [s.index for s in prog.plan.segments
-            if s.kind == SegmentKind.OPAQUE and any(n.op == "aten.convolution.default" for n in s.nodes)]
-    return i
+from .util import assert_matches_eager, compiled_post, convolution_segment
 
 
 def _conv(**kw):
@@ -61,8 +49,8 @@ TAKEN = [
 
 @pytest.mark.parametrize("name,fn,inputs", TAKEN, ids=[t[0] for t in TAKEN])
 def test_1d_convolutions_run_as_patch_kernels(name, fn, inputs) -> None:
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert prog.backend_of[i] == "cpp", prog.passed_over.get(i)
     assert prog.kernels[i].name.startswith("fuseg_patches_")
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-5)
@@ -71,8 +59,8 @@ def test_1d_convolutions_run_as_patch_kernels(name, fn, inputs) -> None:
 def test_rows_longer_than_a_block_are_cut_into_blocks(monkeypatch) -> None:
     monkeypatch.setattr(patches, "BLOCK_FLOATS", 64)  # 32 taps x 2 positions a block: many blocks and a tail
     fn, inputs = _conv(padding=1), [torch.randn(2, 16, 33), torch.randn(8, 16, 2)]
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert prog.backend_of[i] == "cpp", prog.passed_over.get(i)
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-5)
 
@@ -91,8 +79,8 @@ DECLINED = [
 
 @pytest.mark.parametrize("name,fn,inputs,why", DECLINED, ids=[d[0] for d in DECLINED])
 def test_convolutions_the_patch_kernel_declines_run_elsewhere_with_the_reason(name, fn, inputs, why) -> None:
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert prog.kernels.get(i) is None or not prog.kernels[i].name.startswith("fuseg_patches_")
     assert why in dict(prog.passed_over[i])["cpp"]
     tol = 1e-12 if name == "double" else 1e-4
@@ -102,8 +90,8 @@ def test_convolutions_the_patch_kernel_declines_run_elsewhere_with_the_reason(na
 def test_a_big_convolution_is_left_to_aten(monkeypatch) -> None:
     monkeypatch.setattr(patches, "MAX_WORK", 100)
     _, fn, inputs = TAKEN[3]
-    prog = _program(fn, inputs)
-    assert "multiply-adds" in dict(prog.passed_over[_conv_segment(prog)])["cpp"]
+    prog = compiled_post(fn, inputs)
+    assert "multiply-adds" in dict(prog.passed_over[convolution_segment(prog)])["cpp"]
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-5)
 
 
@@ -131,12 +119,12 @@ def test_random_1d_convolutions_match_eager() -> None:
             x = x.transpose(1, 2).contiguous().transpose(1, 2)
         inputs = [x, torch.randn(fg * groups, cg, taps)] + ([torch.randn(fg * groups)] if rng.random() < 0.5 else [])
         fn = _conv(stride=stride, padding=padding, dilation=dilation, groups=groups)
-        prog = _program(fn, inputs)
+        prog = compiled_post(fn, inputs)
         what = f"x {list(x.shape)} / {list(x.stride())} w {list(inputs[1].shape)} s{stride} p{padding} d{dilation} g{groups}"
         try:
             assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-5)
         except AssertionError as e:
             raise AssertionError(f"program {k}: {what}") from e
-        i = _conv_segment(prog)
+        i = convolution_segment(prog)
         seen["patches" if prog.kernels.get(i) and prog.kernels[i].name.startswith("fuseg_patches_") else "other"] += 1
     assert seen["patches"] >= 20, dict(seen)

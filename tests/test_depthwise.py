@@ -8,22 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import runtime
-from alias import apply_aliases
 from runtime.codegen import conv
-from segmenter import SegmentKind, capture, segment
 
-from .util import assert_matches_eager
-
-
-def _program(fn, inputs, backend="auto"):
-    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend=backend)
-
-
-def _conv_segment(prog) -> int:
-    (i,) = [s.index for s in prog.plan.segments
-            if s.kind == SegmentKind.OPAQUE and any(n.op == "aten.convolution.default" for n in s.nodes)]
-    return i
+from .util import assert_matches_eager, compiled_post, convolution_segment
 
 
 def _nhwc(*shape):
@@ -71,8 +58,8 @@ TAKEN = [
 
 @pytest.mark.parametrize("name,fn,inputs", TAKEN, ids=[t[0] for t in TAKEN])
 def test_depthwise_convolutions_run_as_generated_kernels(name, fn, inputs) -> None:
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert prog.backend_of[i] == "cpp", prog.passed_over.get(i)
     assert prog.kernels[i].name.startswith("fuseg_dwconv_")
     tol = 1e-12 if name.endswith("double") else 1e-5
@@ -81,8 +68,8 @@ def test_depthwise_convolutions_run_as_generated_kernels(name, fn, inputs) -> No
 
 def test_the_threaded_variant_is_threaded_and_the_small_one_is_not() -> None:
     names = ("threaded", "3x3-pad1", "nhwc-threaded", "nhwc-double")
-    progs = {name: _program(fn, inputs) for name, fn, inputs in TAKEN if name in names}
-    bodies = {name: p.kernels[_conv_segment(p)].body for name, p in progs.items()}
+    progs = {name: compiled_post(fn, inputs) for name, fn, inputs in TAKEN if name in names}
+    bodies = {name: p.kernels[convolution_segment(p)].body for name, p in progs.items()}
     assert "omp parallel" in bodies["threaded"] and "omp parallel" not in bodies["3x3-pad1"]
     assert "omp parallel" in bodies["nhwc-threaded"] and "omp parallel" not in bodies["nhwc-double"]
 
@@ -90,8 +77,8 @@ def test_the_threaded_variant_is_threaded_and_the_small_one_is_not() -> None:
 def test_an_input_in_another_layout_than_compiled_runs_on_torch_not_misread() -> None:
     """A launch run on its own checks its inputs' layouts (as every kernel launch does)."""
     fn, inputs = TAKEN[0][1], TAKEN[0][2]
-    prog = _program(fn, inputs)
-    seg = prog.plan.segments[_conv_segment(prog)]
+    prog = compiled_post(fn, inputs)
+    seg = prog.plan.segments[convolution_segment(prog)]
     launch = prog.launches[seg.index]
     env = dict(zip(prog.graph.input_names, inputs))
     env[seg.inputs[0]] = inputs[0].contiguous(memory_format=torch.channels_last)  # planned NCHW
@@ -118,8 +105,8 @@ DECLINED = [
 
 @pytest.mark.parametrize("name,fn,inputs,why", DECLINED, ids=[d[0] for d in DECLINED])
 def test_convolutions_the_generator_declines_run_elsewhere_with_the_reason(name, fn, inputs, why) -> None:
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert prog.backend_of[i] != "cpp"
     assert why in dict(prog.passed_over[i])["cpp"]
     tol = 2e-2 if name == "bfloat16" else 1e-5
@@ -129,8 +116,8 @@ def test_convolutions_the_generator_declines_run_elsewhere_with_the_reason(name,
 def test_a_big_depthwise_convolution_is_left_to_onednn(monkeypatch) -> None:
     monkeypatch.setattr(conv, "MAX_MACS", 100)
     fn, inputs = TAKEN[0][1], TAKEN[0][2]  # 2x6x8x8 outputs of 9 multiply-adds: 3456
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert "big depthwise" in dict(prog.passed_over[i])["cpp"]
     assert_matches_eager(fn, inputs, prog.graph, program=prog)
 
@@ -139,7 +126,7 @@ def test_a_channels_last_filter_past_the_stack_budget_is_declined(monkeypatch) -
     monkeypatch.setattr(conv, "_STACK_FILTER_BYTES", 64)
     fn = lambda x, w: F.conv2d(x, w, padding=1, groups=4)  # noqa: E731 - a 4x3x3 float filter: 144 bytes
     inputs = [_nhwc(2, 4, 5, 5), _dw(4, 3, 3)]
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert "stack" in dict(prog.passed_over[i])["cpp"]
     assert_matches_eager(fn, inputs, prog.graph, program=prog)

@@ -16,22 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import runtime
-from alias import apply_aliases
 from runtime.codegen import onetap
-from segmenter import SegmentKind, capture, segment
+from segmenter import capture
 
-from .util import assert_matches_eager
-
-
-def _program(fn, inputs, backend="auto"):
-    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend=backend)
-
-
-def _conv_segment(prog) -> int:
-    (i,) = [s.index for s in prog.plan.segments
-            if s.kind == SegmentKind.OPAQUE and any(n.op == "aten.convolution.default" for n in s.nodes)]
-    return i
+from .util import assert_matches_eager, compiled_post, convolution_segment
 
 
 def _nhwc(*shape):
@@ -73,31 +61,31 @@ TAKEN = [
 
 @pytest.mark.parametrize("name,fn,inputs", TAKEN, ids=[t[0] for t in TAKEN])
 def test_one_tap_convolutions_run_as_generated_kernels(name, fn, inputs) -> None:
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert prog.backend_of[i] == "cpp", prog.passed_over.get(i)
     assert prog.kernels[i].name.startswith("fuseg_onetap_")
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-5)
 
 
 def test_the_threaded_variant_is_threaded_and_the_small_one_is_not() -> None:
-    progs = {name: _program(fn, inputs) for name, fn, inputs in TAKEN if name in ("threaded", "1d")}
-    bodies = {name: p.kernels[_conv_segment(p)].body for name, p in progs.items()}
+    progs = {name: compiled_post(fn, inputs) for name, fn, inputs in TAKEN if name in ("threaded", "1d")}
+    bodies = {name: p.kernels[convolution_segment(p)].body for name, p in progs.items()}
     assert "omp parallel" in bodies["threaded"] and "omp parallel" not in bodies["1d"]
 
 
 def test_few_positions_are_copied_contiguous_along_channels_first() -> None:
-    progs = {name: _program(fn, inputs) for name, fn, inputs in TAKEN
+    progs = {name: compiled_post(fn, inputs) for name, fn, inputs in TAKEN
              if name in ("2d-few-positions", "1d-few-positions-grouped", "2d", "1d-grouped-transposed")}
-    copied = {name for name, p in progs.items() if "xt[" in p.kernels[_conv_segment(p)].body}
+    copied = {name for name, p in progs.items() if "xt[" in p.kernels[convolution_segment(p)].body}
     assert copied == {"2d-few-positions", "1d-few-positions-grouped"}
 
 
 def test_an_input_in_another_layout_than_compiled_runs_on_torch_not_misread() -> None:
     """A launch run on its own checks its inputs' layouts (as every kernel launch does)."""
     _, fn, inputs = TAKEN[0]
-    prog = _program(fn, inputs)
-    seg = prog.plan.segments[_conv_segment(prog)]
+    prog = compiled_post(fn, inputs)
+    seg = prog.plan.segments[convolution_segment(prog)]
     launch = prog.launches[seg.index]
     env = dict(zip(prog.graph.input_names, inputs))
     env[seg.inputs[0]] = inputs[0].transpose(1, 2).contiguous().transpose(1, 2)  # planned contiguous
@@ -133,8 +121,8 @@ def test_convolutions_the_one_tap_kernel_declines_run_elsewhere_with_the_reason(
     node = next(n for n in graph.nodes if n.op == "aten.convolution.default")
     with pytest.raises(Declined, match=why):
         onetap.onetap_kernel(graph, node)
-    prog = _program(fn, inputs)  # elsewhere: ATen, or a 1-D one the patch kernel's (Note [1-D convolutions as patches])
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)  # elsewhere: ATen, or a 1-D one the patch kernel's (Note [1-D convolutions as patches])
+    i = convolution_segment(prog)
     assert prog.kernels.get(i) is None or not prog.kernels[i].name.startswith("fuseg_onetap_")
     tol = 1e-12 if name == "double" else 1e-5
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
@@ -144,8 +132,8 @@ def test_a_big_one_tap_convolution_is_left_to_aten(monkeypatch) -> None:
     monkeypatch.setattr(onetap, "MAX_WORK", 100)
     fn = lambda x, w, b: F.conv2d(x, w, b)  # noqa: E731 - 2 x 32 x 64 outputs of 16 multiply-adds
     inputs = [torch.randn(2, 16, 8, 8), torch.randn(32, 16, 1, 1), torch.randn(32)]
-    prog = _program(fn, inputs)
-    i = _conv_segment(prog)
+    prog = compiled_post(fn, inputs)
+    i = convolution_segment(prog)
     assert "multiply-adds" in dict(prog.passed_over[i])["cpp"]
     assert_matches_eager(fn, inputs, prog.graph, program=prog)
 
@@ -216,12 +204,12 @@ def test_random_convolutions_match_eager() -> None:
     seen: Counter = Counter()
     for k in range(PROGRAMS):
         fn, inputs, what = _random_conv(rng)
-        prog = _program(fn, inputs)
+        prog = compiled_post(fn, inputs)
         try:
             assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-5)
         except AssertionError as e:
             raise AssertionError(f"program {k} (seed {seed}): {what}") from e
-        i = _conv_segment(prog)
+        i = convolution_segment(prog)
         if prog.backend_of[i] == "cpp" and prog.kernels[i].name.startswith("fuseg_onetap_"):
             seen["one-tap kernel"] += 1
         elif "one tap:" in dict(prog.passed_over.get(i, ())).get("cpp", ""):

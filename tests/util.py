@@ -60,3 +60,21 @@ def assert_matches_eager(
     assert alias_pattern(eager_in, eager_out) == alias_pattern(graph_user, graph_out)
     for i, (e, g) in enumerate(zip(eager_in, graph_user)):
         torch.testing.assert_close(g, e, atol=atol, rtol=rtol, equal_nan=True, msg=f"input {i} after the call")
+
+
+def compiled_post(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], backend: str = "auto"):
+    """``fn`` captured, segmented, aliased in "post" mode and compiled (a CompiledProgram)."""
+    import runtime
+    from alias import apply_aliases
+    from segmenter import capture, segment
+
+    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend=backend)
+
+
+def convolution_segment(prog: Any) -> int:
+    """The index of the one OPAQUE segment of ``prog`` that runs a convolution."""
+    from segmenter import SegmentKind
+
+    (i,) = [s.index for s in prog.plan.segments
+            if s.kind == SegmentKind.OPAQUE and any(n.op == "aten.convolution.default" for n in s.nodes)]
+    return i
