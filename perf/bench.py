@@ -37,7 +37,7 @@ from segmenter.reference import clone_inputs
 from . import zoo
 from .targets import TargetError
 
-__all__ = ["bench", "environment", "run_bench", "write_record"]
+__all__ = ["bench", "call_times", "environment", "run_bench", "write_record"]
 
 TOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -50,6 +50,17 @@ def write_record(record: dict[str, Any], out: str | None) -> None:
             f.write(text + "\n")
     else:
         print(text)
+
+
+def call_times(fn: Callable[..., Any], args: list[Any], calls: int) -> list[float]:
+    """Seconds of each of ``calls`` calls of ``fn(*args)``, one by one (the CPU benches of single
+    kernels: perf.depthwise, perf.onetap, perf.patches)."""
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn(*args)
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def environment(device: str) -> dict[str, Any]:

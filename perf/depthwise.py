@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-from .bench import environment
+from .bench import call_times, environment
 
 __all__ = ["SHAPES", "main"]
 
@@ -30,15 +29,6 @@ SHAPES = [(2, 192, 4, 3, 1, False), (2, 96, 8, 3, 2, False), (2, 16, 8, 7, 1, Fa
           (2, 128, 1, 7, 1, True), (2, 64, 16, 3, 1, False), (2, 64, 16, 3, 1, True), (2, 64, 32, 3, 1, False),
           (2, 64, 32, 3, 1, True), (2, 128, 28, 3, 1, False), (1, 384, 14, 7, 1, False), (1, 384, 14, 7, 1, True),
           (2, 256, 56, 3, 2, False), (2, 128, 56, 3, 1, False)]
-
-
-def _time(fn, args: list[torch.Tensor], calls: int) -> list[float]:
-    out = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn(*args)
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(3):
                 fn(x, w, b), prog(x, w, b)
             for _ in range(a.rounds):
-                times["eager"] += _time(fn, [x, w, b], a.calls)
-                times["generated"] += _time(prog, [x, w, b], a.calls)
+                times["eager"] += call_times(fn, [x, w, b], a.calls)
+                times["generated"] += call_times(prog, [x, w, b], a.calls)
             oh = (h + 2 * (k // 2) - k) // s + 1
             row = {"shape": [n, c, h, h], "kernel": k, "stride": s, "layout": "NHWC" if nhwc else "NCHW",
                    "macs": n * c * oh * oh * k * k,

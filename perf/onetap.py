@@ -15,14 +15,12 @@ includes its call (the input check, the output buffer): what a model pays per la
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-from .bench import environment
+from .bench import call_times, environment, write_record
 
 __all__ = ["SHAPES", "main"]
 
@@ -37,15 +35,6 @@ SHAPES = [((2, 128, 32), 64, 2, "C"), ((2, 64, 32), 128, 2, "T"), ((2, 64, 32), 
           ((2, 96, 16, 16), 96, 1, "L"), ((2, 64, 16, 16), 128, 1, "C"), ((2, 256, 64), 256, 1, "C"),
           ((2, 64, 32, 32), 64, 1, "C"), ((2, 128, 16, 16), 128, 1, "L"), ((2, 128, 28, 28), 128, 1, "C"),
           ((2, 768, 128), 768, 4, "T"), ((2, 64, 56, 56), 64, 1, "L")]
-
-
-def _time(fn, args: list[torch.Tensor], calls: int) -> list[float]:
-    out = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn(*args)
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def _input(shape: tuple[int, ...], layout: str) -> torch.Tensor:
@@ -99,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                     f(x, w, b)
             for _ in range(a.rounds):
                 for k, f in ways.items():
-                    times[k] += _time(f, [x, w, b], a.calls)
+                    times[k] += call_times(f, [x, w, b], a.calls)
             positions = x.numel() // (shape[0] * shape[1])
             row = {"shape": list(shape), "filters": filters, "groups": groups, "layout": layout,
                    "macs": shape[0] * filters * (shape[1] // groups) * positions, "max_abs_diff": diff}
@@ -112,11 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'x'.join(map(str, shape))} {layout} -> {filters} g{groups}: {row['macs'] / 1e6:.2f}M multiply-adds, "
                   + ", ".join(f"{k} {row[f'{k}_us']:.1f} us" for k in ways), flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"benchmark": "one-tap convolutions, eager (oneDNN) against the generated kernel (one thread "
-                       "and threaded) and im2col + GEMM, CPU",
-                       "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
-                       "calls": a.calls, "rows": rows}, f, indent=1)
+        write_record({"benchmark": "one-tap convolutions, eager (oneDNN) against the generated kernel (one thread "
+                      "and threaded) and im2col + GEMM, CPU",
+                      "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
+                      "calls": a.calls, "rows": rows}, a.out)
     return 0
 
 

@@ -12,14 +12,12 @@ includes its call (the input check, the output buffer).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
 import torch.nn.functional as F
 
-from .bench import environment
-from .onetap import _time
+from .bench import call_times, environment, write_record
 
 __all__ = ["SHAPES", "main"]
 
@@ -67,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(3):
                 fn(x, w, b), prog(x, w, b)
             for _ in range(a.rounds):
-                times["eager"] += _time(fn, [x, w, b], a.calls)
-                times["generated"] += _time(prog, [x, w, b], a.calls)
+                times["eager"] += call_times(fn, [x, w, b], a.calls)
+                times["generated"] += call_times(prog, [x, w, b], a.calls)
             out = fn(x, w, b).shape[2]
             row = {"shape": list(shape), "transposed": transposed, "filters": filters, "taps": taps, "stride": stride,
                    "padding": padding, "groups": groups, "macs": shape[0] * filters * (shape[1] // groups) * taps * out,
@@ -80,10 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"g{groups}: {row['macs'] / 1e6:.2f}M multiply-adds, eager {row['eager_us']:.1f} us, generated "
                   f"{row['generated_us']:.1f} us ({row['generated_over_eager']:.2f})", flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"benchmark": "1-D convolutions, eager (oneDNN) against the generated patch kernel, CPU",
-                       "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
-                       "calls": a.calls, "rows": rows}, f, indent=1)
+        write_record({"benchmark": "1-D convolutions, eager (oneDNN) against the generated patch kernel, CPU",
+                      "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
+                      "calls": a.calls, "rows": rows}, a.out)
     return 0
 
 

@@ -50,15 +50,15 @@ PARALLEL_WORK = 1 << 18
 BLOCK_FLOATS = 1 << 14
 
 
-def _fill(per_group: int, taps: int, order: str, width: int, block: int, lines: list[str], along_positions: bool,
-          geometry: tuple[int, int, int, int, int, int, int]) -> None:
+def _fill(per_group: int, taps: int, order: str, width: int, block: int, along_positions: bool,
+          geometry: tuple[int, int, int, int, int, int, int]) -> list[str]:
     """Lines that copy the patches of ``width`` positions from ``l0`` into ``pt`` (row k of the
     patch at ``pt + k * block`` along positions, or position l at ``pt + l * patch``)."""
     s, p, d, length, positions, sxc, sxl = geometry
     patch = per_group * taps
     row = f"c * {taps} + t" if order == "c" else f"t * {per_group} + c"
     at, step = (f"pt + ({row}) * {block}", "1") if along_positions else (f"pt + {row}", str(patch))
-    lines += [
+    return [
         f"for (FUSEG_I c = 0; c < {per_group}; ++c)",
         f"  for (FUSEG_I t = 0; t < {taps}; ++t) {{",
         f"    const FUSEG_I off = t * {d} - {p};  // output position l reads input position l * {s} + off",
@@ -144,8 +144,7 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
         if width == 0:
             continue
         call = product(width)
-        fill: list[str] = []
-        _fill(per_group, taps, order, width, block, fill, along, geometry)
+        fill = _fill(per_group, taps, order, width, block, along, geometry)
         head = (f"for (FUSEG_I l0 = 0; l0 < {full}; l0 += {block}) {{" if start is None
                 else f"{{ const FUSEG_I l0 = {start};")
         body += [head, *(f"  {line}" for line in fill),
