@@ -216,6 +216,8 @@ def _op_case(name: str) -> tuple | None:
         return (lambda x: op(x, dtype=torch.float64)), [a]
     if op_name == "pow" and overload == "Tensor_Scalar":
         return (lambda x: op(x, 2.5)), [a]
+    if op_name == "pow" and overload == "Scalar":  # a scalar base (ALiBi's slopes: 2 ** -(8 * i / n))
+        return (lambda x: (op(2, x * -8), op(0.7, x * 4 - 2), op(1, x))), [a]
     if op_name in _EXTRA:
         return (lambda x: op(x, *_EXTRA[op_name])), [a]
     if overload == "Scalar" and op_name not in ("logical_not",):

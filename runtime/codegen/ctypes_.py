@@ -77,6 +77,8 @@ def load(dtype: torch.dtype, ref: str) -> str:
         return f"fuseg_h2f({ref})"
     if dtype == torch.bfloat16:
         return f"fuseg_bf2f({ref})"
+    if dtype == torch.bool:  # Note [bool loads as bytes]
+        return f"(*(const unsigned char*)&{ref} != 0)"
     return f"(({compute_type(dtype)}){ref})"  # Declined for a dtype the generator has no type for
 
 

@@ -272,6 +272,8 @@ class _Lowerer:
     def convert(self, expr: str, from_dtype: torch.dtype | None, ct: str) -> str:
         if from_dtype is not None and COMPUTE[from_dtype] == ct:
             return expr
+        if from_dtype == torch.bool:  # a select, not a cast: Note [bool loads as bytes]
+            return f"(({expr}) ? ({ct})1 : ({ct})0)"
         return f"(({ct})({expr}))"
 
     def elementwise(self, b: Body, node: Node, a: dict, idx: list[str]) -> str:

@@ -147,6 +147,7 @@ ELEMENTWISE["aten.hardtanh.default"] = Rule(("self",), "out", lambda a, ct: _cla
     {"self": a["self"], "min": a.get("min_val", -1), "max": a.get("max_val", 1)}, ct))
 ELEMENTWISE["aten.pow.Tensor_Scalar"] = Rule(("self",), "out", _pow)
 ELEMENTWISE["aten.pow.Tensor_Tensor"] = Rule(("self", "exponent"), "out", _pow)
+ELEMENTWISE["aten.pow.Scalar"] = Rule(("self", "exponent"), "out", _pow)  # a scalar base: ALiBi's slopes
 ELEMENTWISE["aten.gelu.default"] = Rule(("self",), "out", _gelu)
 ELEMENTWISE["aten.where.self"] = Rule(("condition", "self", "other"), "out",
                                       lambda a, ct: f"({a['condition']} ? {a['self']} : {a['other']})")

@@ -1,0 +1,111 @@
+"""The inner loops of generated CPU kernels vectorize: GCC's own report (``-fopt-info-vec``) on
+the kernels' sources, built with the flags the runtime builds them with.
+
+Note [bool loads as bytes] (runtime/codegen/ctypes_.py): a loop that read a ``bool`` tensor through
+a ``bool*`` and computed in float was not vectorized by GCC 12 with AVX-512 ("no vectype for
+stmt"), so every masked_fill / where under a mask ran one element at a time (a masked softmax of
+64x1024 took 3.5x eager's time). These programs are the shapes that found it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+from runtime.codegen.build import CPU_FLAGS, cpu_compiler
+from tests.util import compiled_post
+
+_CXX = cpu_compiler()
+pytestmark = pytest.mark.skipif(
+    _CXX is None or "clang" in os.path.basename(_CXX), reason="the report read here is GCC's")
+
+
+def _masked_softmax(x, b, m):
+    return torch.softmax((x * 0.25 + b).masked_fill(m, -3.4e38), -1)
+
+
+def _masked_fill(x, m):
+    return x.masked_fill(m, 0.0) * 2.0
+
+
+def _where(c, x, y):
+    return torch.where(c, x, y) + 1.0
+
+
+def _masked_sum(x, m):
+    return (x * m).sum(-1)
+
+
+def _mask_any(x):
+    return (x > 0).any(-1)
+
+
+CASES = {
+    "masked softmax": (_masked_softmax, lambda: [torch.randn(64, 1024), torch.randn(1024), torch.rand(64, 1024) > 0.8]),
+    "masked_fill": (_masked_fill, lambda: [torch.randn(64, 1024), torch.rand(64, 1024) > 0.5]),
+    "where": (_where, lambda: [torch.rand(64, 1024) > 0.5, torch.randn(64, 1024), torch.randn(64, 1024)]),
+    "float times bool, summed": (_masked_sum, lambda: [torch.randn(64, 1024), torch.rand(64, 1024) > 0.5]),
+    "any of a comparison": (_mask_any, lambda: [torch.randn(64, 1024)]),
+}
+
+
+def _cpu_only(lines: list[str]) -> list[str]:
+    """``lines`` with those the CPU build leaves out (``__CUDACC__`` branches) blanked."""
+    out, stack = [], []  # per open #if: is the current branch CUDA's alone; does #else flip that
+    for line in lines:
+        d = line.strip()
+        if d.startswith("#if"):
+            about_cuda = d in ("#ifdef __CUDACC__", "#ifndef __CUDACC__")
+            stack.append([d == "#ifdef __CUDACC__", about_cuda])
+        elif d.startswith("#else") and stack:
+            stack[-1][0] = stack[-1][1] and not stack[-1][0]
+        elif d.startswith("#endif") and stack:
+            stack.pop()
+        out.append("" if any(cuda for cuda, _ in stack) else line)
+    return out
+
+
+def _inner_loops(function: str) -> list[tuple[int, int]]:
+    """(first, last) 1-based line numbers (in ``function``) of each loop that contains no other
+    loop: GCC reports a vectorized loop at a line of its body, not always at the ``for``."""
+    lines = _cpu_only(function.splitlines())
+    inner = []
+    for i in [i for i, line in enumerate(lines) if re.match(r"\s*for \(", line)]:
+        depth, opened = 0, False
+        for j in range(i, len(lines)):
+            if j > i and re.match(r"\s*for \(", lines[j]):
+                break  # a nested loop (or the next one: the body has closed by then)
+            depth += lines[j].count("{") - lines[j].count("}")
+            opened = opened or "{" in lines[j]
+            if opened and depth <= 0:
+                inner.append((i + 1, j + 1))
+                break
+    return inner
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_inner_loops_vectorize(name, tmp_path):
+    fn, make = CASES[name]
+    inputs = make()
+    prog = compiled_post(fn, inputs, backend="cpp")
+    torch.testing.assert_close(prog(*inputs)[0], fn(*inputs))
+    assert prog.kernels, "no generated kernel to read"
+    for index, kernel in prog.kernels.items():
+        src = kernel.source("cpu")
+        start = src.count("\n") - kernel.function("cpu").count("\n")  # the function's first line, 0-based
+        inner = [(start + a, start + b) for a, b in _inner_loops(kernel.function("cpu"))]
+        assert inner, f"segment {index}: no loop found in\n{kernel.function('cpu')}"
+        path = tmp_path / f"k{index}.cpp"
+        path.write_text(src)
+        flags = [f for f in CPU_FLAGS if f != "-shared"]
+        report = subprocess.run([_CXX, *flags, "-c", "-fopt-info-vec-optimized", str(path), "-o", os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+        vectorized = [int(m.group(1)) for m in re.finditer(
+            rf"{re.escape(path.name)}:(\d+):\d+: optimized: loop vectorized", report)]
+        missed = [(a, b) for a, b in inner if not any(a <= n <= b for n in vectorized)]
+        assert not missed, (f"segment {index}: inner loops at lines {missed} not vectorized\n"
+                            + "\n\n".join("\n".join(src.splitlines()[a - 1:b]) for a, b in missed))
