@@ -20,6 +20,7 @@ cat/pad/scatter evaluates only its own input, in a block of its own.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 import re
@@ -46,7 +47,7 @@ from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_typ
 from .fission import fission
 from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output, worth_threads
 from .pointwise import ELEMENTWISE
-from .rows import REDUCTIONS, Chain, Row, exact, plan_row, row_levels, row_loop
+from .rows import REDUCTIONS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
 
 __all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
 
@@ -427,7 +428,7 @@ class _Lowerer:
 
     def reduction_output(self, b: Body, node: Node, k: int, idx: list[str]) -> str:
         if self.row is None:
-            raise Declined(f"{node.op} outside a reduction segment")
+            return self.unrolled_sum(b, node, idx)
         a = bind(node)
         x = a["input"] if "input" in a else a["self"]
         ct = compute_type(self.meta(node.outputs[k]).dtype if node.outputs[k] else torch.float32)
@@ -454,6 +455,58 @@ class _Lowerer:
                     y = f"({y} * {wv})" if name == "weight" else f"({y} + {wv})"
             return y
         raise Declined(f"internal: {op} output {k} has no row value")  # pragma: no cover
+
+    def unrolled_sum(self, b: Body, node: Node, idx: list[str]) -> str:
+        """Note [few-term sums unrolled]: a sum (or mean) of at most ``UNROLLED_TERMS`` elements per
+        output, written out term by term in a pointwise loop."""
+        terms = unrolled_terms(self, node)
+        if terms is None:
+            raise Declined(f"{node.op} outside a reduction segment")
+        a = bind(node)
+        x = a["self"]
+        src, out = self.meta(x.name), self.meta(node.outputs[0])
+        dims = reduced_dims(node, a, src.ndim)
+        keep = bool(a.get("keepdim", False))
+        ct = compute_type(out.dtype)
+        kept = iter([i for d, i in enumerate(idx) if d not in dims] if keep else idx)
+        base = [None if d in dims else next(kept) for d in range(src.ndim)]
+        acc = None
+        for pos in itertools.product(*(range(src.shape[d]) for d in dims)):
+            at = dict(zip(dims, pos))
+            xv = self.convert(self.value(b, x.name, [str(at[d]) if d in at else base[d] for d in range(src.ndim)]),
+                              src.dtype, ct)
+            acc = xv if acc is None else f"({acc} + {xv})"
+        if node.op == "aten.mean.dim":
+            acc = f"({acc} / {literal(terms, ct)})"
+        return self.rounded(out.dtype, acc)
+
+
+#: Note [few-term sums unrolled]: a sum over a dim of two (a mixture of experts adding its top-2
+#: experts' outputs, ``view(tokens, 2, hidden).sum(1)``) is a reduction the row kernel declines
+#: where a view re-indexes its value (Mixtral: the sum is viewed back to [batch, seq, hidden] and
+#: added to the residual), and the segment ran on ATen (14 us a layer). Where a segment's row plan
+#: declines and each of its reductions is a float sum or mean of at most this many elements per
+#: output, the segment is a pointwise loop over the outputs and each reduced value the sum of its
+#: terms, added left to right in the output's compute type, mean then divided by the count. ATen
+#: adds an outer dim's elements in that order too (Mixtral's case: the same bits); over the
+#: innermost dim its order may differ, by rounding alone.
+UNROLLED_TERMS = 8
+
+
+def unrolled_terms(lw: _Lowerer, node: Node) -> int | None:
+    """How many elements each output of ``node`` sums, where it is a sum/mean that may be
+    unrolled (Note [few-term sums unrolled]); None otherwise."""
+    if node.op not in ("aten.sum.dim_IntList", "aten.mean.dim"):
+        return None
+    a = bind(node)
+    x = a.get("self")
+    if not isinstance(x, ValueRef) or len(node.outputs) != 1 or node.outputs[0] is None:
+        return None
+    src, out = lw.meta(x.name), lw.meta(node.outputs[0])
+    if src.ndim == 0 or not a.get("dim") or out.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        return None  # no dims named: a whole-tensor sum; integer sums: a row kernel's job
+    terms = math.prod(src.shape[d] for d in reduced_dims(node, a, src.ndim))
+    return terms if 1 <= terms <= UNROLLED_TERMS else None
 
 
 GENERATED_KINDS = frozenset({SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION})
@@ -494,7 +547,16 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         outs.append(Param(f"out{len(outs)}", o, m.dtype, shape, stride, True, writes.get(o)))
     loops: list[str] = []
     stores: dict[str, tuple[str, str]] = {}  # output -> (offset, loop)
-    if not reductions:
+    unrolled = False
+    if reductions:
+        try:
+            row = plan_row(lw, reductions)
+            levels = row_levels(lw, row)
+        except Declined:
+            if not all(unrolled_terms(lw, n) is not None for n in reductions):
+                raise
+            lw.row, lw.chains, unrolled = None, {}, True  # Note [few-term sums unrolled]
+    if not reductions or unrolled:
         by_shape: dict[tuple[int, ...], list[Param]] = {}
         for p in outs:
             by_shape.setdefault(p.shape, []).append(p)
@@ -505,8 +567,6 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         block, grid, kind = 256, max(1, min((grid_n + 255) // 256, 1 << 20)), "pointwise"
         row = None
     else:
-        row = plan_row(lw, reductions)
-        levels = row_levels(lw, row)
         full, rowouts, side = [], [], []
         for p in outs:
             if levels.get(p.value) == "row":
