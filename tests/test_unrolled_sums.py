@@ -32,6 +32,11 @@ def _bf16(y, r):
     return y.view(16, 2, 8).sum(1).view(4, 4, 8) + r
 
 
+def _rows_with_transposed(x):  # tests/test_codegen.py's cross-row case with rows of 4: each mean
+    m = x.mean(-1, keepdim=True)  # is computed where it is read, so row i's beside row j's is right
+    return (x * 2 - m).transpose(0, 1) + m
+
+
 def _one_too_many(x):  # UNROLLED_TERMS + 1 elements a position: not unrolled
     return x.view(4, UNROLLED_TERMS + 1, 8).sum(1).view(2, 2, 8) + 1.0
 
@@ -47,6 +52,7 @@ CASES = {
     "sum over two dims of 2": (_two_dims, lambda: [torch.randn(2, 6, 2)], True),
     "bfloat16 pair sum": (_bf16, lambda: [torch.randn(32, 8, dtype=torch.bfloat16),
                                           torch.randn(4, 4, 8, dtype=torch.bfloat16)], True),
+    "a mean read beside another row's values": (_rows_with_transposed, lambda: [torch.randn(4, 4)], True),
     "one term too many": (_one_too_many, lambda: [torch.randn(4 * (UNROLLED_TERMS + 1), 8)], False),
     "integer sum": (_integer, lambda: [torch.randint(-5, 5, (8, 8))], False),
 }
@@ -57,7 +63,7 @@ def test_few_term_sums(name):
     fn, make, unrolled = CASES[name]
     inputs = make()
     prog = compiled_post(fn, inputs, backend="cpp")
-    reductions = [s.index for s in prog.plan.segments if s.kind == SegmentKind.REDUCTION]
+    reductions = [s.index for s in prog.plan.segments if s.kind in (SegmentKind.REDUCTION, SegmentKind.NORMALIZATION)]
     assert reductions, "no reduction segment: the case tests nothing"
     for i in reductions:
         if unrolled:
