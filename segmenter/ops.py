@@ -222,7 +222,7 @@ _MODE_STRINGS = frozenset({
     "approximate", "reduce", "rounding_mode", "mode", "interpolation", "padding", "padding_side", "equation",
     "indexing", "UPLO", "ord", "p", "pad_mode", "side", "norm", "driver", "assert_msg", "api_name",
     "attr", "binary_attr", "unary_attr", "unary_algorithm", "post_op_name", "post_op_algorithm",
-    "binary_post_op", "unary_post_op", "unary_post_op_algorithm",
+    "binary_post_op", "unary_post_op", "unary_post_op_algorithm", "reduction", "acc_policy",
 })
 
 

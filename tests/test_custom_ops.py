@@ -3,6 +3,8 @@ as OPAQUE segments, the mutation lands, and their other buffers are freed as ear
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -85,10 +87,41 @@ def _(x, tag) -> torch.Tensor:
 
 def test_a_custom_op_with_a_free_string_argument_is_refused_by_name() -> None:
     """A string argument other than a known mode may name a file or a process (``aten.from_file``),
-    so such ops are refused, from files and under torch.compile alike (torch 2.13's chunked
-    ``F.linear_cross_entropy`` is one: its ``acc_policy``). The error said the op was "not known
-    to torch" (found by an op_db sweep through torch.compile); it names the argument now."""
+    so such ops are refused, from files and under torch.compile alike. The error said the op was
+    "not known to torch" (found by an op_db sweep through torch.compile); it names the argument
+    now."""
     torch._dynamo.reset()
     with pytest.raises(Exception, match="string argument 'tag' reaches outside"):
         torch.compile(lambda x: torch.ops.fuseg_test.tagged(x, "a") + 1, backend="fuseg")(torch.randn(4))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_linear_cross_entropy_modes_are_mode_strings(reduction: str, train: bool) -> None:
+    """torch 2.13's ``nn.LinearCrossEntropyLoss`` runs a custom op of torch's own,
+    ``torch_nn::_linear_cross_entropy_batch_chunked``, whose ``reduction`` and ``acc_policy``
+    arguments are strings that pick a mode ("mean", "auto"). They were refused as free strings, so
+    the module did not compile at all: 340 of PyTorch's module_db samples through torch.compile
+    (a scratch sweep). Now both are mode strings; the op runs on torch, values and grads as eager."""
+    torch.manual_seed(0)
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    # options: the chunked path (``options=None`` is the reference path, plain ATen ops)
+    m = torch.nn.LinearCrossEntropyLoss(6, 5, reduction=reduction,
+                                        options=LinearCrossEntropyOptions(allow_retain_graph=True))
+    x, t = torch.randn(8, 6, requires_grad=train), torch.randint(0, 5, (8,))
+    torch._dynamo.reset()
+    cm = torch.compile(copy.deepcopy(m), backend="fuseg")
+    with torch.set_grad_enabled(train):
+        expected, got = m(x, t), cm(x, t)
+    torch.testing.assert_close(got, expected)
+    if train:
+        w = torch.randn_like(expected)
+        ge = torch.autograd.grad((expected * w).sum(), [x, next(m.parameters())])
+        xg = x.detach().requires_grad_(True)
+        got = cm(xg, t)
+        gg = torch.autograd.grad((got * w).sum(), [xg, next(cm.parameters())])
+        for a, b in zip(gg, ge):
+            torch.testing.assert_close(a, b)
     torch._dynamo.reset()
