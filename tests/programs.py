@@ -88,6 +88,9 @@ def _apply(pool: list[torch.Tensor], step: Step) -> None:
     elif kind == "where":
         i, j = a
         pool.append(torch.where(pool[i] > 0, pool[i], pool[j]))
+    elif kind == "masked_fill":
+        i, j, c = a
+        pool.append(pool[i].masked_fill(pool[j], c))
     elif kind == "inplace":
         i, name, c = a
         getattr(pool[i], name)(c)
@@ -121,13 +124,15 @@ FLOATS = [torch.float32, torch.float64]
 @st.composite
 def input_tensor(draw: st.DrawFn, tags: Counter) -> torch.Tensor:
     shape = tuple(draw(st.lists(st.integers(0, 4), min_size=0, max_size=3)))
-    dtype = draw(st.sampled_from(FLOATS + [torch.int32]))
+    dtype = draw(st.sampled_from(FLOATS + [torch.int32, torch.bool]))
     layout = draw(st.sampled_from(["contiguous", "transposed", "offset", "expanded"]))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     n = math.prod(shape)
 
     def fill(k: int) -> torch.Tensor:
         t = torch.randn(k, generator=g) * 3
+        if dtype == torch.bool:  # a mask: kernels read bool inputs as bytes (Note [bool loads as bytes])
+            return t > 0
         return t.to(dtype) if dtype.is_floating_point else t.round().to(dtype)
 
     if layout == "transposed" and len(shape) >= 2:
@@ -151,6 +156,9 @@ def _draw_step(draw: st.DrawFn, pool: list[torch.Tensor], n_inputs: int) -> Step
     x = pool[i]
     nd = x.dim()
     kinds = ["unary", "scalar", "binary", "to", "reshape", "unsqueeze", "inplace", "view_dtype", "where"]
+    masks = [j for j, t in enumerate(pool) if t.dtype == torch.bool]
+    if masks:
+        kinds.append("masked_fill")
     if nd:
         kinds += ["slice", "permute", "reduce", "cat", "pad", "expand"]
         if x.dtype.is_floating_point:
@@ -186,8 +194,10 @@ def _draw_step(draw: st.DrawFn, pool: list[torch.Tensor], n_inputs: int) -> Step
         return ("scalar", i, draw(st.sampled_from(["add", "mul", "sub"])), draw(st.sampled_from([2, 0.5, -1])))
     if kind == "binary":
         return ("binary", i, draw(st.integers(0, len(pool) - 1)), draw(st.sampled_from(["add", "mul", "maximum"])))
-    if kind == "to":
-        return ("to", i, draw(st.sampled_from(FLOATS)))
+    if kind == "to":  # to bool: a mask made in a kernel, read back as a number by later steps
+        return ("to", i, draw(st.sampled_from(FLOATS + [torch.bool])))
+    if kind == "masked_fill":
+        return ("masked_fill", i, draw(st.sampled_from(masks)), draw(st.sampled_from([-3.0, 0.5, 2])))
     if kind == "reduce":
         return ("reduce", i, draw(st.sampled_from(["sum", "amax", "mean"])), dim, draw(st.booleans()))
     if kind == "softmax":
