@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["segmenter", "alias", "runtime", "perf"],
+    packages=["segmenter", "alias", "runtime", "perf", "perf.fusions"],  # perf.fusions: nvFuser scripts kept as data
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a CPU wheel); an open range on a machine
         # without torch would pull a multi-GB CUDA build.

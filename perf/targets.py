@@ -11,9 +11,10 @@ import torch
 
 from segmenter import FusionGraph
 from segmenter.from_torch import capture
+from segmenter.nvfuser_import import NvFuserFusion, read_nvfuser
 from segmenter.serialize import load
 
-from . import zoo
+from . import fusions, zoo
 
 __all__ = ["Target", "TargetError", "load_program", "load_target"]
 
@@ -27,6 +28,7 @@ class Target:
     graph: FusionGraph
     fn: Any = None  # the program, where there is one (not for a JSON graph)
     inputs: list[Any] | None = None  # its example inputs
+    nvfuser: NvFuserFusion | None = None  # what an nvFuser script was bound to (sizes, device)
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -41,7 +43,24 @@ def _from_factory(result: Any, where: str) -> Target:
     return Target(capture(fn, list(inputs), example_kwargs=kwargs, name=where), fn, list(inputs))
 
 
+def _nvfuser_script(path: str) -> Target:
+    """An nvFuser Python-frontend script, read as data (segmenter/nvfuser_script.py): never imported."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read(1 << 25)
+    except UnicodeDecodeError as e:
+        raise TargetError(f"{path}: not text: {e.reason}") from None
+    fusion = read_nvfuser(source, warn=False)  # the CLI prints its notes
+    return Target(fusion.graph, nvfuser=fusion)
+
+
 def load_program(spec: str) -> Target:
+    if spec in fusions.FUSIONS:
+        return _nvfuser_script(fusions.path_of(spec))
+    if spec.endswith(".py"):
+        if not os.path.isfile(spec):
+            raise TargetError(f"no such file: {spec}")
+        return _nvfuser_script(spec)
     if spec.endswith(".json") or os.path.isfile(spec):
         if not os.path.isfile(spec):
             raise TargetError(f"no such file: {spec}")

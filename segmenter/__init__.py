@@ -3,6 +3,7 @@
 from .from_torch import capture
 from .fx_import import CaptureError, from_fx
 from .ir import Alias, FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .nvfuser_import import NvFuserFusion, from_nvfuser, read_nvfuser
 from .ops import OPAQUE_OPS, OpInfo, OpKind, op_info
 from .options import SegmenterOptions
 from .partition import segment
@@ -19,6 +20,7 @@ __all__ = [
     "GraphInput",
     "Mutation",
     "Node",
+    "NvFuserFusion",
     "OpInfo",
     "OpKind",
     "Segment",
@@ -29,6 +31,8 @@ __all__ = [
     "ValueRef",
     "capture",
     "from_fx",
+    "from_nvfuser",
     "op_info",
+    "read_nvfuser",
     "segment",
 ]

@@ -22,6 +22,7 @@ import torch
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import ValueRef
+from segmenter.nvfuser_ops import BINARY, DTYPES, UNARY
 
 from .. import layout
 from ..codegen import Declined
@@ -43,27 +44,20 @@ from .kernels import bits_problem
 
 __all__ = ["NvFuserBackend", "lower_to_nvfuser"]
 
-_UNARY = {f"aten.{n}.default": n for n in (
-    "exp", "log", "sin", "cos", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "neg", "reciprocal", "erf", "floor",
-    "ceil", "log1p", "expm1", "logical_not", "bitwise_not")}
-_BINARY = {}
-for _ov in ("Tensor", "Scalar"):
-    for _n in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or",
-               "bitwise_xor"):
-        _BINARY[f"aten.{_n}.{_ov}"] = _n
-_BINARY.update({"aten.maximum.default": "maximum", "aten.minimum.default": "minimum",
-                "aten.pow.Tensor_Scalar": "pow", "aten.pow.Tensor_Tensor": "pow",
-                "aten.logical_and.default": "logical_and", "aten.logical_or.default": "logical_or"})
+# the importer's tables reversed (segmenter/nvfuser_ops.py): ATen op -> frontend op of the same semantics
+_UNARY = {aten: name for name, aten in UNARY.items()}
+_BINARY = {op: name for name, ops in BINARY.items() for op in ops if op is not None}
+_BINARY.update({"aten.add.Scalar": "add", "aten.sub.Scalar": "sub", "aten.mul.Scalar": "mul",
+                "aten.div.Scalar": "truediv"})  # ``div`` truncates integers in nvFuser: aten's div is truediv
+_DATATYPE = {dtype: name for name, dtype in DTYPES.items()}
 _COPIES = {"aten._to_copy.default", "aten.clone.default", "aten.alias.default", "aten.detach.default",
            "aten.lift_fresh_copy.default", "aten.lift_fresh.default"}
 
 
 def _dtype(nvf: Any, dtype: torch.dtype) -> Any:
-    table = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-             torch.int64: "Int", torch.int32: "Int32", torch.bool: "Bool"}
-    if dtype not in table:
+    if dtype not in _DATATYPE:
         raise Declined(f"nvFuser lowering: dtype {dtype}")
-    return getattr(nvf.DataType, table[dtype])
+    return getattr(nvf.DataType, _DATATYPE[dtype])
 
 
 class _Lowering:
@@ -198,13 +192,15 @@ class _Lowering:
         raise Declined(f"nvFuser lowering: {op} is not supported")
 
 
-def lower_to_nvfuser(nvf: Any, graph: FusionGraph, seg: Segment, in_place: dict[str, str]) -> tuple[Any, list[str]]:
+def lower_to_nvfuser(nvf: Any, graph: FusionGraph, seg: Segment, in_place: dict[str, str],
+                     strides: dict[str, tuple[int, ...]] | None = None) -> tuple[Any, list[str]]:
     """The FusionDefinition of ``seg`` and the segment outputs it returns, in order (an output
-    written into a mutated input is an ``alias_input`` output and is not returned)."""
+    written into a mutated input is an ``alias_input`` output and is not returned). ``strides``:
+    the strides to define inputs with where not the planned ones (runtime/nvfuser_export.py)."""
     if seg.kind not in (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION):
         raise Declined(f"{seg.kind.value} segments run on torch")
     # Note [checked source values]: sizes and strides checked, recorded metas recomputed first
-    layouts = {v: check_layout(graph.metas[v].shape, graph.metas[v].stride, f"%{v}")
+    layouts = {v: check_layout(graph.metas[v].shape, (strides or {}).get(v, graph.metas[v].stride), f"%{v}")
                for v in dict.fromkeys([*seg.inputs, *in_place.values()])}
     check_segment_metas(graph, seg, layouts)
     fd = nvf.FusionDefinition()
@@ -213,8 +209,8 @@ def lower_to_nvfuser(nvf: Any, graph: FusionGraph, seg: Segment, in_place: dict[
         lw = _Lowering(nvf, fd, graph)
         targets: dict[str, Any] = {}
         for v in dict.fromkeys([*seg.inputs, *in_place.values()]):
-            m = graph.metas[v]
-            lw.vals[v] = fd.define_tensor(sizes=list(m.shape), strides=list(m.stride), dtype=_dtype(nvf, m.dtype),
+            shape, stride = layouts[v]
+            lw.vals[v] = fd.define_tensor(sizes=list(shape), strides=list(stride), dtype=_dtype(nvf, graph.metas[v].dtype),
                                           static_sizes=True, is_cpu=False)
             targets[v] = lw.vals[v]
         for node in seg.nodes:
