@@ -2,15 +2,16 @@
 
     fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal] [--alias MODE]
     fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
+    fuseg export TARGET --format nvfuser -o FILE.py   each kernel segment as an nvFuser FusionDefinition, and run()
     fuseg run TARGET [--alias MODE] [--json]   run it (torch backend) and check it against eager
     fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE]
     fuseg bench [MODEL ...] [--device cpu|cuda] [--backend B ...] [--inductor] [--out FILE.json]
     fuseg report BASELINE.json CURRENT.json [--threshold 0.1] [--html FILE]   exit 1 on a regression
     fuseg examples                       list the built-in examples
 
-TARGET is a JSON graph file, a built-in example name, or ``package.module:factory`` (a function
-of no arguments returning ``(fn_or_module, example_inputs)``). Errors are one line on stderr and
-exit status 2.
+TARGET is a JSON graph file, an nvFuser Python-frontend script (``FILE.py``, read as data, never
+run), a built-in example name, or ``package.module:factory`` (a function of no arguments returning
+``(fn_or_module, example_inputs)``). Errors are one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from collections.abc import Sequence
 from alias import apply_aliases
 from segmenter import FusionGraph, GraphError, OpKind, SegmenterOptions, op_info, segment
 from segmenter.explain import describe_segments, segmentation_to_dict
+from segmenter.nvfuser_import import NvFuserFusion
 from segmenter.ops import resolve_op
 from segmenter.serialize import dump, graph_to_dict
 
-from . import zoo
-from .profile import profile, render
+from . import fusions, zoo
+from .profile import profile, render, side_by_side
 from .run import run_target
 from .targets import TargetError, load_program
 
@@ -53,10 +55,39 @@ def describe_ops(graph: FusionGraph) -> str:
     return "\n".join(lines)
 
 
+def describe_nvfuser(fusion: NvFuserFusion) -> str:
+    """How an nvFuser script was bound: Note [sizes are bound, not yet symbolic]."""
+    lines = [f"nvFuser script: sizes from {fusion.bound_from}"]
+    for s in fusion.symbolic:
+        lines.append(f"  %{s.input} (line {s.line}): symbolic dims {list(s.dims)} bound to {list(s.sizes)} "
+                     "(not yet symbolic in the graph)")
+    lines += [f"  note: {n}" for n in fusion.notes]
+    return "\n".join(lines)
+
+
+def _export_nvfuser(graph: FusionGraph, mode: str, path: str) -> int:
+    from runtime.nvfuser_export import export_nvfuser
+
+    try:
+        exported = export_nvfuser(apply_aliases(segment(graph), mode))
+    except ValueError as e:  # a graph it cannot write (constants, an op argument of another kind)
+        return _error(str(e))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(exported.script)
+    kinds = Counter(s.kind.value for s in exported.segments)
+    print(f"wrote {path}: {len(exported.segments)} segments ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
+          f"{len(exported.fusions)} as nvFuser fusions", file=sys.stderr)
+    for s in exported.segments:
+        if s.function is None and s.kind.value != "metadata":
+            print(f"  segment {s.index} ({s.kind.value}) runs on torch: {s.reason}", file=sys.stderr)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fuseg", description="fusion-segmenter: cut fusion graphs into one-kernel segments")
     sub = p.add_subparsers(dest="command", required=True)
-    target_help = "a JSON graph file, a built-in example name (fuseg examples), or package.module:factory"
+    target_help = ("a JSON graph file, an nvFuser script FILE.py (read as data), a built-in example name "
+                   "(fuseg examples), or package.module:factory")
     seg = sub.add_parser("segment", help="segment a graph and list the segments")
     seg.add_argument("target", help=target_help)
     seg.add_argument("--explain", action="store_true", help="inputs, outputs, bytes of each segment and why each boundary is there")
@@ -66,9 +97,13 @@ def _parser() -> argparse.ArgumentParser:
     seg.add_argument("--no-horizontal", action="store_true", help="no horizontal merging")
     seg.add_argument("--alias", choices=("post", "pre", "off"), default="post",
                      help="alias pass: post (after the cut, default), pre (graph outputs only, as fusers do today), off")
-    exp = sub.add_parser("export", help="write a target's graph as JSON")
+    exp = sub.add_parser("export", help="write a target's graph as JSON, or its segments as nvFuser fusions")
     exp.add_argument("target", help=target_help)
     exp.add_argument("-o", "--out", required=True, help="output file")
+    exp.add_argument("--format", choices=("json", "nvfuser"), default="json",
+                     help="json: the graph (the documented schema); nvfuser: each kernel segment as a "
+                          "FusionDefinition script, with run(inputs) running the whole segmentation")
+    exp.add_argument("--alias", choices=("post", "pre", "off"), default="post", help="alias pass (nvfuser format)")
     run = sub.add_parser("run", help="run a target end to end (torch backend) and check it against eager")
     run.add_argument("target", help=target_help)
     run.add_argument("--alias", choices=("post", "pre", "off"), default="post")
@@ -128,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "examples":
         for e in zoo.ZOO.values():
             print(f"{e.name:14s} B={e.batch:<3d} T={e.seq:<5d} {str(e.dtype).removeprefix('torch.'):9s} {e.description}")
+        for f in fusions.FUSIONS.values():
+            print(f"{f.name:14s} nvFuser script perf/fusions/{f.file}: {f.description}")
         return 0
     if args.command == "bench":
         import torch
@@ -164,8 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if rep.regressions else 0
     if args.command == "profile":
         try:
-            df = profile(args.models or list(zoo.ZOO), inductor=args.inductor)
+            df = profile(args.models or [*zoo.ZOO, *fusions.FUSIONS], inductor=args.inductor)
             text = render(df, args.format)
+            if args.format == "table" and side_by_side(df):
+                text += "\n\n" + side_by_side(df)
             if args.plot:
                 from .profile import plot_kernels
 
@@ -188,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return _print_run(run_target(target, args.alias), args.json)
         if args.command == "export":
+            if args.format == "nvfuser":
+                return _export_nvfuser(graph, args.alias, args.out)
             dump(graph, args.out)
             print(f"wrote {args.out}: {len(graph.nodes)} nodes", file=sys.stderr)
             return 0
@@ -198,7 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GraphError, TargetError, OSError) as e:
         return _error(str(e))
     if args.json:
-        print(json.dumps({"graph": graph_to_dict(graph), "segmentation": segmentation_to_dict(sf)}, indent=1))
+        record = {"graph": graph_to_dict(graph), "segmentation": segmentation_to_dict(sf)}
+        if target.nvfuser is not None:  # how the script's sizes were bound
+            record["nvfuser"] = {"bound_from": target.nvfuser.bound_from, "notes": list(target.nvfuser.notes),
+                                 "symbolic": [{"input": s.input, "line": s.line, "dims": list(s.dims),
+                                               "sizes": list(s.sizes)} for s in target.nvfuser.symbolic]}
+        print(json.dumps(record, indent=1))
         return 0
     if args.graph:
         print(graph, end="\n\n")
@@ -206,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.explain:
         print(sf.alias_report)
     print(describe_ops(graph))
+    if target.nvfuser is not None:
+        print(describe_nvfuser(target.nvfuser))
     return 0
 
 

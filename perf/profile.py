@@ -6,7 +6,9 @@ One record per model (JSON: a list of these, first key "model"), with stable key
   {mode}_metadata, {mode}_opaque, {mode}_bytes_moved, {mode}_generated (POINTWISE, REDUCTION and
   NORMALIZATION kernels: what a fuser generates, matmuls excluded); and bytes_floor, segment_ms,
   inductor_kernels (kernels Inductor generated for the same program under ``torch.compile``, with
-  ``--inductor``; empty otherwise, or where torch.compile cannot run: meta-tensor entries, JSON graphs).
+  ``--inductor``; empty otherwise, or where torch.compile cannot run: meta-tensor entries, JSON graphs);
+  nvfuser_segments_quoted, nvfuser_kernels_quoted, nvfuser_quote (for the nvFuser fusions of
+  perf/fusions: nvFuser's segmentation as its issue quotes it, not measured; empty elsewhere).
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ import pandas as pd
 from alias import apply_aliases
 from segmenter import OpKind, SegmenterOptions, SegmentKind, op_info, segment
 
-from . import zoo
+from . import fusions, zoo
 from .targets import load_program
 
-__all__ = ["COLUMNS", "MODES", "plot_kernels", "profile", "render"]
+__all__ = ["COLUMNS", "MODES", "plot_kernels", "profile", "render", "side_by_side"]
 
 MODES = ("off", "pre", "post")  # side by side in this order
 
 COLUMNS = ["model", "nodes", "eager_launches"] + [
     f"{mode}_{key}" for mode in MODES
     for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved", "generated")
-] + ["bytes_floor", "segment_ms", "inductor_kernels"]
+] + ["bytes_floor", "segment_ms", "inductor_kernels", "nvfuser_segments_quoted", "nvfuser_kernels_quoted",
+      "nvfuser_quote"]
 
 _GENERATED = {SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION}
 
@@ -55,7 +58,8 @@ def inductor_kernels(fn: Any, inputs: list[Any]) -> int | None:
 def profile(models: list[str], options: SegmenterOptions | None = None, progress: bool = True,
             inductor: bool = False) -> pd.DataFrame:
     for name in models:  # refuse a bad name before any work (and before any progress output)
-        if ":" not in name and not name.endswith(".json") and not os.path.isfile(name) and name not in zoo.ZOO:
+        if ":" not in name and not name.endswith(".json") and not os.path.isfile(name) and name not in zoo.ZOO \
+                and name not in fusions.FUSIONS:
             zoo.get(name)  # raises with the list of examples
     rows: list[dict[str, Any]] = []
     for k, name in enumerate(models):
@@ -80,6 +84,10 @@ def profile(models: list[str], options: SegmenterOptions | None = None, progress
             row[f"{mode}_generated"] = sum(s.kind in _GENERATED for s in plan.segments)
             row["bytes_floor"] = st["bytes_floor"]
         row["inductor_kernels"] = inductor_kernels(target.fn, target.inputs or []) if inductor else None
+        quoted = fusions.FUSIONS.get(name)
+        row["nvfuser_segments_quoted"] = quoted.nvfuser_segments if quoted else None
+        row["nvfuser_kernels_quoted"] = quoted.nvfuser_kernels if quoted else None
+        row["nvfuser_quote"] = f"{quoted.issue}: {quoted.quote}" if quoted else None
         rows.append(row)
     if progress:
         print(file=sys.stderr)
@@ -96,6 +104,23 @@ def render(df: pd.DataFrame, fmt: str) -> str:
         body = "\n".join("| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False))
         return head + "\n" + body
     return df.to_string(index=False)
+
+
+def side_by_side(df: pd.DataFrame) -> str:
+    """The nvFuser fusions' rows: nvFuser's segmentation as its issue quotes it (not measured
+    here) beside ours ("post" mode); empty where no row has a quote."""
+    rows = df[df["nvfuser_quote"].notna()]
+    if rows.empty:
+        return ""
+    lines = ["nvFuser (quoted from its issue, not measured) against ours (post mode, measured):",
+             f"{'model':14s} {'nvFuser segs':>12s} {'nvFuser kernels':>15s} {'our segs':>8s} {'our kernels':>11s} "
+             f"{'our metadata':>12s}  source"]
+    for r in rows.itertuples(index=False):
+        def n(v: object) -> str:
+            return "?" if v is None or v != v else str(int(v))  # NaN: the issue gives no count
+        lines.append(f"{r.model:14s} {n(r.nvfuser_segments_quoted):>12s} {n(r.nvfuser_kernels_quoted):>15s} "
+                     f"{r.post_segments:>8d} {r.post_kernels:>11d} {r.post_metadata:>12d}  {r.nvfuser_quote}")
+    return "\n".join(lines)
 
 
 def plot_kernels(df: pd.DataFrame, path: str, title: str = "generated kernels per model") -> None:

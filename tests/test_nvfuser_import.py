@@ -496,3 +496,33 @@ def test_a_file_with_several_fusions_names_one() -> None:
     with pytest.raises(GraphFormatError, match="2 fusions in the script .f, g.: name one"):
         from_nvfuser(two, [torch.randn(2, 8)])
     assert from_nvfuser(two, [torch.randn(2, 8)], name="g").name == "g"
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+def test_cli_segments_a_script_and_says_how_its_sizes_were_bound(capsys, tmp_path) -> None:
+    import json
+
+    from perf.cli import main
+
+    path = tmp_path / "repro.py"
+    path.write_text(fusion(SYMBOLIC, inputs="[torch.randn(3, 8, device='cuda:0')]"))
+    assert main(["segment", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 segments" in out and "sizes from the script's inputs" in out
+    assert "%T0 (line 5): symbolic dims [0] bound to [3] (not yet symbolic in the graph)" in out
+    assert main(["segment", str(path), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)["nvfuser"]
+    assert record["symbolic"] == [{"input": "T0", "line": 5, "dims": [0], "sizes": [3]}]
+
+
+def test_cli_profile_puts_nvfusers_quoted_counts_beside_ours(capsys) -> None:
+    from perf.cli import main
+
+    assert main(["profile", "nvfuser-2577", "nvfuser-1597"]) == 0
+    out = capsys.readouterr().out
+    assert "nvFuser (quoted from its issue, not measured) against ours" in out
+    table = out.split("nvFuser (quoted from its issue, not measured) against ours")[1]
+    row = next(line for line in table.splitlines() if line.startswith("nvfuser-1597"))
+    assert row.split()[1:6] == ["8", "5", "2", "1", "1"]  # nvFuser 8 segments, 5 kernels; ours 2, 1 kernel, 1 view
+    assert main(["examples"]) == 0 and "nvfuser-2577" in capsys.readouterr().out
