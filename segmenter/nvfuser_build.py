@@ -19,7 +19,7 @@ import torch
 
 from .ir import Alias, FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef, view_roots
 from .limits import MAX_BYTES, MAX_DIM, MAX_RANK, view_depth_problem
-from .meta import fake_mode, quiet_fake_errors, shallow
+from .meta import fake_mode, fakeable, quiet_fake_errors, shallow
 from .ops import OpKind, op_info, resolve_op
 from .recorded import check_recorded_effects
 from .serialize import GraphFormatError
@@ -138,9 +138,9 @@ class Builder:
                       f"(at most {MAX_BYTES})")
         name = self.fresh()
         self.inputs.append(GraphInput(name, meta))
-        base = torch.empty(max(meta.storage_extent, 1), dtype=meta.dtype, device=meta.device)
-        with self.mode:
-            self.fakes[name] = self.mode.from_tensor(base).as_strided(meta.shape, meta.stride, meta.storage_offset)
+        with self.mode:  # a FakeTensor: no memory, whatever the size
+            base = torch.empty(max(meta.storage_extent, 1), dtype=meta.dtype, device=fakeable(meta.device))
+            self.fakes[name] = base.as_strided(meta.shape, meta.stride, meta.storage_offset)
         self.metas[name] = meta
         return TVal(name, scalar=scalar)
 

@@ -75,6 +75,13 @@ class DType:
 
 
 @dataclass(frozen=True)
+class _Folded:
+    """Arithmetic on numbers the reader folded (``bsz * 2``): a number, not a call."""
+
+    value: int | float
+
+
+@dataclass(frozen=True)
 class Call:
     """One frontend call: ``func`` is ``define_tensor``, ``add_output``, ``ops.<op>``, ``shape``,
     ``size``, ``at``, or ``=`` (a name bound to a literal or another value)."""
@@ -194,8 +201,8 @@ class _Module:
         body = stmt.body
         if len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Call):
             c = body[0].value
-            if isinstance(c.func, ast.Name) and [ast.dump(a) for a in c.args] == [ast.dump(ast.Name(fd, ast.Load()))] \
-                    and not c.keywords:
+            passes_fd = len(c.args) == 1 and isinstance(c.args[0], ast.Name) and c.args[0].id == fd
+            if isinstance(c.func, ast.Name) and passes_fd and not c.keywords:
                 self.called.add(c.func.id)  # with FusionDefinition() as fd: nvfuser_fusion_id0(fd)
                 return
         self.fusions.append(("fusion", fd, body, stmt.lineno))
@@ -272,7 +279,9 @@ class _Fusion:
             if t == self.fd:
                 raise _fail(target, f"an assignment to {t}, the FusionDefinition")
         spec = self.spec(value, 0)  # read once: reading records the calls nested in its arguments
-        if spec is not None:
+        if isinstance(spec, _Folded):
+            self.add(Call(value.lineno, "=", (spec.value,), (), targets))
+        elif spec is not None:
             self.add(Call(value.lineno, *spec, targets))
         else:
             self.add(Call(value.lineno, "=", (self.expr(value, 0),), (), targets))
@@ -285,14 +294,14 @@ class _Fusion:
 
     def record(self, node: ast.expr, targets: tuple[str, ...]) -> None:
         spec = self.spec(node, 0)
-        if spec is None:
+        if spec is None or isinstance(spec, _Folded):
             raise _fail(node, "not a frontend call")
         func, args, kwargs = spec
         self.add(Call(node.lineno, func, args, kwargs, targets))
 
-    def spec(self, node: ast.expr, depth: int) -> tuple[str, tuple, tuple] | None:
+    def spec(self, node: ast.expr, depth: int) -> tuple[str, tuple, tuple] | _Folded | None:
         """(func, args, kwargs) where ``node`` is a frontend call (written as a call, an operator or
-        a subscript); None where it is a literal or a name."""
+        a subscript); arithmetic on numbers, folded; None where it is a literal or a name."""
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Name) and node.func.id == "float":
                 return None  # float("inf"): a literal
@@ -305,15 +314,19 @@ class _Fusion:
                 if k.startswith("_"):
                     raise _fail(node, f"{func}: keyword {k[:60]!r}")
             return func, ((receiver,) if receiver is not None else ()) + args, kwargs
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        if isinstance(node, ast.BinOp):
             lhs, rhs = self.expr(node.left, depth + 1), self.expr(node.right, depth + 1)
-            if isinstance(lhs, Ref) or isinstance(rhs, Ref):
-                return f"ops.{_BINOPS[type(node.op)]}", (lhs, rhs), ()
-            return None
+            if not (isinstance(lhs, Ref) or isinstance(rhs, Ref)):
+                return _Folded(self.arithmetic(node, lhs, rhs))
+            if type(node.op) not in _BINOPS:
+                raise _fail(node, f"the {type(node.op).__name__} operator on a value is not a frontend op")
+            return f"ops.{_BINOPS[type(node.op)]}", (lhs, rhs), ()
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.Invert) and _number(node) is None:
             arg = self.expr(node.operand, depth + 1)
             if isinstance(arg, Ref):
                 return ("ops.neg" if isinstance(node.op, ast.USub) else "ops.bitwise_not"), (arg,), ()
+            if isinstance(node.op, ast.USub) and isinstance(arg, int | float) and not isinstance(arg, bool):
+                return _Folded(-arg)
             return None
         if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
             lhs, rhs = self.expr(node.left, depth + 1), self.expr(node.comparators[0], depth + 1)
@@ -369,11 +382,9 @@ class _Fusion:
             return InputRef(index)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float":
             return _float_literal(node)
-        if isinstance(node, ast.BinOp):
-            folded = self.arithmetic(node, depth)
-            if folded is not None:
-                return folded
         spec = self.spec(node, depth)
+        if isinstance(spec, _Folded):
+            return spec.value
         if spec is None:
             raise _fail(node, f"a {type(node).__name__} expression is not read")
         self.synthetic += 1
@@ -381,11 +392,11 @@ class _Fusion:
         self.add(Call(node.lineno, spec[0], spec[1], spec[2], (name,)))
         return Ref(name)
 
-    def arithmetic(self, node: ast.BinOp, depth: int) -> int | float | None:
-        """``bsz * 2``, ``features // 2``: arithmetic on numbers, folded; None where a side is a value."""
-        lhs, rhs = self.expr(node.left, depth + 1), self.expr(node.right, depth + 1)
+    @staticmethod
+    def arithmetic(node: ast.BinOp, lhs: object, rhs: object) -> int | float:
+        """``bsz * 2``, ``features // 2``: arithmetic on numbers, folded."""
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lhs, rhs)):
-            return None
+            raise _fail(node, "an operator on something else than values and numbers")
         ints = isinstance(lhs, int) and isinstance(rhs, int)
         table = _INT_ARITH if ints else _FLOAT_ARITH
         if type(node.op) not in table or (type(node.op) in (ast.FloorDiv, ast.Mod, ast.Div) and rhs == 0):

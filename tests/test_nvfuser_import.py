@@ -526,3 +526,21 @@ def test_cli_profile_puts_nvfusers_quoted_counts_beside_ours(capsys) -> None:
     row = next(line for line in table.splitlines() if line.startswith("nvfuser-1597"))
     assert row.split()[1:6] == ["8", "5", "2", "1", "1"]  # nvFuser 8 segments, 5 kernels; ours 2, 1 kernel, 1 view
     assert main(["examples"]) == 0 and "nvfuser-2577" in capsys.readouterr().out
+
+
+def test_nested_calls_and_operators_are_read_once() -> None:
+    from segmenter.nvfuser_script import read_script
+
+    body = f"""
+        T0 = fd.define_tensor(shape=[4], contiguity=[True], {F32})
+        T1 = fd.ops.add(fd.ops.exp(T0) + T0, -fd.ops.abs(T0))
+        fd.add_output(T1 * (2 * 3))
+    """
+    calls = read_script(fusion(body)).calls
+    assert [c.func for c in calls] == ["define_tensor", "ops.exp", "ops.add", "ops.abs", "ops.neg", "ops.add",
+                                       "ops.mul", "add_output"]
+    assert calls[6].args[1] == 6  # arithmetic on numbers, folded
+    x = torch.randn(4)
+    graph = from_nvfuser(fusion(body), [x])
+    assert len(graph.nodes) == 6
+    assert_matches_eager(lambda t: ((t.exp() + t + -t.abs()) * 6,), [x], graph)
