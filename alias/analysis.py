@@ -40,7 +40,10 @@ def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
         if node.inputs and _plain(node.args[1:]) and _plain(v for _, v in node.kwargs):
             key = (node.op, metas[node.inputs[0]], node.args[1:], node.kwargs,
                    tuple(o is not None and metas[o] for o in node.outputs))
-            found = by_layout.get(key)
+            try:
+                found = by_layout.get(key)
+            except TypeError:  # a symbolic size does not hash (Note [symbolic plans]): no memo
+                key = None
         if found is None:
             found = _is_true_view(graph, node)
             if key is not None:

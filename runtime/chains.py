@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind
+from segmenter.symbolic import is_symbolic
 
 from . import layout
 from .backends.kernels import _numel, span_bytes
@@ -128,7 +129,7 @@ def _joins(graph: FusionGraph, seg: Segment, launch: Any, folded: frozenset[int]
     if any(delta < 0 for *_, delta in launch.views):  # a view before its base's first element
         return None
     k = launch.kernel
-    if len(k.params) > MAX_ARGS or k.returns not in ("void", "long long"):
+    if len(k.params) + bool(k.symbols) > MAX_ARGS or k.returns not in ("void", "long long"):
         return None
     for p in k.params:
         if any(s < 0 for s in p.stride):
@@ -246,24 +247,37 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
             slots.append(f"{code.var(r)}.data_ptr()")
         return slot_of[r]
 
+    def extra(expr: str) -> int:  # a slot of its own: an address computed at the call
+        slots.append(expr)
+        return len(slots) - 1
+
     words = [len(steps)]
     for launch in steps:
         k = launch.kernel
-        words += [ctypes.cast(launch.fn, ctypes.c_void_p).value, len(k.params), int(k.returns != "void")]
+        words += [ctypes.cast(launch.fn, ctypes.c_void_p).value, len(k.params) + bool(k.symbols),
+                  int(k.returns != "void")]
         for p in k.params:
             r, delta = root(p.value)
-            if r in offsets:
+            if r in offsets and is_symbolic(offsets[r] + delta):  # Note [chains of symbolic sizes]
+                words += [extra(f"_arena.data_ptr() + {code.value(offsets[r] + delta)}"), 0]
+            elif r in offsets:
                 if None not in slot_of:
                     slot_of[None] = len(slots)
                     slots.append("_arena.data_ptr()")
                 words += [slot_of[None], offsets[r] + delta]
+            elif is_symbolic(delta):
+                words += [extra(f"{code.var(r)}.data_ptr() + {code.value(delta)}"), 0]
             else:
                 words += [slot(r), delta]
+        if k.symbols:  # the call's symbol values, last (Note [kernel sizes as arguments])
+            if "_zp" not in slot_of:
+                slot_of["_zp"] = extra("_zp")
+            words += [slot_of["_zp"], 0]
     program = array.array("q", words)
     run = code.const(runner())
     fail = code.const(_failure([launch.raise_count if launch.kernel.returns != "void" else None for launch in steps]))
     if arena_bytes:
-        code.line(f"_arena = {code.const(layout.empty_fn(code.fast, device))}(({arena_bytes},), (1,), "
+        code.line(f"_arena = {code.const(layout.empty_fn(code.fast, device))}(({code.value(arena_bytes)},), (1,), "
                   f"{code.const(torch.uint8)})")
     code.line(f"_slots = {code.const(array.array)}('q', ({''.join(s + ', ' for s in slots)}))")
     code.line(f"_bad = {run}({code.const(program.buffer_info()[0])}, _slots.buffer_info()[0])")
@@ -281,7 +295,7 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
             code.line(f"{code.var(v)} = {code.var(targets[v])}")
         else:
             base, shape, stride, delta = views[v]
-            code.line(f"{code.var(v)} = {rt}({code.var(base)}, {code.const(shape)}, {code.const(stride)}, {delta})")
+            code.line(f"{code.var(v)} = {rt}({code.var(base)}, {code.const(shape)}, {code.const(stride)}, {code.value(delta)})")
     dead = [v for seg in segs for v in sorted(dying.get(seg.index, ())) if v not in made and code.has_var(v)]
     dead += [v for v in order if v in need and not read_after(v, last)]  # made only as a base of a view
     if dead:
@@ -292,9 +306,22 @@ def _span(p: Any) -> int:
     return span_bytes(p.shape, p.stride, p.dtype)
 
 
+# Note [chains of symbolic sizes]: under a symbolic plan (Note [symbolic plans] in
+# segmenter/symbolic.py) a value's bytes, its offset in the arena and a view's distance from its
+# base may be symbolic. The runner's steps are fixed when compiled, so such an address is a slot
+# of its own, computed at the call (``_arena.data_ptr() + <expression>``) with 0 bytes past it;
+# and the arena is no longer shared by lifetimes (first fit compares sizes, which would make every
+# comparison a condition of the plan): each value gets bytes of its own, one after the other.
 def _place(values: list[tuple[str, int, int, int]]) -> tuple[dict[str, int], int]:
     """First fit: value -> offset, so that values whose step ranges overlap get disjoint bytes;
-    and the bytes in all. ``values``: (name, first step, last step, bytes), by first step."""
+    and the bytes in all. ``values``: (name, first step, last step, bytes), by first step. With a
+    symbolic size among them, every value one after the other (Note [chains of symbolic sizes])."""
+    if any(is_symbolic(v[3]) for v in values):
+        at, sequential = 0, {}
+        for name, _, _, size in values:
+            sequential[name] = at
+            at = at + ((max(size, 1) if isinstance(size, int) else size) + ALIGN - 1) // ALIGN * ALIGN
+        return sequential, at
     offsets: dict[str, int] = {}
     live: list[tuple[int, int, int]] = []  # (last step, offset, end) of values placed
     top = 0

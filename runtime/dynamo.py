@@ -20,8 +20,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from alias import apply_aliases
 from segmenter import SegmenterOptions, from_fx, segment
-from segmenter.fx_import import storage_ids
+from segmenter.fx_import import has_symbolic_sizes, storage_ids
 
+from .codegen.symsizes import symbolic_hashing
 from .program import CompiledProgram
 
 __all__ = ["FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend"]
@@ -39,10 +40,18 @@ class FusegCompiler:
     """The compiler AOTAutograd calls for each graph; the returned callable compiles lazily.
     ``backend``: the kernel backend (``auto``: the registry's order; runtime/backends/)."""
 
-    def __init__(self, mode: str = "post", options: SegmenterOptions | None = None, backend: str = "auto") -> None:
+    def __init__(self, mode: str = "post", options: SegmenterOptions | None = None, backend: str = "auto",
+                 dynamic: bool = True) -> None:
         self.mode = mode
         self.options = options or SegmenterOptions()
         self.backend = backend
+        #: plan graphs with symbolic sizes once for every size (Note [symbolic plans]); False:
+        #: specialize every graph to each call's sizes, as before
+        self.dynamic = dynamic
+        #: why each graph that has symbolic sizes was specialized instead
+        self.symbolic_refused: list[str] = []
+        #: raise what a symbolic plan's making raised, instead of specializing (tests, debugging)
+        self.strict = False
         self.compiled: list[CompiledProgram] = []  # every program built, for inspection and tests
         #: graphs AOTAutograd handed us: (the boxed call, and for an inference graph its metadata,
         #: else None); and why the last ``compile_with_aot`` refused a direct call (None: it did not)
@@ -58,10 +67,18 @@ class FusegCompiler:
         if not all_present:  # backward graphs return None for inputs that need no gradient
             out_node.args = (tuple(o for o in outs if o is not None),)
             gm.recompile()
-        cache: dict[tuple, CompiledProgram] = {}
+        cache: dict[tuple, tuple[CompiledProgram, dict[int, int]]] = {}
         last: list[CompiledProgram] = []  # the program the previous call ran: tried first
         if not any(present):
             return self._as_it_is(gm, tokens, outs)
+        # a graph that returns sizes (Note [size outputs]) always takes the keyed path, which adds them
+        numbers = any(isinstance(o, fx.Node) and isinstance(o.meta.get("val"), (int, torch.SymInt))
+                      for o in outs if o is not None)
+        # Note [symbolic plans] (segmenter/symbolic.py): a graph with symbolic sizes gets plans
+        # that serve every size where their conditions hold; the keyed, specialized path is what a
+        # graph falls back to where a symbolic plan cannot be made (``symbolic_refused`` says why)
+        symbolic = [self.dynamic and has_symbolic_sizes(gm)]
+        plans: list[tuple[CompiledProgram, Callable[..., list[int]] | None]] = []
 
         def run(boxed: list[Any]) -> tuple[Any, ...]:
             # Boxed convention: we own the argument list and clear it, so AOTAutograd's inputs
@@ -70,20 +87,26 @@ class FusegCompiler:
             boxed.clear()
             # Note [one entry] (runtime/program.py): the program the previous call ran, where the
             # inputs match it exactly; None (nothing run) sends the call on to the checked path
-            results = last[0].entry(*args) if last and len(args) == last[0].arity else None
+            results = last[0].entry(*args) if last and not numbers and len(args) == last[0].arity else None
+            if results is None and symbolic[0]:
+                results = self._run_symbolic(gm, plans, args, symbolic)
             if results is None:
                 key = _signature(args)
-                program = cache.get(key)
+                program, sizes = cache.get(key) or (None, {})
                 if program is None:
                     with _disable_current_modes():  # Note [compiling outside the caller's modes]
-                        graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}")
+                        graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes)
                     program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend)
-                    cache[key] = program
+                    cache[key] = program, sizes
                     self.compiled.append(program)
                 last[:] = [program]
                 tensors = [a for a in args if isinstance(a, torch.Tensor)]
                 del args
                 results = program(*tensors)
+                if sizes:  # Note [size outputs] in segmenter/fx_import.py
+                    results = list(results)
+                    for pos in sorted(sizes):
+                        results.insert(pos, sizes[pos])
             if all_present:
                 return tuple(results)
             it = iter(results)
@@ -92,9 +115,46 @@ class FusegCompiler:
         def hot(*args: Any) -> list[torch.Tensor] | None:
             """Note [direct inference call]: the last program's outputs where its entry takes these
             arguments, else None (nothing run)."""
-            return last[0].entry(*args) if last and len(args) == last[0].arity else None
+            return last[0].entry(*args) if last and not numbers and len(args) == last[0].arity else None
 
         return self._register(run, hot, tokens, gm)
+
+    def _run_symbolic(self, gm: fx.GraphModule, plans: list, args: list[Any], symbolic: list[bool]) -> list | None:
+        """The outputs of the first symbolic plan whose conditions these arguments meet, or of a
+        new plan made for them; None where the graph cannot be planned symbolically (then
+        ``symbolic[0]`` is False and the caller specializes). Note [symbolic plans]."""
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        for k in range(len(plans) - 1, -1, -1):
+            program, sizes_fn = plans[k]
+            results = program.entry(*tensors)
+            if results is None:
+                if not program.accepts(*tensors):
+                    continue
+                results = program.run_checked(*tensors)  # a call with grad or under a dispatch mode
+            if k != len(plans) - 1:
+                plans.append(plans.pop(k))  # the last one that ran is tried first next time
+            return _with_sizes(results, sizes_fn, tensors)
+        sizes: dict[int, Any] = {}
+        try:
+            with _disable_current_modes(), symbolic_hashing():  # Note [compiling outside the caller's modes]
+                graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
+                                symbolic=True)
+                program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend)
+                sizes_fn = _sizes_function(program, sizes) if sizes else None
+        except Exception as e:  # noqa: BLE001 - any failure of a symbolic plan: specialize, and say why
+            if self.strict:
+                raise
+            why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+            self.symbolic_refused.append(why)
+            warnings.warn(f"fuseg: graph {len(self.graphs) - 1} is specialized per shape, not planned symbolically: "
+                          f"{why}", stacklevel=2)
+            symbolic[0] = False
+            return None
+        self.compiled.append(program)
+        plans.append((program, sizes_fn))
+        if not program.accepts(*tensors):  # pragma: no cover - a plan always takes the call it was made for
+            raise AssertionError(f"a symbolic plan refuses the call it was made for: {program.refusal(*tensors)}")
+        return _with_sizes(program.run_checked(*tensors), sizes_fn, tensors)
 
     def _as_it_is(self, gm: fx.GraphModule, tokens: frozenset[int], outs: list[Any]) -> Callable[..., Any]:
         """A graph that returns no value (``x.sin(); return x``: dynamo returns the input itself
@@ -138,6 +198,29 @@ class FusegCompiler:
 # against 0.25-0.28 s without it (three alternated first calls each). So the re-run happens with
 # the mode stack set aside; the program itself, folded segments included, runs where it did
 # before. (A FakeTensor input keeps its own mode: the re-run uses it, on the stack or not.)
+
+
+def _with_sizes(results: list[Any], sizes_fn: Callable[..., list[int]] | None, tensors: list[Any]) -> list[Any]:
+    """Note [size outputs] (segmenter/fx_import.py): the sizes the graph returns, at their places."""
+    if sizes_fn is None:
+        return results
+    return sizes_fn(results, *tensors)
+
+
+def _sizes_function(program: CompiledProgram, sizes: dict[int, Any]) -> Callable[..., list[Any]]:
+    """A generated function ``(results, *inputs) -> results`` with the graph's size outputs
+    computed from the inputs' sizes and put at their places."""
+    from .wrapper import Code
+
+    code = Code(sizes=program.sizes)
+    params = [f"v{i}" for i in range(len(program.graph.inputs))]
+    body = ["    r = list(r)"]
+    if program.sizes is not None:
+        body += [f"    {line}" for line in program.sizes.bind_lines(params, program.symbol_sources)]
+    for pos in sorted(sizes):
+        body.append(f"    r.insert({int(pos)}, {code.value(sizes[pos])})")
+    fn, _ = code.function("fuseg_sizes", ["r", *params], body, "r")
+    return fn
 
 
 def strip_effect_tokens(gm: fx.GraphModule) -> frozenset[int]:

@@ -27,7 +27,7 @@ def emit_metadata(code: Code, graph: FusionGraph, seg: Segment, dying: frozenset
     for o, (src, want, delta) in views.items():
         if o in code.pointers:  # never made: Note [views passed as pointers] in runtime/pointers.py
             continue
-        code.line(f"{code.var(o)} = {rt}({code.var(src)}, {code.const(want.shape)}, {code.const(want.stride)}, {delta})")
+        code.line(f"{code.var(o)} = {rt}({code.var(src)}, {code.const(want.shape)}, {code.const(want.stride)}, {code.value(delta)})")
         have = graph.metas[src]
         if want.conj or want.neg or have.conj or have.neg:  # the view's own bits, not its source's
             code.line(f"{code.var(o)} = {code.const(want.with_bits)}({code.var(o)})")

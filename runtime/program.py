@@ -13,6 +13,7 @@ function (Note [generated wrapper] in runtime/wrapper.py): ``program.source`` sh
 
 from __future__ import annotations
 
+import array
 import functools
 import gc
 import time
@@ -24,13 +25,16 @@ import torch
 from alias.check import PlanError, plan_problems
 from segmenter import Segment, SegmentedFusion, SegmentKind, TensorMeta
 from segmenter.ir import view_roots
-from segmenter.reference import check_inputs, finish
+from segmenter.ir import Alias
+from segmenter.reference import FinishView, InputView, check_inputs, finish
+from segmenter.symbolic import NotSymbolic, is_symbolic, sizes_of
 
 from .backends import BuildContext, SegmentLaunch, backends_for
 from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
 from .chains import Chain, emit_chain, plan_chains
 from .codegen import Declined
+from .codegen.symsizes import c_sizes
 from .gather import affine_gather
 from .guards import LearnedGuard
 from .inplace import plan_in_place_writes
@@ -94,6 +98,10 @@ class CompiledProgram:
                             + "; ".join(problems[:5]) + more)
         self.plan = plan
         self.graph = graph = plan.graph
+        #: Note [symbolic plans] (segmenter/symbolic.py): the plan's symbols, where sizes are
+        #: symbolic, and which input size each is read from at a call
+        self.sizes = sizes_of(graph)
+        self.symbol_sources = self.sizes.read_from([i.meta for i in graph.inputs]) if self.sizes else {}
         # the graph's constants, bound now on the device the program used: never passed in, read
         # like values computed when compiled (Note [folded segments])
         self.constants: dict[str, torch.Tensor] = {c.name: c.tensor() for c in graph.constants}
@@ -148,6 +156,11 @@ class CompiledProgram:
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
             for seg in plan.segments)
         self._fast, self.source = self._program_function(fast=True)
+        if self.sizes is not None:
+            # everything that may ask a size question is built now: then no condition can be
+            # added (Note [symbolic plans]); the safe variant is not left to its first need
+            self._safe_program = self._program_function(fast=False)[0]
+            self.sizes.seal()
         #: Note [one entry], Note [learned layout guard]
         self.guard = LearnedGuard()
         self._check, self.entry = self._check_and_entry()
@@ -199,6 +212,8 @@ class CompiledProgram:
             outs = [o for n in seg.nodes for o in n.outputs if o is not None]
             if any(o in exposed or roots.get(o, o) in exposed for o in outs):
                 continue
+            if self.sizes is not None and any(is_symbolic(graph.metas[o]) for o in outs):
+                continue  # its values differ from call to call (Note [symbolic plans])
             size = sum(graph.metas[o].nbytes for o in seg.outputs if seg.kind != SegmentKind.METADATA)
             if size > budget:
                 continue
@@ -228,7 +243,8 @@ class CompiledProgram:
                 why = b.not_chosen_for(seg)
             if why is None:
                 try:
-                    launch = b.prepare(ctx, seg)
+                    with c_sizes(self.sizes):  # Note [kernel sizes as arguments] (runtime/codegen/symsizes.py)
+                        launch = b.prepare(ctx, seg)
                 except Declined as e:
                     why = str(e)
                 else:
@@ -254,10 +270,19 @@ class CompiledProgram:
         """The program as one function (Note [generated wrapper]). ``timed``: a list that gets the
         seconds spent in each launch added up (``profile_launches``)."""
         graph = self.graph
-        code = Code(fast, reuse=True)  # straight-line: Note [reused local names]
+        code = Code(fast, reuse=True, sizes=self.sizes)  # straight-line: Note [reused local names]
         if fast:
             code.pointers = self.pointers
         params = [code.var(v) for v in graph.input_names]
+        if self.sizes is not None:  # the symbols' values at this call (Note [sizes in generated source])
+            for line in self.sizes.bind_lines(params, self.symbol_sources):
+                code.line(line)
+            if any(getattr(k, "symbols", ()) for k in self.kernels.values()):
+                # kernels read them from one array (Note [kernel sizes as arguments]); it lives to the end
+                names = ", ".join(self.sizes.names[s] for s in self.sizes.sources)
+                code.line(f"_zs = {code.const(array.array)}('q', ({names},))")
+                code.line("_zp = _zs.buffer_info()[0]")
+                code.symbol_names = [*code.symbol_names, "_zs", "_zp"]
         for v, t in self._fixed.items():
             code.fixed(v, t)
         if timed is not None:
@@ -291,10 +316,34 @@ class CompiledProgram:
         if self._plain_outputs():
             returns = f"[{', '.join(code.var(v) for v in graph.outputs)}]"
         else:
-            returns = (f"{code.const(finish)}({code.const(graph)}, [{', '.join(params)}], "
+            # a symbolic plan's graph at this call's sizes (Note [sizes in generated source])
+            view = code.const(graph) if self.sizes is None else self._finish_view(code)
+            returns = (f"{code.const(finish)}({view}, [{', '.join(params)}], "
                        f"dict(zip({code.const(tuple(needed))}, ({''.join(code.var(v) + ', ' for v in needed)}))), "
                        f"{code.const(self.written_in_place)})")
         return code.program("fuseg_program", params, returns)
+
+    def _finish_view(self, code: Code) -> str:
+        """An expression making ``FinishView`` of the graph at the call: the layouts ``finish``
+        reads (outputs that were views, their bases, final layouts), computed from the symbols."""
+        g = self.graph
+        inputs = [f"{code.const(InputView)}({code.const(i.name)}, {code.value(i.final_layout)})"
+                  if i.final_layout is not None and is_symbolic(i.final_layout) else code.const(InputView(i.name, i.final_layout))
+                  for i in g.inputs]
+        aliases, wanted = [], set()
+        for k, a in enumerate(g.output_aliases):
+            if a is None:
+                aliases.append("None")
+                continue
+            wanted.add(g.outputs[k])
+            if a.source == "output":
+                wanted.add(g.outputs[a.index])
+            layout = "None" if a.layout is None else code.value(a.layout)
+            aliases.append(f"{code.const(Alias)}({code.const(a.source)}, {a.index}, {layout})")
+        metas = ", ".join(f"{code.const(v)}: {code.value(g.metas[v])}" for v in sorted(wanted))
+        return (f"{code.const(FinishView)}(({''.join(x + ', ' for x in inputs)}), {code.const(g.outputs)}, "
+                f"({''.join(x + ', ' for x in aliases)}), {code.const(g.mutations)}, {code.const(g.constants)}, "
+                f"{code.const(g.scalar_outputs)}, {{{metas}}})")
 
     def _plain_outputs(self) -> bool:
         """Whether the outputs can be handed back as they are (no ``finish``): no input is mutated,
@@ -332,22 +381,31 @@ class CompiledProgram:
             tests.append(f"{v}.is_neg() is {m.neg}")
         return tests
 
-    def _storage_tests(self, params: list[str]) -> list[str]:
+    def _storage_tests(self, code: Code, params: list[str]) -> list[str]:
         """Per input: the storage offset, the storage's size where a kernel reads it (Note [kernel
         reads stay in storage]), and that no two inputs share a storage (what no guard checks)."""
         g = self.graph
         needs = self._storage_needs
         distinct = len({i.storage for i in g.inputs}) == len(g.inputs) > 1
-        tests = [f"{v}.storage_offset() == {inp.meta.storage_offset}" for v, inp in zip(params, g.inputs)]
+        tests = [f"{v}.storage_offset() == {code.value(inp.meta.storage_offset)}" for v, inp in zip(params, g.inputs)]
         storages = [f"{v}.untyped_storage()" for v in params]
         for i, need in needs.items():
             if distinct:  # the storage is read again below: fetched once
-                tests.append(f"(_s{i} := {storages[i]}).nbytes() >= {need}")
+                tests.append(f"(_s{i} := {storages[i]}).nbytes() >= {code.value(need)}")
                 storages[i] = f"_s{i}"
             else:
-                tests.append(f"{storages[i]}.nbytes() >= {need}")
+                tests.append(f"{storages[i]}.nbytes() >= {code.value(need)}")
         if distinct:
             tests.append(f"len({{{', '.join(f'{s}._cdata' for s in storages)}}}) == {len(params)}")
+        elif g.storage_groups() and self.sizes is not None:
+            # (check_inputs, which decides this for a fixed plan, compares with the symbolic metas)
+            keys = [f"{v}.untyped_storage()._cdata" for v in params]
+            first: dict[int, int] = {}
+            for i, inp in enumerate(g.inputs):
+                j = first.setdefault(inp.storage, i)
+                if j != i:
+                    tests.append(f"{keys[i]} == {keys[j]}")
+            tests.append(f"len({{{', '.join(keys[i] for i in first.values())}}}) == {len(first)}")
         elif g.storage_groups():
             tests.append("False")  # inputs that share a storage: check_inputs decides
         return tests
@@ -366,9 +424,11 @@ class CompiledProgram:
         guard learned from an earlier call are checked in Python only for what it leaves out
         (Note [learned layout guard] in runtime/guards.py). None sends the caller to the checked
         call, which explains a refusal or takes the safe variant."""
-        code = Code()
+        code = Code(sizes=self.sizes)
         params = [f"v{i}" for i in range(len(self.graph.inputs))]
-        layout, storage = self._layout_tests(code, params), self._storage_tests(params)
+        if self.sizes is not None:
+            return self._symbolic_check_and_entry(code, params)
+        layout, storage = self._layout_tests(code, params), self._storage_tests(code, params)
         full = " and ".join(layout + storage) or "True"
         check, _ = code.function("fuseg_check", params, [f"    return {full}"], None)
         args = ", ".join(params)
@@ -398,6 +458,47 @@ class CompiledProgram:
         entry, _ = code.function("fuseg_entry", params, body, None)
         return check, entry
 
+    def _symbolic_check_and_entry(self, code: Code, params: list[str],
+                                  ) -> tuple[Callable[..., bool], Callable[..., list[torch.Tensor] | None]]:
+        """``check`` and ``entry`` of a symbolic plan (Note [symbolic plans]): the symbols are read
+        from the inputs' sizes, then the plan's conditions, every input's layout (expressions of
+        the symbols) and storage are tested. No learned guard: it would learn one size."""
+        assert self.sizes is not None
+        binds = self.sizes.bind_lines(params, self.symbol_sources)
+        tests = [f"({self.sizes.condition_source()})", *self._layout_tests(code, params),
+                 *self._storage_tests(code, params)]
+        full = " and ".join(tests)
+        body = ["    try:", *(f"        {b}" for b in binds), f"        return {full}",
+                "    except (AttributeError, TypeError, IndexError, RuntimeError):  # not a tensor of that rank",
+                "        return False"]
+        check, self.check_source = code.function("fuseg_check", params, body, None)
+        self._symbolic_tests = (code, binds, tests)
+        args = ", ".join(params)
+        needs_grad = " or ".join(f"{v}.requires_grad" for v in params) or "False"
+        plain = (f"not {code.const(_dispatch_modes)}() and "
+                 f"not ({code.const(torch.is_grad_enabled)}() and ({needs_grad}))")
+        body = [f"    if {code.const(check)}({args}) and {plain}:",
+                f"        return {code.const(self._fast)}({args})",
+                "    return None"]
+        entry, _ = code.function("fuseg_entry", params, body, None)
+        return check, entry
+
+    def refusal(self, *inputs: Any) -> str | None:
+        """Why a symbolic plan's check refuses ``inputs`` (the first test that fails), or None."""
+        if self.sizes is None:
+            return None if self.accepts(*inputs) else "the inputs differ from the compiled signature"
+        code, binds, tests = self._symbolic_tests
+        params = [f"v{i}" for i in range(len(self.graph.inputs))]
+        for test in tests:
+            fn, _ = code.function("fuseg_test", params, [f"    {b}" for b in binds] + [f"    return {test}"], None)
+            try:
+                ok = fn(*inputs)
+            except Exception as e:  # noqa: BLE001 - a refusal, explained
+                return f"{test}: {type(e).__name__}: {e}"
+            if not ok:
+                return test
+        return None
+
     @functools.cached_property
     def _storage_needs(self) -> dict[int, int]:
         """Graph input index -> bytes its storage must hold, for the inputs generated kernels read
@@ -413,7 +514,8 @@ class CompiledProgram:
             """``v`` read from ``m``'s storage offset, at this layout."""
             if v in index:
                 need = m.storage_offset * m.itemsize + span_bytes(shape, stride, dtype)
-                needs[index[v]] = max(needs.get(index[v], 0), need)
+                # (sym_max: a symbolic size is compared at the call, never decided here)
+                needs[index[v]] = torch.sym_max(needs[index[v]], need) if index[v] in needs else need
 
         inputs = {v: i.meta for v, i in zip(self.graph.input_names, self.graph.inputs)}
         for launch in self._chosen.values():
@@ -441,12 +543,17 @@ class CompiledProgram:
 
     @functools.cached_property
     def _safe(self) -> Callable[..., list[torch.Tensor]]:
+        if self.sizes is not None:
+            return self._safe_program
         return self._program_function(fast=False)[0]
 
     def profile_launches(self, *inputs: torch.Tensor, calls: int = 100) -> list[dict[str, Any]]:
         """Mean microseconds per call spent in each launch (a timed variant of the program, run
         ``calls`` times on ``inputs``): where a call's time goes, launch by launch."""
-        check_inputs(self.graph, inputs)
+        if self.sizes is None:
+            check_inputs(self.graph, inputs)
+        elif not self._check(*inputs):
+            raise ValueError(f"graph {self.graph.name!r}: the inputs break a condition of this symbolic plan")
         timed = [0.0] * len(self.plan.segments)
         fn, _ = self._program_function(fast=_plain_call(inputs), timed=timed)
         fn(*inputs)
@@ -458,6 +565,8 @@ class CompiledProgram:
                 for la, t in zip(self.launches, timed)]
 
     def _launch_function(self, launch: Launch) -> Callable[[Env], None]:
+        if self.sizes is not None:
+            raise NotSymbolic("a launch of a symbolic plan runs inside its program, which reads the sizes")
         seg = self.plan.segments[launch.segment]
         code = Code()
         for v, t in self._fixed.items():
@@ -511,6 +620,9 @@ class CompiledProgram:
         except (AttributeError, TypeError):  # not a tensor: check_inputs says which
             ok = False
         if not ok:
+            if self.sizes is not None:  # check_inputs compares with symbolic metas: it cannot say more
+                raise ValueError(f"graph {self.graph.name!r}: the inputs' sizes or layouts break a condition of "
+                                 f"this symbolic plan ({self.sizes.condition_source()}) or its input layouts")
             check_inputs(self.graph, inputs)
             self._check_storages(inputs)
         return self.run_checked(*inputs)

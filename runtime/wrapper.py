@@ -41,10 +41,27 @@ therefore not make this module run code of its choosing (see README, "Security: 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from segmenter.symbolic import NotSymbolic, SymbolicSizes, is_symbolic
+
 __all__ = ["Code"]
+
+#: a ShapeEnv symbol's own name (``s17``, ``u3``): text that only ``str()`` of a SymInt makes.
+#: Generated source never holds one (Note [sizes in generated source]).
+_RAW_SYMBOL = re.compile(r"\b[su]\d+\b")
+
+
+# Note [sizes in generated source]: under a symbolic plan (Note [symbolic plans] in
+# segmenter/symbolic.py) a shape, stride, offset or argument may hold SymInts. Such a value is
+# never bound as an object (the program would then hand a SymInt to an op at run time, which
+# raises once the plan is sealed): ``const`` prints it as an expression over the symbols' locals
+# (``_z0``...), which the program binds from its inputs at each call; a TensorMeta becomes a
+# TensorMeta made at the call. Anything else holding a symbol raises NotSymbolic, and the caller
+# specializes the plan instead. A symbol formatted into text by mistake (an f-string of a
+# SymInt prints ``s17``) is caught when the source is compiled: no generated name has that form.
 
 
 def _code_name(name: str, src: str) -> str:
@@ -61,7 +78,7 @@ PART_LINES = 2000
 class Code:
     """Lines of Python under construction, the locals they use and the globals they need."""
 
-    def __init__(self, fast: bool = False, reuse: bool = False) -> None:
+    def __init__(self, fast: bool = False, reuse: bool = False, sizes: SymbolicSizes | None = None) -> None:
         #: emit the dispatcher-free variants of views and allocations (Note [fast and safe programs])
         self.fast = fast
         #: hand the names of deleted values to later values (Note [reused local names])
@@ -81,6 +98,9 @@ class Code:
         #: views never made, read as their source's pointer plus bytes (Note [views passed as
         #: pointers] in runtime/pointers.py): set by the fast program only
         self.pointers: dict[str, tuple[str, int]] = {}
+        #: the plan's symbols, where sizes are symbolic (Note [sizes in generated source])
+        self.sizes = sizes
+        self.symbol_names: list[str] = list(sizes.names.values()) if sizes is not None else []
 
     # --- names ------------------------------------------------------------------------------
 
@@ -98,7 +118,7 @@ class Code:
         """An expression for the data pointer of graph value ``value`` (Note [views passed as pointers])."""
         if value in self.pointers:
             src, delta = self.pointers[value]
-            return f"({self.var(src)}.data_ptr() + {delta})" if delta else f"{self.var(src)}.data_ptr()"
+            return f"({self.var(src)}.data_ptr() + {self.value(delta)})" if delta else f"{self.var(src)}.data_ptr()"
         return f"{self.var(value)}.data_ptr()"
 
     def through(self, value: str) -> str:
@@ -133,13 +153,40 @@ class Code:
                 self._free.append(name)
 
     def const(self, obj: Any, prefix: str = "_c") -> str:
-        """A global name bound to ``obj`` (the same object gets the same name)."""
+        """A global name bound to ``obj`` (the same object gets the same name); where ``obj``
+        holds symbolic sizes, an expression computing it at the call (Note [sizes in generated
+        source])."""
+        if self.sizes is not None and is_symbolic(obj):
+            return self.value(obj)
         name = self._consts.get(id(obj))
         if name is None:
             name = self._consts[id(obj)] = f"{prefix}{len(self.globals)}"
             self.globals[name] = obj
             self._keep.append(obj)
         return name
+
+    def value(self, obj: Any) -> str:
+        """A Python expression for ``obj`` at the call: sizes over the symbols' locals, a
+        symbolic TensorMeta made at the call, tuples of those and of constants."""
+        from segmenter import TensorMeta
+
+        if type(obj) is int:
+            return str(obj)
+        if self.sizes is None or not is_symbolic(obj):
+            return self.const(obj)
+        if isinstance(obj, (tuple, list)):
+            parts = [self.value(a) for a in obj]
+            return f"({parts[0]},)" if len(parts) == 1 else f"({', '.join(parts)})"
+        if isinstance(obj, TensorMeta):
+            return (f"{self.const(TensorMeta)}({self.value(obj.shape)}, {self.value(obj.stride)}, "
+                    f"{self.value(obj.storage_offset)}, {self.const(obj.dtype)}, {self.const(obj.device)}, "
+                    f"{obj.conj}, {obj.neg})")
+        try:
+            return self.sizes.python_expr(obj)
+        except NotSymbolic:
+            raise
+        except Exception as e:  # noqa: BLE001 - what the printer cannot take is not a size
+            raise NotSymbolic(f"cannot print {type(obj).__name__} {obj!r:.60} in a symbolic program: {e}") from e
 
     def late(self, prefix: str = "_k") -> str:
         """A global name whose object is bound later (``bind``), e.g. a kernel still compiling."""
@@ -159,7 +206,7 @@ class Code:
         if self._marks and len(self.lines) - self._marks[-1][0] < PART_LINES // 8:
             return
         live = sorted({name for v, name in self._vars.items() if v not in self._fixed}, key=lambda n: int(n[1:]))
-        self._marks.append((len(self.lines), live))
+        self._marks.append((len(self.lines), live + self.symbol_names))
 
     # --- statements -------------------------------------------------------------------------
 
@@ -176,6 +223,7 @@ class Code:
                  ) -> tuple[Callable[..., Any], str]:
         """``def name(params): body; return returns`` compiled with this code's globals, and its source."""
         src = self.source(name, params, body, returns)
+        self._no_raw_symbols(src)
         scope: dict[str, Any] = dict(self.globals)
         exec(compile(src, _code_name(name, src), "exec"), scope)  # noqa: S102 - our own source, see the note
         return scope[name], src
@@ -198,12 +246,18 @@ class Code:
             head = ([f"    {''.join(v + ', ' for v in live_in)}= _s"] if live_in else []) + ["    _s.clear()"]
             ret = returns if live_out is None else f"[{''.join(v + ', ' for v in live_out)}]"
             src = self.source(part, ["_s"], head + self.lines[start:end], ret)
+            self._no_raw_symbols(src)
             exec(compile(src, _code_name(f"{name} part {k}", src), "exec"), scope)  # noqa: S102 - see the notes
             main.append(f"    return {part}(_s)" if live_out is None else f"    _s = {part}(_s)")
             sources.append(src)
         head_src = self.source(name, params, main, None)
         exec(compile(head_src, _code_name(name, head_src), "exec"), scope)  # noqa: S102 - see the notes
         return scope[name], head_src + "".join("\n" + s for s in sources)
+
+    def _no_raw_symbols(self, src: str) -> None:
+        if self.sizes is not None and (m := _RAW_SYMBOL.search(src)):
+            line = src[src.rfind("\n", 0, m.start()) + 1:src.find("\n", m.end())].strip()
+            raise NotSymbolic(f"a symbol ({m.group(0)}) was formatted into generated source as text: {line[:200]}")
 
     def _cuts(self, every: int) -> list[tuple[int, list[str]]]:
         """Marks about ``every`` lines apart (none for a function under twice that)."""

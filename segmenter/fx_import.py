@@ -94,20 +94,47 @@ def _symbolic(what: str, values: Sequence[object]) -> str:
     return f"{what} is symbolic; pass concrete example inputs (the graph is specialized to their shapes)"
 
 
-def _meta_of(val: object, where: str) -> TensorMeta:
+def _meta_of(val: object, where: str, symbolic: bool = False) -> TensorMeta:
     if not isinstance(val, torch.Tensor):
         raise CaptureError(f"{where}: expected a tensor value, got {type(val).__name__}")
+    sizes = (*val.shape, *val.stride(), val.storage_offset())
+    if symbolic and not _data_dependent(sizes):
+        return TensorMeta.from_tensor(val)  # Note [symbolic plans] in segmenter/symbolic.py
     if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
         raise CaptureError(f"{where}: " + _symbolic(f"the shape {tuple(val.shape)}", (*val.shape, *val.stride())))
     return TensorMeta.from_tensor(val)
 
 
-def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _Converted:
+#: ops on sizes, not tensors: under symbolic sizes (Note [symbolic plans]) their SymInt values
+#: are literals of the graph, read from the node's value
+_SIZE_OPS = frozenset({"aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default",
+                       "aten.sym_storage_offset.default"})
+#: checks on sizes that a graph makes (a runtime assert): under symbolic sizes each is decided
+#: once, as a condition of the plan
+_SIZE_ASSERTS = frozenset({"aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
+                           "aten.sym_constrain_range.default"})
+
+
+def _size_value(n: fx.Node) -> object | None:
+    """Under symbolic sizes, the SymInt (or SymBool, number) an op on sizes computes; else None."""
+    val = n.meta.get("val")
+    if not isinstance(val, (torch.SymInt, torch.SymBool, int, bool)) or _data_dependent((val,)):
+        return None
+    if n.target in (operator.getitem,):
+        return None
+    if isinstance(n.target, torch._ops.OpOverload):
+        return val if op_name(n.target) in _SIZE_OPS else None
+    return val  # a Python operator or torch.sym_* on sizes (operator.mul, torch.sym_max, ...)
+
+
+def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg], symbolic: bool = False) -> _Converted:
     """Turn the call_function nodes of ``gm`` into IR nodes.
 
     ``placeholders`` maps each placeholder to what it stands for: a ValueRef to a graph input,
-    or a literal (a specialized int argument). ``copy_`` onto a placeholder is left in the node
-    list as ``aten.copy_.default`` for the caller to turn into a Mutation.
+    or a literal (a specialized int argument, or a SymInt under ``symbolic``). ``copy_`` onto a
+    placeholder is left in the node list as ``aten.copy_.default`` for the caller to turn into a
+    Mutation. Under ``symbolic`` (Note [symbolic plans] in segmenter/symbolic.py) sizes may be
+    SymInts of our ShapeEnv: in metas, and as literal arguments where the graph computes them.
     """
     env: dict[fx.Node, Arg] = dict(placeholders)
     nodes: list[Node] = []
@@ -129,6 +156,8 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
             return a
         if isinstance(a, torch._ops.OpOverload):
             return OpRef(op_name(a))
+        if isinstance(a, (torch.SymInt, torch.SymBool)) and symbolic and not _data_dependent((a,)):
+            return a  # type: ignore[return-value]
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise CaptureError(f"{where}: " + _symbolic(f"the value {a}", (a,)))
         raise CaptureError(f"{where}: unsupported argument of type {type(a).__name__}")
@@ -157,7 +186,14 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
                 f"node {n.name!r}: {n.op} {n.target!r} is not ATen-level; capture with "
                 "segmenter.capture or hand over an AOTAutograd graph"
             )
+        if symbolic and (size := _size_value(n)) is not None:
+            env[n] = size  # type: ignore[assignment]
+            continue
         name = op_name(n.target)
+        if symbolic and name in _SIZE_ASSERTS:
+            if not bool(arg(n.args[0], f"node {n.name!r} args[0]")):  # a condition of the plan
+                raise CaptureError(f"node {n.name!r}: the graph's assertion {n.args[1:]!r} fails for these sizes")
+            continue
         if n.target is operator.getitem:
             parent, index = n.args
             produced = env.get(parent)
@@ -181,13 +217,14 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg]) -> _C
         kwargs = tuple((k, arg(v, f"node {n.name!r} kwargs[{k!r}]")) for k, v in n.kwargs.items())
         if isinstance(val, (list, tuple)):
             outs = _tuple_outputs(n, val)
-            metas = tuple(None if o is None else _meta_of(v, f"node {n.name!r}[{i}] ({name})") for i, (o, v) in enumerate(zip(outs, val)))
+            metas = tuple(None if o is None else _meta_of(v, f"node {n.name!r}[{i}] ({name})", symbolic)
+                          for i, (o, v) in enumerate(zip(outs, val)))
             env[n] = tuple(None if o is None else ValueRef(o) for o in outs)
         elif val is None and (info.mutates or _returns_nothing(n.target)):
             # an in-place op whose result is not used, or an op run for its effect (Note [effect tokens])
             outs, metas = (None,), (None,)
         else:
-            outs, metas = (n.name,), (_meta_of(val, f"node {n.name!r} ({name})"),)
+            outs, metas = (n.name,), (_meta_of(val, f"node {n.name!r} ({name})", symbolic),)
             env[n] = ValueRef(n.name)
         nodes.append(Node(n.name, name, args, kwargs, outs, metas))
     return _Converted(nodes, env, outputs, constants)
@@ -262,6 +299,20 @@ def split_epilogue(conv: _Converted, input_index: Mapping[str, int]) -> tuple[li
 
 
 def needs_functionalization(gm: fx.GraphModule) -> bool:
+    """True unless the only mutation is a copy_ epilogue onto placeholders after their last read,
+    and no size is symbolic (a retrace specializes the sizes)."""
+    return mutates_beyond_epilogue(gm) or has_symbolic_sizes(gm)
+
+
+def has_symbolic_sizes(gm: fx.GraphModule) -> bool:
+    for n in gm.graph.nodes:
+        for v in pytree.tree_leaves(n.meta.get("val")):
+            if isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape):
+                return True
+    return False
+
+
+def mutates_beyond_epilogue(gm: fx.GraphModule) -> bool:
     """True unless the only mutation is a copy_ epilogue onto placeholders after their last read."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     written: set[fx.Node] = set()
@@ -278,11 +329,19 @@ def needs_functionalization(gm: fx.GraphModule) -> bool:
             written.add(dst)
         elif op_info(name).mutates:
             return True
-        val = n.meta.get("val")
-        for v in pytree.tree_leaves(val):
-            if isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape):
-                return True
     return False
+
+
+def _symbolic_dispatch(mode: object) -> Any:
+    """Under our symbolic sizes (Note [symbolic plans]), ops run through the Python dispatcher, as
+    AOTAutograd traces them: a C++ composite (``constant_pad_nd``) reading ``sizes()`` would
+    otherwise make every size a number (a guard pinning the symbol to the first call's value)."""
+    import contextlib
+
+    from torch._dispatch.python import enable_python_dispatcher
+
+    env = getattr(mode, "shape_env", None)
+    return enable_python_dispatcher() if getattr(env, "fuseg_sizes", None) is not None else contextlib.nullcontext()
 
 
 def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
@@ -293,7 +352,7 @@ def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.G
     fn = functionalize(gm, remove="mutations")
     fakes = [t for t in example_inputs if isinstance(t, FakeTensor)]
     if fakes:
-        with uncached(fakes[0].fake_mode):  # Note [fake tensor cache] in meta.py
+        with uncached(fakes[0].fake_mode), _symbolic_dispatch(fakes[0].fake_mode):  # Note [fake tensor cache] in meta.py
             return make_fx(fn, tracing_mode="real")(*example_inputs)
     mode = fake_mode()  # Note [fake tensor cache] in segmenter/meta.py
     fake_args = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
@@ -307,6 +366,8 @@ def from_fx(
     *,
     input_updates: Mapping[int, int] | None = None,
     name: str = "graph",
+    number_outputs: dict[int, int] | None = None,
+    symbolic: bool = False,
 ) -> FusionGraph:
     """A FusionGraph from an ATen-level GraphModule (e.g. what AOTAutograd gives a backend).
 
@@ -314,13 +375,23 @@ def from_fx(
     which of them share a storage are recorded. ``input_updates`` maps graph-output positions to
     the input each one is the new value of (AOTAutograd's "mutated inputs as extra outputs").
     Outputs that are views of inputs or of earlier outputs are read from the FakeTensors'
-    storages.
+    storages. A graph may return sizes (Note [size outputs]) where the caller passes a dict as
+    ``number_outputs``: each is left out of the graph's outputs and put there, by its position.
+
+    ``symbolic``: where the placeholders' values have symbolic sizes (dynamo's), the graph keeps
+    them symbolic, as SymInts of a ShapeEnv of our own hinted by ``example_inputs`` (real
+    arguments); Note [symbolic plans] in segmenter/symbolic.py. Raises NotSymbolic where that
+    cannot be done (the caller specializes instead).
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
         raise CaptureError(f"graph has {len(placeholders)} placeholders but {len(example_inputs)} example inputs")
+    if symbolic:
+        from .symbolic import symbolic_inputs
+
+        _, example_inputs = symbolic_inputs([ph.meta.get("val") for ph in placeholders], example_inputs)
     for i, t in enumerate(example_inputs):
-        if not isinstance(t, (torch.Tensor, int, float, bool)):
+        if not isinstance(t, (torch.Tensor, int, float, bool, torch.SymInt)):
             raise CaptureError(f"example_inputs[{i}]: expected a tensor or a number, got {type(t).__name__}")
         if isinstance(t, torch.Tensor) and t.layout != torch.strided:
             raise CaptureError(f"example_inputs[{i}]: a {t.layout} tensor: only strided tensors are supported")
@@ -343,8 +414,8 @@ def from_fx(
             why = f"{c.op} on input {placeholders[c.index].name!r}, which shares a storage with another input: not supported"
         if why is not None:
             raise CaptureError(f"{name}: {why}")
-    if needs_functionalization(gm) or len(tensors) != len(example_inputs) or changes:
-        if needs_functionalization(gm) and shared:
+    if symbolic or needs_functionalization(gm) or len(tensors) != len(example_inputs) or changes:
+        if shared and any(n.op == "call_function" and op_info(op_name(n.target)).mutates for n in gm.graph.nodes):
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
         try:
             gm = _retrace(_aliased(gm, {c.index for c in changes}) if changes else gm, example_inputs)
@@ -355,12 +426,13 @@ def from_fx(
     finals = {c.index: c.after for c in changes}
     tensor_phs = [placeholders[i] for i in tensor_pos]
     inputs = tuple(
-        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}"), storage=storage[k], final_layout=finals.get(tensor_pos[k]))
+        GraphInput(ph.name, _meta_of(t, f"input {ph.name!r}", symbolic), storage=storage[k],
+                   final_layout=finals.get(tensor_pos[k]))
         for k, (ph, t) in enumerate(zip(tensor_phs, tensors))
     )
     bound: dict[fx.Node, Arg] = {ph: ValueRef(ph.name) for ph in tensor_phs}
     bound.update({placeholders[i]: example_inputs[i] for i in range(len(placeholders)) if i not in tensor_pos})
-    conv = convert_graph(gm, bound)
+    conv = convert_graph(gm, bound, symbolic)
     try:
         nodes, mutations, renamed = split_epilogue(conv, {ph.name: k for k, ph in enumerate(tensor_phs)})
     except CaptureError as e:
@@ -369,7 +441,15 @@ def from_fx(
         c = changes[0]  # torch's functionalization could not express the layout change as a write
         raise CaptureError(f"{name}: {c.op} on input {given_names[c.index]!r} changes its layout in a way "
                            f"functionalization cannot express ({e}): not supported") from None
-    outputs = [_value_name(a, renamed, f"output {i}") for i, a in enumerate(conv.outputs)]
+    numbers = {i: a for i, a in enumerate(conv.outputs) if _is_size(a)} if number_outputs is not None else {}
+    if numbers:  # Note [size outputs]
+        number_outputs.update(numbers)
+        if any(pos in numbers for pos in (input_updates or {})):
+            raise CaptureError("input_updates: an output that is a number is no input's new value")
+        fake_out = [t for i, t in enumerate(fake_out) if i not in numbers]
+        position = [i for i in range(len(conv.outputs)) if i not in numbers]
+        input_updates = {position.index(pos): idx for pos, idx in (input_updates or {}).items()}
+    outputs = [_value_name(a, renamed, f"output {i}") for i, a in enumerate(conv.outputs) if i not in numbers]
     updates = dict(input_updates or {})
     for pos, idx in updates.items():
         if not 0 <= pos < len(outputs) or not 0 <= idx < len(inputs):
@@ -440,7 +520,7 @@ def _run_on_fakes(
     mode = next((t.fake_mode for t in example_inputs if isinstance(t, FakeTensor)), None) or fake_mode()
     fakes = [t if isinstance(t, FakeTensor) or not isinstance(t, torch.Tensor) else mode.from_tensor(t)
              for t in example_inputs]
-    with uncached(mode, enter=False), watch_layouts(fakes, mode) as watch:  # Note [fake tensor cache] in meta.py
+    with uncached(mode, enter=False), _symbolic_dispatch(mode), watch_layouts(fakes, mode) as watch:  # Note [fake tensor cache]
         try:
             out = pytree.tree_leaves(_FakeConstants(gm, mode).run(*fakes))
         except Exception as e:  # noqa: BLE001 - torch's error, with the op and the input named
@@ -450,7 +530,7 @@ def _run_on_fakes(
             raise CaptureError(f"{op}{on} failed when run on FakeTensors: {type(e).__name__}: {first}") from e
         changes = watch.changes()
         # an output that is an input object itself keeps its final layout after the restore
-        watched = {id(t) for t in fakes}
+        watched = {id(t) for t in fakes if isinstance(t, torch.Tensor)}  # an int input may be returned (a size)
         out = [t.as_strided(t.shape, t.stride(), t.storage_offset()) if id(t) in watched else t for t in out]
     return list(fakes), out, changes
 
@@ -462,6 +542,15 @@ def gm_placeholder_name(gm: fx.GraphModule, index: int) -> str:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else ""
+
+
+# Note [size outputs]: under dynamic shapes a graph may return sizes: dynamo returns
+# ``x.size(0) * 2`` from the graph when the function does (Mistral's generate), and AOTAutograd's
+# forward graph returns the SymInts its backward graph reads. A FusionGraph's outputs are tensors;
+# ``from_fx`` computes each size output from the example inputs' sizes (the graph is specialized
+# to them, so it is a constant of this graph) and hands it back beside the graph, by position.
+def _is_size(a: object) -> bool:
+    return isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool)
 
 
 def _value_name(a: Arg, renamed: Mapping[str, str], where: str) -> str:

@@ -62,6 +62,13 @@ class GraphError(ValueError):
 # Generated kernels read raw storage, so segments touching a value with a bit stay on torch.
 
 
+def _size(s: object) -> int | torch.SymInt:
+    if isinstance(s, torch.SymInt):
+        v = s.node.maybe_as_int()
+        return s if v is None else int(v)
+    return int(s)  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """Layout of one tensor value: sizes, strides and offset in elements of its storage, and
@@ -87,10 +94,12 @@ class TensorMeta:
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor, device: str | None = None) -> TensorMeta:
+        """The layout of ``t``; a FakeTensor's symbolic sizes stay SymInts (Note [symbolic plans]
+        in segmenter/symbolic.py), numbers are plain ints."""
         return cls(
-            tuple(int(s) for s in t.shape),
-            tuple(int(s) for s in t.stride()),
-            int(t.storage_offset()),
+            tuple(_size(s) for s in t.shape),
+            tuple(_size(s) for s in t.stride()),
+            _size(t.storage_offset()),
             t.dtype,
             device or str(t.device),
             bool(t.is_conj()),

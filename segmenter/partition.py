@@ -29,6 +29,7 @@ from .ops import OpKind
 from .options import SegmenterOptions
 from .rules import NodeTraits, Traits, combine, node_traits, too_big, traits_of
 from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, build_segment
+from .symbolic import size_hint, size_key
 
 __all__ = ["segment"]
 
@@ -90,10 +91,10 @@ class _Partition:
                 cons = sorted({u for o in made for u in users.get(o, ())})
             numels = _NO_NUMELS
             if nt.kind != OpKind.VIEW:
-                for o in made:
-                    self.out_numel[o] = metas[o].numel
+                for o in made:  # symbolic sizes by their expressions (Note [symbolic plans])
+                    self.out_numel[o] = size_key(metas[o].numel)
                 if nt.kind != OpKind.OPAQUE and made:
-                    n0 = metas[made[0]].numel
+                    n0 = self.out_numel[made[0]]
                     numels = one_numel.get(n0) or one_numel.setdefault(n0, frozenset((n0,)))
             if n.name in opaque_nodes:
                 traits = Traits(opaque=n.op)
@@ -114,7 +115,7 @@ class _Partition:
         self.merges = 0
         # Every producer -> consumer edge once per (value, consumer), with the value's bytes.
         self.edges: list[tuple[int, int, str, int]] = [
-            (self.producer[v], j, v, metas[v].nbytes)
+            (self.producer[v], j, v, size_hint(metas[v].nbytes))  # an order, not a condition
             for j, n in enumerate(nodes) for v in n.inputs if v in self.producer
         ]
 
@@ -349,7 +350,7 @@ class _Partition:
             nt = self.traits[i]
             from_reduction = any(v in tainted for v in node.inputs)
             if from_reduction and nt.kind not in (OpKind.VIEW, OpKind.REDUCTION) and node.outputs[0] \
-                    and self.graph.metas[node.outputs[0]].numel == full:
+                    and size_key(self.graph.metas[node.outputs[0]].numel) == full:
                 return SegmentKind.NORMALIZATION
             if nt.kind == OpKind.REDUCTION or from_reduction:
                 tainted.update(o for o in node.outputs if o is not None)

@@ -10,19 +10,40 @@ the original layout.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from .ir import FusionGraph, GraphError, TensorMeta
+from .ir import Alias, FusionGraph, GraphConstant, GraphError, Mutation, TensorMeta
 from .meta import run_node
 
-__all__ = ["check_inputs", "clone_inputs", "evaluate", "finish", "fresh_in_layout", "run_graph", "storage_key"]
+__all__ = ["FinishView", "InputView", "check_inputs", "clone_inputs", "evaluate", "finish", "fresh_in_layout", "run_graph", "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
     """Identity of the storage behind ``t`` (the storage object itself: unlike its data pointer,
     distinct for every empty storage, and defined on the meta device)."""
     return t.untyped_storage()._cdata
+
+
+class InputView(NamedTuple):
+    name: str
+    final_layout: TensorMeta | None
+
+
+@dataclass(frozen=True)
+class FinishView:
+    """What ``finish`` reads of a graph, with concrete layouts: a symbolic plan's graph at one
+    call's sizes (Note [symbolic plans] in segmenter/symbolic.py), made by the program at the call."""
+
+    inputs: tuple[InputView, ...]
+    outputs: tuple[str, ...]
+    output_aliases: tuple[Alias | None, ...]
+    mutations: tuple[Mutation, ...]
+    constants: tuple[GraphConstant, ...]
+    scalar_outputs: tuple[int, ...]
+    metas: dict[str, TensorMeta]
 
 
 def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
@@ -169,7 +190,7 @@ def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.
 
 
 def finish(
-    graph: FusionGraph, inputs: Sequence[torch.Tensor], env: dict[str, torch.Tensor],
+    graph: FusionGraph | FinishView, inputs: Sequence[torch.Tensor], env: dict[str, torch.Tensor],
     written: frozenset[int] = frozenset(),
 ) -> list[torch.Tensor]:
     """Write mutated inputs' final values into them and hand back the outputs: a view of the

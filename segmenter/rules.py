@@ -24,6 +24,7 @@ from .ir import FusionGraph, Node
 from .ops import OpKind, op_info, resolve_op
 from .options import SegmenterOptions
 from .segments import SegmentKind
+from .symbolic import size_key
 
 __all__ = ["Domain", "NodeTraits", "Traits", "combine", "node_traits", "too_big"]
 
@@ -108,7 +109,8 @@ def node_traits(graph: FusionGraph, node: Node) -> NodeTraits:
         return plain
     first = next((a for a in node.args if hasattr(a, "name")), None)
     shape = graph.metas[first.name].shape if first is not None else ()
-    return replace(plain, domain=Domain(shape, _reduced_dims(node, shape)))
+    # a domain is compared and hashed: symbolic sizes by their expressions (size_key)
+    return replace(plain, domain=Domain(size_key(shape), _reduced_dims(node, shape)))
 
 
 def traits_of(graph: FusionGraph, node: Node, nt: NodeTraits) -> Traits:
@@ -146,10 +148,10 @@ def combine(
     domain = a.domain or b.domain
     if domain is None:
         if len(out_numels) > 1:
-            return f"outputs over different iteration spaces: {sorted(out_numels)} elements"
+            return f"outputs over different iteration spaces: {sorted(out_numels, key=str)} elements"
         merged = Traits(computes=True)
     else:
-        stray = sorted(out_numels - {domain.full, domain.kept})
+        stray = sorted(out_numels - {domain.full, domain.kept}, key=str)
         if stray:
             return (f"an output of {stray[0]} elements is neither the reduction's full size ({domain.full}) "
                     f"nor its reduced size ({domain.kept})")

@@ -111,6 +111,7 @@ def _bytes_floor(g: FusionGraph) -> int:
     from .ops import OpKind, op_info  # local: ops is below segments in the import order
 
     root = view_roots(g)
+    metas = _modeled_metas(g)
     whole: set[str] = set()  # inputs some op reads directly
     through: dict[str, list[TensorMeta]] = {}  # inputs read only through views: those views
     reads = [v for node in g.nodes if op_info(node.op).kind != OpKind.VIEW for v in node.inputs]
@@ -120,18 +121,18 @@ def _bytes_floor(g: FusionGraph) -> int:
         if r == v:
             whole.add(v)
         else:
-            through.setdefault(r, []).append(g.metas[v])
+            through.setdefault(r, []).append(metas[v])
     floor = 0
     for inp in g.inputs:
         if inp.name in whole:
-            floor += inp.meta.nbytes
+            floor += metas[inp.name].nbytes
         elif inp.name in through:  # as in a segment's reads: what the views touch, at most all of it
-            floor += footprint(through[inp.name], inp.meta)
+            floor += footprint(through[inp.name], metas[inp.name])
     seen: set[str] = set()
     for name, alias in zip(g.outputs, g.output_aliases):
         if (alias is None or alias.source != "input") and name not in seen and name not in g.input_names:
             seen.add(name)
-            floor += g.metas[name].nbytes
+            floor += metas[name].nbytes
     return floor
 
 
@@ -168,6 +169,19 @@ def contiguous_nbytes(m: TensorMeta) -> int:
     return m.numel * m.itemsize
 
 
+def _modeled_metas(graph: FusionGraph) -> dict[str, TensorMeta]:
+    """The metas bytes are modeled from: symbolic sizes at the first call's values (a figure,
+    not a decision: Note [symbolic plans] in segmenter/symbolic.py)."""
+    metas = graph.metas
+    cache = graph.__dict__.get("_modeled_metas")
+    if cache is None:
+        from .symbolic import hinted, sizes_of
+
+        cache = metas if sizes_of(graph) is None else {v: hinted(m) for v, m in metas.items()}
+        graph.__dict__["_modeled_metas"] = cache
+    return cache
+
+
 def build_segment(
     graph: FusionGraph, index: int, kind: SegmentKind, nodes: list[Node] | tuple[Node, ...],
     materialized: frozenset[str] = frozenset(),
@@ -202,9 +216,9 @@ def build_segment(
         o for n in nodes for o in n.outputs
         if o is not None and (o in external or any(u.name not in names for u in all_users.get(o, ())))
     ]
-    metas = graph.metas
     if kind == SegmentKind.METADATA:
         return Segment(index, kind, nodes, tuple(inputs), tuple(outputs), 0, 0)
+    metas = _modeled_metas(graph)
     out_set = set(outputs)
 
     def read_metas(v: str) -> list[TensorMeta]:

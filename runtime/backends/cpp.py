@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ops import OpKind, op_info
+from segmenter.symbolic import is_symbolic
 
 from ..codegen import Declined
 from ..codegen.attention import ATTENTION, attention_kernel
@@ -37,7 +38,12 @@ class CppLaunch(KernelLaunch):
     chainable = True
 
     def emit_call(self, code: Code, values: list[str]) -> None:
-        code.line(f"{self.built(code)}({', '.join(code.pointer(v) for v in values)})")
+        code.line(f"{self.built(code)}({self.arguments(code, values)})")
+
+    def arguments(self, code: Code, values: list[str]) -> str:
+        """The kernel's arguments: data pointers, then the call's symbol values where the kernel
+        reads symbolic sizes (Note [kernel sizes as arguments] in runtime/codegen/symsizes.py)."""
+        return ", ".join([*(code.pointer(v) for v in values), *(["_zp"] if self.kernel.symbols else [])])
 
 
 class LoneOpLaunch(CppLaunch):
@@ -56,13 +62,15 @@ class LoneOpLaunch(CppLaunch):
         why = bits_problem(ctx.graph, seg)
         if why is not None:
             raise Declined(why)
+        if node.op in (CONVOLUTION, ATTENTION):
+            _constant_sizes(ctx.graph, seg, f"the {node.op} kernel templates")
         self._bind(_LONE_OPS[node.op](ctx.graph, node))
 
     def emit_call(self, code: Code, values: list[str]) -> None:
         if self.kernel.returns == "void":
             super().emit_call(code, values)
             return
-        code.line(f"_bad = {self.built(code)}({', '.join(code.pointer(v) for v in values)})")
+        code.line(f"_bad = {self.built(code)}({self.arguments(code, values)})")
         code.line("if _bad:")
         with code.block():
             code.line(f"{code.const(self.raise_count)}(_bad)")
@@ -85,12 +93,21 @@ class MatmulLaunch(CppLaunch):
         why = bits_problem(ctx.graph, seg)
         if why is not None:
             raise Declined(why)
+        _constant_sizes(ctx.graph, seg, "the matmul templates")
         views = views_of_outputs(ctx.graph, seg, ctx.materialize)
         kernel = matmul_kernel(ctx.graph, seg, layouts(ctx.graph, seg, ctx.materialize, {}))
         written = {p.value for p in kernel.params if p.output}
         if any(o not in views and o not in written for o in seg.outputs):
             raise Declined("an output of the segment that is neither the product nor a view of it")
         self._bind(kernel, hidden=written - set(seg.outputs), views=views)
+
+
+def _constant_sizes(graph: FusionGraph, seg: Segment, what: str) -> None:
+    """Declined where a value of ``seg`` has symbolic sizes: ``what`` takes its sizes as template
+    constants (Note [kernel sizes as arguments] in runtime/codegen/symsizes.py; not done there)."""
+    for v in (*seg.inputs, *(o for n in seg.nodes for o in n.outputs if o is not None)):
+        if is_symbolic(graph.metas[v]):
+            raise Declined(f"%{v} has symbolic sizes, and {what} take sizes as constants (not done)")
 
 
 def convolution_kernel(graph: FusionGraph, node: Node) -> Kernel:

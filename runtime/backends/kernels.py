@@ -135,7 +135,7 @@ class KernelLaunch(SegmentLaunch):
             code.line(f"if {test or 'True'}:")
             code.indent += "    "
             for v, p in read:
-                code.line(f"{code.const(check_storage)}({code.var(v)}, {span_bytes(p.shape, p.stride, p.dtype)}, "
+                code.line(f"{code.const(check_storage)}({code.var(v)}, {code.value(span_bytes(p.shape, p.stride, p.dtype))}, "
                           f"{code.const(v)})")
         for p in outs:
             if p.target:
@@ -149,7 +149,7 @@ class KernelLaunch(SegmentLaunch):
             code.dels(dead)
         rt = code.const(layout.reinterpret_fn(code.fast))
         for o, b, m, delta in self.views:  # views stay views of what they view, as in the program
-            code.line(f"{code.var(o)} = {rt}({code.var(b)}, {code.const(m.shape)}, {code.const(m.stride)}, {delta})")
+            code.line(f"{code.var(o)} = {rt}({code.var(b)}, {code.const(m.shape)}, {code.const(m.stride)}, {code.value(delta)})")
         if self.hidden:
             code.dels(sorted(self.hidden))
         if guard:

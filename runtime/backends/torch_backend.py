@@ -170,7 +170,7 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
         else:
             src, m, delta = view
             code.line(f"{code.var(node.outputs[0])} = {rt}({code.var(src)}, {code.const(m.shape)}, "
-                      f"{code.const(m.stride)}, {delta})")
+                      f"{code.const(m.stride)}, {code.value(delta)})")
         dead = [v for v in reads(node) if last[v] == k and v not in keep] + unread
         if dead:
             code.dels(dict.fromkeys(dead))

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from .ctypes_ import Declined
 from .kernel import translation_unit
 from .lower import Kernel
+from .symsizes import raw_symbol
 
 __all__ = ["CompileError", "build_cpu", "build_cpu_many", "build_cuda", "cache_dir", "cpu_compiler", "nvcc_check"]
 
@@ -226,6 +227,9 @@ def _compile_group(entries: list[tuple[Kernel, str]], cxx: str) -> None:
 def _entry(kernel: Kernel) -> tuple[str, str]:
     """The kernel's source and its key in the caches (the source and what else decides the binary)."""
     src = kernel.source("cpu")
+    raw = raw_symbol(src)
+    if raw is not None:  # Note [kernel sizes as arguments] in symsizes.py: never compiled in as text
+        raise Declined(f"kernel {kernel.name}: a symbolic size ({raw}) was formatted outside its printer")
     return src, hashlib.sha256((src + _cpu_build_key()).encode()).hexdigest()[:24]
 
 
@@ -261,7 +265,7 @@ def _build_cpu(kernel: Kernel, src: str, digest: str) -> Callable[..., None]:
         except OSError:
             raise Declined(f"kernel {kernel.name} does not load: {e}") from None
     fn = getattr(lib, kernel.name)
-    fn.argtypes = [ctypes.c_void_p] * len(kernel.params)
+    fn.argtypes = [ctypes.c_void_p] * (len(kernel.params) + (1 if kernel.symbols else 0))
     fn.restype = {"void": None, "long long": ctypes.c_longlong}[kernel.returns]
     _CPU[digest] = fn
     return fn
@@ -286,10 +290,16 @@ def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None] | Declined
     (Note [one build per group of kernels]), the compilers run side by side, so a program's
     kernels on a cold cache cost one round of parallel builds. A kernel whose build declines (a
     compiler killed by a signal) comes back as the ``Declined``."""
-    entries = [_entry(k) for k in kernels]
+    entries: list[tuple[str, str] | Declined] = []
+    for k in kernels:
+        try:
+            entries.append(_entry(k))
+        except Declined as e:
+            entries.append(e)
     todo: dict[str, tuple[Kernel, str]] = {}  # digest -> (kernel, source)
-    for k, (src, digest) in zip(kernels, entries):
-        todo.setdefault(digest, (k, src))
+    for k, entry in zip(kernels, entries):
+        if not isinstance(entry, Declined):
+            todo.setdefault(entry[1], (k, entry[0]))
     declined: dict[str, Declined] = {}
     cxx = cpu_compiler()
     if cxx is not None:
@@ -307,6 +317,11 @@ def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None] | Declined
                     declined.update(dict.fromkeys((m[0] for m in group), e))
                 except OSError:
                     pass  # the cache dir failed under us: each kernel is built on its own below
+                except CompileError:
+                    if not any(m[1].symbols for m in group):
+                        raise
+                    # a kernel of symbolic sizes the compiler refuses: each on its own below, where
+                    # it declines (Note [kernel sizes as arguments] in symsizes.py)
 
             groups = _groups(missing, min(len(missing), os.cpu_count() or 1))
             with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:  # the compilers run as processes
@@ -319,9 +334,13 @@ def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None] | Declined
             return _build_cpu(k, src, digest)  # loads what the groups built (or builds what they could not)
         except Declined as e:
             return e
+        except CompileError as e:
+            if not k.symbols:
+                raise
+            return Declined(f"the compiler refuses kernel {k.name} with symbolic sizes: {str(e).splitlines()[-1][:200]}")
 
     built = {digest: build(digest, k, src) for digest, (k, src) in todo.items()}
-    return [built[digest] for _, digest in entries]
+    return [entry if isinstance(entry, Declined) else built[entry[1]] for entry in entries]
 
 
 def build_cuda(kernel: Kernel):

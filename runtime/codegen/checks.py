@@ -22,6 +22,7 @@ A declined segment runs on torch, which raises its own error for a bad argument,
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
 
@@ -32,6 +33,7 @@ from segmenter.ir import OpRef, ValueRef
 from segmenter.ops import resolve_op
 
 from .ctypes_ import Declined
+from .symsizes import sizes_active
 
 __all__ = ["MAX_EXTENT", "check_layout", "check_segment_metas", "dim_arg", "float_arg", "index_arg", "int_arg", "lone",
            "scalar_arg", "shape_ints", "slice_bounds"]
@@ -46,7 +48,13 @@ def _what(v: object) -> str:
 
 
 def int_arg(v: object, what: str, lo: int = -MAX_EXTENT, hi: int = MAX_EXTENT) -> int:
-    """``v`` as a plain int in [lo, hi], or Declined."""
+    """``v`` as a plain int in [lo, hi], or Declined. Under a symbolic plan, a SymInt of the
+    plan is taken as it is (Note [kernel sizes as arguments] in symsizes.py): its range is a
+    condition of the plan, and it formats as its C expression."""
+    if isinstance(v, torch.SymInt) and sizes_active():
+        if not (lo <= v) or not (v <= hi):  # (each a condition of the plan)
+            raise Declined(f"{what} = {v} is outside [{lo}, {hi}]")
+        return v  # type: ignore[return-value]
     if not isinstance(v, int) or isinstance(v, bool):
         raise Declined(f"{what} must be an integer, got {_what(v)}")
     v = int(v)  # a plain int: an int subclass formats as it likes
@@ -186,6 +194,16 @@ def lone(node: Node, inputs: tuple[str, ...]) -> Segment:
     return Segment(-1, SegmentKind.OPAQUE, (node,), inputs, tuple(o for o in node.outputs if o is not None), 0, 0)
 
 
+def _symbolic_dispatch() -> contextlib.AbstractContextManager:
+    """Symbolic sizes (a symbolic plan's kernel) run through the Python dispatcher, where torch's
+    meta kernels take SymInts (a C++ composite would want numbers)."""
+    if not sizes_active():
+        return contextlib.nullcontext()
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
+
+
 def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict[str, torch.Tensor]:
     """Declined unless every output of every node of ``seg`` has the shape and dtype torch's meta
     kernels compute from the layouts the kernel's inputs are planned to have (Note [checked
@@ -229,7 +247,8 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict
             results = [None if s is None else _meta_tensor(s) for s in cached]
         else:
             try:
-                result = op(*args, **kwargs)
+                with _symbolic_dispatch():
+                    result = op(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - torch refuses the arguments: the generator does too
                 raise Declined(f"node {node.name!r} ({node.op}): torch refuses its arguments: "
                                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None

@@ -135,6 +135,9 @@ template <class T> FUSEG_FN T fuseg_max_ordered(T a, T b) { return a > b ? a : b
 template <class T> FUSEG_FN T fuseg_min_ordered(T a, T b) { return a < b ? a : b; }
 template <class T> FUSEG_FN T fuseg_any(T a, T b) { return (T)(a || b); }
 template <class T> FUSEG_FN T fuseg_all(T a, T b) { return (T)(a && b); }
+// Note [kernel sizes as arguments] (symsizes.py): a symbolic size divided as Python divides
+FUSEG_FN long long fuseg_fdiv(long long a, long long b) { long long q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+FUSEG_FN long long fuseg_fmod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """
 
 _CUDA = r"""

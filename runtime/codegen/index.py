@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .ctypes_ import Declined
+from .symsizes import sizes_active
 
 __all__ = ["broadcast", "contiguous_strides", "dense_strides", "linear", "reshape", "reshape_groups", "unravel_terms"]
 
@@ -39,8 +42,9 @@ def dense_strides(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int,
 def _plain_ints(*groups: tuple[int, ...]) -> None:
     """Sizes and strides become source text here: plain ints only (lower_segment checks their
     ranges first, Note [checked source values] in checks.py)."""
+    symbolic = sizes_active()  # Note [kernel sizes as arguments] in symsizes.py
     for g in groups:
-        if not all(type(x) is int for x in g):
+        if not all(type(x) is int or (symbolic and isinstance(x, torch.SymInt)) for x in g):
             raise Declined(f"layout {list(g)!r:.80} is not made of integers")
 
 

@@ -49,19 +49,32 @@ class Kernel:
     def source(self, target: str) -> str:
         return f"#define FUSEG_I {self.index_type}\n{prelude(target)}\n{self.function(target)}"
 
+    @property
+    def symbols(self) -> tuple[int, ...]:
+        """The plan's symbols the body reads (Note [kernel sizes as arguments] in symsizes.py)."""
+        return tuple(sorted({int(k) for k in _SYMBOL.findall(self.body)}))
+
     def function(self, target: str) -> str:
         """The kernel's function alone (``source`` is the prelude and it; a translation unit of
-        several kernels has the prelude once and redefines ``FUSEG_I`` before each function)."""
+        several kernels has the prelude once and redefines ``FUSEG_I`` before each function).
+        A kernel with symbolic sizes takes their values last (``fuseg_S``)."""
         # no two parameters share memory unless an output is written into an input (in place)
         restrict = "" if any(p.target for p in self.params) else " __restrict__"
         args = ", ".join(f"{'' if p.output else 'const '}{storage_type(p.dtype)}*{restrict} {p.name}"
                          for p in self.params)
         if target == "cuda" and self.returns != "void":
             raise Declined(f"kernel {self.name} returns a value: the CPU target only")
+        symbols = self.symbols
+        if symbols and target == "cuda":
+            raise Declined(f"kernel {self.name} has symbolic sizes: the CPU target only (not done for CUDA)")
+        body = self.body
+        if symbols:
+            args += ", const long long* __restrict__ fuseg_S"
+            body = "".join(f"  const long long fuseg_s{k} = fuseg_S[{k}];\n" for k in symbols) + body
         qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
         if target == "cpu" and branches_with_loads(self.body):
             qual += " FUSEG_NO_IF_CONVERT"
-        return f"{qual} {self.returns} {self.name}({args}) {{\n{self.body}}}\n"
+        return f"{qual} {self.returns} {self.name}({args}) {{\n{body}}}\n"
 
 
 # Note [no if-conversion of branches]: g++ 12.2 at -O3 miscompiled a kernel whose loop held an
@@ -77,6 +90,7 @@ class Kernel:
 # vector selects (turning it off for all kernels cost mobilenet-v2 1.17x). ``if (0)``/``if (1)``,
 # the constant tests loop fission leaves (Note [one loop per branch range]), g++ removes first.
 _BRANCH = re.compile(r"\bif \((?![01]\))")
+_SYMBOL = re.compile(r"\bfuseg_s(\d+)\b")
 
 
 def cpu_lines(body: str) -> list[str]:

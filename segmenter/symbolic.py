@@ -1,0 +1,425 @@
+"""Symbolic sizes: one plan for every size where its decisions hold (issue 41).
+
+Note [symbolic plans]: dynamo and AOTAutograd hand a backend graphs whose sizes are SymInts once
+a dim has changed between calls (``dynamic=True``, ``mark_dynamic``, automatic dynamic shapes).
+Such a graph is planned once, with its sizes kept symbolic:
+
+    symbolic_inputs(placeholder values, first real arguments)
+        -> FakeTensors of our own ShapeEnv (one symbol per symbol of dynamo's, hinted by the
+           first call's sizes)
+    from_fx / segment / apply_aliases / runtime.compile
+        -> every TensorMeta, node argument and kernel size that depends on a symbol is a SymInt;
+           every decision a pass makes on one (``n == 1``, ``a <= b``, ``int(n)``) goes through
+           torch's SymInt machinery, which answers from the hint and records the answer as a
+           guard in our ShapeEnv (as dynamo's tracing does)
+    SymbolicSizes.seal()
+        -> the plan's conditions: the recorded guards and each symbol's assumed range; from now
+           on a new guard is an error (``_error_on_new_guards``), so nothing that runs the plan
+           can answer a size question from the first call's hint silently.
+
+Each call binds the symbols from its inputs' sizes (``sources``), checks the conditions (one
+generated expression), and runs the same plan with every size computed from the bound symbols:
+no segmentation, no alias pass, no compiler run. A call whose sizes break a condition gets a plan
+of its own (the caller keeps a list). A pass that needs a concrete number calls ``int()`` on a
+SymInt: the plan is then specialized to that number by a guard, which is never wrong, only less
+general; ``specializations`` lists the symbols a plan pinned so.
+
+Correctness never rests on a pass remembering to record a condition: a SymInt cannot be used as
+a number without torch asking the ShapeEnv. What must not happen is a SymInt reaching code that
+runs after sealing (it would raise) or text that is compiled (generated Python or C++): the
+runtime prints sizes through ``python_expr`` / ``c_expr``, which refuse what they do not know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unbacked_symbols
+
+__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "concrete", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_inputs"]
+
+
+class NotSymbolic(ValueError):
+    """A graph whose sizes cannot be planned symbolically (the caller specializes it instead)."""
+
+
+@dataclass(frozen=True)
+class SymbolSource:
+    """Where a call's value of a symbol is read: ``input``'s size along ``dim``, or the input
+    itself where it is a number (``dim`` None)."""
+
+    input: int
+    dim: int | None
+
+    def __str__(self) -> str:
+        return f"input {self.input}" if self.dim is None else f"input {self.input} size {self.dim}"
+
+
+def is_symbolic(x: object) -> bool:
+    """Whether ``x`` (a number, a tuple of them, a TensorMeta) holds a SymInt (one whose value is
+    known counts: it is still no plain number to bind)."""
+    if isinstance(x, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(is_symbolic(a) for a in x)
+    shape = getattr(x, "shape", None)
+    if shape is not None and not isinstance(x, torch.Tensor):
+        return is_symbolic(shape) or is_symbolic(getattr(x, "stride", ())) or is_symbolic(
+            getattr(x, "storage_offset", 0))
+    return False
+
+
+def sizes_of(*objs: object) -> SymbolicSizes | None:
+    """The SymbolicSizes whose symbols appear in ``objs`` (numbers, tuples, TensorMetas, graph
+    inputs, graphs); None where every size is a number."""
+    stack = list(objs)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.SymInt):
+            if x.node.maybe_as_int() is None:
+                return getattr(x.node.shape_env, "fuseg_sizes", None)
+        elif isinstance(x, (tuple, list)):
+            stack.extend(x)
+        elif hasattr(x, "inputs") and hasattr(x, "nodes"):  # a FusionGraph
+            stack.extend(i.meta for i in x.inputs)
+            stack.extend(m for n in x.nodes for m in n.metas if m is not None)
+        elif hasattr(x, "shape") and hasattr(x, "stride") and not isinstance(x, torch.Tensor):
+            stack.extend((x.shape, x.stride, x.storage_offset))
+    return None
+
+
+def size_key(x: object) -> object:
+    """A hashable stand-in for a size (or a tuple of sizes): the number, or a symbolic size's
+    expression. Keys are equal where the sizes are equal for every value of the symbols, so a
+    pass that groups by them treats sizes that are only equal at the first call's hints as
+    different: it never merges what another size would separate, and records no condition."""
+    if isinstance(x, torch.SymInt):
+        v = x.node.maybe_as_int()
+        return int(v) if v is not None else x.node.shape_env.replace(x.node.expr)
+    if isinstance(x, tuple):
+        return tuple(size_key(a) for a in x)
+    return x
+
+
+def size_hint(x: object) -> int:
+    """A size's value at the first call: for heuristics only (a merge order, a cost), which may
+    differ for other sizes without making the plan wrong, so they record no condition."""
+    if isinstance(x, torch.SymInt):
+        v = x.node.maybe_as_int()
+        if v is not None:
+            return int(v)
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        return int(optimization_hint(x))
+    return int(x)  # type: ignore[call-overload]
+
+
+def hinted(meta: Any) -> Any:
+    """A TensorMeta at the first call's sizes (``size_hint``): for modeled figures (bytes moved)."""
+    if not is_symbolic(meta):
+        return meta
+    import dataclasses
+
+    return dataclasses.replace(meta, shape=tuple(size_hint(n) for n in meta.shape),
+                               stride=tuple(size_hint(n) for n in meta.stride),
+                               storage_offset=size_hint(meta.storage_offset))
+
+
+def concrete(x: object) -> object:
+    """``x`` with every SymInt that is a known number made a plain int (others left as they are)."""
+    if isinstance(x, torch.SymInt):
+        v = x.node.maybe_as_int()
+        return x if v is None else int(v)
+    if isinstance(x, tuple):
+        return tuple(concrete(a) for a in x)
+    return x
+
+
+class SymbolicSizes:
+    """Our ShapeEnv and its symbols: which input each is read from, its hint, its local name in
+    generated code, and the plan's conditions once sealed."""
+
+    def __init__(self) -> None:
+        self.env = ShapeEnv()
+        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self.mode.cache_enabled = False  # Note [fake tensor cache] in segmenter/meta.py
+        self.sources: dict[sympy.Symbol, SymbolSource] = {}
+        self.names: dict[sympy.Symbol, str] = {}
+        self.sealed = False
+        self.env.fuseg_sizes = self  # type: ignore[attr-defined] - found again from any SymInt (sizes_of)
+
+    # -- symbols -------------------------------------------------------------------------------
+
+    def symbol(self, value: int, source: SymbolSource) -> sympy.Symbol:
+        from torch._dynamo.source import ConstantSource
+
+        sym = self.env.create_symbol(value, ConstantSource(f"fuseg_{source.input}_{source.dim}"),
+                                     dynamic_dim=DimDynamic.DYNAMIC)
+        if isinstance(sym, sympy.Symbol) and sym not in self.sources:
+            self.sources[sym] = source
+            self.names[sym] = f"_z{len(self.names)}"
+        return sym
+
+    def symint(self, expr: sympy.Expr, hint: int) -> int | torch.SymInt:
+        if expr.is_number:
+            return int(expr)
+        return self.env.create_symintnode(expr, hint=hint)
+
+    @property
+    def hints(self) -> dict[sympy.Symbol, int]:
+        return {s: int(self.env.backed_var_to_val[s]) for s in self.sources}
+
+    # -- the plan's conditions -----------------------------------------------------------------
+
+    def seal(self) -> None:
+        """No guard may be added from now on: the plan's conditions are final."""
+        self.env._error_on_new_guards = True
+        self.sealed = True
+
+    def conditions(self) -> list[sympy.Basic]:
+        """What the plan assumes of the symbols: every recorded guard, and each symbol's range."""
+        out: list[sympy.Basic] = []
+        for s in self.sources:
+            vr = self.env.var_to_range.get(s)
+            if vr is None:
+                continue
+            if isinstance(vr.lower, sympy.Integer):
+                out.append(sympy.Ge(s, int(vr.lower)))
+            if isinstance(vr.upper, sympy.Integer):
+                out.append(sympy.Le(s, int(vr.upper)))
+        out.extend(g.expr for g in self.env.guards)
+        return out
+
+    def specializations(self) -> dict[str, int]:
+        """Symbols the plan pinned to one value (a pass needed the number), by source."""
+        out = {}
+        for s, src in self.sources.items():
+            r = self.env.replacements.get(s)
+            if r is not None and r.is_number:
+                out[str(src)] = int(r)
+        return out
+
+    # -- printing ------------------------------------------------------------------------------
+
+    def python_expr(self, x: object) -> str:
+        """Python source for an int, a SymInt over our symbols, or a tuple of those; the symbols
+        read as their locals (``_z0``...). Anything else is refused (never printed as text)."""
+        if isinstance(x, torch.SymBool):
+            return _print(self._expr(x), self.names, "py")
+        if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt, tuple, list)):
+            raise NotSymbolic(f"not a size: {type(x).__name__}")
+        if isinstance(x, (tuple, list)):
+            body = ", ".join(self.python_expr(a) for a in x)
+            return f"({body},)" if len(x) == 1 else f"({body})"
+        if isinstance(x, int):
+            return str(int(x))
+        return _print(self._expr(x), self.names, "py")
+
+    def c_expr(self, x: int | torch.SymInt) -> str:
+        """C/C++ source for an int or a SymInt over our symbols; symbol k reads ``fuseg_s<k>``
+        (Note [kernel sizes as arguments] in runtime/codegen/symsizes.py)."""
+        if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt)):
+            raise NotSymbolic(f"not a size: {type(x).__name__}")
+        if isinstance(x, int):
+            return f"{int(x)}LL" if abs(x) >= 2**31 else str(int(x))
+        names = {s: f"fuseg_s{k}" for k, s in enumerate(self.sources)}
+        return _print(self._expr(x), names, "c")
+
+    def _expr(self, x: torch.SymInt | torch.SymBool) -> sympy.Basic:
+        expr = self.env.replace(x.node.expr)
+        unknown = expr.free_symbols - set(self.sources)
+        if unknown or free_unbacked_symbols(x):
+            raise NotSymbolic(f"size {expr} has symbols that no input gives ({sorted(map(str, unknown))})")
+        return expr
+
+    def read_from(self, metas: Sequence[Any]) -> dict[sympy.Symbol, SymbolSource]:
+        """Where each symbol can be read from tensors with these layouts (a graph's inputs, in
+        order): the first size that is the bare symbol. Raises NotSymbolic for a symbol no size
+        gives (a number the graph takes and no tensor has as a size)."""
+        found: dict[sympy.Symbol, SymbolSource] = {}
+        for i, m in enumerate(metas):
+            for d, n in enumerate(m.shape):
+                if isinstance(n, torch.SymInt):
+                    e = n.node.expr  # as made: a symbol replaced since still needs its own value
+                    if isinstance(e, sympy.Symbol) and e in self.sources and e not in found:
+                        found[e] = SymbolSource(i, d)
+        missing = [str(self.sources[s]) for s in self.sources if s not in found]
+        if missing:
+            raise NotSymbolic(f"sizes that no tensor input has (they come from {', '.join(missing)})")
+        return found
+
+    def bind_lines(self, params: Sequence[str], sources: dict[sympy.Symbol, SymbolSource]) -> list[str]:
+        """Statements binding each symbol's local from the tensors named ``params``."""
+        return [f"{self.names[s]} = {params[src.input]}.size({src.dim})" for s, src in sources.items()]
+
+    def condition_source(self) -> str:
+        """One Python expression over the symbols' locals: the plan's conditions."""
+        tests = []
+        for c in self.conditions():
+            c = self.env.simplify(c) if hasattr(self.env, "simplify") else c
+            if c is sympy.true:
+                continue
+            if c is sympy.false:
+                return "False"
+            tests.append(f"({_print(c, self.names, 'py')})")
+        return " and ".join(tests) or "True"
+
+
+# -- printing sympy as source ----------------------------------------------------------------
+
+def _print(e: sympy.Basic, names: dict[sympy.Symbol, str], lang: str) -> str:
+    """``e`` as Python or C source. Only integer arithmetic, comparisons and logic that our sizes
+    are made of are printed; anything else raises NotSymbolic (never guessed)."""
+    from torch.utils._sympy.functions import CeilToInt, CleanDiv, FloorDiv, FloorToInt, Max, Min, Mod, PythonMod
+
+    def p(x: sympy.Basic) -> str:
+        if isinstance(x, sympy.Symbol):
+            if x not in names:
+                raise NotSymbolic(f"symbol {x} is not one of the plan's")
+            return names[x]
+        if x is sympy.true:
+            return "True" if lang == "py" else "1"
+        if x is sympy.false:
+            return "False" if lang == "py" else "0"
+        if isinstance(x, sympy.Integer):
+            v = int(x)
+            if lang == "c":  # sizes are 64-bit: a product of two must not be formed in int
+                return f"({v}LL)"
+            return f"({v})" if v < 0 else str(v)
+        if isinstance(x, sympy.Add):
+            return "(" + " + ".join(p(a) for a in x.args) + ")"
+        if isinstance(x, sympy.Mul):
+            return "(" + " * ".join(p(a) for a in x.args) + ")"
+        if isinstance(x, sympy.Pow) and isinstance(x.exp, sympy.Integer) and 1 <= int(x.exp) <= 8:
+            return "(" + " * ".join([p(x.base)] * int(x.exp)) + ")"
+        if isinstance(x, (FloorDiv, CleanDiv)):
+            a, b = (p(v) for v in x.args)
+            return f"({a} // {b})" if lang == "py" else f"fuseg_fdiv({a}, {b})"  # floor, as Python's
+        if isinstance(x, (Mod, PythonMod)):
+            a, b = (p(v) for v in x.args)
+            return f"({a} % {b})" if lang == "py" else f"fuseg_fmod({a}, {b})"
+        if isinstance(x, (Max, Min, sympy.Max, sympy.Min)):
+            fn = "max" if isinstance(x, (Max, sympy.Max)) else "min"
+            args = [p(v) for v in x.args]
+            if lang == "py":
+                return f"{fn}({', '.join(args)})"
+            out = args[0]
+            for a in args[1:]:
+                out = f"({out} {'>' if fn == 'max' else '<'} {a} ? {out} : {a})"
+            return out
+        if isinstance(x, (CeilToInt, FloorToInt)):
+            raise NotSymbolic(f"a float size {x}")
+        rel = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
+        for kind, op in rel.items():
+            if type(x) is kind:
+                return f"({p(x.lhs)} {op} {p(x.rhs)})"
+        if isinstance(x, sympy.And):
+            return "(" + (" and " if lang == "py" else " && ").join(p(a) for a in x.args) + ")"
+        if isinstance(x, sympy.Or):
+            return "(" + (" or " if lang == "py" else " || ").join(p(a) for a in x.args) + ")"
+        if isinstance(x, sympy.Not):
+            return f"(not {p(x.args[0])})" if lang == "py" else f"(!{p(x.args[0])})"
+        raise NotSymbolic(f"cannot print {type(x).__name__} {x}")
+
+    return p(e)
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+def symbolic_inputs(placeholders: Sequence[Any], args: Sequence[Any]) -> tuple[SymbolicSizes, list[Any]]:
+    """Our symbols for the symbols of ``placeholders`` (the graph's placeholder values: dynamo's
+    FakeTensors and SymInts), hinted by the first call's ``args``, and FakeTensors (SymInts for
+    number inputs) of our ShapeEnv with each placeholder's symbolic layout. Raises NotSymbolic
+    where the arguments do not have the layouts the placeholders say (then the graph is
+    specialized)."""
+    from .meta import fakeable
+
+    sizes = SymbolicSizes()
+    ours: dict[sympy.Symbol, sympy.Expr] = {}
+
+    def expr_of(v: object) -> sympy.Expr:
+        if isinstance(v, torch.SymInt):
+            if free_unbacked_symbols(v):
+                raise NotSymbolic(f"a data-dependent size {v}")
+            return v.node.expr
+        return sympy.Integer(int(v))
+
+    # symbols first, from every place a placeholder's size is one bare symbol of dynamo's
+    for i, (v, a) in enumerate(zip(placeholders, args)):
+        pairs: list[tuple[object, object, int | None]] = []
+        if isinstance(v, torch.SymInt):
+            pairs.append((v, a, None))
+        elif isinstance(v, torch.Tensor):
+            if not isinstance(a, torch.Tensor) or a.dim() != v.dim():
+                raise NotSymbolic(f"argument {i} is not a tensor of rank {v.dim()}")
+            pairs.extend((s, n, d) for d, (s, n) in enumerate(zip(v.shape, a.shape)))
+        for s, actual, dim in pairs:
+            e = expr_of(s)
+            if isinstance(e, sympy.Symbol) and e not in ours:
+                if not isinstance(actual, int) or isinstance(actual, bool):
+                    raise NotSymbolic(f"argument {i} is a {type(actual).__name__} where the graph takes a size")
+                ours[e] = sizes.symbol(int(actual), SymbolSource(i, dim))
+
+    def value(s: object, hint: int, what: str) -> int | torch.SymInt:
+        e = expr_of(s)
+        if not e.free_symbols <= set(ours):
+            raise NotSymbolic(f"{what}: {e} has a symbol that no input size gives")
+        sub = e.xreplace(ours)
+        got = sympy.sympify(sub.xreplace({k: sympy.Integer(v) for k, v in sizes.hints.items()}))
+        if not got.is_number or int(got) != hint:
+            raise NotSymbolic(f"{what}: the argument has {hint} where the graph says {e}")
+        return sizes.symint(sub, hint)
+
+    fakes: list[Any] = []
+    bases: dict[int, torch.Tensor] = {}
+    from .fx_import import storage_ids
+
+    tensor_args = [a for a in args if isinstance(a, torch.Tensor)]
+    storage_of = dict(zip(map(id, tensor_args), storage_ids(tensor_args)))
+    extents: dict[int, Any] = {}
+    layouts: list[tuple | None] = []
+    for i, (v, a) in enumerate(zip(placeholders, args)):
+        if isinstance(v, torch.SymInt):
+            layouts.append(None)
+            continue
+        if not isinstance(v, torch.Tensor):
+            layouts.append(None)
+            continue
+        if a.layout != torch.strided:
+            raise NotSymbolic(f"argument {i} is a {a.layout} tensor")
+        shape = tuple(value(s, n, f"argument {i} size {d}") for d, (s, n) in enumerate(zip(v.shape, a.shape)))
+        stride = tuple(value(s, n, f"argument {i} stride {d}") for d, (s, n) in enumerate(zip(v.stride(), a.stride())))
+        offset = value(v.storage_offset(), a.storage_offset(), f"argument {i} storage offset")
+        layouts.append((shape, stride, offset))
+        extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+        key = storage_of[id(a)]
+        extents[key] = extent if key not in extents else torch.sym_max(extents[key], extent)
+    with sizes.mode:
+        for i, (v, a) in enumerate(zip(placeholders, args)):
+            if isinstance(v, torch.SymInt):
+                fakes.append(value(v, a, f"argument {i}"))
+                continue
+            if not isinstance(v, torch.Tensor):
+                fakes.append(a)
+                continue
+            shape, stride, offset = layouts[i]
+            key = storage_of[id(a)]
+            if key not in bases:
+                bases[key] = torch.empty(extents[key], dtype=a.dtype, device=fakeable(str(a.device)))
+            t = bases[key].as_strided(shape, stride, offset)
+            if a.requires_grad:
+                t.requires_grad_(True)
+            fakes.append(t)
+    return sizes, fakes
+
+
+def symbolic_meta_fields(t: torch.Tensor) -> tuple[tuple, tuple, Any]:
+    """Sizes, strides and offset of a FakeTensor: plain ints where they are numbers, SymInts where
+    they are symbols of ours."""
+    return (tuple(concrete(s) for s in t.shape), tuple(concrete(s) for s in t.stride()),
+            concrete(t.storage_offset()))
