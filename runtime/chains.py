@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind
-from segmenter.symbolic import is_symbolic
+from segmenter.symbolic import is_symbolic, size_hint
 
 from . import layout
 from .backends.kernels import _numel, span_bytes
@@ -134,7 +134,9 @@ def _joins(graph: FusionGraph, seg: Segment, launch: Any, folded: frozenset[int]
     for p in k.params:
         if any(s < 0 for s in p.stride):
             return None
-        if made_by_program(p.value) and span_bytes(p.shape, p.stride, p.dtype) > VALUE_BYTES:
+        # (a symbolic span is judged at the first call's sizes: where a value goes is no
+        # condition of the plan; at other sizes it may be bigger, and still right)
+        if made_by_program(p.value) and size_hint(span_bytes(p.shape, p.stride, p.dtype)) > VALUE_BYTES:
             return None
     return "kernel"
 

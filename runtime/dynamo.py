@@ -21,11 +21,15 @@ from torch.utils._python_dispatch import _disable_current_modes
 from alias import apply_aliases
 from segmenter import SegmenterOptions, from_fx, segment
 from segmenter.fx_import import has_symbolic_sizes, storage_ids
+from segmenter.symbolic import symbolic_hashing
 
-from .codegen.symsizes import symbolic_hashing
 from .program import CompiledProgram
 
-__all__ = ["FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend"]
+__all__ = ["STATS", "FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend"]
+
+#: programs built in this process: symbolic plans, programs specialized to one signature, and why
+#: each graph with symbolic sizes was specialized instead (perf.dynamic_shapes reads them)
+STATS: dict[str, Any] = {"symbolic_plans": 0, "specialized_programs": 0, "symbolic_refused": []}
 
 
 def _signature(args: Sequence[Any]) -> tuple:
@@ -99,6 +103,7 @@ class FusegCompiler:
                     program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend)
                     cache[key] = program, sizes
                     self.compiled.append(program)
+                    STATS["specialized_programs"] += 1
                 last[:] = [program]
                 tensors = [a for a in args if isinstance(a, torch.Tensor)]
                 del args
@@ -146,11 +151,13 @@ class FusegCompiler:
                 raise
             why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
             self.symbolic_refused.append(why)
+            STATS["symbolic_refused"].append(why)
             warnings.warn(f"fuseg: graph {len(self.graphs) - 1} is specialized per shape, not planned symbolically: "
                           f"{why}", stacklevel=2)
             symbolic[0] = False
             return None
         self.compiled.append(program)
+        STATS["symbolic_plans"] += 1
         plans.append((program, sizes_fn))
         if not program.accepts(*tensors):  # pragma: no cover - a plan always takes the call it was made for
             raise AssertionError(f"a symbolic plan refuses the call it was made for: {program.refusal(*tensors)}")

@@ -43,16 +43,22 @@ class LearnedGuard:
         self.check: Callable[..., bool] = _never
         self.builds = 0
 
-    def learn(self, *inputs: torch.Tensor) -> None:
-        """Guard on these inputs' layouts (they passed the whole check, in a call the entry runs)."""
+    def learn(self, *inputs: torch.Tensor, free: tuple[list[list[bool]], list[list[bool]]] | None = None) -> None:
+        """Guard on these inputs' layouts (they passed the whole check, in a call the entry runs).
+        ``free``: per input, the sizes and the strides the guard leaves unchecked (a symbolic
+        plan's, which its entry checks against the symbols: Note [symbolic plans])."""
         if self.builds >= RELEARN:
             return
         self.builds += 1
         try:
             from torch._C._dynamo.guards import TensorGuards
 
-            guard = TensorGuards(*inputs, dynamic_dims_sizes=[list(t.shape) for t in inputs],
-                                 dynamic_dims_strides=[list(t.stride()) for t in inputs])
+            sizes = [list(t.shape) for t in inputs]
+            strides = [list(t.stride()) for t in inputs]
+            if free is not None:
+                sizes = [[None if f else n for n, f in zip(ns, fs)] for ns, fs in zip(sizes, free[0])]
+                strides = [[None if f else n for n, f in zip(ns, fs)] for ns, fs in zip(strides, free[1])]
+            guard = TensorGuards(*inputs, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
             if not guard.check(*inputs):  # pragma: no cover - a torch whose guards mean otherwise
                 raise RuntimeError("a guard refused the inputs it was built from")
         except Exception:  # noqa: BLE001 - no guard on this torch: the whole check stays, always

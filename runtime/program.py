@@ -24,8 +24,7 @@ import torch
 
 from alias.check import PlanError, plan_problems
 from segmenter import Segment, SegmentedFusion, SegmentKind, TensorMeta
-from segmenter.ir import view_roots
-from segmenter.ir import Alias
+from segmenter.ir import Alias, view_roots
 from segmenter.reference import FinishView, InputView, check_inputs, finish
 from segmenter.symbolic import NotSymbolic, is_symbolic, sizes_of
 
@@ -465,11 +464,12 @@ class CompiledProgram:
         the symbols) and storage are tested. No learned guard: it would learn one size."""
         assert self.sizes is not None
         binds = self.sizes.bind_lines(params, self.symbol_sources)
-        tests = [f"({self.sizes.condition_source()})", *self._layout_tests(code, params),
+        # what the learned guard leaves to Python: the symbols' relations, conditions and storages
+        quick = [f"({self.sizes.condition_source()})", *self._symbolic_layout_tests(code, params),
                  *self._storage_tests(code, params)]
-        full = " and ".join(tests)
-        body = ["    try:", *(f"        {b}" for b in binds), f"        return {full}",
-                "    except (AttributeError, TypeError, IndexError, RuntimeError):  # not a tensor of that rank",
+        tests = [quick[0], *self._layout_tests(code, params), *quick[1:]]
+        catch = "    except (AttributeError, TypeError, IndexError, RuntimeError):  # not a tensor of that rank"
+        body = ["    try:", *(f"        {b}" for b in binds), f"        return {' and '.join(tests)}", catch,
                 "        return False"]
         check, self.check_source = code.function("fuseg_check", params, body, None)
         self._symbolic_tests = (code, binds, tests)
@@ -477,11 +477,34 @@ class CompiledProgram:
         needs_grad = " or ".join(f"{v}.requires_grad" for v in params) or "False"
         plain = (f"not {code.const(_dispatch_modes)}() and "
                  f"not ({code.const(torch.is_grad_enabled)}() and ({needs_grad}))")
-        body = [f"    if {code.const(check)}({args}) and {plain}:",
-                f"        return {code.const(self._fast)}({args})",
-                "    return None"]
+        guard, fast = code.const(self.guard), code.const(self._fast)
+        metas = [i.meta for i in self.graph.inputs]
+        free = ([[is_symbolic(n) for n in m.shape] for m in metas], [[is_symbolic(s) for s in m.stride] for m in metas])
+        body = [f"    if not {guard}.check({args}):",  # Note [learned layout guard], the symbolic sizes left out
+                f"        if not {code.const(check)}({args}) or not ({plain}):",
+                "            return None",
+                f"        {guard}.learn({args}, free={code.const(free)})",
+                f"        return {fast}({args})",
+                "    try:", *(f"        {b}" for b in binds), f"        ok = {' and '.join(quick)}", catch,
+                "        return None",
+                f"    return {fast}({args}) if ok and {plain} else None"]
         entry, _ = code.function("fuseg_entry", params, body, None)
         return check, entry
+
+    def _symbolic_layout_tests(self, code: Code, params: list[str]) -> list[str]:
+        """The sizes and strides of the inputs that are symbolic, against their expressions (a
+        symbol's own source is what binds it: no test)."""
+        sources = {(src.input, src.dim) for src in self.symbol_sources.values()}
+        tests = []
+        for i, (v, inp) in enumerate(zip(params, self.graph.inputs)):
+            m = inp.meta
+            for d, n in enumerate(m.shape):
+                if is_symbolic(n) and (i, d) not in sources:
+                    tests.append(f"{v}.size({d}) == {code.value(n)}")
+            for d, st in enumerate(m.stride):
+                if is_symbolic(st):
+                    tests.append(f"{v}.stride({d}) == {code.value(st)}")
+        return tests
 
     def refusal(self, *inputs: Any) -> str | None:
         """Why a symbolic plan's check refuses ``inputs`` (the first test that fails), or None."""

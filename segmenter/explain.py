@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import sympy
+
 from .segments import SegmentedFusion
+from .symbolic import SymbolicSizes, sizes_of
 
 __all__ = ["describe_segments", "segmentation_to_dict"]
 
@@ -31,11 +34,27 @@ def describe_segments(sf: SegmentedFusion, explain: bool = False) -> str:
         if not sf.boundaries:
             lines.append("  none")
     st = sf.stats()
+    sizes = sizes_of(g)
     lines.append(
         f"kernels {st['kernels']}, opaque {st['opaque']}, launches {st['launches']}, metadata {st['metadata']}, "
         f"bytes moved {_mb(st['bytes_moved'])} (floor {_mb(st['bytes_floor'])})"
+        + (" at the symbols' hints" if sizes is not None else "")
     )
+    if sizes is not None:
+        lines.extend(describe_sizes(sizes))
     return "\n".join(lines)
+
+
+def describe_sizes(sizes: SymbolicSizes) -> list[str]:
+    """Note [symbolic plans]: one segmentation for every size where its conditions hold."""
+    ranges = []
+    for sym in sizes.sources:
+        vr = sizes.env.var_to_range[sym]
+        upper = f"{int(vr.upper)}" if isinstance(vr.upper, sympy.Integer) else "inf"
+        ranges.append(f"{sizes.display.get(sym, str(sym))} in [{int(vr.lower)}, {upper}] (hint {sizes.hints[sym]})")
+    conds = [c for c in sizes.condition_text() if c]
+    return [f"symbolic sizes: {'; '.join(ranges)}",
+            "one segmentation for every size" + (f" where {' and '.join(conds)}" if conds else " in these ranges")]
 
 
 def segmentation_to_dict(sf: SegmentedFusion) -> dict[str, Any]:

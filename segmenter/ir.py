@@ -175,11 +175,26 @@ class TensorMeta:
 
     def __str__(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
+        if any(isinstance(x, torch.SymInt) for x in (*self.shape, *self.stride, self.storage_offset)):
+            return self._symbolic_str(dt)
         layout = "" if self.is_contiguous() and self.storage_offset == 0 else f" stride={list(self.stride)}"
         if self.storage_offset:
             layout += f" offset={self.storage_offset}"
         layout += " conj" * self.conj + " neg" * self.neg
         return f"{dt}{list(self.shape)}{layout}"
+
+    def _symbolic_str(self, dt: str) -> str:
+        """Symbolic sizes with their display names (no decision is made on them: nothing is
+        compared, so printing records no condition of a plan)."""
+        from .symbolic import sizes_of
+
+        sizes = sizes_of(self)
+        show = (lambda x: sizes.text(x)) if sizes is not None else str  # noqa: E731
+        shape = "[" + ", ".join(show(x) for x in self.shape) + "]"
+        stride = "[" + ", ".join(show(x) for x in self.stride) + "]"
+        off = show(self.storage_offset)
+        layout = f" stride={stride}" + (f" offset={off}" if off != "0" else "")
+        return f"{dt}{shape}{layout}" + " conj" * self.conj + " neg" * self.neg
 
 
 @dataclass(frozen=True)
@@ -258,6 +273,11 @@ class Node:
 def _fmt_arg(a: object) -> str:
     if isinstance(a, tuple):
         return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
+    if isinstance(a, torch.SymInt):  # with its display names (Note [symbols in graph files])
+        from .symbolic import sizes_of
+
+        sizes = sizes_of(a)
+        return sizes.text(a) if sizes is not None else str(a)
     if isinstance(a, torch.dtype):
         return str(a).removeprefix("torch.")
     return str(a)

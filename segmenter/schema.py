@@ -38,7 +38,9 @@ def _fits(t: str, v: Arg, n: int | None) -> bool:
         return True
     if isinstance(v, (ValueRef, OpRef, tuple)) or v is None:
         return False
-    if t in ("int", "SymInt", "bool"):
+    if t in ("int", "SymInt"):  # a symbolic size too (Note [symbols in graph files] in symbolic_json.py)
+        return isinstance(v, (bool, int, torch.SymInt))
+    if t == "bool":
         return isinstance(v, (bool, int))
     if t == "number":
         return isinstance(v, _SCALAR)

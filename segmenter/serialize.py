@@ -11,9 +11,10 @@ Schema "fusion-segmenter/graph", version 1::
      "output_aliases": [null | {"source": "input"|"output", "index": int, "layout": META|null}...],
      "mutations": [{"input": int, "value": str}...],
      "constants": [{"name": str, "meta": META, "data": str|null}...],   (optional)
-     "scalar_outputs": [int...]}   (optional: outputs handed back as Python numbers, ``t.item()``)
+     "scalar_outputs": [int...],   (optional: outputs handed back as Python numbers, ``t.item()``)
+     "symbols": {name: {"hint": int, "min": int, "max": int}}}   (optional: Note [symbols in graph files])
 
-    META = {"shape": [int], "stride": [int], "storage_offset": int, "dtype": "float32", "device": "cpu",
+    META = {"shape": [SIZE], "stride": [SIZE], "storage_offset": SIZE, "dtype": "float32", "device": "cpu",
             "conj": bool, "neg": bool}   (conj/neg optional, false when absent: torch's lazy view bits)
     ARG  = int | float | bool | null | str | [ARG...]
          | {"value": name}            a tensor value
@@ -21,6 +22,8 @@ Schema "fusion-segmenter/graph", version 1::
          | {"dtype": "bfloat16"} | {"device": "cuda:0"} | {"layout": "strided"}
          | {"memory_format": "contiguous_format"} | {"float": "inf"|"-inf"|"nan"}
          | {"complex": [re, im]}          re, im: a number or {"float": ...}
+         | {"size": SIZE}                  a size (where the schema takes an int)
+    SIZE = int | str                     str: an expression of declared symbols ("64*S"): symbolic_json.py
 
 ``constants``: tensors the graph holds by value, used by name like inputs. ``meta`` is contiguous
 at offset 0 with a dtype whose elements are plain bytes; ``data`` is the base64 (RFC 4648, with
@@ -86,6 +89,8 @@ from .limits import (
 from .ops import op_info, op_name_problem, op_refusal, resolve_op
 from .recorded import check_recorded_effects
 from .schema import args_problem
+from .symbolic import symbolic_hashing
+from .symbolic_json import at_maxima, declared, size_in, size_out, symbols_in, symbols_out
 
 __all__ = ["MAX_VIEW_DEPTH", "SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
            "load", "to_json"]
@@ -109,7 +114,8 @@ class GraphFormatError(GraphError):
 def _meta_out(m: TensorMeta | None) -> dict[str, Any] | None:
     if m is None:
         return None
-    out = {"shape": list(m.shape), "stride": list(m.stride), "storage_offset": m.storage_offset,
+    out = {"shape": [size_out(x) for x in m.shape], "stride": [size_out(x) for x in m.stride],
+           "storage_offset": size_out(m.storage_offset),
            "dtype": str(m.dtype).removeprefix("torch."), "device": m.device}
     for bit in ("conj", "neg"):  # written only when set: files without them read as before
         if getattr(m, bit):
@@ -120,6 +126,8 @@ def _meta_out(m: TensorMeta | None) -> dict[str, Any] | None:
 def _arg_out(a: Arg) -> Any:
     if isinstance(a, ValueRef):
         return {"value": a.name}
+    if isinstance(a, torch.SymInt):  # Note [symbols in graph files]
+        return {"size": size_out(a)}
     if isinstance(a, OpRef):
         return {"op": a.name}
     if isinstance(a, tuple):
@@ -153,6 +161,7 @@ def graph_to_dict(g: FusionGraph) -> dict[str, Any]:
         "mutations": [{"input": m.input, "value": m.value} for m in g.mutations],
         **_constants_out(g),
         **_scalar_outputs_out(g),
+        **symbols_out(g),
     }
 
 
@@ -205,23 +214,36 @@ def _kwarg_name(k: str, where: str) -> str:
 
 def _ints(v: Any, where: str) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        if isinstance(v, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v):
+            return tuple(_size(x, f"{where}[{i}]") for i, x in enumerate(v))  # Note [symbols in graph files]
         raise GraphFormatError(f"{where}: expected a list of integers")
     return tuple(v)
+
+
+def _size(v: Any, where: str) -> Any:
+    try:
+        return size_in(v)
+    except GraphError as e:
+        raise GraphFormatError(f"{where}: {e}") from None
 
 
 def _meta_in(d: Any, where: str) -> TensorMeta:
     shape = _ints(_need(d, "shape", list, where), f"{where}.shape")
     stride = _ints(_need(d, "stride", list, where), f"{where}.stride")
-    offset = _need(d, "storage_offset", int, where)
+    offset = _size(_need(d, "storage_offset", (int, str), where), f"{where}.storage_offset")
+    if isinstance(offset, bool):
+        raise GraphFormatError(f"{where}.storage_offset: expected int or str, got bool")
     dtype_name = _need(d, "dtype", str, where)
     device = _need(d, "device", str, where)
     if dtype_name not in _DTYPES:
         raise GraphFormatError(f"{where}.dtype: unknown dtype {dtype_name!r}")
-    if any(abs(x) > MAX_DIM for x in (*shape, *stride, offset)):
+    # (a symbolic size is bounded where it is read, at its symbols' maxima, and never negative)
+    numbers = [x for x in (*shape, *stride, offset) if not isinstance(x, torch.SymInt)]
+    if any(abs(x) > MAX_DIM for x in numbers):
         raise GraphFormatError(f"{where}: huge dimension (over 2**48) in shape/stride/offset")
     if len(shape) > MAX_RANK:
         raise GraphFormatError(f"{where}.shape: rank {len(shape)} (at most {MAX_RANK})")
-    if any(s < 0 for s in stride):  # torch has no negative strides (as_strided refuses them)
+    if any(s < 0 for s in stride if not isinstance(s, torch.SymInt)):  # torch has no negative strides
         raise GraphFormatError(f"{where}.stride: negative stride in {list(stride)}")
     try:
         torch.device(device)
@@ -232,9 +254,10 @@ def _meta_in(d: Any, where: str) -> TensorMeta:
         meta = TensorMeta(shape, stride, offset, _DTYPES[dtype_name], device, **bits)
     except GraphError as e:
         raise GraphFormatError(f"{where}: {e}") from None
-    if meta.storage_extent * meta.itemsize > MAX_BYTES:  # also bounds numel: no overflow in torch's int64
-        raise GraphFormatError(f"{where}: addresses {meta.storage_extent * meta.itemsize} bytes of storage "
-                               f"(at most 2**48)")
+    extent = at_maxima(meta.storage_extent)
+    if extent * meta.itemsize > MAX_BYTES:  # also bounds numel: no overflow in torch's int64
+        raise GraphFormatError(f"{where}: addresses {extent * meta.itemsize} bytes of storage "
+                               f"(at most 2**48{' at the symbols maxima' if extent != meta.storage_extent else ''})")
     return meta
 
 
@@ -267,6 +290,8 @@ def _arg_in(a: Any, where: str, depth: int = 0) -> Arg:
                 pass
         if key == "complex":
             return _complex_in(val, where)
+        if key == "size" and isinstance(val, (int, str)) and not isinstance(val, bool):
+            return _size(val, where)  # Note [symbols in graph files]
         if key == "float" and val in ("inf", "-inf", "nan"):
             # nan != nan: only the one math.nan object lets graphs compare equal (tuples check identity first)
             return math.nan if val == "nan" else float(val)
@@ -374,6 +399,16 @@ def _optional_list(d: dict[str, Any], key: str) -> list[Any]:
 def graph_from_dict(d: Any) -> FusionGraph:
     if not isinstance(d, dict):
         raise GraphFormatError(f"top level: expected an object, got {type(d).__name__}")
+    try:
+        symbols = symbols_in(d.get("symbols"))
+    except GraphError as e:
+        raise GraphFormatError(f"symbols: {e}") from None
+    # a file's sizes may be symbolic (Note [symbols in graph files]): read, hashed and decided on as such
+    with declared(symbols), symbolic_hashing(symbols is not None):
+        return _graph_from_dict(d)
+
+
+def _graph_from_dict(d: dict[str, Any]) -> FusionGraph:
     if d.get("schema") != SCHEMA:
         raise GraphFormatError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}")
     version = d.get("version")

@@ -32,7 +32,9 @@ runtime prints sizes through ``python_expr`` / ``c_expr``, which refuse what the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +43,39 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unbacked_symbols
 
-__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "concrete", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_inputs"]
+__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "concrete", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing", "symbolic_inputs"]
+
+
+_HASHING: contextvars.ContextVar[bool] = contextvars.ContextVar("fuseg_symbolic_hashing", default=False)
+_torch_hash = torch.SymInt.__hash__
+
+
+def _hash(self: torch.SymInt) -> int:
+    """Note [hashing symbolic sizes]: while a symbolic plan is made, a SymInt hashes as its
+    expression (``size_key``): sizes that are equal for every value of the symbols hash alike
+    (and compare equal without a condition), sizes equal only at the first call's values hash
+    apart, so a set or a dict never merges what another size would tell apart. Elsewhere it is
+    torch's own (unhashable)."""
+    if not _HASHING.get():
+        return _torch_hash(self)
+    return hash(size_key(self))
+
+
+torch.SymInt.__hash__ = _hash  # type: ignore[method-assign] - torch's own where no plan is made
+
+
+@contextlib.contextmanager
+def symbolic_hashing(on: bool = True) -> Iterator[None]:
+    """Within: SymInts hash (Note [hashing symbolic sizes])."""
+    token = _HASHING.set(on)
+    try:
+        yield
+    finally:
+        _HASHING.reset(token)
+
+
+def hashing() -> bool:
+    return _HASHING.get()
 
 
 class NotSymbolic(ValueError):
@@ -151,6 +185,8 @@ class SymbolicSizes:
         self.sources: dict[sympy.Symbol, SymbolSource] = {}
         self.names: dict[sympy.Symbol, str] = {}
         self.sealed = False
+        #: how each symbol is shown: a graph file's own names (``S``), else ShapeEnv's (``s17``)
+        self.display: dict[sympy.Symbol, str] = {}
         self.env.fuseg_sizes = self  # type: ignore[attr-defined] - found again from any SymInt (sizes_of)
 
     # -- symbols -------------------------------------------------------------------------------
@@ -164,6 +200,27 @@ class SymbolicSizes:
             self.sources[sym] = source
             self.names[sym] = f"_z{len(self.names)}"
         return sym
+
+    def declare(self, name: str, hint: int, lo: int, hi: int) -> torch.SymInt:
+        """A symbol a graph file names, with its range and the value plans are made at (``hint``);
+        where a call reads it from is found when a plan is compiled (``read_from``)."""
+        from torch._dynamo.source import ConstantSource
+
+        sym = self.env.create_symbol(hint, ConstantSource(f"fuseg_{name}"), dynamic_dim=DimDynamic.DYNAMIC)
+        if not isinstance(sym, sympy.Symbol):  # pragma: no cover - a hint below 2 is refused before
+            raise NotSymbolic(f"symbol {name}: hint {hint} is a specialized size")
+        self.env.constrain_symbol_range(sym, compiler_min=lo, compiler_max=hi)
+        self.sources[sym] = SymbolSource(-1, None)
+        self.names[sym] = f"_z{len(self.names)}"
+        self.display[sym] = name
+        return self.env.create_symintnode(sym, hint=hint)
+
+    def text(self, x: int | torch.SymInt) -> str:
+        """A size as a person (and a graph file) reads it: ``64*S``, with the file's names."""
+        if not isinstance(x, torch.SymInt):
+            return str(int(x))
+        expr = self.env.replace(x.node.expr)
+        return str(expr.xreplace({s: sympy.Symbol(n, integer=True, positive=True) for s, n in self.display.items()}))
 
     def symint(self, expr: sympy.Expr, hint: int) -> int | torch.SymInt:
         if expr.is_number:
@@ -193,6 +250,14 @@ class SymbolicSizes:
             if isinstance(vr.upper, sympy.Integer):
                 out.append(sympy.Le(s, int(vr.upper)))
         out.extend(g.expr for g in self.env.guards)
+        return out
+
+    def condition_text(self) -> list[str]:
+        """The recorded guards (not the ranges) as a person reads them, with display names."""
+        names = {s: sympy.Symbol(n, integer=True, positive=True) for s, n in self.display.items()}
+        out = []
+        for g in self.env.guards:
+            out.append(str(g.expr.xreplace(names)))
         return out
 
     def specializations(self) -> dict[str, int]:

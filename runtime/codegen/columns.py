@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from . import index as ix
-from .kernel import Body, Param, store_output, worth_threads
+from .kernel import Body, Param, parallel_if, store_output
 from .rows import Row, _identity, emit_reductions, full_index
 
 __all__ = ["TILE", "column_loop", "takes_columns"]
@@ -110,7 +110,8 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
         lines.append("    }")
     lines.append("  }")
     head = []
-    if worth_threads(math.prod(row.F), lines) and tiles > 1:  # tiles shared among threads
-        head.append("#pragma omp parallel for schedule(static)")
+    threads = parallel_if(math.prod(row.F), lines)
+    if threads is not None and tiles > 1:  # tiles shared among threads
+        head.append(f"#pragma omp parallel for schedule(static){threads}")
     return "\n".join(head + lines) + "\n"
 

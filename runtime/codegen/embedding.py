@@ -33,7 +33,7 @@ from segmenter.ir import ValueRef
 from . import index as ix
 from .checks import check_layout, check_segment_metas, lone
 from .ctypes_ import Declined, storage_type
-from .kernel import Kernel, Param, bind, worth_threads
+from .kernel import Kernel, Param, bind, parallel_if
 
 __all__ = ["EMBEDDING", "embedding_kernel"]
 
@@ -85,8 +85,9 @@ def embedding_kernel(graph: FusionGraph, node: Node) -> Kernel:
         "  }",
         "  return bad;",
     ]
-    if worth_threads(count * width, []):
-        lines.insert(lines.index("// loops") + 1, "#pragma omp parallel for reduction(+:bad) schedule(static)")
+    threads = parallel_if(count * width, [])
+    if threads is not None:
+        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for reduction(+:bad) schedule(static){threads}")
     params = (Param("w_", w.name, wm.dtype, wshape, wstride, False),
               Param("i_", ids.name, im.dtype, ishape, istride, False),
               Param("y_", node.outputs[0], ym.dtype, yshape, ystride, True))

@@ -15,8 +15,9 @@ from segmenter.ops import resolve_op
 from . import index as ix
 from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
+from .symsizes import sizes_active
 
-__all__ = ["CONST", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_work", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_work", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -150,6 +151,16 @@ def loop_work(elements: int, lines: list[str]) -> int:
 def worth_threads(elements: int, lines: list[str]) -> bool:
     """Whether a CPU loop of ``elements`` running ``lines`` is shared among threads."""
     return loop_work(elements, lines) >= PARALLEL_MIN
+
+
+def parallel_if(elements: int, lines: list[str]) -> str | None:
+    """``worth_threads`` as the tail of an OpenMP pragma: None (one thread), "" (threads), or,
+    where the work is a symbolic size, an ``if(...)`` clause that decides at the call, so the
+    choice is no condition of the plan (Note [kernel sizes as arguments] in symsizes.py)."""
+    work = loop_work(elements, lines)
+    if isinstance(work, torch.SymInt) and sizes_active():
+        return f" if({work} >= {PARALLEL_MIN})"
+    return "" if work >= PARALLEL_MIN else None
 
 VIEW_IDENTITY = {"aten.alias.default", "aten.detach.default", "aten.lift_fresh.default"}
 RESHAPE = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}

@@ -29,6 +29,7 @@ import torch
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import ValueRef, view_roots
+from segmenter.symbolic import is_symbolic
 
 from . import index as ix
 from .checks import (
@@ -45,9 +46,10 @@ from .checks import (
 from .columns import column_loop, takes_columns
 from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
 from .fission import fission
-from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, store_output, worth_threads
+from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, parallel_if, store_output
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
+from .symsizes import smax, smin
 
 __all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
 
@@ -563,8 +565,8 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         grid_n = 1
         for shape, ps in by_shape.items():
             loops.append(_pointwise_loop(lw, shape, ps, stores, "  "))
-            grid_n = max(grid_n, math.prod(shape))
-        block, grid, kind = 256, max(1, min((grid_n + 255) // 256, 1 << 20)), "pointwise"
+            grid_n = smax(grid_n, math.prod(shape))
+        block, grid, kind = 256, smax(1, smin((grid_n + 255) // 256, 1 << 20)), "pointwise"
         row = None
     else:
         full, rowouts, side = [], [], []
@@ -595,14 +597,15 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         if takes_columns(row):  # Note [column passes]: on the CPU, a tile of rows per thread
             rows_body = f"#ifdef __CUDACC__\n{rows_body}#else\n{column_loop(lw, row, full, rowouts, stores)}#endif\n"
         loops.append(rows_body)
-        grid = max(1, min(math.prod(row.O), 1 << 20))
+        grid = smax(1, smin(math.prod(row.O), 1 << 20))
         kind = "row"
     _check_in_place(lw, outs, stores)
     body = "".join(loops)
     extents = [grid_n if kind == "pointwise" else math.prod(row.F)]
     extents += [sum((n - 1) * st for n, st in zip(p.shape, p.stride) if n > 0) + 1 for p in (*lw.params.values(), *outs)]
     extents += [graph.metas[v].numel for v in values]  # an index into any value inside the kernel
-    index_type = "int" if max(extents) < 2 ** 30 else "long long"
+    # (symbolic extents: 64-bit indices, no condition of the plan on how far they reach)
+    index_type = "long long" if is_symbolic(extents) or max(extents) >= 2 ** 30 else "int"
     params = (*lw.params.values(), *outs)
     digest = hashlib.sha1((body + index_type + repr([(p.name, p.dtype, p.target) for p in params])).encode()).hexdigest()[:12]
     return Kernel(f"fuseg_{kind}_{digest}", params, body, block, grid, kind, index_type)
@@ -665,14 +668,14 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
             f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{", *unravel]
     loop_vars = [v for v in idx_vars if v != "0"]
     levels = _hoist_levels(b.lines, b.indent, loop_vars)
-    threads = worth_threads(n, b.lines)  # Note [work of a loop]
+    threads = parallel_if(n, b.lines)  # Note [work of a loop]
     inner = [line for line, lv in zip(b.lines, levels) if lv >= len(nest) - 1]
     # Note [one loop per branch range] (fission.py): only below an outer loop, which OpenMP shares
     split = fission(nest[-1], inner, loop_vars[-1], shape[int(loop_vars[-1][2:])], indent) if len(nest) >= 2 else None
     if not any(lv < len(nest) - 1 for lv in levels):
         cpu = list(nest)
-        if threads and nest:
-            cpu.insert(0, f"#pragma omp parallel for collapse({max(len(nest) - 1, 1)}) schedule(static)")
+        if threads is not None and nest:
+            cpu.insert(0, f"#pragma omp parallel for collapse({max(len(nest) - 1, 1)}) schedule(static){threads}")
         if split is not None:
             cpu[-1:] = [f"{indent}{{", *split, f"{indent}}}"]
             return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *cpu, "#endif"]) + "\n"
@@ -683,8 +686,8 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
     # innermost counter, not per element; loops above such a value are the only ones collapsed.
     cpu = [line for line, lv in zip(b.lines, levels) if lv == -1]
     first = min(lv for lv in levels if lv >= 0) if any(lv >= 0 for lv in levels) else len(nest) - 1
-    if threads and nest:
-        cpu.append(f"#pragma omp parallel for collapse({max(min(first + 1, len(nest) - 1), 1)}) schedule(static)")
+    if threads is not None and nest:
+        cpu.append(f"#pragma omp parallel for collapse({max(min(first + 1, len(nest) - 1), 1)}) schedule(static){threads}")
     opened = 0
     for d, header in enumerate(nest):
         if d == len(nest) - 1 and split is not None:

@@ -29,7 +29,7 @@ from segmenter import Node
 from . import index as ix
 from .checks import MAX_EXTENT, dims_arg, float_arg, permutation_arg, shape_ints
 from .ctypes_ import Declined, compute_type, literal
-from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, store_output, worth_threads
+from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, parallel_if, store_output
 from .pointwise import ELEMENTWISE
 
 __all__ = ["REDUCTIONS", "Chain", "Row", "emit_reductions", "exact", "full_index", "plan_row", "row_levels", "row_loop"]
@@ -486,8 +486,9 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         lines[decl_at:decl_at] = lw.cache_decls
         epr = f"(({R} + {block} - 1) / {block})"
         head.append(f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
-    if worth_threads(math.prod(row.F), lines) and math.prod(O) > 1:  # rows shared among CPU threads
-        head += ["#ifndef __CUDACC__", "#pragma omp parallel for schedule(static)", "#endif"]
+    threads = parallel_if(math.prod(row.F), lines)
+    if threads is not None and math.prod(O) > 1:  # rows shared among CPU threads
+        head += ["#ifndef __CUDACC__", f"#pragma omp parallel for schedule(static){threads}", "#endif"]
     return "\n".join(head + lines) + "\n"
 
 

@@ -29,7 +29,7 @@ from segmenter.ir import ValueRef
 from . import index as ix
 from .checks import check_layout, check_segment_metas, dim_arg, lone
 from .ctypes_ import Declined, load, storage_type, store
-from .kernel import Kernel, Param, bind, worth_threads
+from .kernel import Kernel, Param, bind, parallel_if
 
 __all__ = ["CUMSUM", "cumsum_kernel"]
 
@@ -90,8 +90,9 @@ def cumsum_kernel(graph: FusionGraph, node: Node) -> Kernel:
         "    }",
         "  }",
     ]
-    if worth_threads(positions * length, []) and positions > 1:
-        lines.insert(1, "#pragma omp parallel for schedule(static)")
+    threads = parallel_if(positions * length, [])
+    if threads is not None and positions > 1:
+        lines.insert(1, f"#pragma omp parallel for schedule(static){threads}")
     params = (Param("x_", x.name, xt, xshape, xstride, False), Param("y_", node.outputs[0], yt, yshape, ystride, True))
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]

@@ -26,15 +26,13 @@ from collections.abc import Iterator
 
 import torch
 
-from segmenter.symbolic import SymbolicSizes, size_key
+from segmenter.symbolic import SymbolicSizes, hashing, symbolic_hashing
 
-__all__ = ["c_sizes", "raw_symbol", "sizes_active", "symbolic_hashing"]
+__all__ = ["c_sizes", "raw_symbol", "sizes_active", "smax", "smin", "symbolic_hashing"]
 
 _ACTIVE: contextvars.ContextVar[SymbolicSizes | None] = contextvars.ContextVar("fuseg_c_sizes", default=None)
-_HASHING: contextvars.ContextVar[bool] = contextvars.ContextVar("fuseg_symbolic_hashing", default=False)
 _RAW = re.compile(r"\b[su]\d+\b")
 _torch_format = torch.SymInt.__format__
-_torch_hash = torch.SymInt.__hash__
 
 
 def _format(self: torch.SymInt, spec: str) -> str:
@@ -44,40 +42,29 @@ def _format(self: torch.SymInt, spec: str) -> str:
     return f"({sizes.c_expr(self)})"
 
 
-def _hash(self: torch.SymInt) -> int:
-    """Note [hashing symbolic sizes]: while a symbolic plan is made, a SymInt hashes as its
-    expression (``size_key``): sizes that are equal for every value of the symbols hash alike
-    (and compare equal without a condition), sizes equal only at the first call's values hash
-    apart, so a set or a dict never merges what another size would tell apart."""
-    if not _HASHING.get():
-        return _torch_hash(self)
-    return hash(size_key(self))
-
-
 torch.SymInt.__format__ = _format  # type: ignore[method-assign] - torch's own where no plan is active
-torch.SymInt.__hash__ = _hash  # type: ignore[method-assign] - torch's own where no plan is made
-
-
-@contextlib.contextmanager
-def symbolic_hashing(on: bool = True) -> Iterator[None]:
-    """Within: SymInts hash (Note [hashing symbolic sizes])."""
-    token = _HASHING.set(on)
-    try:
-        yield
-    finally:
-        _HASHING.reset(token)
 
 
 @contextlib.contextmanager
 def c_sizes(sizes: SymbolicSizes | None) -> Iterator[None]:
     """Within: a SymInt formatted into text is its C expression over ``sizes``' symbols, and
-    SymInts hash (Note [hashing symbolic sizes])."""
+    SymInts hash (Note [hashing symbolic sizes] in segmenter/symbolic.py)."""
     token = _ACTIVE.set(sizes)
     try:
-        with symbolic_hashing(sizes is not None or _HASHING.get()):
+        with symbolic_hashing(sizes is not None or hashing()):
             yield
     finally:
         _ACTIVE.reset(token)
+
+
+def smax(a: int, b: int) -> int:
+    """``max``, symbolic where either is a SymInt: a size no decision needs stays no condition."""
+    return torch.sym_max(a, b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else max(a, b)
+
+
+def smin(a: int, b: int) -> int:
+    """``min``, symbolic where either is a SymInt (see ``smax``)."""
+    return torch.sym_min(a, b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else min(a, b)
 
 
 def sizes_active() -> bool:

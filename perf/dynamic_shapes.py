@@ -1,0 +1,221 @@
+"""What a new shape costs: LLM generation with prompts of several lengths, and training with
+varying sequence lengths, under eager, ``aot_eager``, Inductor and fuseg (issue 41).
+
+    python -m perf.dynamic_shapes [--models qwen2 phi3 ...] [--backends eager aot_eager inductor fuseg]
+                                  [--repeats 5] [--train] [--out perf/results/dynamic_shapes_cpu.json]
+
+Generation. Per model (a tiny config from ``transformers``, random weights, no download) and
+backend, one fresh process with empty Inductor and fuseg caches compiles ``model.forward`` and
+calls ``model.generate(ids, max_new_tokens=24)`` (the library's default cache, greedy) with
+prompts of ``LENGTHS`` tokens, each length new, then the third length again ``--repeats`` times
+(every length seen: the steady state). Each generate is timed whole (``perf_counter``); its
+tokens are compared with eager's. Dynamo compiles the first length's graphs with static sizes,
+re-traces them with symbolic sizes at the second (whatever the backend), and from the third on
+a backend that plans once for all sizes compiles nothing: ``new`` (the median over the third
+length on) against ``steady`` is what a new length costs. fuseg's kernel builds (C++ compiler
+runs) are counted per generate.
+
+Training (``--train``). One SGD step (forward, backward, update) of a tiny causal LM with labels
+on batches whose sequence length changes every step (``TRAIN_LENGTHS``: what a data loader with
+dynamic padding does), per backend in a fresh process; each step's loss and every gradient are
+compared with an eager copy of the model stepped on the same batches. Steps after every length
+was seen once give ``steady``.
+
+Each backend runs in its own process, one after the other: compare ratios within one record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["GENERATE_MODELS", "LENGTHS", "TRAIN_LENGTHS", "main"]
+
+#: causal LMs for generation: qwen2 (the model of issue 41's figures) and three the project was never tuned on
+GENERATE_MODELS = ("qwen2", "phi3", "olmo", "starcoder2")
+LENGTHS = (5, 9, 13, 17, 21, 25)
+TRAIN_LENGTHS = (16, 24, 32, 20, 28, 40, 16, 24, 32, 20, 28, 40)
+BACKENDS = ("eager", "aot_eager", "inductor", "fuseg")
+NEW_TOKENS = 24
+
+_CONFIGS = {
+    "qwen2": "Qwen2Config", "phi3": "Phi3Config", "olmo": "OlmoConfig", "starcoder2": "Starcoder2Config",
+    "llama": "LlamaConfig", "mistral": "MistralConfig", "gemma2": "Gemma2Config", "qwen3": "Qwen3Config",
+}
+
+
+def _model(name: str) -> Any:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = getattr(transformers, _CONFIGS[name])(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _compiled_forward(model: Any, backend: str) -> None:
+    import torch
+
+    if backend != "eager":
+        model.forward = torch.compile(model.forward, backend=backend)
+
+
+def _plans(backend: str) -> dict[str, Any]:
+    """fuseg's programs in this process: symbolic plans, specialized programs, and refusals."""
+    if backend != "fuseg":
+        return {}
+    from runtime.dynamo import STATS
+
+    return {"fuseg_programs": dict(STATS)}
+
+
+def _builds() -> int:
+    from runtime.codegen.build import compilations
+
+    return compilations["cpu"]
+
+
+def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
+    """In this process: every generate of the protocol, timed, with its tokens checked."""
+    import torch
+
+    model, ref = _model(name), _model(name)
+    _compiled_forward(model, backend)
+    prompts = [torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)) for n in LENGTHS]
+    order = list(range(len(LENGTHS))) + [2] * repeats
+    times, builds, equal = [], [], []
+    for k in order:
+        before = _builds()
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(prompts[k], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        times.append(time.perf_counter() - t)
+        builds.append(_builds() - before)
+        with torch.no_grad():
+            want = ref.generate(prompts[k], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        equal.append(bool(torch.equal(out, want)))
+    n = len(LENGTHS)
+    return {"model": name, "backend": backend, "lengths": [LENGTHS[k] for k in order], "seconds": times,
+            "kernel_builds": builds if backend == "fuseg" else None, "tokens_equal_eager": equal, **_plans(backend),
+            "first": times[0], "second": times[1], "new": statistics.median(times[2:n]),
+            "steady": statistics.median(times[n:])}
+
+
+def run_train(name: str, backend: str) -> dict[str, Any]:
+    """In this process: one SGD step per batch of ``TRAIN_LENGTHS``, timed, against eager."""
+    import copy
+
+    import torch
+
+    model = _model(name).train()
+    ref = copy.deepcopy(model)
+    step = model if backend == "eager" else torch.compile(model, backend=backend)
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.01), torch.optim.SGD(ref.parameters(), lr=0.01)
+    times, loss_diff, grad_diff, builds = [], [], [], []
+    for n in TRAIN_LENGTHS:
+        ids = torch.randint(3, 128, (2, n), generator=torch.Generator().manual_seed(n))
+        before = _builds()
+        t = time.perf_counter()
+        opt.zero_grad()
+        loss = step(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+        builds.append(_builds() - before)
+        ref_opt.zero_grad()
+        want = ref(input_ids=ids, labels=ids).loss
+        want.backward()
+        loss_diff.append(abs(loss.item() - want.item()))
+        grad_diff.append(max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), ref.parameters())
+                             if a.grad is not None))
+        ref_opt.step()
+    seen = len(set(TRAIN_LENGTHS))
+    return {"model": name, "backend": backend, "lengths": list(TRAIN_LENGTHS), "seconds": times,
+            "kernel_builds": builds if backend == "fuseg" else None, **_plans(backend), "max_loss_diff": max(loss_diff),
+            "max_grad_diff": max(grad_diff), "first": times[0], "second": times[1],
+            "new": statistics.median(times[2:seen]), "steady": statistics.median(times[seen:])}
+
+
+def _child(kind: str, name: str, backend: str, repeats: int) -> dict[str, Any]:
+    """Run one (model, backend) in a fresh process with empty compiler caches."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), PYTHONWARNINGS="ignore")
+        cmd = [sys.executable, "-m", "perf.dynamic_shapes", "--child", kind, name, backend, str(repeats)]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+        if done.returncode != 0:
+            return {"model": name, "backend": backend, "error": done.stderr.strip().splitlines()[-1:] or ["?"]}
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {r["backend"]: r for r in rows if "error" not in r}
+    out: dict[str, Any] = {}
+    f = by.get("fuseg")
+    if f is None:
+        return out
+    out["fuseg_new_over_steady"] = f["new"] / f["steady"]
+    if "aot_eager" in by:
+        out["fuseg_second_over_aot_eager_second"] = f["second"] / by["aot_eager"]["second"]
+    if "inductor" in by:
+        ind = by["inductor"]
+        out.update(fuseg_first_over_inductor=f["first"] / ind["first"], fuseg_steady_over_inductor=f["steady"] / ind["steady"],
+                   inductor_new_over_steady=ind["new"] / ind["steady"])
+    if "eager" in by:
+        out["fuseg_steady_over_eager"] = f["steady"] / by["eager"]["steady"]
+    if f.get("kernel_builds") is not None:
+        n = len(LENGTHS) if "tokens_equal_eager" in f else len(set(TRAIN_LENGTHS))
+        out["fuseg_builds_from_third_length"] = sum(f["kernel_builds"][2:])
+        out["fuseg_builds_per_step"] = f["kernel_builds"][:n]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="*", default=list(GENERATE_MODELS))
+    p.add_argument("--backends", nargs="*", default=list(BACKENDS))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--train", action="store_true", help="the training protocol instead of generation")
+    p.add_argument("--out", default=None)
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        kind, name, backend, repeats = args.child
+        result = run_train(name, backend) if kind == "train" else run_generate(name, backend, int(repeats))
+        print(json.dumps(result))
+        return 0
+    from .bench import environment
+
+    kind = "train" if args.train else "generate"
+    record: dict[str, Any] = {"benchmark": f"dynamic_shapes/{kind}", "environment": environment("cpu"),
+                              "lengths": list(TRAIN_LENGTHS if args.train else LENGTHS), "results": {}}
+    for name in args.models:
+        rows = []
+        for backend in args.backends:
+            print(f"{kind} {name} {backend} ...", file=sys.stderr, flush=True)
+            row = _child(kind, name, backend, args.repeats)
+            print(f"  {json.dumps({k: v for k, v in row.items() if k in ('first', 'second', 'new', 'steady', 'error')})}",
+                  file=sys.stderr, flush=True)
+            rows.append(row)
+        record["results"][name] = {"runs": rows, "ratios": _ratios(rows)}
+        print(json.dumps({name: record["results"][name]["ratios"]}, indent=1), file=sys.stderr, flush=True)
+    text = json.dumps(record, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
