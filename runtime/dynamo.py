@@ -131,14 +131,15 @@ class FusegCompiler:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         for k in range(len(plans) - 1, -1, -1):
             program, sizes_fn = plans[k]
-            results = program.entry(*tensors)
+            inputs = _program_inputs(program, tensors, args)
+            results = program.entry(*inputs)
             if results is None:
-                if not program.accepts(*tensors):
+                if not program.accepts(*inputs):
                     continue
-                results = program.run_checked(*tensors)  # a call with grad or under a dispatch mode
+                results = program.run_checked(*inputs)  # a call with grad or under a dispatch mode
             if k != len(plans) - 1:
                 plans.append(plans.pop(k))  # the last one that ran is tried first next time
-            return _with_sizes(results, sizes_fn, tensors)
+            return _with_sizes(results, sizes_fn, inputs)
         sizes: dict[int, Any] = {}
         try:
             with _disable_current_modes(), symbolic_hashing():  # Note [compiling outside the caller's modes]
@@ -159,9 +160,10 @@ class FusegCompiler:
         self.compiled.append(program)
         STATS["symbolic_plans"] += 1
         plans.append((program, sizes_fn))
-        if not program.accepts(*tensors):  # pragma: no cover - a plan always takes the call it was made for
-            raise AssertionError(f"a symbolic plan refuses the call it was made for: {program.refusal(*tensors)}")
-        return _with_sizes(program.run_checked(*tensors), sizes_fn, tensors)
+        inputs = _program_inputs(program, tensors, args)
+        if not program.accepts(*inputs):  # pragma: no cover - a plan always takes the call it was made for
+            raise AssertionError(f"a symbolic plan refuses the call it was made for: {program.refusal(*inputs)}")
+        return _with_sizes(program.run_checked(*inputs), sizes_fn, inputs)
 
     def _as_it_is(self, gm: fx.GraphModule, tokens: frozenset[int], outs: list[Any]) -> Callable[..., Any]:
         """A graph that returns no value (``x.sin(); return x``: dynamo returns the input itself
@@ -207,6 +209,14 @@ class FusegCompiler:
 # before. (A FakeTensor input keeps its own mode: the re-run uses it, on the stack or not.)
 
 
+def _program_inputs(program: CompiledProgram, tensors: list[Any], args: list[Any]) -> list[Any]:
+    """A symbolic program's arguments: the tensors, then the numbers it reads symbols from
+    (Note [number inputs] in segmenter/symbolic.py)."""
+    if not program.numbers:
+        return tensors
+    return [*tensors, *(args[i] for i in program.sizes.number_inputs())]
+
+
 def _with_sizes(results: list[Any], sizes_fn: Callable[..., list[int]] | None, tensors: list[Any]) -> list[Any]:
     """Note [size outputs] (segmenter/fx_import.py): the sizes the graph returns, at their places."""
     if sizes_fn is None:
@@ -220,7 +230,7 @@ def _sizes_function(program: CompiledProgram, sizes: dict[int, Any]) -> Callable
     from .wrapper import Code
 
     code = Code(sizes=program.sizes)
-    params = [f"v{i}" for i in range(len(program.graph.inputs))]
+    params = [f"v{i}" for i in range(len(program.graph.inputs))] + [f"n{j}" for j in range(program.numbers)]
     body = ["    r = list(r)"]
     if program.sizes is not None:
         body += [f"    {line}" for line in program.sizes.bind_lines(params, program.symbol_sources)]

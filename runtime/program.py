@@ -101,6 +101,8 @@ class CompiledProgram:
         #: symbolic, and which input size each is read from at a call
         self.sizes = sizes_of(graph)
         self.symbol_sources = self.sizes.read_from([i.meta for i in graph.inputs]) if self.sizes else {}
+        #: numbers the program takes after its tensors (Note [number inputs] in segmenter/symbolic.py)
+        self.numbers = len(self.sizes.number_inputs()) if self.sizes else 0
         # the graph's constants, bound now on the device the program used: never passed in, read
         # like values computed when compiled (Note [folded segments])
         self.constants: dict[str, torch.Tensor] = {c.name: c.tensor() for c in graph.constants}
@@ -163,7 +165,7 @@ class CompiledProgram:
         #: Note [one entry], Note [learned layout guard]
         self.guard = LearnedGuard()
         self._check, self.entry = self._check_and_entry()
-        self.arity = len(graph.inputs)
+        self.arity = len(graph.inputs) + self.numbers
 
     def _plan_chains(self, keep: set[str]) -> list[Chain]:
         inputs = set(self.graph.input_names)
@@ -273,6 +275,8 @@ class CompiledProgram:
         if fast:
             code.pointers = self.pointers
         params = [code.var(v) for v in graph.input_names]
+        tensors = list(params)
+        params += [f"n{j}" for j in range(self.numbers)]  # (Note [number inputs])
         if self.sizes is not None:  # the symbols' values at this call (Note [sizes in generated source])
             for line in self.sizes.bind_lines(params, self.symbol_sources):
                 code.line(line)
@@ -317,7 +321,7 @@ class CompiledProgram:
         else:
             # a symbolic plan's graph at this call's sizes (Note [sizes in generated source])
             view = code.const(graph) if self.sizes is None else self._finish_view(code)
-            returns = (f"{code.const(finish)}({view}, [{', '.join(params)}], "
+            returns = (f"{code.const(finish)}({view}, [{', '.join(tensors)}], "
                        f"dict(zip({code.const(tuple(needed))}, ({''.join(code.var(v) + ', ' for v in needed)}))), "
                        f"{code.const(self.written_in_place)})")
         return code.program("fuseg_program", params, returns)
@@ -384,6 +388,7 @@ class CompiledProgram:
         """Per input: the storage offset, the storage's size where a kernel reads it (Note [kernel
         reads stay in storage]), and that no two inputs share a storage (what no guard checks)."""
         g = self.graph
+        params = params[:len(g.inputs)]  # the tensors (numbers follow them: Note [number inputs])
         needs = self._storage_needs
         distinct = len({i.storage for i in g.inputs}) == len(g.inputs) > 1
         tests = [f"{v}.storage_offset() == {code.value(inp.meta.storage_offset)}" for v, inp in zip(params, g.inputs)]
@@ -426,7 +431,7 @@ class CompiledProgram:
         code = Code(sizes=self.sizes)
         params = [f"v{i}" for i in range(len(self.graph.inputs))]
         if self.sizes is not None:
-            return self._symbolic_check_and_entry(code, params)
+            return self._symbolic_check_and_entry(code, params + [f"n{j}" for j in range(self.numbers)])
         layout, storage = self._layout_tests(code, params), self._storage_tests(code, params)
         full = " and ".join(layout + storage) or "True"
         check, _ = code.function("fuseg_check", params, [f"    return {full}"], None)
@@ -474,16 +479,17 @@ class CompiledProgram:
         check, self.check_source = code.function("fuseg_check", params, body, None)
         self._symbolic_tests = (code, binds, tests)
         args = ", ".join(params)
-        needs_grad = " or ".join(f"{v}.requires_grad" for v in params) or "False"
+        tensors = ", ".join(params[:len(self.graph.inputs)])  # (then the numbers: Note [number inputs])
+        needs_grad = " or ".join(f"{v}.requires_grad" for v in params[:len(self.graph.inputs)]) or "False"
         plain = (f"not {code.const(_dispatch_modes)}() and "
                  f"not ({code.const(torch.is_grad_enabled)}() and ({needs_grad}))")
         guard, fast = code.const(self.guard), code.const(self._fast)
         metas = [i.meta for i in self.graph.inputs]
         free = ([[is_symbolic(n) for n in m.shape] for m in metas], [[is_symbolic(s) for s in m.stride] for m in metas])
-        body = [f"    if not {guard}.check({args}):",  # Note [learned layout guard], the symbolic sizes left out
+        body = [f"    if not {guard}.check({tensors}):",  # Note [learned layout guard], the symbolic sizes left out
                 f"        if not {code.const(check)}({args}) or not ({plain}):",
                 "            return None",
-                f"        {guard}.learn({args}, free={code.const(free)})",
+                f"        {guard}.learn({tensors}, free={code.const(free)})",
                 f"        return {fast}({args})",
                 "    try:", *(f"        {b}" for b in binds), f"        ok = {' and '.join(quick)}", catch,
                 "        return None",
@@ -511,16 +517,15 @@ class CompiledProgram:
         if self.sizes is None:
             return None if self.accepts(*inputs) else "the inputs differ from the compiled signature"
         code, binds, tests = self._symbolic_tests
-        params = [f"v{i}" for i in range(len(self.graph.inputs))]
-        for test in tests:
-            fn, _ = code.function("fuseg_test", params, [f"    {b}" for b in binds] + [f"    return {test}"], None)
-            try:
-                ok = fn(*inputs)
-            except Exception as e:  # noqa: BLE001 - a refusal, explained
-                return f"{test}: {type(e).__name__}: {e}"
-            if not ok:
-                return test
-        return None
+        params = [f"v{i}" for i in range(len(self.graph.inputs))] + [f"n{j}" for j in range(self.numbers)]
+        # the tests in order in one function (a test may use a name an earlier one bound)
+        body = [f"    {b}" for b in binds] + [f"    if not ({t}):\n        return {k}" for k, t in enumerate(tests)]
+        fn, _ = code.function("fuseg_refusal", params, body, "None")
+        try:
+            k = fn(*inputs)
+        except Exception as e:  # noqa: BLE001 - a refusal, explained
+            return f"{type(e).__name__}: {e}"
+        return None if k is None else tests[k]
 
     @functools.cached_property
     def _storage_needs(self) -> dict[int, int]:

@@ -415,7 +415,10 @@ def from_fx(
         if why is not None:
             raise CaptureError(f"{name}: {why}")
     if symbolic or needs_functionalization(gm) or len(tensors) != len(example_inputs) or changes:
-        if shared and any(n.op == "call_function" and op_info(op_name(n.target)).mutates for n in gm.graph.nodes):
+        # (as before symbolic sizes: an epilogue alone on shared inputs is retraced; with symbolic
+        # sizes too it is not, while a graph that only has symbolic sizes is: the training graphs)
+        writes = any(n.op == "call_function" and op_info(op_name(n.target)).mutates for n in gm.graph.nodes)
+        if shared and (mutates_beyond_epilogue(gm) or (writes and has_symbolic_sizes(gm))):
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
         try:
             gm = _retrace(_aliased(gm, {c.index for c in changes}) if changes else gm, example_inputs)

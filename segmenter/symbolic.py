@@ -183,6 +183,8 @@ class SymbolicSizes:
         self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
         self.mode.cache_enabled = False  # Note [fake tensor cache] in segmenter/meta.py
         self.sources: dict[sympy.Symbol, SymbolSource] = {}
+        #: symbols that are numbers the graph takes, no tensor's size (Note [number inputs])
+        self.sources_numbers: dict[sympy.Symbol, bool] = {}
         self.names: dict[sympy.Symbol, str] = {}
         self.sealed = False
         #: how each symbol is shown: a graph file's own names (``S``), else ShapeEnv's (``s17``)
@@ -191,13 +193,18 @@ class SymbolicSizes:
 
     # -- symbols -------------------------------------------------------------------------------
 
-    def symbol(self, value: int, source: SymbolSource) -> sympy.Symbol:
+    def symbol(self, value: int, source: SymbolSource, number: bool = False) -> sympy.Symbol:
+        """A symbol hinted ``value``, read at each call from ``source``. ``number``: an int the
+        graph takes that is no tensor's size (Note [number inputs]): any sign, and 0 and 1 stay
+        symbols (a size of 0 or 1 is specialized, as dynamo does)."""
         from torch._dynamo.source import ConstantSource
 
         sym = self.env.create_symbol(value, ConstantSource(f"fuseg_{source.input}_{source.dim}"),
-                                     dynamic_dim=DimDynamic.DYNAMIC)
+                                     dynamic_dim=DimDynamic.DYNAMIC, positive=None if number else True,
+                                     do_not_specialize_zero_one=number)
         if isinstance(sym, sympy.Symbol) and sym not in self.sources:
             self.sources[sym] = source
+            self.sources_numbers[sym] = number
             self.names[sym] = f"_z{len(self.names)}"
         return sym
 
@@ -303,9 +310,10 @@ class SymbolicSizes:
         return expr
 
     def read_from(self, metas: Sequence[Any]) -> dict[sympy.Symbol, SymbolSource]:
-        """Where each symbol can be read from tensors with these layouts (a graph's inputs, in
-        order): the first size that is the bare symbol. Raises NotSymbolic for a symbol no size
-        gives (a number the graph takes and no tensor has as a size)."""
+        """Where each symbol can be read at a call of a program whose tensor inputs have these
+        layouts (a graph's inputs, in order): the first size that is the bare symbol; else, for a
+        number the graph takes (Note [number inputs]), the program's number argument after the
+        tensors (``number_inputs`` orders them). Raises NotSymbolic for a symbol neither gives."""
         found: dict[sympy.Symbol, SymbolSource] = {}
         for i, m in enumerate(metas):
             for d, n in enumerate(m.shape):
@@ -313,14 +321,25 @@ class SymbolicSizes:
                     e = n.node.expr  # as made: a symbol replaced since still needs its own value
                     if isinstance(e, sympy.Symbol) and e in self.sources and e not in found:
                         found[e] = SymbolSource(i, d)
+        numbers = self.number_inputs()
+        for s, src in self.sources.items():
+            if s not in found and src.dim is None and src.input in numbers:
+                found[s] = SymbolSource(len(metas) + numbers.index(src.input), None)
         missing = [str(self.sources[s]) for s in self.sources if s not in found]
         if missing:
-            raise NotSymbolic(f"sizes that no tensor input has (they come from {', '.join(missing)})")
+            raise NotSymbolic(f"sizes that no input has (they come from {', '.join(missing)})")
         return found
 
+    def number_inputs(self) -> list[int]:
+        """Note [number inputs]: the graph's placeholders that are numbers and the only place a
+        symbol is read from, in order: a symbolic program takes them after its tensors."""
+        return sorted({src.input for s, src in self.sources.items() if src.dim is None and src.input >= 0
+                       and self.sources_numbers.get(s, False)})
+
     def bind_lines(self, params: Sequence[str], sources: dict[sympy.Symbol, SymbolSource]) -> list[str]:
-        """Statements binding each symbol's local from the tensors named ``params``."""
-        return [f"{self.names[s]} = {params[src.input]}.size({src.dim})" for s, src in sources.items()]
+        """Statements binding each symbol's local from the tensors (and numbers) named ``params``."""
+        return [f"{self.names[s]} = {params[src.input]}" + ("" if src.dim is None else f".size({src.dim})")
+                for s, src in sources.items()]
 
     def condition_source(self) -> str:
         """One Python expression over the symbols' locals: the plan's conditions."""
@@ -377,6 +396,8 @@ def _print(e: sympy.Basic, names: dict[sympy.Symbol, str], lang: str) -> str:
             for a in args[1:]:
                 out = f"({out} {'>' if fn == 'max' else '<'} {a} ? {out} : {a})"
             return out
+        if isinstance(x, sympy.Abs):
+            return f"abs({p(x.args[0])})" if lang == "py" else f"llabs({p(x.args[0])})"
         if isinstance(x, (CeilToInt, FloorToInt)):
             raise NotSymbolic(f"a float size {x}")
         rel = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
@@ -396,6 +417,13 @@ def _print(e: sympy.Basic, names: dict[sympy.Symbol, str], lang: str) -> str:
 
 # -- inputs ---------------------------------------------------------------------------------
 
+# Note [number inputs]: dynamo lifts the ints a function takes (``dynamic=True``: a slice bound,
+# a step) into graph inputs with symbolic values, as it does sizes. Such a number is no tensor's
+# size: it may be negative, and 0 or 1 is no special case, so its symbol is made without the
+# assumptions of a size. A FusionGraph's inputs are tensors; a symbolic program takes the numbers
+# its sizes need after its tensors (``number_inputs``, in placeholder order), and the
+# torch.compile backend passes them there.
+
 def symbolic_inputs(placeholders: Sequence[Any], args: Sequence[Any]) -> tuple[SymbolicSizes, list[Any]]:
     """Our symbols for the symbols of ``placeholders`` (the graph's placeholder values: dynamo's
     FakeTensors and SymInts), hinted by the first call's ``args``, and FakeTensors (SymInts for
@@ -414,7 +442,10 @@ def symbolic_inputs(placeholders: Sequence[Any], args: Sequence[Any]) -> tuple[S
             return v.node.expr
         return sympy.Integer(int(v))
 
-    # symbols first, from every place a placeholder's size is one bare symbol of dynamo's
+    # symbols first, from every place a placeholder's size is one bare symbol of dynamo's: a
+    # symbol some tensor has as a size is a size (from its first such place); one only numbers
+    # are is a number (a slice bound may be negative: Note [number inputs])
+    found: dict[sympy.Symbol, tuple[int, SymbolSource]] = {}
     for i, (v, a) in enumerate(zip(placeholders, args)):
         pairs: list[tuple[object, object, int | None]] = []
         if isinstance(v, torch.SymInt):
@@ -425,10 +456,12 @@ def symbolic_inputs(placeholders: Sequence[Any], args: Sequence[Any]) -> tuple[S
             pairs.extend((s, n, d) for d, (s, n) in enumerate(zip(v.shape, a.shape)))
         for s, actual, dim in pairs:
             e = expr_of(s)
-            if isinstance(e, sympy.Symbol) and e not in ours:
+            if isinstance(e, sympy.Symbol) and (e not in found or (dim is not None and found[e][1].dim is None)):
                 if not isinstance(actual, int) or isinstance(actual, bool):
                     raise NotSymbolic(f"argument {i} is a {type(actual).__name__} where the graph takes a size")
-                ours[e] = sizes.symbol(int(actual), SymbolSource(i, dim))
+                found[e] = (int(actual), SymbolSource(i, dim))
+    for e, (actual, src) in found.items():
+        ours[e] = sizes.symbol(actual, src, number=src.dim is None)
 
     def value(s: object, hint: int, what: str) -> int | torch.SymInt:
         e = expr_of(s)
