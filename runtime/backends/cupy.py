@@ -20,21 +20,22 @@ from .kernels import KernelLaunch
 __all__ = ["CupyBackend"]
 
 
-def cuda_caller(fn, kernel: Kernel) -> Callable[[list[torch.Tensor]], None]:
+def cuda_caller(fn, kernel: Kernel) -> Callable[..., None]:
     """Launch on torch's current stream. Tensors cross as their raw device pointers (no copy):
     measured cheaper per launch than DLPack capsules (which also refuse tensors that require
-    grad, and bfloat16, which CuPy has no dtype for)."""
+    grad, and bfloat16, which CuPy has no dtype for). A kernel of symbolic sizes (Note [kernel
+    sizes as arguments]) is called with the call's grid and its symbols' values too."""
     import cupy
     import numpy
 
     launch = fn.kernel  # cupy.cuda.function.Function: takes the stream per call
-    grid, block = (kernel.grid,), (kernel.block,)
+    fixed_grid, block = (kernel.grid,), (kernel.block,)
     streams: dict[int, object] = {}
-    uint64 = numpy.uint64
+    uint64, int64 = numpy.uint64, numpy.int64
     raw_stream = torch._C._cuda_getCurrentRawStream
     get_device = cupy.cuda.runtime.getDevice
 
-    def call(tensors: list[torch.Tensor]) -> None:
+    def call(tensors: list[torch.Tensor], grid: int | None = None, symbols: tuple[int, ...] = ()) -> None:
         index = tensors[0].device.index or 0
         s = raw_stream(index)  # torch's current stream on that device, as a raw pointer
         stream = streams.get(s)
@@ -42,19 +43,25 @@ def cuda_caller(fn, kernel: Kernel) -> Callable[[list[torch.Tensor]], None]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 stream = streams[s] = cupy.cuda.ExternalStream(s, index)
-        args = tuple(uint64(t.data_ptr()) for t in tensors)
+        args = tuple(uint64(t.data_ptr()) for t in tensors) + tuple(int64(v) for v in symbols)
+        grid_ = fixed_grid if grid is None else (grid,)
         if index != get_device():
             with cupy.cuda.Device(index):
-                launch(grid, block, args, stream=stream)
+                launch(grid_, block, args, stream=stream)
         else:
-            launch(grid, block, args, stream=stream)
+            launch(grid_, block, args, stream=stream)
 
     return call
 
 
 class CupyLaunch(KernelLaunch):
     def emit_call(self, code: Code, values: list[str]) -> None:
-        code.line(f"{self.built(code)}([{', '.join(code.var(v) for v in values)}])")
+        k = self.kernel
+        extra = ""
+        if k.symbols:  # the grid and the symbols at this call (Note [kernel sizes as arguments])
+            names = list(code.sizes.names.values()) if code.sizes is not None else []
+            extra = f", {code.value(k.grid)}, ({''.join(names[i] + ', ' for i in k.symbols)})"
+        code.line(f"{self.built(code)}([{', '.join(code.var(v) for v in values)}]{extra})")
 
 
 class CupyBackend(Backend):

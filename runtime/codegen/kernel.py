@@ -58,7 +58,8 @@ class Kernel:
     def function(self, target: str) -> str:
         """The kernel's function alone (``source`` is the prelude and it; a translation unit of
         several kernels has the prelude once and redefines ``FUSEG_I`` before each function).
-        A kernel with symbolic sizes takes their values last (``fuseg_S``)."""
+        A kernel with symbolic sizes takes their values last: on the CPU an array (``fuseg_S``,
+        one pointer more for ctypes and the chain runner), on CUDA each by value."""
         # no two parameters share memory unless an output is written into an input (in place)
         restrict = "" if any(p.target for p in self.params) else " __restrict__"
         args = ", ".join(f"{'' if p.output else 'const '}{storage_type(p.dtype)}*{restrict} {p.name}"
@@ -66,10 +67,10 @@ class Kernel:
         if target == "cuda" and self.returns != "void":
             raise Declined(f"kernel {self.name} returns a value: the CPU target only")
         symbols = self.symbols
-        if symbols and target == "cuda":
-            raise Declined(f"kernel {self.name} has symbolic sizes: the CPU target only (not done for CUDA)")
         body = self.body
-        if symbols:
+        if symbols and target == "cuda":  # by value: the launch passes them (runtime/backends/cupy.py)
+            args += "".join(f", const long long fuseg_s{k}" for k in symbols)
+        elif symbols:
             args += ", const long long* __restrict__ fuseg_S"
             body = "".join(f"  const long long fuseg_s{k} = fuseg_S[{k}];\n" for k in symbols) + body
         qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
