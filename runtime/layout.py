@@ -98,5 +98,5 @@ def ensure(t: torch.Tensor, spec: tuple) -> torch.Tensor:
             return t
     except AttributeError:  # not a tensor: conform says so
         pass
-    return conform(t, m, what)
+    return conform(t, m() if callable(m) else m, what)  # (a symbolic plan's meta is made when needed)
 

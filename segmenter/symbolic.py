@@ -246,8 +246,15 @@ class SymbolicSizes:
         self.sealed = True
 
     def conditions(self) -> list[sympy.Basic]:
-        """What the plan assumes of the symbols: every recorded guard, and each symbol's range."""
+        """What the plan assumes of the symbols: every recorded guard and each symbol's range, as
+        recorded (never simplified with the ShapeEnv's replacements: a guard that made one, ``B ==
+        A``, would simplify to True), and each replacement itself (a symbol found equal to another
+        or pinned to a number)."""
         out: list[sympy.Basic] = []
+        for s in self.sources:
+            r = self.env.replacements.get(s)
+            if r is not None and r != s:
+                out.append(sympy.Eq(s, r))
         for s in self.sources:
             vr = self.env.var_to_range.get(s)
             if vr is None:
@@ -318,7 +325,8 @@ class SymbolicSizes:
         for i, m in enumerate(metas):
             for d, n in enumerate(m.shape):
                 if isinstance(n, torch.SymInt):
-                    e = n.node.expr  # as made: a symbol replaced since still needs its own value
+                    e = n.node._expr  # as made (``expr`` applies replacements): a symbol replaced
+                    # since (found equal to another) still needs its own value, to check that
                     if isinstance(e, sympy.Symbol) and e in self.sources and e not in found:
                         found[e] = SymbolSource(i, d)
         numbers = self.number_inputs()
@@ -344,8 +352,7 @@ class SymbolicSizes:
     def condition_source(self) -> str:
         """One Python expression over the symbols' locals: the plan's conditions."""
         tests = []
-        for c in self.conditions():
-            c = self.env.simplify(c) if hasattr(self.env, "simplify") else c
+        for c in self.conditions():  # as recorded: see ``conditions``
             if c is sympy.true:
                 continue
             if c is sympy.false:

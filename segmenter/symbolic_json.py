@@ -104,11 +104,11 @@ def size_in(v: Any) -> int | torch.SymInt:
     if active is None:
         raise SymbolError(f"size {v[:40]!r}: the file declares no symbols")
     sizes, table = active
-    expr = parse_size(v, {n: s.node.expr for n, s in table.items()})
-    top = expr.xreplace({s.node.expr: int(sizes.env.var_to_range[s.node.expr].upper) for s in table.values()})
+    expr = parse_size(v, {n: s.node._expr for n, s in table.items()})
+    top = expr.xreplace({s.node._expr: int(sizes.env.var_to_range[s.node._expr].upper) for s in table.values()})
     if int(top) > MAX_DIM:
         raise SymbolError(f"size {v!r} reaches {int(top)} at the symbols' maxima (at most 2**48)")
-    hint = int(expr.xreplace({s.node.expr: sizes.hints[s.node.expr] for s in table.values()}))
+    hint = int(expr.xreplace({s.node._expr: sizes.hints[s.node._expr] for s in table.values()}))
     return sizes.symint(expr, hint)
 
 
@@ -183,7 +183,8 @@ def at_maxima(x: int | torch.SymInt) -> int:
     sizes = sizes_of(x)
     expr = x.node.expr if sizes is None else sizes.env.replace(x.node.expr)
     top = {s: sizes.env.var_to_range[s].upper for s in expr.free_symbols} if sizes is not None else {}
-    value = expr.xreplace({s: (MAX_SYMBOL if not isinstance(v, sympy.Integer) else int(v)) for s, v in top.items()})
+    value = sympy.sympify(expr).xreplace({s: sympy.Integer(MAX_SYMBOL if not isinstance(v, sympy.Integer) else int(v))
+                                          for s, v in top.items()})
     return int(value) if value.is_number else MAX_DIM + 1
 
 

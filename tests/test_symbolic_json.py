@@ -150,3 +150,18 @@ def test_hostile_symbols_are_refused_naming_the_field(case: str) -> None:
         graph_from_dict(raw)
     where = str(e.value).split(":")[0]
     assert where.startswith(("symbols", "inputs[0].meta", "nodes[5]")), str(e.value)
+
+
+def test_an_equality_the_plan_assumed_is_checked_at_every_call() -> None:
+    """A plan that found two symbols equal (``a + b`` broadcasts only where A == B) prints its
+    sizes with one of them: a call where they differ must be refused, never run with the other's
+    size (the condition was simplified away by the very replacement it made)."""
+    raw = _graph("eq", {"A": {"hint": 5}, "B": {"hint": 5}},
+                 [_input("a", ["A"], [1], 0), _input("b", ["B"], [1], 1)],
+                 [_node("s", "aten.add.Tensor", [_v("a"), _v("b")], ["A"], [1])], ["s"])
+    program = CompiledProgram(apply_aliases(segment(from_json(json.dumps(raw))), "post"))
+    a, b = torch.randn(9), torch.randn(9)
+    torch.testing.assert_close(program(a, b)[0], a + b)
+    assert program.entry(torch.randn(9), torch.randn(12)) is None
+    with pytest.raises(ValueError, match="condition"):
+        program(torch.randn(9), torch.randn(12))

@@ -21,6 +21,7 @@ import torch
 from segmenter import GraphError, Node, OpKind, Segment, SegmentKind, TensorMeta, op_info
 from segmenter.ir import OpRef, ValueRef
 from segmenter.ops import resolve_op, why_not_runnable
+from segmenter.symbolic import is_symbolic
 
 from .. import layout, pages
 from ..codegen.index import dense_strides
@@ -246,6 +247,11 @@ def emit_outputs(code: Code, ctx: BuildContext, seg: Segment, written: set[str],
 def _conform_line(code: Code, v: str, m: TensorMeta, what: str) -> str:
     if m.conj or m.neg or m.dtype.is_complex:  # where a conj/neg bit can be: conform compares them too
         return f"{v} = {code.const(layout.conform)}({v}, {code.const(m)}, {code.const(what)})"
+    if code.sizes is not None and is_symbolic(m):
+        # symbolic sizes (Note [sizes in generated source]): the test's sizes computed at the call,
+        # the meta (for conform, which a mismatch needs) made only then
+        return (f"{v} = {code.const(layout.ensure)}({v}, ({code.value(m.stride)}, {code.value(m.shape)}, "
+                f"{code.const(m.dtype)}, lambda: {code.value(m)}, {code.const(what)}))")
     return f"{v} = {code.const(layout.ensure)}({v}, {code.const((m.stride, m.shape, m.dtype, m, what))})"
 
 
