@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_train(name, backend) if kind == "train" else run_generate(name, backend, int(repeats))
         print(json.dumps(result))
         return 0
-    from .bench import environment
+    from .bench import environment, write_record
 
     kind = "train" if args.train else "generate"
     record: dict[str, Any] = {"benchmark": f"dynamic_shapes/{kind}", "environment": environment("cpu"),
@@ -208,12 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
         record["results"][name] = {"runs": rows, "ratios": _ratios(rows)}
         print(json.dumps({name: record["results"][name]["ratios"]}, indent=1), file=sys.stderr, flush=True)
-    text = json.dumps(record, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    write_record(record, args.out)
     return 0
 
 
