@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.codegen import Declined
-from runtime.codegen.attention import ATTENTION, MAX_SCORES, attention_kernel
+from runtime.codegen.attention import ATTENTION, ATTENTION_SCORES, attention_kernel
 from runtime.dynamo import FusegCompiler, aot_backend
 
 from .util import layout
@@ -58,43 +58,47 @@ def _rows_masked_out(lq, s):
     return m
 
 
-# (name, program, inputs, loop): "nt" where the scores are dot products, "nt_packed" from 32
-# query rows (the key first copied contiguous along the keys). Sizes cover the matmul tiles'
-# tails (rows past 4, keys past 16 / 4, features past 16).
+# (name, program, inputs): sizes cover the matmul tiles' tails (rows past the tile, keys past the
+# last vector, features past the last vector), both ways of the scores (dot products below
+# PACK_ROWS query rows, the key copied contiguous along the keys from there: a test in the
+# kernel), and query rows in blocks whose scores fit ATTENTION_SCORES floats (more than one block
+# from 130 x 130; with is_causal a block sees no key past its last row).
 TAKEN = [
-    ("llama-like", _sdpa(scale=0.25), [*(_heads(1, 4, 16, 16) for _ in range(3)), _causal_mask(16, 16)], "nt"),
-    ("default-scale-tails", _sdpa(), [_heads(2, 3, 17, 24), _heads(2, 3, 23, 24), _heads(2, 3, 23, 24)], "nt"),
-    ("contiguous-heads", _sdpa(), [torch.randn(2, 2, 9, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)], "nt"),
-    ("causal-fewer-queries", _sdpa(is_causal=True), [_heads(1, 2, 5, 16), _heads(1, 2, 13, 16), _heads(1, 2, 13, 16)],
-     "nt"),
-    ("causal-more-queries", _sdpa(is_causal=True), [_heads(1, 2, 13, 16), _heads(1, 2, 6, 16), _heads(1, 2, 6, 16)],
-     "nt"),
+    ("llama-like", _sdpa(scale=0.25), [*(_heads(1, 4, 16, 16) for _ in range(3)), _causal_mask(16, 16)]),
+    ("default-scale-tails", _sdpa(), [_heads(2, 3, 17, 24), _heads(2, 3, 23, 24), _heads(2, 3, 23, 24)]),
+    ("contiguous-heads", _sdpa(), [torch.randn(2, 2, 9, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)]),
+    ("causal-fewer-queries", _sdpa(is_causal=True), [_heads(1, 2, 5, 16), _heads(1, 2, 13, 16), _heads(1, 2, 13, 16)]),
+    ("causal-more-queries", _sdpa(is_causal=True), [_heads(1, 2, 13, 16), _heads(1, 2, 6, 16), _heads(1, 2, 6, 16)]),
     ("mask-2d-rows-masked-out", _sdpa(), [_heads(2, 2, 7, 12), _heads(2, 2, 9, 12), _heads(2, 2, 9, 12),
-                                          _rows_masked_out(7, 9)], "nt"),
-    ("mask-4d-full", _sdpa(), [_heads(2, 3, 6, 8), _heads(2, 3, 5, 8), _heads(2, 3, 5, 8), torch.randn(2, 3, 6, 5)], "nt"),
+                                          _rows_masked_out(7, 9)]),
+    ("mask-4d-full", _sdpa(), [_heads(2, 3, 6, 8), _heads(2, 3, 5, 8), _heads(2, 3, 5, 8), torch.randn(2, 3, 6, 5)]),
     ("padding-mask-bool", _sdpa(), [_heads(2, 2, 6, 8), _heads(2, 2, 6, 8), _heads(2, 2, 6, 8),
                                     torch.tensor([[1, 1, 1, 0, 0, 1], [1, 0, 1, 1, 1, 1]], dtype=torch.bool)
-                                    .view(2, 1, 1, 6)], "nt"),
-    ("one-feature", _sdpa(scale=2.0), [_heads(1, 2, 5, 1), _heads(1, 2, 7, 1), _heads(1, 2, 7, 1)], "nt"),
-    ("one-key", _sdpa(), [_heads(1, 2, 5, 8), _heads(1, 2, 1, 8), _heads(1, 2, 1, 8)], "nt"),
-    ("packed", _sdpa(), [_heads(1, 1, 40, 32), _heads(1, 1, 36, 32), _heads(1, 1, 36, 32)], "nt_packed"),
-    ("packed-causal-edges", _sdpa(is_causal=True), [_heads(1, 1, 37, 19), _heads(1, 1, 37, 19), _heads(1, 1, 37, 19)],
-     "nt_packed"),
-    ("threads", _sdpa(), [*(_heads(2, 4, 64, 32) for _ in range(3))], "nt_packed"),
+                                    .view(2, 1, 1, 6)]),
+    ("one-feature", _sdpa(scale=2.0), [_heads(1, 2, 5, 1), _heads(1, 2, 7, 1), _heads(1, 2, 7, 1)]),
+    ("one-key", _sdpa(), [_heads(1, 2, 5, 8), _heads(1, 2, 1, 8), _heads(1, 2, 1, 8)]),
+    ("one-query-many-keys", _sdpa(), [_heads(1, 2, 1, 16), _heads(1, 2, 700, 16), _heads(1, 2, 700, 16)]),
+    ("packed", _sdpa(), [_heads(1, 1, 40, 32), _heads(1, 1, 36, 32), _heads(1, 1, 36, 32)]),
+    ("packed-causal-edges", _sdpa(is_causal=True), [_heads(1, 1, 37, 19), _heads(1, 1, 37, 19), _heads(1, 1, 37, 19)]),
+    ("row-blocks", _sdpa(), [_heads(1, 1, 130, 8) for _ in range(3)]),
+    ("row-blocks-causal-threads", _sdpa(is_causal=True), [_heads(1, 2, 300, 12), _heads(1, 2, 300, 12),
+                                                       _heads(1, 2, 300, 12)]),
+    ("row-blocks-mask", _sdpa(), [_heads(1, 1, 200, 8), _heads(1, 1, 90, 8), _heads(1, 1, 90, 8),
+                                  torch.randn(1, 1, 200, 90)]),
+    ("threads", _sdpa(), [*(_heads(2, 4, 64, 32) for _ in range(3))]),
 ]
 
 
-@pytest.mark.parametrize("name,fn,inputs,loop", TAKEN, ids=[t[0] for t in TAKEN])
-def test_attention_kernel_matches_eager(name, fn, inputs, loop) -> None:
+@pytest.mark.parametrize("name,fn,inputs", TAKEN, ids=[t[0] for t in TAKEN])
+def test_attention_kernel_matches_eager(name, fn, inputs) -> None:
     with torch.no_grad():
         want = fn(*inputs)
         got, program = _compile(fn, inputs)
     i = _attention_segment(program)
     assert program.backend_of[i] == "cpp", program.passed_over
     body = program.kernels[i].body
-    template = body.split("fuseg_attention_head<")[1].split(">")[0].split(", ")
-    assert template[3] == ("1" if loop == "nt_packed" else "0")  # PACK
-    assert ("omp parallel" in body) == (name == "threads")
+    assert "fuseg_attention_head(" in body
+    assert ("omp parallel" in body) == name.endswith("threads")
     assert layout(got) == layout(want)
     torch.testing.assert_close(got, want, atol=TOL, rtol=TOL, equal_nan=True)
 
@@ -162,10 +166,26 @@ def test_training_reads_the_kernels_logsumexp() -> None:
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
+def test_training_through_query_row_blocks_reads_each_blocks_logsumexp() -> None:
+    """130 x 130 scores are two blocks of query rows (Note [attention kernels]): the backward reads
+    the logsumexp of every row where the kernel wrote it."""
+    q, k, v = (_heads(1, 2, 130, 8).requires_grad_() for _ in range(3))
+    fn = _sdpa(is_causal=True)
+    want = fn(q, k, v)
+    want_grads = torch.autograd.grad(want.square().sum(), (q, k, v))
+    got, program = _compile(fn, [q, k, v])
+    grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    assert program.backend_of[_attention_segment(program)] == "cpp", program.passed_over
+    torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
 # (name, program, inputs, why): attentions the generator declines (ATen runs them, as before)
 DECLINED = [
     ("double", _sdpa(), [_heads(1, 2, 4, 8).double() for _ in range(3)], "float32"),
-    ("long", _sdpa(), [_heads(1, 1, 130, 8) for _ in range(3)], f"more than the kernel keeps ({MAX_SCORES})"),
+    ("too-many-keys", _sdpa(), [_heads(1, 1, 2, 8), _heads(1, 1, ATTENTION_SCORES + 1, 8),
+                                _heads(1, 1, ATTENTION_SCORES + 1, 8)], f"more than a row of scores the kernel keeps ({ATTENTION_SCORES})"),
 ]
 
 

@@ -121,7 +121,9 @@ DYNAMIC_PROGRAMS = {
 }
 
 
-def _run_dynamic(fn, make, sizes):
+def _run_dynamic(fn, make, sizes, tol=None):
+    """``fn`` compiled with dynamic shapes and run on each size against eager (values, strides,
+    aliasing, inputs afterwards); outputs within ``tol`` where given (else the fuzzers' 1e-4)."""
     from runtime.dynamo import FusegCompiler, compile_with_aot
     from segmenter.reference import clone_inputs
 
@@ -141,6 +143,8 @@ def _run_dynamic(fn, make, sizes):
         for j, (e, g) in enumerate(zip(w_out, g_out)):
             assert layout(g) == layout(e), f"size {n} output {j}"
             assert _close(g, e), f"size {n} output {j}: values"
+            if tol is not None:
+                torch.testing.assert_close(g, e, atol=tol, rtol=tol, msg=f"size {n} output {j}")
         assert alias_pattern(want_in, w_out) == alias_pattern(got_in, g_out), f"size {n}: aliasing"
         for i, (e, g) in enumerate(zip(want_in, got_in)):
             assert _close(g, e), f"size {n}: input {i} afterwards"
@@ -157,3 +161,57 @@ def test_one_plan_serves_every_size(name: str) -> None:
     assert len(compiler.compiled) == 1, [p.graph.inputs for p in compiler.compiled]
     (program,) = compiler.compiled
     assert program.sizes is not None and program.sizes.sources, "the plan has symbolic sizes"
+
+
+# -- matmul and attention kernels of symbolic sizes (Note [kernel sizes as arguments]) ----------
+
+def _sdpa_mask(q, k, v, m):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+def _sdpa_decode(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+#: name -> (function, inputs at size n, the kind of kernel that must take the symbolic sizes)
+SYMBOLIC_KERNELS = {
+    # a decode step's product by a Conv1D weight (B contiguous along n): n sequences of one token
+    "decode-addmm": (lambda x, w, b: torch.addmm(b, x.view(-1, 32), w),
+                     lambda n: [torch.randn(n, 1, 32), torch.randn(32, 96), torch.randn(96)], "matmul"),
+    # a prefill's projection by a Linear (A and B contiguous along k): n tokens
+    "prefill-linear": (lambda x, w, b: torch.nn.functional.linear(x, w, b),
+                       lambda n: [torch.randn(1, n, 32), torch.randn(48, 32), torch.randn(48)], "matmul"),
+    # the scores of one new token against a key cache of n tokens, and the values they weigh
+    "scores-kv-length": (lambda q, k: q @ k.transpose(-1, -2),
+                         lambda n: [torch.randn(1, 4, 1, 16), torch.randn(1, 4, n, 16)], "matmul"),
+    "attn-times-v": (lambda p, v: p.softmax(-1) @ v, lambda n: [torch.randn(1, 4, 1, n), torch.randn(1, 4, n, 16)],
+                     "matmul"),
+    "sdpa-causal": (_causal, lambda n: [torch.randn(1, 2, n, 8) for _ in range(3)], "attention"),
+    "sdpa-mask": (_sdpa_mask, lambda n: [torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8),
+                                         torch.randn(1, 1, n, n)], "attention"),
+    "sdpa-decode": (_sdpa_decode, lambda n: [torch.randn(1, 4, 1, 16), torch.randn(1, 4, n, 16),
+                                             torch.randn(1, 4, n, 16)], "attention"),
+}
+
+
+def _symbolic_kernels(compiler, kind: str) -> list:
+    (program,) = compiler.compiled
+    found = [(i, k) for i, k in program.kernels.items() if k.kind == kind]
+    for i, _ in found:
+        assert program.backend_of[i] == "cpp", program.passed_over.get(i)
+    return [k for _, k in found]
+
+
+@pytest.mark.parametrize("name", sorted(SYMBOLIC_KERNELS))
+def test_matmul_and_attention_kernels_take_symbolic_sizes(name: str) -> None:
+    """One plan for three sizes, its matmul or attention segment a generated kernel whose sizes are
+    arguments (the symbols in its body), within float32's tolerance of eager; and the kernel's
+    source is the same text a plan made at other sizes builds (one binary for every size)."""
+    fn, make, kind = SYMBOLIC_KERNELS[name]
+    compiler = _run_dynamic(fn, make, (9, 11, 13), tol=1e-5)
+    assert compiler.symbolic_refused == [] and len(compiler.compiled) == 1
+    kernels = _symbolic_kernels(compiler, kind)
+    assert kernels and all("fuseg_s" in k.body for k in kernels), [k.body for k in kernels]
+    torch._dynamo.reset()
+    other = _run_dynamic(fn, make, (17, 22), tol=1e-5)
+    assert [k.source("cpu") for k in _symbolic_kernels(other, kind)] == [k.source("cpu") for k in kernels]

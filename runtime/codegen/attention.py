@@ -19,13 +19,18 @@ Taken: float32 query, key and value of 4 dims with the same batch and heads (no 
 broadcast), query, key, value and output contiguous along the feature dim, no dropout, an
 optional float32 additive mask of 2 or 4 dims broadcast to the scores, ``is_causal`` (keys past
 the query's own index masked: ATen's top-left alignment), any ``scale`` (default 1 /
-sqrt(features)), outputs in the layouts torch's meta kernel gives them, at most ``MAX_SCORES``
-scores a head (the stack buffer). Anything else is declined with the reason and runs on ATen.
+sqrt(features)), outputs in the layouts torch's meta kernel gives them, at most
+``ATTENTION_SCORES`` keys (the query rows go in blocks whose scores fit that many floats on the
+stack). Anything else is declined with the reason and runs on ATen. Every size is an argument of
+the head's routine (Note [kernel sizes as arguments] in symsizes.py): under a symbolic plan the
+one condition the kernel adds is that bound on the keys, which a growing cache meets for long.
+Whether the kernel or ATen's is the faster for a shape is measured on the machine (Note [choices
+by measurement] in runtime/autotune.py).
 
-Heads are shared among threads where the work passes ``PARALLEL_MIN``. Below it, measured inside
-llama-tiny's program (2 calls of 4 heads of 16 x 16 scores), waking the threads took a launch
-from 4.5 to 17 us, although a scratch loop of back-to-back calls, the threads kept awake, gained
-10%.
+Heads are shared among threads where the work passes ``PARALLEL_MIN`` (a test in the kernel where
+sizes are symbolic). Below it, measured inside llama-tiny's program (2 calls of 4 heads of 16 x
+16 scores), waking the threads took a launch from 4.5 to 17 us, although a scratch loop of
+back-to-back calls, the threads kept awake, gained 10%.
 """
 
 from __future__ import annotations
@@ -37,18 +42,17 @@ import torch
 
 from segmenter import FusionGraph, Node
 from segmenter.ir import ValueRef
+from segmenter.symbolic import is_symbolic
 
 from .checks import check_layout, check_segment_metas, float_arg, lone
 from .ctypes_ import Declined
-from .gemm import PACK_MAX_BYTES, PACK_MIN_ROWS, unit_stride
+from .gemm import unit_stride
+from .gemm_prelude import ATTENTION_SCORES
 from .kernel import COSTLY_CALL, PARALLEL_MIN, Kernel, Param, bind
 
-__all__ = ["ATTENTION", "MAX_SCORES", "attention_kernel"]
+__all__ = ["ATTENTION", "ATTENTION_SCORES", "attention_kernel"]
 
 ATTENTION = "aten._scaled_dot_product_flash_attention_for_cpu.default"
-#: scores of one head (query rows x keys) the kernel keeps on the stack; longer sequences are
-#: left to ATen's blocked kernel
-MAX_SCORES = 1 << 14
 _FLOAT_MAX = float(torch.finfo(torch.float32).max)
 
 
@@ -96,8 +100,8 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
                        "batch, heads and feature size for all three (no grouped-query broadcast)")
     if 0 in qs or s == 0:
         raise Declined("an empty attention")
-    if lq * s > MAX_SCORES:
-        raise Declined(f"{lq} x {s} scores a head: more than the kernel keeps ({MAX_SCORES}); ATen's blocked kernel")
+    if s > ATTENTION_SCORES:  # (under a symbolic plan, a condition on the keys: a wide one)
+        raise Declined(f"{s} keys: more than a row of scores the kernel keeps ({ATTENTION_SCORES}); ATen's blocked kernel")
     written = [(out, "output")] + ([(lse, "logsumexp")] if lse is not None else [])
     layouts = {}
     for value, what in written:
@@ -113,7 +117,6 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
     if not all(unit_stride(shape, stride, 3) for shape, stride in ((qs, qt), (ks, kt), (vs, vt), (qs, ot))):
         raise Declined(f"query / key / value / output of strides {list(qt)} / {list(kt)} / {list(vt)} / {list(ot)}: "
                        "the kernel reads and writes them contiguous along the features")
-    packed = lq >= PACK_MIN_ROWS and e >= 16 and s >= 16 and e * s * 4 <= PACK_MAX_BYTES
     scale = 1.0 / math.sqrt(e) if scale is None else scale
     params = [Param("q_", q.name, torch.float32, qs, qt, False), Param("k_", k.name, torch.float32, ks, kt, False),
               Param("v_", v.name, torch.float32, vs, vt, False)]
@@ -137,19 +140,21 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
     qsb, qsh, qsm, _ = qt
     ksb, ksh, ksn, _ = kt
     vsb, vsh, vss, _ = vt
-    head = (f"fuseg_attention_head<{lq}, {s}, {e}, {int(packed)}, {qsm}, {ksn}, {vss}, {osm}, "
-            f"{int(mask is not None)}, {msm}, {msn}, {int(causal)}, {int(lse is not None)}, {lsm}>")
     mptr = f"m_ + b * {msb} + h * {msh}" if mask is not None else "nullptr"
     lptr = f"l_ + b * {lsb} + h * {lsh}" if lse is not None else "nullptr"
     lines = [
         "// loops",
         f"  for (FUSEG_I bh = 0; bh < {b * h}; ++bh) {{",
         f"    const FUSEG_I b = bh / {h}, h = bh % {h};",
-        f"    {head}(q_ + b * {qsb} + h * {qsh}, k_ + b * {ksb} + h * {ksh}, v_ + b * {vsb} + h * {vsh},",
-        f"      {mptr}, (float){float(scale)!r}, y_ + b * {osb} + h * {osh}, {lptr});",
+        f"    fuseg_attention_head({lq}, {s}, {e}, q_ + b * {qsb} + h * {qsh}, {qsm}, k_ + b * {ksb} + h * {ksh}, {ksn},",
+        f"      v_ + b * {vsb} + h * {vsh}, {vss}, {mptr}, {msm}, {msn}, {int(causal)}, (float){float(scale)!r},",
+        f"      y_ + b * {osb} + h * {osh}, {osm}, {lptr}, {lsm});",
         "  }",
     ]
-    if b * h > 1 and _work(b * h, lq, s, e) >= PARALLEL_MIN:
+    work = _work(b * h, lq, s, e)
+    if is_symbolic(work):  # decided in the kernel, on the sizes it is called with: no condition of the plan
+        lines.insert(1, f"#pragma omp parallel for schedule(static) if ({b * h} > 1 && {work} >= {PARALLEL_MIN})")
+    elif b * h > 1 and work >= PARALLEL_MIN:
         lines.insert(1, "#pragma omp parallel for schedule(static)")
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.value, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]

@@ -2,38 +2,39 @@
 
 Note [matmul kernels]: the transformers of the bench multiply tiny matrices (a projection of 16
 tokens of 64 features by a 64 x 64 weight: 65k multiply-adds), and ATen's ``mm``/``addmm``/``bmm``
-spend 3.5-7.5 us a call on them on this 2-core machine kind, nearly all of it outside the
-arithmetic (dispatch, checks, BLAS's own setup), against ~1 us for the arithmetic itself at
-this core's vector rate. 18 of them are about half of llama-tiny's program. The kernel here is
-the arithmetic: per batch, C = A @ B (+ X, addmm's bias broadcast to C), in 16-float vectors
-(GCC/clang vector extensions), the multiply-adds contracted into FMAs, as BLAS computes them.
-Two loop shapes, by which of B's dims is contiguous:
+spend 3.5-13 us a call on them on the 2-core machines of this project, nearly all of it outside
+the arithmetic (dispatch, checks, BLAS's own setup), against ~1 us for the arithmetic itself.
+The kernel here is the arithmetic: per batch, C = A @ B (+ X, addmm's bias broadcast to C), by
+the register tiles of Note [register tiles] (gemm_prelude.py), the multiply-adds contracted into
+FMAs as BLAS computes them. Two loop shapes, by which of B's dims is contiguous:
 
-* B contiguous along n (``x @ w`` of a Conv1D, ``attn @ v``): tiles of 4 rows x 64 columns of C
-  in registers, one k at a time, A's element broadcast (A in any layout);
-* A and B contiguous along k (``x @ w.t()`` of a Linear, ``q @ k.transpose``): tiles of 4 x 4
-  elements of C as 16 vector dot products along k, summed across lanes together at the end.
-  That sum costs about as much as the multiply-adds at k = 64, so from ``PACK_MIN_ROWS`` rows of
-  C (where k, n >= 16 and B fits ``PACK_MAX_BYTES``) B is first copied contiguous along n into a
-  buffer on the stack (16 x 16 blocks transposed in registers) and the first loop shape reads
-  it. Measured (a scratch comparison, one process, whole program calls): 64 x 64 by 64 x 128
-  took 7.9 us so against 10.3 with dot products (the torch backend: 10.7), 130 x 64 by 64 x 128
-  13.1 against 19.6 (16.7); at 16 rows the two were level (3.1-4.1 us either way).
+* B contiguous along n (``x @ w`` of a Conv1D, ``attn @ v``): ``fuseg_mm_nn``, rows of C times
+  vectors of columns, one k at a time, A's element broadcast (A in any layout);
+* A and B contiguous along k (``x @ w.t()`` of a Linear, ``q @ k.transpose``): ``fuseg_mm_nt``,
+  dot products along k summed across lanes at the end; from a few rows of C (a test in the
+  kernel, on the sizes it is called with) B is first copied contiguous along n, a block at a
+  time, and the first loop reads the copy.
+
+Every size, stride and offset is an argument of the routines, so a symbolic plan's kernel is
+one binary for every size (Note [kernel sizes as arguments] in symsizes.py): the generator
+decides nothing on a size but what it must (which loop reads the strides), and tests strides
+before sizes so that a symbolic size seldom becomes a condition of the plan.
 
 Values are not ATen's bits: the sums run in another order (BLAS's own order depends on the
 machine and the sizes). The kernel cases check them against eager within the tolerances of
 float32 arithmetic. Taken: one ``mm``, ``addmm`` (beta = alpha = 1) or ``bmm`` in a MATMUL
 segment whose other nodes are views, every value float32, the product written contiguously,
 each operand read through the layout torch's meta kernels compute for its views (never the
-recorded one) and lying inside its input's planned extent, at most ``MAX_WORK`` multiply-adds.
-Above that, ATen's BLAS (blocked, packed, threaded) is the faster one and takes the segment.
-Anything else is declined with the reason and runs on torch.
+recorded one) and lying inside its input's planned extent. Anything else is declined with the
+reason and runs on torch. Whether the kernel or ATen's BLAS is the faster for a shape is not
+decided here: it is measured on the machine (Note [choices by measurement] in runtime/autotune.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -44,18 +45,9 @@ from .checks import check_layout, check_segment_metas, int_arg
 from .ctypes_ import Declined
 from .kernel import Kernel, Param, bind
 
-__all__ = ["MATMULS", "MAX_WORK", "matmul_kernel", "product_call", "unit_stride"]
+__all__ = ["MATMULS", "Product", "matmul_kernel", "product_call", "unit_stride"]
 
 MATMULS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default"})
-#: multiply-adds above which a matmul is left to ATen's BLAS. Measured (one thread, this machine
-#: kind, a scratch comparison): 64 x 256 x 256 (4M) took 42 us here against ATen's 46 us with B
-#: contiguous along n, but 66 us against 46 with the dot-product loop; at 16 x 128 x 64 and below
-#: both loops took a third to a half of ATen's time.
-MAX_WORK = 1 << 20
-#: rows of C from which B contiguous along k is first copied contiguous along n, and the largest
-#: copy (a stack buffer); see the Note
-PACK_MIN_ROWS = 32
-PACK_MAX_BYTES = 1 << 16
 
 
 def _one(v: object, what: str) -> None:
@@ -68,25 +60,58 @@ def _furthest(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return sum((n - 1) * s for n, s in zip(shape, stride)) if 0 not in shape else -1
 
 
+def _broadcast(shape: tuple, stride: tuple, to: tuple, name: str) -> tuple[tuple, tuple]:
+    """A layout seen broadcast to the shape ``to`` (as ``expand`` sees it: a new or size-1 dim
+    repeats, stride 0), computed here so that symbolic sizes need no number."""
+    pad = len(to) - len(shape)
+    if pad < 0:
+        raise Declined(f"bias %{name} of shape {list(shape)} does not broadcast to {list(to)}")
+    out = []
+    for d, n in enumerate(to):
+        if d < pad:
+            out.append(0)
+        elif shape[d - pad] == n:
+            out.append(stride[d - pad])
+        elif shape[d - pad] == 1:
+            out.append(0)
+        else:
+            raise Declined(f"bias %{name} of shape {list(shape)} does not broadcast to {list(to)}")
+    return to, tuple(out)
+
+
 def unit_stride(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bool:
     """Whether stepping along ``dim`` moves one element (a dim of size 1 is never stepped along)."""
     return shape[dim] <= 1 or stride[dim] == 1
 
 
+@dataclass(frozen=True)
+class Product:
+    """A call of the prelude's matmul routines (Note [register tiles] in gemm_prelude.py): C (m x n,
+    rows ``ldc`` apart, columns contiguous) = A @ B (+ X), every size and stride an argument."""
+
+    loop: str  # "nn": B contiguous along n; "nt": A and B contiguous along k
+    args: tuple  # m, n, k, A's strides, B's strides (as the routine takes them), ldc, X's strides
+
+    def __call__(self, a: str, b: str, x: str, c: str) -> str:
+        """The call on pointers ``a``, ``b``, ``x`` (the bias, or ``nullptr``) and ``c``."""
+        m, n, k, sa, sb, ldc, (sxm, sxn) = self.args
+        return (f"fuseg_mm_{self.loop}({m}, {n}, {k}, {a}, {', '.join(f'{v}' for v in sa)}, {b}, {sb}, {c}, {ldc}, "
+                f"{x}, {sxm}, {sxn})")
+
+
 def product_call(m: int, n: int, k: int, a: tuple[int, int], b: tuple[int, int], ldc: int,
-                 bias: tuple[int, int] | None) -> str:
-    """The template that computes C (m x n, rows ``ldc`` apart, columns contiguous) = A (m x k, strides
+                 bias: tuple[int, int] | None) -> Product:
+    """The call that computes C (m x n, rows ``ldc`` apart, columns contiguous) = A (m x k, strides
     ``a``) @ B (k x n, strides ``b``), plus X (strides ``bias``: 0 broadcasts) where given; or
     ``Declined`` unless B is contiguous along n, or A and B both along k (Note [matmul kernels]).
-    A dim of size 1 is never stepped along: its stride does not matter."""
+    A dim of size 1 is never stepped along: its stride does not matter (strides are tested first:
+    a test of a symbolic size is a condition of the plan)."""
     (sam, sak), (sbk, sbn) = a, b
-    sxm, sxn = bias if bias is not None else (0, 0)
-    x = int(bias is not None)
-    if n <= 1 or sbn == 1:
-        return f"fuseg_mm_nn<{m}, {n}, {k}, {sam}, {sak}, {sbk}, {sbn}, {ldc}, {x}, {sxm}, {sxn}>"
-    if k <= 1 or sbk == 1 and sak == 1:
-        packed = m >= PACK_MIN_ROWS and k >= 16 and n >= 16 and k * n * 4 <= PACK_MAX_BYTES
-        return f"fuseg_mm_nt{'_packed' if packed else ''}<{m}, {n}, {k}, {sam}, {sbn}, {ldc}, {x}, {sxm}, {sxn}>"
+    bs = bias if bias is not None else (0, 0)
+    if sbn == 1 or n <= 1:
+        return Product("nn", (m, n, k, (sam, sak), sbk, ldc, bs))
+    if sbk == 1 and sak == 1 or k <= 1:
+        return Product("nt", (m, n, k, (sam,), sbn, ldc, bs))
     raise Declined(f"A of strides {[sam, sak]} and B of strides {[sbk, sbn]}: the kernel reads B contiguous along n, "
                    "or A and B contiguous along k")
 
@@ -143,11 +168,7 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
         shape, stride = check_layout(tuple(t.shape), t.stride(), f"operand %{v.name}")
         offset = int_arg(t.storage_offset(), f"operand %{v.name} offset", 0)
         if key == "X":  # addmm's bias, broadcast to the product's shape
-            try:
-                t = t.expand(env[out].shape)
-            except RuntimeError:
-                raise Declined(f"bias %{v.name} of shape {list(shape)} does not broadcast") from None
-            shape, stride = tuple(t.shape), t.stride()
+            shape, stride = _broadcast(shape, stride, tuple(env[out].shape), v.name)
         if 0 not in shape and offset + _furthest(shape, stride) >= extent[roots[v.name]]:
             raise Declined(f"operand %{v.name} reaches past the planned extent of %{roots[v.name]}")
         ops[key] = (shape, stride, offset, cname[roots[v.name]])
@@ -160,9 +181,6 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
     # (an empty product is never written: its strides do not matter)
     if oshape != want or 0 not in want and any(s != d for s, d, e in zip(ostride, dense, want) if e > 1):
         raise Declined(f"an output of {list(oshape)} / {list(ostride)}: the kernel writes {list(want)} contiguously")
-    work = batch * m * n * k
-    if work > MAX_WORK:
-        raise Declined(f"{work} multiply-adds: ATen's BLAS is faster above {MAX_WORK} (Note [matmul kernels])")
     r = 1 if batched else 0  # first matrix dim
     bias = ops["X"][1] if "X" in ops else None
     try:
@@ -175,7 +193,7 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
     ap, bp = ops["A"], ops["B"]
     x = f"{ops['X'][3]} + {ops['X'][2]}" if bias is not None else "nullptr"
     lines = [f"  for (FUSEG_I b = 0; b < {batch}; ++b)",
-             f"    {call}({ap[3]} + {ap[2]} + b * {sab}, {bp[3]} + {bp[2]} + b * {sbb}, {x}, y_ + b * {m * n});"]
+             f"    {call(f'{ap[3]} + {ap[2]} + b * {sab}', f'{bp[3]} + {bp[2]} + b * {sbb}', x, f'y_ + b * {m * n}')};"]
     params.append(Param("y_", out, torch.float32, oshape, ostride, True))
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]

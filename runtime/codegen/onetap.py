@@ -36,7 +36,7 @@ from segmenter import FusionGraph, Node
 
 from .conv import convolution_args
 from .ctypes_ import Declined
-from .gemm import PACK_MAX_BYTES, product_call
+from .gemm import product_call
 from .kernel import Kernel
 from .matconv import checked_operands, matmul_conv_kernel
 
@@ -46,6 +46,8 @@ __all__ = ["MAX_WORK", "PARALLEL_WORK", "onetap_kernel"]
 MAX_WORK = 1 << 22
 #: multiply-adds from which images and groups are shared among threads (perf/results/onetap_cpu.json)
 PARALLEL_WORK = 1 << 18
+#: bytes of an image's positions copied contiguous along channels on the stack (see the Note)
+_COPY_BYTES = 1 << 16
 
 
 def _run(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int] | None:
@@ -91,7 +93,7 @@ def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
     bias = (sb, 0) if bm is not None else None
     tries = []
     if L <= 1 or syl == 1:
-        if L < 16 and per_group > 1 and sxc != 1 and swc == 1 and L * per_group * 4 <= PACK_MAX_BYTES:
+        if L < 16 and per_group > 1 and sxc != 1 and swc == 1 and L * per_group * 4 <= _COPY_BYTES:
             # fewer positions than a vector: the columns would be dot products of the input read
             # per_group * L apart; its positions are first copied contiguous along channels (a
             # stack buffer), so the dot products run in vectors along the channels
@@ -124,7 +126,7 @@ def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
     lines = [f"  for (FUSEG_I n = 0; n < {N}; ++n)",
              f"    for (FUSEG_I j = 0; j < {groups}; ++j) {{",
              *(f"      {line}" for line in prologue),
-             f"      {call}({ptr[first]}, {ptr[second]}, {b}, y_ + n * {syn} + j * {og * syo});",
+             f"      {call(ptr[first], ptr[second], b, f'y_ + n * {syn} + j * {og * syo}')};",
              "    }"]
     if work >= PARALLEL_WORK and N * groups > 1:
         lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")

@@ -31,7 +31,7 @@ from segmenter import FusionGraph, Node
 
 from .conv import convolution_args
 from .ctypes_ import Declined
-from .gemm import product_call
+from .gemm import Product, product_call
 from .kernel import Kernel
 from .matconv import checked_operands, matmul_conv_kernel
 
@@ -107,9 +107,9 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
     if og < MIN_FILTERS and work >= PARALLEL_WORK:
         raise Declined(f"{og} filters a group read each copied element of the patches: fewer than {MIN_FILTERS} "
                        f"at {work} multiply-adds (Note [1-D convolutions as patches])")
-    # positions a block: as many as the stack buffer holds, in whole tiles of the templates' vector
-    # loop (64 columns, else 16) where there are that many: a column past the last whole vector is a
-    # dot product element by element
+    # positions a block: as many as the stack buffer holds, in multiples of 64 columns (else 16)
+    # where there are that many: whole register tiles on AVX-512 and AVX2 (Note [register tiles]
+    # in gemm_prelude.py; a tile cut short by the block's edge is masked)
     fits = BLOCK_FLOATS // patch
     block = max(1, min(positions, fits // 64 * 64 if fits >= 64 else fits // 16 * 16 if fits >= 16 else fits))
     # columns of the product along the output's unit-stride dim: positions (Y = W @ patches) or,
@@ -119,15 +119,15 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
         along = block >= 16 or ks != 1  # patches along positions (vectors of positions), else along the patch
         bstride = (block, 1) if along else (1, patch)
 
-        def product(width: int) -> str:
+        def product(width: int) -> Product:
             return product_call(og, width, patch, (swo, ks), bstride, syo, (sb, 0) if bm is not None else None)
-        operands, out_at = f"w_ + j * {og * swo}, pt", "yp + l0"
+        operands, out_at = (f"w_ + j * {og * swo}", "pt"), "yp + l0"
     elif og <= 1 or syo == 1:
         along = False
 
-        def product(width: int) -> str:
+        def product(width: int) -> Product:
             return product_call(width, og, patch, (patch, 1), (ks, swo), syl, (0, sb) if bm is not None else None)
-        operands, out_at = f"pt, w_ + j * {og * swo}", f"yp + l0 * {syl}"
+        operands, out_at = ("pt", f"w_ + j * {og * swo}"), f"yp + l0 * {syl}"
     else:
         raise Declined(f"an output of strides {list(ym.stride)}: neither positions nor filters one element apart")
     (s,), (p,), (d,) = a["stride"], a["padding"], a["dilation"]
@@ -148,7 +148,7 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
         head = (f"for (FUSEG_I l0 = 0; l0 < {full}; l0 += {block}) {{" if start is None
                 else f"{{ const FUSEG_I l0 = {start};")
         body += [head, *(f"  {line}" for line in fill),
-                 f"  {call}({operands}, {b}, {out_at});", "}"]
+                 f"  {call(*operands, b, out_at)};", "}"]
     lines += [f"      {line}" for line in body]
     lines.append("    }")
     if work >= PARALLEL_WORK and N * groups > 1:
