@@ -1,6 +1,22 @@
-"""Print the fuzzers' coverage counters and the op_db and module_db sweeps' tallies at the end of a test run."""
+"""Print the fuzzers' coverage counters and the op_db and module_db sweeps' tallies at the end of a test run;
+every test takes the generated kernels the cpp backend would measure against ATen (below)."""
 
 from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _kernels_not_timings():
+    """Note [choices by measurement] (runtime/autotune.py): the cpp backend times a matmul, an
+    attention, a convolution or a lone softmax against ATen once per shape class and keeps the
+    verdict on disk. A test must not depend on a timing (one unlucky one, cached, would fail the
+    same test on every later run), so tests take every kernel the generator builds; the tests of
+    the measuring itself (tests/test_autotune.py) set their own choice and cache."""
+    from runtime.autotune import fixed
+
+    with fixed("kernel"):
+        yield
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's hook signature

@@ -3,10 +3,10 @@ where a compiler exists; torch takes the segments it declines, with the reason r
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
-from segmenter.ops import OpKind, op_info
 from segmenter.symbolic import is_symbolic
 
 from ..codegen import Declined
@@ -23,11 +23,9 @@ from ..codegen.scan import CUMSUM, cumsum_kernel
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
 from .kernels import KernelLaunch, bits_problem, layouts, views_of_outputs
+from .measured import choose, measure_pending
 
 __all__ = ["CppBackend"]
-
-#: ops whose ATen CPU kernel beats our generated one when nothing is fused around them
-_ATEN_FASTER_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
 
 
 class CppLaunch(KernelLaunch):
@@ -138,26 +136,30 @@ class CppBackend(Backend):
             why = "no C++ compiler found (set CXX)"
         return why
 
+    def __init__(self) -> None:  # noqa: D107
+        #: the segment ``not_chosen_for`` last saw, per thread: ``prepare`` is called next for it
+        #: where the program chooses by itself (runtime/backends/measured.py)
+        self._choosing = threading.local()
+
     def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
+        by_itself = getattr(self._choosing, "segment", None) is seg
+        self._choosing.segment = None
         if seg.kind == SegmentKind.OPAQUE:
-            return LoneOpLaunch(self.name, ctx, seg)
-        if seg.kind == SegmentKind.MATMUL:
-            return MatmulLaunch(self.name, ctx, seg)
-        return CppLaunch(self.name, ctx, seg)
+            launch: CppLaunch = LoneOpLaunch(self.name, ctx, seg)
+        elif seg.kind == SegmentKind.MATMUL:
+            launch = MatmulLaunch(self.name, ctx, seg)
+        else:
+            launch = CppLaunch(self.name, ctx, seg)
+        if by_itself:  # Note [choices by measurement] (runtime/autotune.py): a matmul, an attention,
+            choose(ctx, launch)  # a convolution or a lone softmax, against ATen on this machine
+        return launch
 
     def not_chosen_for(self, seg: Segment) -> str | None:
-        # Measured (perf/results/before_after_tanh_erf_softmax_cpu.json, softmax-4k, one
-        # interleaved run): fuseg/eager 1.32 with our row kernel, 1.00 with ATen's vectorized CPU
-        # kernel, which computes each exp once and keeps it; ours then computed it in the sum pass
-        # and again when it wrote. Since Note [softmax keeps its exps] ours computes each exp once
-        # too; a lone softmax timed both ways afterwards (a diagnostic run, not committed: 64x1024,
-        # 512x512, 4096x4096) was level with ATen's, within the noise. A committed run later
-        # (perf/results/row_reductions_cpu.json, two threads) had it at 1.75x ATen's on 512x512 and
-        # 64x1024 before Note [max without a NaN chain] (rows.py) and 1.13-1.15x after. With
-        # nothing fused around it there is nothing to win, so it stays in ATen.
-        compute = [n for n in seg.nodes if op_info(n.op).kind != OpKind.VIEW]
-        if len(compute) == 1 and compute[0].op in _ATEN_FASTER_ALONE:
-            return f"a lone {compute[0].op} is faster in ATen's own CPU kernel"
+        # No rule here: whether ATen is faster is measured per shape class on this machine, once the
+        # kernel is lowered (prepare) and built (build_all). Measured before that rule, a lone
+        # softmax was left to ATen always (perf/results/before_after_tanh_erf_softmax_cpu.json,
+        # perf/results/row_reductions_cpu.json: 1.13-1.75x ATen's time on one machine).
+        self._choosing.segment = seg
         return None
 
     def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str]:
@@ -170,4 +172,5 @@ class CppBackend(Backend):
                 declined[launch] = str(fn)
             else:
                 launch.fn = fn  # type: ignore[attr-defined]
+        declined.update(measure_pending(launches))  # Note [choices by measurement]
         return declined

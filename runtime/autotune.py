@@ -1,0 +1,220 @@
+"""Speed-driven choices measured on the machine that runs them, and kept on disk (issue 42).
+
+Note [choices by measurement]: whether a generated kernel or ATen's own op is the faster for a
+segment (a matmul, an attention, a convolution, a lone softmax) depends on the CPU: the old
+16-float matmul tiles took 3-15x ATen's time on an AVX2 EPYC where they had taken a third of it on
+an AVX-512 one, and a size cap measured there (2^20 multiply-adds) was wrong here by a factor of
+a hundred. So no constant decides; the cpp backend asks this module, once per shape class:
+
+    lookup(key)                 -> the verdict cached for this machine, if any (a hit: no timing)
+    measure(kernel, aten)       -> both run on made-up inputs of the segment's planned layouts,
+                                   alternated, about a millisecond (at least 3 rounds each)
+    record(key, verdict)        -> kept in memory and on disk, next to the kernel cache
+
+The verdict file is named by what decides speed: the CPU's model and flags, the compiler and its
+flags, torch's version and the kernels' prelude (``machine``); so a cache dir shared by two
+machines keeps a verdict per machine, and new kernel code is measured afresh. A key names the
+segment exactly (its kernel's name hashes the kernel's source and layouts) and torch's thread
+count. A symbolic plan's kernel is one source for every size: its key adds the power-of-two class
+of each size it reads (``size_class``), and that class becomes a condition of the plan, so a call
+outside it gets a plan (and a verdict) of its own; a class holds many sizes (a KV cache growing by
+a token a step crosses one every doubling) and a new plan for it compiles nothing.
+
+Costs: a cold process measures each class the first time it builds it, after the kernels are
+built (the timing reads the real binary, no other compile); a warm cache measures nothing. Where
+the two are close a measurement can come out either way; the cache makes later processes agree
+with the first. With ``torch.use_deterministic_algorithms(True)`` nothing is measured and ATen runs
+every such segment, as in eager (Note [no choice by timing] in runtime/backends/im2col.py). The
+cache is a cache (Note [kernel cache safety] in codegen/build.py): a damaged file reads as empty
+and is rewritten whole; one that cannot be written leaves the verdicts in memory for the process.
+
+``fixed(policy)`` replaces measuring for a block of code: "kernel" takes every kernel (the tests of
+kernels, which must not depend on timings), "aten" none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = ["Verdict", "fixed", "lookup", "machine", "measure", "policy", "record", "size_class", "verdict_path"]
+
+_POLICY: contextvars.ContextVar[str] = contextvars.ContextVar("fuseg_autotune_policy", default="measure")
+_POLICIES = ("measure", "kernel", "aten")
+#: seconds of alternated rounds a measurement may take once each side has run ``_MIN_ROUNDS`` times
+_BUDGET_S = 0.001
+_MIN_ROUNDS = 3
+#: seconds one round of a side aims at (several calls of a fast op, one of a slow one)
+_ROUND_S = 50e-6
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which was the faster, and the median microseconds a call each took when measured."""
+
+    kernel: bool
+    kernel_us: float
+    aten_us: float
+
+    def reason(self) -> str:
+        return (f"ATen's op measured faster on this CPU ({self.aten_us:.1f} us a call against {self.kernel_us:.1f} us "
+                "for the generated kernel; Note [choices by measurement])")
+
+
+def policy() -> str:
+    """"measure" (the default), or what ``fixed`` set."""
+    return _POLICY.get()
+
+
+@contextlib.contextmanager
+def fixed(choice: str) -> Iterator[None]:
+    """Within: no measuring; "kernel" takes every kernel the generator builds, "aten" none."""
+    if choice not in _POLICIES:
+        raise ValueError(f"unknown choice {choice!r} (one of {', '.join(_POLICIES)})")
+    token = _POLICY.set(choice)
+    try:
+        yield
+    finally:
+        _POLICY.reset(token)
+
+
+def size_class(n: int | torch.SymInt) -> tuple[int, int]:
+    """[lo, hi): the power-of-two class of a size (0 is a class of its own). For a symbolic size,
+    the class of its value at the first call, and ``lo <= n < hi`` a condition of the plan."""
+    from segmenter.symbolic import size_hint
+
+    h = size_hint(n)
+    lo, hi = (0, 1) if h <= 0 else (1 << (h.bit_length() - 1), 1 << h.bit_length())
+    if isinstance(n, torch.SymInt):
+        inside = bool(lo <= n) and bool(n < hi)  # each comparison a recorded condition of the plan
+        assert inside, f"size {n} outside its own class [{lo}, {hi})"
+    return lo, hi
+
+
+# -- what decides speed ----------------------------------------------------------------------
+
+@functools.cache
+def machine() -> dict[str, str]:
+    """The CPU (model, flags), the compiler (its version and flags) and torch: what a verdict was
+    measured on, and what every perf record names."""
+    from .codegen.build import CPU_FLAGS, cpu_compiler
+
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key.strip() in ("flags", "Features") and not flags:
+                    flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    cxx = cpu_compiler()
+    version = ""
+    if cxx is not None:
+        try:
+            version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            version = "unknown"
+    return {"cpu": model, "cpu_flags": flags, "compiler": f"{cxx} ({version})", "compiler_flags": " ".join(CPU_FLAGS),
+            "torch": torch.__version__}
+
+
+@functools.cache
+def _file_name() -> str:
+    from .codegen.ctypes_ import prelude
+
+    what = json.dumps(machine(), sort_keys=True) + hashlib.sha256(prelude("cpu").encode()).hexdigest()
+    return f"autotune-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
+
+
+def verdict_path() -> str:
+    """This machine's verdict file, in the kernel cache dir (``FUSEG_CACHE_DIR``)."""
+    from .codegen.build import cache_dir
+
+    return os.path.join(cache_dir(), _file_name())
+
+
+# -- the verdicts ----------------------------------------------------------------------------
+
+#: verdict file -> key -> verdict, as read or recorded in this process
+_MEMORY: dict[str, dict[str, Verdict]] = {}
+
+
+def _read(path: str) -> dict[str, Verdict]:
+    """The file's verdicts; an unreadable or damaged file reads as none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return {k: Verdict(bool(v["kernel"]), float(v["kernel_us"]), float(v["aten_us"]))
+                for k, v in data["verdicts"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def lookup(key: str) -> Verdict | None:
+    path = verdict_path()
+    known = _MEMORY.get(path)
+    if known is None:
+        known = _MEMORY[path] = _read(path)
+    return known.get(key)
+
+
+def record(key: str, verdict: Verdict) -> None:
+    """Kept in memory, and written to the file with what other processes recorded (a file written
+    by a rename: a reader sees the old one or the new one, whole)."""
+    path = verdict_path()
+    known = _MEMORY.setdefault(path, {})
+    known[key] = verdict
+    merged = {**_read(path), **known}
+    body = {"machine": machine(), "verdicts": {k: asdict(v) for k, v in sorted(merged.items())}}
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".autotune-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(body, f, indent=1)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError:
+        pass  # an unwritable cache: the verdict holds for this process
+
+
+def measure(kernel: Callable[[], object], aten: Callable[[], object]) -> Verdict:
+    """Both ways once untimed (first calls allocate and set up), then alternated rounds of a few
+    calls each, at least ``_MIN_ROUNDS`` each and at most ``_BUDGET_S`` past that; the medians."""
+    kernel()
+    aten()
+    start = time.perf_counter()
+    kernel()
+    one = time.perf_counter() - start
+    calls = max(1, min(64, int(_ROUND_S / max(one, 1e-7))))
+    times: dict[str, list[float]] = {"kernel": [], "aten": []}
+    deadline = None
+    rounds = 0
+    while rounds < _MIN_ROUNDS or time.perf_counter() < deadline:  # type: ignore[operator]
+        for name, fn in (("kernel", kernel), ("aten", aten)) if rounds % 2 else (("aten", aten), ("kernel", kernel)):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+        rounds += 1
+        if rounds == _MIN_ROUNDS:
+            deadline = time.perf_counter() + _BUDGET_S
+    k, a = statistics.median(times["kernel"]), statistics.median(times["aten"])
+    return Verdict(k <= a, k, a)

@@ -1,0 +1,147 @@
+"""The cpp backend's launches chosen by measurement against ATen (Note [choices by measurement] in
+runtime/autotune.py): which they are, the key of their shape class, and the timing of a built
+kernel's launch against the same segment on ATen, on made-up inputs of its planned layouts.
+
+The program asks backends in order (``Program._choose``): under ``backend="auto"``, a backend's
+``not_chosen_for(seg)`` and then, where it returned None, its ``prepare(ctx, seg)``. The cpp
+backend notes in ``not_chosen_for`` that it is choosing by itself, and ``prepare``, called next
+for the same segment, then asks ``choose``: a verdict for ATen declines the segment (with the
+times in the reason), one for the kernel takes it, and none leaves it pending, to be measured
+by ``measure_pending`` once ``build_all`` has built it. A launch whose kernel lost is declined
+there, and runs on torch. ``backend="cpp"`` never asks: the kernel runs, as asked.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Sequence
+
+import torch
+
+from segmenter import OpKind, op_info
+from segmenter.symbolic import SymbolicSizes, size_hint, sizes_of
+
+from .. import autotune
+from ..codegen import Declined
+from ..wrapper import Code
+from .base import BuildContext, SegmentLaunch
+from .kernels import KernelLaunch, layouts
+from .torch_backend import TorchLaunch
+
+__all__ = ["MEASURED_KINDS", "MEASURED_ALONE", "choose", "measure_pending"]
+
+#: kernels whose segment is one op ATen has a kernel of its own for: matmuls, attention, convolutions
+MEASURED_KINDS = frozenset({"matmul", "attention", "conv"})
+#: ops measured where a segment is that op alone (a fused one is ours: nothing to compare with)
+MEASURED_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
+
+
+def _measured(launch: SegmentLaunch) -> bool:
+    kernel = getattr(launch, "kernel", None)
+    if kernel is None:
+        return False
+    if kernel.kind in MEASURED_KINDS:
+        return True
+    compute = [n for n in launch.segment.nodes if op_info(n.op).kind != OpKind.VIEW]
+    return len(compute) == 1 and compute[0].op in MEASURED_ALONE
+
+
+def _key(ctx: BuildContext, launch: KernelLaunch) -> str:
+    """The launch's shape class: its kernel (whose name hashes its source and layouts), torch's
+    threads and, for a kernel of symbolic sizes, the class of each size it reads (a condition)."""
+    parts = [launch.kernel.name, f"threads {torch.get_num_threads()}"]
+    sizes = sizes_of(ctx.graph)
+    if sizes is not None and launch.kernel.symbols:
+        symbols = list(sizes.sources)
+        hints = sizes.hints
+        for k in launch.kernel.symbols:
+            n = sizes.symint(symbols[k], hints[symbols[k]])
+            lo, hi = autotune.size_class(n)
+            parts.append(f"s{k} in [{lo}, {hi})")
+    return "; ".join(parts)
+
+
+def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
+    """Declined where ATen is this machine's choice for the launch's segment; else the launch is
+    taken, marked for measuring where no verdict is known (``measure_pending``)."""
+    if not _measured(launch):
+        return
+    chosen = autotune.policy()
+    if chosen == "kernel":
+        return
+    if chosen == "aten":
+        raise Declined("ATen's op chosen (autotune.fixed('aten'))")
+    if torch.are_deterministic_algorithms_enabled():  # Note [no choice by timing] (runtime/backends/im2col.py)
+        raise Declined("deterministic algorithms are on (torch.use_deterministic_algorithms): no choice by "
+                       "timing, ATen's op as in eager")
+    assert isinstance(launch, KernelLaunch)
+    key = _key(ctx, launch)
+    verdict = autotune.lookup(key)
+    if verdict is None:
+        launch.measure = (ctx, key)  # type: ignore[attr-defined]
+    elif not verdict.kernel:
+        raise Declined(verdict.reason())
+
+
+def _made_up(shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+    extent = sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if 0 not in shape else 1
+    return torch.randn(extent, dtype=dtype).as_strided(shape, stride)
+
+
+def _timed(ctx: BuildContext, launch: SegmentLaunch, sizes: SymbolicSizes | None,
+           inputs: list[torch.Tensor], symbols: list) -> object:
+    """A function running ``launch`` alone on ``inputs`` (and the symbols' values)."""
+    code = Code(fast=True, sizes=sizes)
+    params = [code.var(v) for v in launch.segment.inputs]
+    extra = [*sizes.names.values(), "_zp"] if sizes is not None else []
+    launch.emit(code, frozenset(), guard=False)
+    fn, _ = code.function("fuseg_timed", params + extra, code.lines,
+                          f"[{', '.join(code.var(o) for o in launch.segment.outputs)}]")
+    args = [*inputs, *symbols]
+    return lambda: fn(*args)
+
+
+def _verdict(ctx: BuildContext, launch: KernelLaunch) -> autotune.Verdict | None:
+    """The kernel's launch against the segment on ATen, or None where it cannot be measured (an
+    input that is not floating point: made-up values would be no index, no mask)."""
+    graph, seg = ctx.graph, launch.segment
+    sizes = sizes_of(graph)
+    planned = layouts(graph, seg, ctx.materialize, {})
+    inputs = []
+    for v in seg.inputs:
+        dtype = graph.metas[v].dtype
+        if not dtype.is_floating_point:
+            return None
+        shape, stride = planned[v]
+        inputs.append(_made_up(tuple(size_hint(n) for n in shape), tuple(size_hint(n) for n in stride), dtype))
+    symbols: list = []
+    if sizes is not None:  # the made-up inputs have the first call's sizes: so do the symbols
+        values = [sizes.hints[s] for s in sizes.sources]
+        held = array.array("q", values)
+        symbols = [*values, held.buffer_info()[0]]
+    with torch.no_grad():
+        kernel = _timed(ctx, launch, sizes, inputs, symbols)
+        aten = _timed(ctx, TorchLaunch(ctx, seg), sizes, inputs, symbols)
+        return autotune.measure(kernel, aten)  # type: ignore[arg-type]
+
+
+def measure_pending(launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str]:
+    """Each built launch left pending by ``choose`` measured and its verdict recorded; returns the
+    launches ATen beat, with the reason (the program runs them on torch)."""
+    declined = {}
+    for launch in launches:
+        pending = getattr(launch, "measure", None)
+        if pending is None or getattr(launch, "fn", None) is None:
+            continue
+        ctx, key = pending
+        launch.measure = None  # type: ignore[attr-defined]
+        try:
+            verdict = _verdict(ctx, launch)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - an op that fails on made-up values: nothing learned, the kernel stays
+            verdict = None
+        if verdict is None:
+            continue
+        autotune.record(key, verdict)
+        if not verdict.kernel:
+            declined[launch] = verdict.reason()
+    return declined
