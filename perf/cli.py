@@ -17,8 +17,10 @@ run), a built-in example name, or ``package.module:factory`` (a function of no a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import types
 import warnings
 from collections import Counter
 from collections.abc import Sequence
@@ -26,14 +28,15 @@ from collections.abc import Sequence
 from alias import apply_aliases
 from segmenter import FusionGraph, GraphError, OpKind, SegmenterOptions, op_info, segment
 from segmenter.explain import describe_segments, segmentation_to_dict
-from segmenter.nvfuser_import import NvFuserFusion
+from segmenter.nvfuser_import import NvFuserFusion, read_nvfuser
 from segmenter.ops import resolve_op
 from segmenter.serialize import dump, graph_to_dict
+from segmenter.symbolic import hinted
 
 from . import fusions, zoo
 from .profile import profile, render, side_by_side
-from .run import run_target
-from .targets import TargetError, load_program
+from .run import random_inputs, run_target
+from .targets import Target, TargetError, load_program
 
 __all__ = ["main"]
 
@@ -56,13 +59,34 @@ def describe_ops(graph: FusionGraph) -> str:
 
 
 def describe_nvfuser(fusion: NvFuserFusion) -> str:
-    """How an nvFuser script was bound: Note [sizes are bound, not yet symbolic]."""
-    lines = [f"nvFuser script: sizes from {fusion.bound_from}"]
-    for s in fusion.symbolic:
-        lines.append(f"  %{s.input} (line {s.line}): symbolic dims {list(s.dims)} bound to {list(s.sizes)} "
-                     "(not yet symbolic in the graph)")
+    """What an nvFuser script's -1 dims became (Note [symbolic or bound sizes] in
+    segmenter/nvfuser_import.py): symbols (their ranges and the plan's conditions are printed with
+    the segments), or the sizes they were bound to."""
+    if fusion.bound:
+        lines = [f"nvFuser script: sizes from {fusion.bound_from}"]
+        lines += [f"  %{s.input} (line {s.line}): symbolic dims {list(s.dims)} bound to {list(s.sizes)}"
+                  for s in fusion.symbolic]
+    else:
+        hints = "default hints (17, then primes apart)" if fusion.bound_from == "default hints" else fusion.bound_from
+        lines = [f"nvFuser script: -1 dims are symbols, hinted by {hints}"]
+        for s in fusion.symbolic:
+            pinned = any(isinstance(n, int) for n in s.sizes)
+            lines.append(f"  %{s.input} (line {s.line}): dims {list(s.dims)} are [{', '.join(map(str, s.sizes))}]"
+                         + (" (a number: the fusion's ops fix it, or its hint is 0 or 1)" if pinned else ""))
     lines += [f"  note: {n}" for n in fusion.notes]
     return "\n".join(lines)
+
+
+def bound_at_hints(target: Target) -> Target:
+    """``fuseg run`` runs one size: a script whose -1 dims are symbols is bound to random inputs of
+    its layouts at the hints (a symbolic graph has no tensors to make)."""
+    fusion = target.nvfuser
+    if fusion is None or fusion.sizes is None:
+        return target
+    layouts = types.SimpleNamespace(name=fusion.graph.name, inputs=[dataclasses.replace(i, meta=hinted(i.meta))
+                                                                     for i in fusion.graph.inputs])
+    bound = read_nvfuser(fusion.source, random_inputs(layouts), name=fusion.graph.name, warn=False)
+    return Target(bound.graph, nvfuser=bound)
 
 
 def _export_nvfuser(graph: FusionGraph, mode: str, path: str) -> int:
@@ -225,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = load_program(args.target)
         graph = target.graph
         if args.command == "run":
-            return _print_run(run_target(target, args.alias), args.json)
+            return _print_run(run_target(bound_at_hints(target), args.alias), args.json)
         if args.command == "export":
             if args.format == "nvfuser":
                 return _export_nvfuser(graph, args.alias, args.out)
@@ -240,8 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(str(e))
     if args.json:
         record = {"graph": graph_to_dict(graph), "segmentation": segmentation_to_dict(sf)}
-        if target.nvfuser is not None:  # how the script's sizes were bound
-            record["nvfuser"] = {"bound_from": target.nvfuser.bound_from, "notes": list(target.nvfuser.notes),
+        if target.nvfuser is not None:  # what the script's -1 dims became
+            record["nvfuser"] = {"bound": target.nvfuser.bound, "bound_from": target.nvfuser.bound_from,
+                                 "notes": list(target.nvfuser.notes),
                                  "symbolic": [{"input": s.input, "line": s.line, "dims": list(s.dims),
                                                "sizes": list(s.sizes)} for s in target.nvfuser.symbolic]}
         print(json.dumps(record, indent=1))

@@ -5,13 +5,17 @@ segmenter/nvfuser_import.py reads the script and binds its inputs.
 Every node is built from an op name of the fixed tables in segmenter/nvfuser_ops.py, never from
 a name in the file, and run on FakeTensors as it is added: its metas are torch's own, and an op
 torch refuses (a shape that does not broadcast, a squeeze of a dim that is not 1) is refused with
-the script's line and call named.
+the script's line and call named. Where the fusion's sizes are symbolic (Note [symbolic dims of
+a fusion] in segmenter/nvfuser_sizes.py) the FakeTensors are those of the plan's ShapeEnv and
+run through the Python dispatcher: every size a node computes is a SymInt, and every question
+torch asks of one is a condition of the plan.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Union
 
@@ -23,6 +27,7 @@ from .meta import fake_mode, fakeable, quiet_fake_errors, shallow
 from .ops import OpKind, op_info, resolve_op
 from .recorded import check_recorded_effects
 from .serialize import GraphFormatError
+from .symbolic import SymbolicSizes, is_symbolic, size_hint
 
 __all__ = ["MAX_NODES", "NULL", "Args", "Builder", "Const", "FrontendOp", "TVal", "Value", "Vec", "nv_promote"]
 
@@ -43,10 +48,17 @@ class TVal:
 
 @dataclass(frozen=True)
 class Const:
-    """A scalar the script defines with a value: folded, never a graph input."""
+    """A scalar the script defines with a value: folded, never a graph input. A size read back
+    (``fd.ops.size``, ``T.shape()``) of a symbolic dim is a SymInt: kept as one where it is a
+    size again (a shape, a slice bound), made a number where it is a tensor's value (``number``)."""
 
-    value: bool | int | float | complex
+    value: bool | int | float | complex | torch.SymInt
     dtype: torch.dtype
+
+    def number(self) -> Const:
+        """This scalar where a number is needed: a symbolic size is pinned to its hint, which the
+        plan records as a condition (Note [symbolic plans] in segmenter/symbolic.py)."""
+        return Const(int(self.value), self.dtype) if isinstance(self.value, torch.SymInt) else self
 
 
 @dataclass(frozen=True)
@@ -106,9 +118,9 @@ class Builder:
     """Values and nodes of the graph being read; ``line`` and ``call`` name the script's call
     in every message."""
 
-    def __init__(self, name: str, device: str) -> None:
-        self.name, self.device = name, device
-        self.mode = fake_mode()
+    def __init__(self, name: str, device: str, sizes: SymbolicSizes | None = None) -> None:
+        self.name, self.device, self.sizes = name, device, sizes
+        self.mode = fake_mode() if sizes is None else sizes.mode
         self.inputs: list[GraphInput] = []
         self.nodes: list[Node] = []
         self.fakes: dict[str, torch.Tensor] = {}
@@ -121,6 +133,26 @@ class Builder:
     def fail(self, message: str) -> NoReturn:
         raise GraphFormatError(f"line {self.line}: {self.call}: {message}")
 
+    def text(self, shape: Sequence[int | torch.SymInt]) -> str:
+        """A shape for a message: symbolic sizes by their names (``[T0_0, 8]``)."""
+        return "[" + ", ".join(self.size_text(n) for n in shape) + "]"
+
+    def size_text(self, n: int | torch.SymInt) -> str:
+        return str(n) if self.sizes is None else self.sizes.text(n)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Within: ops run on this graph's FakeTensors (through the Python dispatcher where sizes
+        are symbolic, as AOTAutograd traces: a C++ composite would make each size a number)."""
+        with self.mode, quiet_fake_errors():
+            if self.sizes is None:
+                yield
+                return
+            from torch._dispatch.python import enable_python_dispatcher
+
+            with enable_python_dispatcher():
+                yield
+
     def fresh(self) -> str:
         """A value name from the script's own name for the call's result (``T5``, ``T5_1``)."""
         name, k = self.label, 0
@@ -132,14 +164,17 @@ class Builder:
 
     # -- values ------------------------------------------------------------------------------
 
-    def add_input(self, meta: TensorMeta, scalar: bool = False) -> TVal:
-        if meta.storage_extent * meta.itemsize >= MAX_BYTES:
-            self.fail(f"an input of {list(meta.shape)} addresses {meta.storage_extent * meta.itemsize} bytes "
+    def add_input(self, meta: TensorMeta, scalar: bool = False, name: str | None = None) -> TVal:
+        """A graph input of layout ``meta`` (named ``name``, from ``fresh``, else fresh now). Its
+        bytes are bounded, at the hints where sizes are symbolic (Note [symbolic dims of a fusion])."""
+        extent = meta.numel if is_symbolic(meta) else meta.storage_extent  # a symbolic layout is dense
+        if size_hint(extent) * meta.itemsize >= MAX_BYTES:
+            self.fail(f"an input of {self.text(meta.shape)} addresses {size_hint(extent) * meta.itemsize} bytes "
                       f"(at most {MAX_BYTES})")
-        name = self.fresh()
+        name = name or self.fresh()
         self.inputs.append(GraphInput(name, meta))
-        with self.mode:  # a FakeTensor: no memory, whatever the size
-            base = torch.empty(max(meta.storage_extent, 1), dtype=meta.dtype, device=fakeable(meta.device))
+        with self.running():  # a FakeTensor: no memory, whatever the size
+            base = torch.empty(torch.sym_max(extent, 1), dtype=meta.dtype, device=fakeable(meta.device))
             self.fakes[name] = base.as_strided(meta.shape, meta.stride, meta.storage_offset)
         self.metas[name] = meta
         return TVal(name, scalar=scalar)
@@ -186,16 +221,16 @@ class Builder:
         assert overload is not None, op  # the tables name real ops only
         node_args = tuple(self._node_arg(a) for a in args)
         node_kwargs = tuple((k, self._node_arg(v)) for k, v in kwargs.items())
-        with self.mode, quiet_fake_errors():
+        with self.running():
             try:
                 result = overload(*[self._fake(a) for a in node_args], **{k: self._fake(v) for k, v in node_kwargs})
             except Exception as e:  # noqa: BLE001 - torch's own refusal, said with the script's line
                 self.fail(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
         results = list(result) if isinstance(result, (tuple, list)) else [result]
         assert len(results) == n, (op, len(results))
-        for r in results:  # sizes are bounded as a graph file's are (segmenter/limits.py)
-            if r.numel() * r.element_size() >= MAX_BYTES:
-                self.fail(f"a {r.dtype} result of {list(r.shape)}: {r.numel() * r.element_size()} bytes "
+        for r in results:  # sizes are bounded as a graph file's are (segmenter/limits.py), at the hints
+            if size_hint(r.numel()) * r.element_size() >= MAX_BYTES:
+                self.fail(f"a {r.dtype} result of {self.text(r.shape)}: {size_hint(r.numel()) * r.element_size()} bytes "
                           f"(at most {MAX_BYTES})")
         names = [self.fresh() for _ in results]
         metas = []
@@ -272,23 +307,34 @@ class Args:
             self.b.fail(f"{key} must be a tensor, got {_what(v)}")
         return v
 
-    def operand(self, key: str) -> TVal | Const:
+    def operand(self, key: str, sizes: bool = False) -> TVal | Const:
+        """A tensor or a scalar; a symbolic size read back made a number (``Const.number``)
+        unless ``sizes``: the caller folds it as a size (segmenter/nvfuser_ops.py: ``fold``)."""
         v = self.values.get(key)
         if isinstance(v, bool | int | float | complex):  # a bare number: the scalar nvFuser would make of it
             v = Const(v, _py_dtype(v))
         if not isinstance(v, TVal | Const):
             self.b.fail(f"{key} must be a tensor or a scalar, got {_what(v)}")
-        return v
+        return v if sizes or isinstance(v, TVal) else v.number()
 
-    def int(self, key: str, lo: int = -MAX_DIM, hi: int = MAX_DIM) -> int:
+    def int(self, key: str, lo: int = -MAX_DIM, hi: int = MAX_DIM, sizes: bool = False) -> int:
+        """An integer in [lo, hi]. ``sizes``: a symbolic size is taken as it is (a shape, a slice
+        bound: the range checks are conditions of the plan); elsewhere it is made a number."""
         v = self.values.get(key)
         if isinstance(v, Const) and v.dtype in (torch.int64, torch.int32):
             v = v.value
+        if isinstance(v, torch.SymInt) and not sizes:
+            v = int(v)  # a number is needed here: pinned, a condition of the plan
+        if isinstance(v, torch.SymInt):  # bounded at its hint (torch's ops decide on it as a size)
+            if not lo <= size_hint(v) <= hi:
+                self.b.fail(f"{key} must be an integer in [{lo}, {hi}], got {self.b.size_text(v)} = {size_hint(v)}")
+            return v  # type: ignore[return-value]
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
             self.b.fail(f"{key} must be an integer in [{lo}, {hi}], got {_what(v)}")
         return v
 
-    def ints(self, key: str, lo: int = -MAX_DIM, hi: int = MAX_DIM, most: int = MAX_RANK) -> tuple[int, ...]:
+    def ints(self, key: str, lo: int = -MAX_DIM, hi: int = MAX_DIM, most: int = MAX_RANK,
+             sizes: bool = False) -> tuple[int, ...]:
         v = self.values.get(key)
         items = v.items if isinstance(v, Vec) else v
         if not isinstance(items, tuple) or len(items) > most:
@@ -297,7 +343,7 @@ class Args:
         for k, x in enumerate(items):
             if isinstance(x, TVal):
                 self.b.fail(f"{key}[{k}] comes from a scalar input: sizes must be known when the graph is built")
-            out.append(Args(self.b, {f"{key}[{k}]": x}).int(f"{key}[{k}]", lo, hi))
+            out.append(Args(self.b, {f"{key}[{k}]": x}).int(f"{key}[{k}]", lo, hi, sizes))
         return tuple(out)
 
     def flag(self, key: str) -> bool:

@@ -5,12 +5,16 @@
                 --op table (segmenter/nvfuser_ops.py)--> ATen nodes on FakeTensors
                 --inputs bound here--> FusionGraph
 
-Note [sizes are bound, not yet symbolic]: nvFuser's ``shape=[-1, ...]`` makes a dim symbolic.
-The IR holds concrete sizes for now, so each -1 is bound to a size, taken in this order: from the
-``inputs`` argument (tensors and numbers in the order the fusion defines its inputs), else from
-the script's own ``inputs = [...]`` (segmenter/nvfuser_inputs.py), else the script is refused
-naming the tensor and line. Which dims were -1 is kept (``NvFuserFusion.symbolic``) so that they
-become symbols when the IR has them. A scalar input (``fd.define_scalar(dtype=...)`` without a
+Note [symbolic or bound sizes]: nvFuser's ``shape=[-1, ...]`` makes a dim symbolic, and so it
+is here by default: without the ``inputs`` argument, each -1 dim is a symbol of a symbolic plan,
+hinted by the script's own ``inputs = [...]`` (segmenter/nvfuser_inputs.py) where it has one
+(Note [symbolic dims of a fusion] in segmenter/nvfuser_sizes.py): the graph, its segmentation
+and its compiled program hold for every size where the plan's conditions do. With ``inputs``
+(tensors and numbers in the order the fusion defines its inputs) the fusion is bound to their
+sizes, strides and dtypes, as a user who hands tensors expects (explicit binding wins), unless
+``symbolic=True`` keeps the dims symbolic with the tensors as hints; ``symbolic=False`` without
+``inputs`` binds to the script's list (refused, naming the tensor and line, where it has none).
+Which dims were -1, and what each became, is kept (``NvFuserFusion.symbolic``). A scalar input (``fd.define_scalar(dtype=...)`` without a
 value) is a graph input: a 0-dim tensor, on the CPU (``NvFuserFusion.arguments`` makes one of a
 number). ``fd.add_output(value, T)`` with an input ``T`` is nvFuser's in-place update: ``T`` ends
 holding ``value`` (a write-back, ``FusionGraph.mutations``), and it is not an output.
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,27 +38,40 @@ from .nvfuser_inputs import InputSpec
 from .nvfuser_ops import OPS
 from .nvfuser_script import Call, DType, InputRef, Ref, Script, read_script
 from .nvfuser_shape_ops import stride_order
+from .nvfuser_sizes import DEFAULT_HINT, DimSizes
 from .serialize import GraphFormatError
+from .symbolic import SymbolicSizes, sizes_of, symbolic_hashing
 
 __all__ = ["NvFuserFusion", "SymbolicDims", "from_nvfuser", "read_nvfuser"]
 
 
 @dataclass(frozen=True)
 class SymbolicDims:
-    """Input ``input`` (defined at ``line``) had symbolic dims ``dims``, bound to ``sizes``."""
+    """Input ``input`` (defined at ``line``) had symbolic dims ``dims``, which are ``sizes``: a
+    number where bound (or pinned: Note [symbolic dims of a fusion]), else a symbol's name."""
 
     input: str
     line: int
     dims: tuple[int, ...]
-    sizes: tuple[int, ...]
+    sizes: tuple[int | str, ...]
 
 
 @dataclass(frozen=True)
 class NvFuserFusion:
     graph: FusionGraph
     symbolic: tuple[SymbolicDims, ...]
-    bound_from: str  # "inputs argument", "the script's inputs", or "the script's sizes"
+    #: where the sizes (bound) or the hints (symbolic) came from: "inputs argument", "the
+    #: script's inputs", "the script's sizes" (none were -1) or "default hints"
+    bound_from: str
     notes: tuple[str, ...]
+    bound: bool = True  # False: -1 dims are symbols (Note [symbolic or bound sizes])
+    source: str = field(default="", repr=False, compare=False)  # the script, to bind it again
+
+    @property
+    def sizes(self) -> SymbolicSizes | None:
+        """The plan's symbols (their names, ranges, hints and conditions); None where every size
+        is a number."""
+        return sizes_of(self.graph)
 
     def arguments(self, values: Sequence[object]) -> list[torch.Tensor]:
         """The graph's inputs for nvFuser-style ``values``: numbers become 0-dim tensors."""
@@ -92,8 +109,9 @@ def _device(specs: Sequence[InputSpec] | None, from_user: bool) -> tuple[str, li
 
 
 def _layout(b: Builder, shape: tuple[int, ...], contiguity: tuple, order: tuple[int, ...]) -> tuple[int, ...]:
-    """Dense strides in ``order`` (innermost rank 0; default row-major). A dim declared
-    non-contiguous (``False``) has a stride nvFuser does not know; dense is one such stride."""
+    """Dense strides in ``order`` (innermost rank 0; default row-major), products of the sizes
+    where they are symbolic. A dim declared non-contiguous (``False``) has a stride nvFuser does
+    not know; dense is one such stride."""
     ndim = len(shape)
     order = order or tuple(range(ndim - 1, -1, -1))
     if sorted(order) != list(range(ndim)):
@@ -103,8 +121,14 @@ def _layout(b: Builder, shape: tuple[int, ...], contiguity: tuple, order: tuple[
     strides, acc = [0] * ndim, 1
     for d in sorted(range(ndim), key=lambda d: order[d]):
         strides[d] = acc
-        acc *= max(shape[d], 1)
+        acc = acc * (shape[d] if isinstance(shape[d], torch.SymInt) else max(shape[d], 1))  # a symbol is >= 2
     return tuple(strides)
+
+
+def _order_of(stride: tuple[int, ...]) -> tuple[int, ...]:
+    """The ``stride_order`` of strides at hand: ranks by stride, a later dim inner among equals."""
+    ranked = sorted(range(len(stride)), key=lambda d: (stride[d], -d))
+    return tuple(ranked.index(d) for d in range(len(stride)))
 
 
 def _claims_hold(shape: tuple[int, ...], stride: tuple[int, ...], contiguity: tuple, order: tuple[int, ...]) -> bool:
@@ -121,14 +145,19 @@ def _claims_hold(shape: tuple[int, ...], stride: tuple[int, ...], contiguity: tu
 
 
 class _Importer:
-    def __init__(self, script: Script, specs: Sequence[InputSpec] | None, device: str, from_user: bool) -> None:
-        self.script, self.specs, self.from_user = script, specs, from_user
-        self.b = Builder(script.name, device)
+    """One read of the script into a graph: bound (``dims`` None) or with symbolic dims."""
+
+    def __init__(self, script: Script, specs: Sequence[InputSpec] | None, device: str, from_user: bool,
+                 dims: DimSizes | None = None) -> None:
+        self.script, self.specs, self.from_user, self.dims = script, specs, from_user, dims
+        self.b = Builder(script.name, device, dims.sizes if dims is not None else None)
         self.env: dict[str, Value] = {}
         self.outputs: list[TVal] = []
         self.mutations: list[Mutation] = []
         self.symbolic: list[SymbolicDims] = []
+        self.notes: list[str] = []
         self.n_inputs = 0
+        self.graph: FusionGraph  # made by run()
 
     def run(self) -> FusionGraph:
         for call in self.script.calls:
@@ -140,7 +169,8 @@ class _Importer:
         if self.specs is not None and len(self.specs) != self.n_inputs:
             raise GraphFormatError(f"{len(self.specs)} inputs given for the {self.n_inputs} the fusion defines")
         self.b.line, self.b.call, self.b.label = self.script.line, "fd.add_output", "out"
-        return self.b.graph(self.outputs, self.mutations)
+        self.graph = self.b.graph(self.outputs, self.mutations)
+        return self.graph
 
     def bind(self, call: Call, result: object) -> None:
         if not call.targets:
@@ -210,9 +240,11 @@ class _Importer:
             self.b.fail(f"input {index} is defined, {len(self.specs)} inputs are given")
         return self.specs[index]
 
-    def tensor_input(self, shape: tuple[int, ...], declared: tuple[int, ...], strides: tuple[int, ...] | None,
-                     contiguity: tuple, order: tuple[int, ...], dtype: torch.dtype, is_cpu: bool,
-                     symbolic: tuple[int, ...], spec: InputSpec | None) -> TVal:
+    def tensor_input(self, declared: tuple[int, ...], strides: tuple[int, ...] | None, contiguity: tuple,
+                     order: tuple[int, ...], dtype: torch.dtype, is_cpu: bool, symbolic: tuple[int, ...],
+                     spec: InputSpec | None) -> TVal:
+        """An input defined with sizes ``declared`` (-1 in ``symbolic`` dims), bound to ``spec``
+        where given, or with its ``symbolic`` dims as symbols (Note [symbolic or bound sizes])."""
         b = self.b
         if spec is not None:
             if spec.shape is None or len(spec.shape) != len(declared) or spec.dtype != dtype:
@@ -221,22 +253,53 @@ class _Importer:
             fixed = [d for d, (n, s) in enumerate(zip(declared, spec.shape)) if d not in symbolic and n != s]
             if fixed:
                 b.fail(f"input {self.n_inputs - 1} has sizes {list(spec.shape)} where the fusion fixes {list(declared)}")
-            shape, strides = spec.shape, spec.stride
-            assert strides is not None
-            if contiguity and not _claims_hold(shape, strides, contiguity, order):
-                b.fail(f"input {self.n_inputs - 1} has strides {list(strides)}, not the layout contiguity="
+            assert spec.stride is not None
+            if contiguity and not _claims_hold(spec.shape, spec.stride, contiguity, order):
+                b.fail(f"input {self.n_inputs - 1} has strides {list(spec.stride)}, not the layout contiguity="
                        f"{list(contiguity)} stride_order={list(order)} declares")
-        elif symbolic and any(declared[d] == -1 for d in symbolic):
+        name = b.fresh()
+        layout = None
+        if self.dims is not None and symbolic:
+            layout = self.symbolic_layout(name, declared, strides, contiguity, order, symbolic, spec)
+        if layout is not None:
+            shape, strides, offset = layout
+        elif spec is not None:
+            shape, strides, offset = spec.shape, spec.stride, spec.offset
+        elif any(declared[d] == -1 for d in symbolic):
             b.fail(f"shape={list(declared)}: give inputs to bind its size (the dims nvFuser leaves symbolic)")
-        if strides is None:
-            strides = _layout(b, shape, contiguity or (None,) * len(shape), order)
+        else:
+            shape, offset = declared, 0
+            if strides is None:
+                strides = _layout(b, shape, contiguity or (None,) * len(shape), order)
         device = spec.device if spec is not None and self.from_user else ("cpu" if is_cpu else b.device)
-        offset = spec.offset if spec is not None else 0
         meta = TensorMeta(tuple(shape), tuple(strides), offset, dtype, device)
-        v = b.add_input(meta)
+        v = b.add_input(meta, name=name)
         if symbolic:
             self.symbolic.append(SymbolicDims(v.name, b.line, symbolic, tuple(meta.shape[d] for d in symbolic)))
         return v
+
+    def symbolic_layout(self, name: str, declared: tuple[int, ...], strides: tuple[int, ...] | None,
+                        contiguity: tuple, order: tuple[int, ...], symbolic: tuple[int, ...],
+                        spec: InputSpec | None) -> tuple[tuple, tuple, int] | None:
+        """Shape, strides and offset of an input whose ``symbolic`` dims are symbols, dense in its
+        stride order (Note [symbolic dims of a fusion]); None where the sizes given bind it
+        instead: strides that are no dense layout, or an offset."""
+        assert self.dims is not None
+        b, ndim = self.b, len(declared)
+        given = spec.shape if spec is not None else declared
+        given_strides = spec.stride if spec is not None else strides
+        if given_strides is not None:
+            order = order or _order_of(given_strides)
+            dense = _layout(b, given, (None,) * ndim, order)
+            if (spec is not None and spec.offset) or any(n > 1 and st != want for n, st, want in
+                                                         zip(given, given_strides, dense)):
+                self.notes.append(f"{name} (line {b.line}) is bound to its sizes {list(given)}: its strides "
+                                  f"{list(given_strides)}{' at an offset' if spec is not None and spec.offset else ''}"
+                                  " are no dense layout, which symbolic sizes would give")
+                return None
+        shape = tuple(self.dims.dim((self.n_inputs - 1, d), name, None if n == -1 else n, b.fail) if d in symbolic
+                      else n for d, n in enumerate(given))
+        return shape, _layout(b, shape, contiguity or (None,) * ndim, order), 0
 
     def define_tensor(self, call: Call) -> TVal:
         kw = dict(call.kwargs)
@@ -259,7 +322,7 @@ class _Importer:
             if len(sizes) != len(strides):
                 self.b.fail(f"sizes {list(sizes)} and strides {list(strides)} differ in rank")
             symbolic = () if a.flag("static_sizes") else tuple(d for d, n in enumerate(sizes) if n != 1)
-            return self.tensor_input(sizes, sizes, None if spec else strides, (), (), dtype, is_cpu, symbolic, spec)
+            return self.tensor_input(sizes, None if spec else strides, (), (), dtype, is_cpu, symbolic, spec)
         key = "shape" if "shape" in a.values else "symbolic_sizes"
         declared = a.ints(key, -1)
         contiguity = a.get("contiguity" if key == "shape" else "contiguous")
@@ -271,8 +334,7 @@ class _Importer:
             contiguity = tuple(None if n == 1 else False for n in declared)
         order = a.ints("stride_order", 0, MAX_RANK) if key == "shape" else ()
         symbolic = tuple(d for d, n in enumerate(declared) if n == -1)
-        shape = tuple(max(n, 0) for n in declared)
-        return self.tensor_input(shape, declared, None, contiguity, order, dtype, is_cpu, symbolic, spec)
+        return self.tensor_input(declared, None, contiguity, order, dtype, is_cpu, symbolic, spec)
 
     def from_pytorch(self, call: Call) -> TVal:
         kw = dict(call.kwargs)
@@ -288,7 +350,7 @@ class _Importer:
             self.b.fail(f"inputs[{ref.index}] is a number, not a tensor")
         symbolic = () if static else tuple(d for d, n in enumerate(spec.shape) if n != 1)
         is_cpu = spec.device == "cpu" and not spec.shape  # a 0-dim CPU tensor stays there, as nvFuser takes it
-        return self.tensor_input(spec.shape, spec.shape, None, (), (), spec.dtype, is_cpu, symbolic, spec)
+        return self.tensor_input(spec.shape, None, (), (), spec.dtype, is_cpu, symbolic, spec)
 
     def define_scalar(self, call: Call) -> Value:
         a = self.args(_signature(("value", "dtype"), value=None, dtype=None), call)
@@ -347,8 +409,8 @@ class _Importer:
             self.b.fail(f"input {target.name} is written twice")
         src, dst = self.b.meta(out), self.b.meta(target)
         if (src.shape, src.dtype) != (dst.shape, dst.dtype):
-            self.b.fail(f"a {src.dtype} {list(src.shape)} value cannot be written into input {target.name} "
-                        f"({dst.dtype} {list(dst.shape)})")
+            self.b.fail(f"a {src.dtype} {self.b.text(src.shape)} value cannot be written into input {target.name} "
+                        f"({dst.dtype} {self.b.text(dst.shape)})")
         self.mutations.append(Mutation(k, out.name))
 
 
@@ -363,9 +425,10 @@ def _fits(value: object, dtype: torch.dtype) -> bool:
 
 
 def read_nvfuser(source: str, inputs: Sequence[object] | None = None, name: str | None = None,
-                 warn: bool = True) -> NvFuserFusion:
-    """The fusion of ``source`` (see the module's docstring) with what it was bound to; ``warn``:
-    the notes (the graph built on the CPU) also as warnings."""
+                 warn: bool = True, symbolic: bool | None = None) -> NvFuserFusion:
+    """The fusion of ``source`` (see the module's docstring) and what its -1 dims became;
+    ``symbolic``: keep them symbols (default: where no ``inputs`` are given; Note [symbolic or
+    bound sizes]); ``warn``: the notes (the graph built on the CPU) also as warnings."""
     script = read_script(source, name)
     if inputs is not None:
         if len(inputs) > 4096:
@@ -376,18 +439,59 @@ def read_nvfuser(source: str, inputs: Sequence[object] | None = None, name: str 
         specs, bound_from = script.inputs, "the script's inputs"
     else:
         specs, bound_from = None, "the script's sizes"
+    symbolic = inputs is None if symbolic is None else symbolic
     device, notes = _device(specs, inputs is not None)
-    importer = _Importer(script, specs, device, inputs is not None)
-    graph = importer.run()
+    if symbolic:
+        importer = _symbolic_import(script, specs, device, inputs is not None)
+        if specs is None and importer.dims is not None and importer.dims.made:
+            bound_from = "default hints"
+    else:
+        importer = _Importer(script, specs, device, inputs is not None)
+        importer.run()
+    notes += importer.notes
     for note in notes if warn else ():
         warnings.warn(f"{script.name}: {note}", stacklevel=2)
-    return NvFuserFusion(graph, tuple(importer.symbolic), bound_from, tuple(notes))
+    sizes = sizes_of(importer.graph)
+    dims = tuple(SymbolicDims(s.input, s.line, s.dims, tuple(_shown(n, sizes) for n in s.sizes))
+                 for s in importer.symbolic)
+    return NvFuserFusion(importer.graph, dims, bound_from, tuple(notes), bound=not symbolic, source=source)
 
 
-def from_nvfuser(source: str, inputs: Sequence[object] | None = None, name: str | None = None) -> FusionGraph:
+def _shown(n: int | torch.SymInt, sizes: SymbolicSizes | None) -> int | str:
+    """A dim as ``NvFuserFusion.symbolic`` keeps it: a number, or its symbol's name."""
+    text = str(int(n)) if sizes is None or not isinstance(n, torch.SymInt) else sizes.text(n)
+    return int(text) if text.isdigit() else text
+
+
+def _symbolic_import(script: Script, specs: Sequence[InputSpec] | None, device: str, from_user: bool) -> _Importer:
+    """The fusion with its -1 dims as symbols, in one run or two (Note [symbolic dims of a fusion]
+    in segmenter/nvfuser_sizes.py)."""
+    with symbolic_hashing():  # Note [hashing symbolic sizes]
+        first = _Importer(script, specs, device, from_user, DimSizes())
+        try:
+            first.run()
+        except GraphFormatError as e:
+            if specs is None and first.dims is not None and first.dims.made:
+                raise GraphFormatError(f"{e} (the -1 dims were hinted {DEFAULT_HINT}: give inputs, or an "
+                                       "inputs = [...] list, of sizes the fusion takes)") from None
+            raise
+        assert first.dims is not None
+        plan = first.dims.learned(distinct=specs is None)
+        if plan is None:
+            return first
+        second = _Importer(script, specs, device, from_user, DimSizes(plan))
+        try:
+            second.run()
+        except GraphFormatError:  # hints apart break a relation of the ops: the first plan holds
+            return first
+        return second
+
+
+def from_nvfuser(source: str, inputs: Sequence[object] | None = None, name: str | None = None,
+                 symbolic: bool | None = None) -> FusionGraph:
     """An nvFuser Python-frontend fusion as a FusionGraph, never executed (Note [a fusion script
-    is data] in segmenter/nvfuser_script.py; sizes as in Note [sizes are bound, not yet symbolic])."""
-    fusion = read_nvfuser(source, inputs, name, warn=False)
+    is data] in segmenter/nvfuser_script.py; sizes as in Note [symbolic or bound sizes])."""
+    fusion = read_nvfuser(source, inputs, name, warn=False, symbolic=symbolic)
     for note in fusion.notes:
         warnings.warn(f"{fusion.graph.name}: {note}", stacklevel=2)
     return fusion.graph

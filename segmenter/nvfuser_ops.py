@@ -67,7 +67,14 @@ _SAME_AS = {"mod": "fmod", "div": "truediv"}
 # -- scalars ---------------------------------------------------------------------------------
 
 def fold(b: Builder, op: str, consts: list[Const], dtype: torch.dtype, **kwargs: object) -> Const:
-    """``op`` on scalars known now: computed on real 0-dim tensors of nvFuser's common ``dtype``."""
+    """``op`` on scalars known now: computed on real 0-dim tensors of nvFuser's common ``dtype``.
+    Integer arithmetic on symbolic sizes read back (``fd.ops.size``) stays symbolic
+    (``_size_arithmetic``); any other op on one makes it a number (``Const.number``)."""
+    if any(isinstance(c.value, torch.SymInt) for c in consts):
+        size = _size_arithmetic(op, [c.value for c in consts], dtype, kwargs)
+        if size is not None:
+            return Const(size, dtype)
+        consts = [c.number() for c in consts]
     args = [torch.tensor(c.value, dtype=dtype) for c in consts]
     overload = resolve_op(op)
     assert overload is not None
@@ -78,6 +85,32 @@ def fold(b: Builder, op: str, consts: list[Const], dtype: torch.dtype, **kwargs:
     return Const(r.item(), r.dtype)
 
 
+def _size_arithmetic(op: str, values: list, dtype: torch.dtype, kwargs: dict) -> int | torch.SymInt | None:
+    """Integer ``op`` on sizes where one is symbolic: SymInt arithmetic (nvFuser's ``div`` and
+    ``mod`` of integers truncate, which is Python's floor only where both are known to be
+    non-negative); None where the op is no size arithmetic."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if dtype != torch.int64 or not all(isinstance(v, int | torch.SymInt) and not isinstance(v, bool) for v in values):
+        return None
+    if op in ("aten.add.Tensor", "aten.sub.Tensor"):
+        alpha = kwargs.get("alpha", 1)
+        if not isinstance(alpha, int) or isinstance(alpha, bool):
+            return None
+        a, c = values
+        return a + alpha * c if op == "aten.add.Tensor" else a - alpha * c
+    if op == "aten.mul.Tensor":
+        return values[0] * values[1]
+    if op == "aten.neg.default":
+        return -values[0]
+    if op in ("aten.maximum.default", "aten.minimum.default"):
+        return (torch.sym_max if op == "aten.maximum.default" else torch.sym_min)(*values)
+    truncating = op == "aten.fmod.Tensor" or (op == "aten.div.Tensor_mode" and kwargs.get("rounding_mode") == "trunc")
+    if truncating and statically_known_true(values[0] >= 0) and statically_known_true(values[1] > 0):
+        return values[0] // values[1] if op == "aten.div.Tensor_mode" else values[0] % values[1]
+    return None
+
+
 def _scalar_tensor(b: Builder, c: Const, dtype: torch.dtype) -> TVal:
     return b.emit("aten.scalar_tensor.default", c.value, dtype=dtype, device=torch.device(b.device))
 
@@ -86,7 +119,7 @@ def _scalar_tensor(b: Builder, c: Const, dtype: torch.dtype) -> TVal:
 
 def unary(name: str) -> FrontendOp:
     def build(a: Args) -> Value:
-        x = a.operand("arg")
+        x = a.operand("arg", sizes=True)
         if isinstance(x, Const):
             return fold(a.b, UNARY[name], [x], x.dtype)
         return a.b.emit(UNARY[name], x)
@@ -110,6 +143,7 @@ def _elementwise(b: Builder, name: str, x: TVal | Const, y: TVal | Const, **kwar
             kwargs["rounding_mode"] = "trunc"
     if isinstance(x, Const) and isinstance(y, Const):
         return fold(b, tensor_op, [x, y], common, **kwargs)
+    x, y = (v.number() if isinstance(v, Const) else v for v in (x, y))  # a tensor's operand: a number
     # Note [scalars promote as nvFuser's]: operands torch would promote otherwise are cast first
     torch_common = torch.result_type(*(b.fakes[v.name] if isinstance(v, TVal) else v.value for v in (x, y)))
     if torch_common != common:
@@ -125,7 +159,8 @@ def _elementwise(b: Builder, name: str, x: TVal | Const, y: TVal | Const, **kwar
 
 
 def binary(name: str) -> FrontendOp:
-    return FrontendOp(("arg1", "arg2"), lambda a: _elementwise(a.b, name, a.operand("arg1"), a.operand("arg2")))
+    return FrontendOp(("arg1", "arg2"), lambda a: _elementwise(a.b, name, a.operand("arg1", sizes=True),
+                                                              a.operand("arg2", sizes=True)))
 
 
 def _with_alpha(name: str) -> FrontendOp:

@@ -9,6 +9,7 @@ import torch
 
 from .limits import MAX_DIM, MAX_RANK
 from .nvfuser_build import Args, Builder, Const, FrontendOp, TVal, Value, Vec
+from .symbolic import is_symbolic
 
 __all__ = ["SHAPE_OPS", "reshape", "stride_order"]
 
@@ -20,7 +21,8 @@ def reshape(b: Builder, x: TVal, shape: tuple[int, ...]) -> TVal:
     if shape == b.meta(x).shape:
         return x
     try:
-        b.fakes[x.name].view(shape)
+        with b.running():
+            b.fakes[x.name].view(shape)
     except (RuntimeError, ValueError):
         x = b.emit("aten.clone.default", x, memory_format=torch.contiguous_format)
     return b.emit("aten.view.default", x, list(shape))
@@ -40,14 +42,15 @@ def stride_order(b: Builder, x: TVal, order: tuple[int, ...]) -> TVal:
 
 
 def _shape(a: Args, key: str, x: TVal | None = None) -> tuple[int, ...]:
-    """An output shape: sizes >= 0, or -1 (the input's size, where ``x`` is given)."""
-    shape = a.ints(key, -1 if x is not None else 0, MAX_DIM)
+    """An output shape: sizes >= 0 (symbolic ones too), or -1 (the input's size, where ``x`` is
+    given)."""
+    shape = a.ints(key, -1 if x is not None else 0, MAX_DIM, sizes=True)
     if x is not None and len(shape) == a.b.meta(x).ndim:
         shape = tuple(a.b.meta(x).shape[d] if s == -1 else s for d, s in enumerate(shape))
     if any(s < 0 for s in shape):
-        a.b.fail(f"{key} {list(shape)}: -1 stands only for an input size that is kept")
-    if math.prod(shape) >= MAX_DIM:
-        a.b.fail(f"{key} {list(shape)} has {math.prod(shape)} elements (fewer than {MAX_DIM})")
+        a.b.fail(f"{key} {a.b.text(shape)}: -1 stands only for an input size that is kept")
+    if not is_symbolic(shape) and math.prod(shape) >= MAX_DIM:  # (a symbolic one: its result's bytes are)
+        a.b.fail(f"{key} {a.b.text(shape)} has {a.b.size_text(math.prod(shape))} elements (fewer than {MAX_DIM})")
     return shape
 
 
@@ -84,7 +87,7 @@ def _expand(a: Args) -> Value:
     b, x = a.b, a.tensor("arg")
     shape = _shape(a, "shape", x)
     if len(shape) != b.meta(x).ndim:
-        b.fail(f"shape {list(shape)} has another rank than the rank-{b.meta(x).ndim} input")
+        b.fail(f"shape {b.text(shape)} has another rank than the rank-{b.meta(x).ndim} input")
     return x if shape == b.meta(x).shape else b.emit("aten.expand.default", x, list(shape))
 
 
@@ -94,19 +97,21 @@ def _reshape(a: Args) -> Value:
         a.values["new_shape"], a.values["original_shape"] = a.get("original_shape"), None
     if a.get("new_shape") is None:
         b.fail("new_shape missing")
-    if a.get("original_shape") is not None and a.ints("original_shape", 0) != b.meta(x).shape:
-        b.fail(f"original_shape {list(a.ints('original_shape', 0))} is not the input's {list(b.meta(x).shape)}")
-    shape = a.ints("new_shape", -1)
+    if a.get("original_shape") is not None and a.ints("original_shape", 0, sizes=True) != b.meta(x).shape:
+        b.fail(f"original_shape {b.text(a.ints('original_shape', 0, sizes=True))} is not the input's "
+               f"{b.text(b.meta(x).shape)}")
+    shape = a.ints("new_shape", -1, sizes=True)
     if shape.count(-1) > 1 or any(s < -1 for s in shape):
-        b.fail(f"new_shape {list(shape)}: at most one size may be inferred (-1)")
+        b.fail(f"new_shape {b.text(shape)}: at most one size may be inferred (-1)")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         numel = b.meta(x).numel
         if known == 0 or numel % known:
-            b.fail(f"new_shape {list(shape)} does not divide the {numel} elements")
+            b.fail(f"new_shape {b.text(shape)} does not divide the {b.size_text(numel)} elements")
         shape = tuple(numel // known if s == -1 else s for s in shape)
     if math.prod(shape) != b.meta(x).numel:
-        b.fail(f"new_shape {list(shape)} holds {math.prod(shape)} elements, the input {b.meta(x).numel}")
+        b.fail(f"new_shape {b.text(shape)} holds {b.size_text(math.prod(shape))} elements, the input "
+               f"{b.size_text(b.meta(x).numel)}")
     return reshape(b, x, shape)
 
 
@@ -124,21 +129,21 @@ def _squeeze(a: Args) -> Value:
     a.flag("squeeze_expanded")  # checked; an expanded dim has its expanded size here and is refused below
     wide = [d for d in dims if b.meta(x).shape[d] != 1]
     if wide:
-        b.fail(f"dims {wide} of {list(b.meta(x).shape)} are not of size 1")
+        b.fail(f"dims {wide} of {b.text(b.meta(x).shape)} are not of size 1")
     return b.emit("aten.squeeze.dims", x, list(dims)) if dims else x
 
 
 def _slice(a: Args) -> Value:
     b, x = a.b, a.tensor("arg")
     m = b.meta(x)
-    starts, ends = a.ints("start_indices"), a.ints("end_indices")
+    starts, ends = a.ints("start_indices", sizes=True), a.ints("end_indices", sizes=True)
     steps = a.ints("strides", 1) if a.get("strides") is not None else (1,) * m.ndim
     if not len(starts) == len(ends) == len(steps) == m.ndim:
         b.fail(f"start_indices, end_indices and strides need one entry per dim of the rank-{m.ndim} input")
     manual = a.flag("manual_normalization")
     for d, (start, end, step, n) in enumerate(zip(starts, ends, steps, m.shape)):
         if manual and not 0 <= start <= end <= n:
-            b.fail(f"dim {d}: [{start}, {end}) is not within [0, {n}] (manual_normalization)")
+            b.fail(f"dim {d}: [{b.size_text(start)}, {b.size_text(end)}) is not within [0, {b.size_text(n)}] (manual_normalization)")
         if start == 0 and end >= n and step == 1:
             continue  # torch's slice.Tensor normalizes as nvFuser does: negative from the end, clamped
         x = b.emit("aten.slice.Tensor", x, d, start, end, step)
@@ -279,7 +284,7 @@ def _gather(equal_extents: bool) -> FrontendOp:
         bad = [d for d in range(mx.ndim) if d != dim and (mi.shape[d] != mx.shape[d] if equal_extents
                                                            else mi.shape[d] > mx.shape[d])]
         if bad:
-            b.fail(f"index {list(mi.shape)} and input {list(mx.shape)} differ in dims {bad}")
+            b.fail(f"index {b.text(mi.shape)} and input {b.text(mx.shape)} differ in dims {bad}")
         return b.emit("aten.gather.default", x, dim, index)
     return FrontendOp(("arg1", "index", "dim"), build)
 

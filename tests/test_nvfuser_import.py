@@ -403,7 +403,7 @@ def test_issue_fusions_take_fewer_kernels_than_nvfuser_made(name: str, kernels: 
     assert fusion_.bound_from == "the script's inputs" and fusion_.symbolic
 
 
-# -- binding the sizes (Note [sizes are bound, not yet symbolic]) ----------------------------------
+# -- binding the sizes (Note [symbolic or bound sizes]; symbolic ones: tests/test_nvfuser_symbolic.py) --
 
 SYMBOLIC = """
     T0 = fd.define_tensor(shape=[-1, 8], contiguity=[True, True], dtype=DataType.Float, stride_order=[1, 0])
@@ -422,8 +422,10 @@ def test_symbolic_dims_bind_to_the_scripts_inputs_list_next() -> None:
     script = fusion(SYMBOLIC, inputs="[torch.randn(3, 8, dtype=torch.float32, device='cuda:0').as_strided((3, 8), (8, 1))]")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        f = read_nvfuser(script)
-    assert f.graph.inputs[0].meta.shape == (3, 8) and f.bound_from == "the script's inputs"
+        f = read_nvfuser(script, symbolic=False)
+    assert f.graph.inputs[0].meta.shape == (3, 8) and f.bound_from == "the script's inputs" and f.bound
+    kept = read_nvfuser(script, warn=False)  # by default the list only hints the symbols
+    assert not kept.bound and kept.sizes is not None and list(kept.sizes.hints.values()) == [3]
     if not torch.cuda.is_available():  # built on the CPU, and said so
         assert f.graph.inputs[0].meta.device == "cpu" and "CPU" in f.notes[0]
         assert any("built on the CPU" in str(w.message) for w in caught)
@@ -431,7 +433,10 @@ def test_symbolic_dims_bind_to_the_scripts_inputs_list_next() -> None:
 
 def test_unbound_symbolic_dims_are_refused_naming_the_line() -> None:
     with pytest.raises(GraphFormatError, match=r"line 5: fd.define_tensor: shape=\[-1, 8\]: give inputs"):
-        from_nvfuser(fusion(SYMBOLIC))
+        from_nvfuser(fusion(SYMBOLIC), symbolic=False)
+    x = torch.randn(5, 8)  # symbolic (the default), it reads
+    graph = read_nvfuser(fusion(SYMBOLIC), warn=False).graph
+    assert_matches_eager(lambda t: (t.exp(),), [x], graph, program=_program(graph, "auto"))
 
 
 @pytest.mark.parametrize("inputs,message", [
@@ -500,7 +505,7 @@ def test_a_file_with_several_fusions_names_one() -> None:
 
 # -- the command line -----------------------------------------------------------------------------
 
-def test_cli_segments_a_script_and_says_how_its_sizes_were_bound(capsys, tmp_path) -> None:
+def test_cli_segments_a_script_and_says_what_its_dims_became(capsys, tmp_path) -> None:
     import json
 
     from perf.cli import main
@@ -509,11 +514,16 @@ def test_cli_segments_a_script_and_says_how_its_sizes_were_bound(capsys, tmp_pat
     path.write_text(fusion(SYMBOLIC, inputs="[torch.randn(3, 8, device='cuda:0')]"))
     assert main(["segment", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "1 segments" in out and "sizes from the script's inputs" in out
-    assert "%T0 (line 5): symbolic dims [0] bound to [3] (not yet symbolic in the graph)" in out
+    assert "1 segments" in out and "-1 dims are symbols, hinted by the script's inputs" in out
+    assert "%T0 (line 5): dims [0] are [T0_0]" in out and "T0_0 in [2, 2147483648] (hint 3)" in out
     assert main(["segment", str(path), "--json"]) == 0
-    record = json.loads(capsys.readouterr().out)["nvfuser"]
-    assert record["symbolic"] == [{"input": "T0", "line": 5, "dims": [0], "sizes": [3]}]
+    record = json.loads(capsys.readouterr().out)
+    assert record["nvfuser"]["symbolic"] == [{"input": "T0", "line": 5, "dims": [0], "sizes": ["T0_0"]}]
+    assert not record["nvfuser"]["bound"] and record["graph"]["symbols"] == {"T0_0": {"hint": 3, "min": 2, "max": 2**31}}
+    graph = read_nvfuser(path.read_text(), warn=False).graph  # what it showed runs at other sizes
+    for n in (2, 7):
+        x = torch.randn(n, 8)
+        assert_matches_eager(lambda t: (t.exp(),), [x], graph, program=_program(graph, "auto"))
 
 
 def test_cli_profile_puts_nvfusers_quoted_counts_beside_ours(capsys) -> None:
