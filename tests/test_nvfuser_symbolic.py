@@ -287,5 +287,5 @@ def test_cli_run_runs_a_symbolic_script_at_its_hints(capsys, tmp_path) -> None:
     path.write_text(fusion(BROADCAST.body))
     assert main(["run", str(path), "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["max_abs_diff"] == 0.0 and record["strides_agree"] and record["aliasing_agrees"]
+    assert record["max_rel_diff"] < 1e-5 and record["strides_agree"] and record["aliasing_agrees"]
     assert record["kernels"] == 1  # at the hints: T0 of 17 x 19 against the graph's torch ops
