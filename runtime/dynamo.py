@@ -23,6 +23,7 @@ from segmenter import SegmenterOptions, from_fx, segment
 from segmenter.fx_import import has_symbolic_sizes, storage_ids
 from segmenter.symbolic import symbolic_hashing
 
+from .cudagraphs import use_cuda_graphs
 from .program import CompiledProgram
 
 __all__ = ["STATS", "FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend"]
@@ -45,8 +46,10 @@ class FusegCompiler:
     ``backend``: the kernel backend (``auto``: the registry's order; runtime/backends/)."""
 
     def __init__(self, mode: str = "post", options: SegmenterOptions | None = None, backend: str = "auto",
-                 dynamic: bool = True) -> None:
+                 dynamic: bool = True, cuda_graphs: bool = False) -> None:
         self.mode = mode
+        #: capture each program of static shapes into a CUDA graph (Note [CUDA graphs of a program])
+        self.cuda_graphs = cuda_graphs
         self.options = options or SegmenterOptions()
         self.backend = backend
         #: plan graphs with symbolic sizes once for every size (Note [symbolic plans]); False:
@@ -101,6 +104,8 @@ class FusegCompiler:
                     with _disable_current_modes():  # Note [compiling outside the caller's modes]
                         graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes)
                     program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend)
+                    if self.cuda_graphs:
+                        use_cuda_graphs(program)
                     cache[key] = program, sizes
                     self.compiled.append(program)
                     STATS["specialized_programs"] += 1
@@ -289,16 +294,18 @@ def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: 
 
     ``torch.compile(model, backend="fuseg", options={"alias_mode": "pre", "backend": "torch"})``
     picks the alias mode and the kernel backend (default: ``post``, and the registry's order:
-    generated C++ kernels on the CPU where a compiler exists).
+    generated C++ kernels on the CPU where a compiler exists); ``"cuda_graphs": True`` replays
+    each program of static shapes on CUDA as a CUDA graph (Note [CUDA graphs of a program]).
     """
     if options.get("mode") is not None:
         warnings.warn(f"fuseg: torch.compile(mode={options['mode']!r}) is Inductor's setting; fuseg ignores it",
                       stacklevel=2)
     opts = dict(options.get("options") or {}, **{k: v for k, v in options.items() if k not in ("options", "mode")})
-    unknown = set(opts) - {"alias_mode", "backend"}
+    unknown = set(opts) - {"alias_mode", "backend", "cuda_graphs"}
     if unknown:
-        raise ValueError(f"fuseg: unknown options {sorted(unknown)} (known: alias_mode, backend)")
-    compiler = FusegCompiler(mode=opts.get("alias_mode", "post"), backend=opts.get("backend", "auto"))
+        raise ValueError(f"fuseg: unknown options {sorted(unknown)} (known: alias_mode, backend, cuda_graphs)")
+    compiler = FusegCompiler(mode=opts.get("alias_mode", "post"), backend=opts.get("backend", "auto"),
+                             cuda_graphs=bool(opts.get("cuda_graphs", False)))
     return compile_with_aot(compiler, gm, example_inputs)
 
 
