@@ -9,6 +9,7 @@ import importlib.util
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 import runtime
 from alias import apply_aliases
@@ -100,3 +101,36 @@ def test_zoo_models_on_cuda(name: str) -> None:
         prog = runtime.compile(apply_aliases(segment(graph), mode), backend="auto")
         assert "cupy" in prog.backend_of.values()
         assert_matches_eager(fn, inputs, graph, module=module, program=prog, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["softmax-view-sum", "rms-norm", "layer-norm", "halves", "masked-softmax",
+                                  "transpose-contiguous"])
+def test_a_new_size_compiles_no_cuda_kernel(name: str) -> None:
+    """Note [kernel sizes as arguments] on the GPU: a program under ``torch.compile(dynamic=True)``
+    at three sizes against eager; its CUDA kernels take the sizes by value, so after the first
+    size's plan no NVRTC compile runs (``compilations["cuda"]``), even where a size gets a plan of
+    its own (the same kernel sources)."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    from .test_dynamic import DYNAMIC_PROGRAMS
+
+    fn, make = DYNAMIC_PROGRAMS[name]
+    torch._dynamo.reset()
+    compiler = FusegCompiler()
+    compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    compiles = []
+    for n in (9, 21, 40):
+        torch.manual_seed(n)
+        inputs = [t.cuda() for t in make(n)]
+        before = compilations["cuda"]
+        with torch.no_grad():
+            got, want = compiled(*[t.clone() for t in inputs]), fn(*[t.clone() for t in inputs])
+        compiles.append(compilations["cuda"] - before)
+        for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=f"size {n}")
+    torch._dynamo.reset()
+    programs = compiler.compiled  # (a size that breaks a plan's condition gets a plan of its own)
+    assert programs and all(p.sizes is not None for p in programs), compiler.symbolic_refused
+    assert all("cupy" in p.backend_of.values() for p in programs), [p.passed_over for p in programs]
+    assert any(k.symbols for p in programs for k in p.kernels.values())
+    assert compiles[1:] == [0, 0], (compiles, len(programs))

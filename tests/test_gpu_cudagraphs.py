@@ -1,0 +1,222 @@
+"""CUDA graphs of compiled programs on a real GPU (Note [CUDA graphs of a program] in
+runtime/cudagraphs.py) against eager CUDA PyTorch; skipped where there is no GPU. The CPU-side
+logic (which plans are captured, every path of a call) is tests/test_cudagraphs.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import runtime
+from alias import apply_aliases
+from runtime.cudagraphs import use_cuda_graphs
+from segmenter import capture, segment
+from segmenter.reference import clone_inputs
+
+from .kernel_cases import CASES, TOL
+from .test_gpu import _cuda_ready, to_cuda
+from .util import alias_pattern, layout
+
+pytestmark = pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA device and CuPy")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _graphed_program(fn, inputs):
+    program = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="auto")
+    calls = use_cuda_graphs(program)
+    assert calls is not None, program.cuda_graph_refused
+    return program, calls
+
+
+def _compiled(fn):
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    compiler = FusegCompiler(cuda_graphs=True)
+    return compiler, torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=False)
+
+
+def _replays(compiler) -> int:
+    return sum(p.cuda_graph.counts["replayed"] for p in compiler.compiled if p.cuda_graph is not None)
+
+
+def _why_not(compiler) -> list:
+    return [(p.cuda_graph_refused or (p.cuda_graph and p.cuda_graph.refused)) for p in compiler.compiled]
+
+
+def _restore(inputs: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    """Every input's storage back to the saved values, at the same address (any layout)."""
+    for t, s in zip(inputs, saved):
+        t.untyped_storage().copy_(s.untyped_storage())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_cases_replay_like_eager(case: str) -> None:
+    """Every kernel case: warm-up, capture, then replays, each call against eager on copies of
+    the same inputs: values, layouts, storage sharing, and the inputs afterwards (a case that
+    writes an input gets it back before each call, at the same address, so the call replays)."""
+    fn, cpu_inputs = CASES[case]
+    inputs = [to_cuda(t) for t in cpu_inputs]
+    program = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="auto")
+    calls = use_cuda_graphs(program)
+    if calls is None:
+        pytest.skip(f"not captured: {program.cuda_graph_refused}")
+    tol = max(TOL.get(case, 1e-6), 1e-5)
+    saved = clone_inputs(inputs)
+    for _ in range(4):
+        _restore(inputs, saved)
+        eager_in = clone_inputs(inputs)
+        want = [t for t in pytree.tree_leaves(fn(*eager_in)) if isinstance(t, torch.Tensor)]
+        got = program(*inputs)
+        assert len(got) == len(want)
+        for j, (g, w) in enumerate(zip(got, want)):
+            assert layout(g) == layout(w), f"output {j}"
+            torch.testing.assert_close(g, w, atol=tol, rtol=tol, equal_nan=True, msg=f"output {j}")
+        assert alias_pattern(eager_in, want) == alias_pattern(inputs, got)
+        for i, (g, w) in enumerate(zip(inputs, eager_in)):
+            torch.testing.assert_close(g, w, atol=tol, rtol=tol, equal_nan=True, msg=f"input {i} after the call")
+    assert (calls.counts["warm-up"], calls.counts["captured"], calls.counts["replayed"]) == (1, 1, 2), calls.counts
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64),
+                               torch.nn.LayerNorm(64)).cuda().eval()
+
+
+def test_cublas_and_generated_kernels_in_one_graph_through_torch_compile() -> None:
+    model = _mlp()
+    compiler, compiled = _compiled(model)
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        for _ in range(5):
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert _replays(compiler) == 3, _why_not(compiler)
+
+
+def test_the_backend_option_by_name() -> None:
+    model = _mlp()
+    compiled = torch.compile(model, backend="fuseg", options={"cuda_graphs": True})
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny", "bert-tiny"])
+def test_zoo_transformers_replay_and_match_eager(name: str) -> None:
+    pytest.importorskip("transformers")
+    from perf import zoo
+
+    model, (ids,) = zoo.get(name).factory()
+    model, ids = model.cuda(), ids.cuda()
+    compiler, compiled = _compiled(model)
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+        for _ in range(4):
+            torch.testing.assert_close(compiled(ids).last_hidden_state, want, atol=1e-4, rtol=1e-4)
+    assert _replays(compiler) >= 2, _why_not(compiler)
+
+
+def _mutates(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    buf.add_(x)
+    return buf * 2 + x
+
+
+def test_mutated_inputs_are_updated_on_every_replay() -> None:
+    compiler, compiled = _compiled(_mutates)
+    x = torch.randn(16, 32, device="cuda")
+    buf, want_buf = torch.zeros(16, 32, device="cuda"), torch.zeros(16, 32, device="cuda")
+    for _ in range(5):
+        want = _mutates(x, want_buf)
+        got = compiled(x, buf)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(buf, want_buf)
+    assert _replays(compiler) == 3, _why_not(compiler)
+
+
+def test_an_input_that_moved_runs_uncaptured() -> None:
+    fn, cpu_inputs = CASES["rms-norm"]
+    inputs = [to_cuda(t) for t in cpu_inputs]
+    program, calls = _graphed_program(fn, inputs)
+    for _ in range(3):
+        program(*inputs)
+    moved = [inputs[0] * 3, *inputs[1:]]
+    torch.testing.assert_close(program(*moved)[0], fn(*moved), atol=1e-5, rtol=1e-5)
+    assert calls.counts["moved"] == 1
+    torch.testing.assert_close(program(*inputs)[0], fn(*inputs), atol=1e-5, rtol=1e-5)
+    assert calls.counts["replayed"] == 2
+
+
+def test_another_shape_gets_a_program_and_a_graph_of_its_own() -> None:
+    def fn(x):
+        return torch.softmax(x * 2, -1) + 1
+
+    compiler, compiled = _compiled(fn)
+    a, b = torch.randn(32, 128, device="cuda"), torch.randn(16, 256, device="cuda")
+    for x in (a, a, a, b, b, b, a, a):
+        torch.testing.assert_close(compiled(x), fn(x))
+    graphed = [p.cuda_graph for p in compiler.compiled if p.cuda_graph is not None]
+    assert [g.counts["replayed"] for g in graphed] == [3, 1], _why_not(compiler)
+
+
+def test_outputs_kept_across_calls_are_not_overwritten() -> None:
+    fn, cpu_inputs = CASES["softmax"]
+    inputs = [to_cuda(t) for t in cpu_inputs]
+    program, calls = _graphed_program(fn, inputs)
+    for _ in range(3):
+        program(*inputs)
+    (kept,) = program(*inputs)
+    want = fn(*inputs)
+    inputs[0].mul_(-2)  # in place: the same address, so the next call replays
+    (new,) = program(*inputs)
+    assert calls.counts["replayed"] == 2
+    torch.testing.assert_close(new, fn(*inputs), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kept, want, atol=1e-5, rtol=1e-5)
+
+
+def test_replays_run_on_torchs_current_stream() -> None:
+    fn, cpu_inputs = CASES["rms-norm"]
+    inputs = [to_cuda(t) for t in cpu_inputs]
+    program, calls = _graphed_program(fn, inputs)
+    x = inputs[0].clone()
+    for _ in range(3):
+        program(x, inputs[1])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        big = torch.randn(4096, 4096, device="cuda")
+        for _ in range(20):  # a busy stream: a replay on another would read x too early
+            big = big @ big * 1e-3
+        x.copy_(inputs[0] * 1.5)
+        got = program(x, inputs[1])[0]
+    torch.cuda.synchronize()
+    assert calls.counts["replayed"] == 2
+    torch.testing.assert_close(got, fn(x, inputs[1]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda x: (x * 2, x.sum().item()), "handed back as a number"),
+    (lambda x: x + torch.rand_like(x), "random"),
+    (lambda x, s: x * s, "is on cpu"),
+])
+def test_programs_that_cannot_be_captured_run_as_before(fn, why: str) -> None:
+    inputs = [torch.randn(8, 16, device="cuda")]
+    if fn.__code__.co_argcount == 2:
+        inputs.append(torch.tensor(3.0))  # a CPU scalar beside a CUDA tensor
+    program = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="auto")
+    assert use_cuda_graphs(program) is None
+    assert why in program.cuda_graph_refused
+    for _ in range(3):
+        got = program(*inputs)
+    if why != "random":
+        want = fn(*inputs)
+        want = list(want) if isinstance(want, tuple) else [want]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
