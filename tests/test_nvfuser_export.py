@@ -24,6 +24,7 @@ from runtime.nvfuser_export import defined_strides, export_nvfuser, packed_strid
 from segmenter import OpKind, SegmentedFusion, TensorMeta, capture, from_nvfuser, op_info, read_nvfuser, segment
 from segmenter.meta import propagate_metas
 from segmenter.reference import run_graph
+from segmenter.symbolic import size_hint
 
 from .util import assert_matches_eager
 
@@ -124,6 +125,10 @@ def _run_exported(exported, inputs: list[torch.Tensor], monkeypatch) -> list[tor
         tensors = [ns["_conform"](t, strides) for t, strides in args]
         for t, (_, strides) in zip(tensors, args):  # handed over in the layout the fusion defines
             assert all(n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides))
+        # nvFuser takes views of one storage (a tensor and its slice); a graph's inputs share none
+        first = {}
+        tensors = [t if first.setdefault(t.untyped_storage().data_ptr(), k) == k else
+                   torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t) for k, t in enumerate(tensors)]
         return run_graph(read_nvfuser(sources[define.__name__], tensors, warn=False).graph, tensors)
 
     ns["_run"] = run_fusion
@@ -202,3 +207,97 @@ def test_cli_exports_a_script_and_says_what_runs_on_torch(capsys, tmp_path) -> N
     text = out.read_text()
     compile(text, str(out), "exec")  # a Python file
     assert "torch.ops.aten.index_select.default(" in text and ".copy_(" in text
+
+
+# -- symbolic plans (Note [exported symbolic sizes]) --------------------------------------------
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).bfloat16()
+
+
+ROTATE = textwrap.dedent("""
+    from nvfuser import FusionDefinition, DataType
+
+    def f(fd: FusionDefinition) -> None:
+        T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+        S0 = fd.ops.size(T0, 0)
+        S1 = fd.ops.size(T0, 1)
+        H = fd.ops.div(S1, 2)
+        T1 = fd.ops.slice(T0, start_indices=[0, 0], end_indices=[S0, H])
+        T2 = fd.ops.slice(T0, start_indices=[0, H], end_indices=[S0, S1])
+        T3 = fd.ops.cat([fd.ops.neg(T2), T1], dim=-1)
+        fd.add_output(fd.ops.mul(T3, T0))
+        fd.add_output(fd.ops.sum(T2, dims=[0]))
+""")
+
+
+def _rotate_torch(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    h = x.shape[1] // 2
+    return torch.cat((-x[:, h:], x[:, :h]), -1) * x, x[:, h:].sum(0)
+
+
+def _1597_torch(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    from .test_nvfuser_import import _qkv_rope_1597_torch
+
+    return _qkv_rope_1597_torch(*args)
+
+
+SYMBOLIC_EXPORTS = [  # (script, inputs at a size, torch program, sizes)
+    ("rotate_half", lambda: ROTATE, lambda n: [torch.randn(3 + n, 2 * n + 1)], _rotate_torch, (2, 5, 8)),
+    ("nvfuser-1597", lambda: open(__import__("perf.fusions").fusions.path_of("nvfuser-1597"), encoding="utf-8").read(),
+     lambda t: [_bf16(1, t, 6144), _bf16(t, 128), _bf16(t, 128)], _1597_torch, (4, 9, 16)),
+]
+
+
+@pytest.mark.parametrize("source,make,torch_fn,sizes", [c[1:] for c in SYMBOLIC_EXPORTS],
+                         ids=[c[0] for c in SYMBOLIC_EXPORTS])
+def test_a_symbolic_plan_exports_fusions_for_every_size(source, make, torch_fn, sizes, monkeypatch) -> None:
+    torch.manual_seed(0)
+    plan = apply_aliases(segment(read_nvfuser(source(), warn=False).graph), "post")
+    exported = export_nvfuser(plan)
+    assert exported.fusions and "run(inputs) checks the plan's conditions" in exported.script
+    for ex in exported.fusions:  # -1 dims, and sizes the fusion computes from its inputs
+        assert "shape=[" in ex.script() and "-1" in ex.script() and "sizes=" not in ex.script()
+        # read back with symbols hinted by tensors of the segment's layouts: the segment's ops
+        layouts = [plan.graph.metas[v] for v in ex.inputs]
+        hints = [torch.empty_strided([size_hint(n) for n in m.shape], [size_hint(s) for s in st], dtype=m.dtype)
+                 for m, st in zip(layouts, ex.strides)]
+        back = read_nvfuser(ex.script(), hints, warn=False, symbolic=True)  # (an input sliced: bound)
+        assert normalized_ops(back.graph, back.graph.nodes) == normalized_ops(plan.graph, plan.segments[ex.index].nodes)
+    for n in sizes:  # run() at several sizes, each fusion read back bound to what it is handed
+        inputs = make(n)
+        got = _run_exported(exported, [t.clone() for t in inputs], monkeypatch)
+        want = torch_fn(*inputs)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            torch.testing.assert_close(g, w)
+    bad = make(1)  # a size outside the plan's ranges (1 is no symbolic size): refused, nothing runs
+    with pytest.raises(ValueError, match="break a condition of the plan"):
+        _run_exported(exported, bad, monkeypatch)
+
+
+def test_a_lowering_that_needs_a_number_runs_that_segment_on_torch(monkeypatch) -> None:
+    """A mean over a symbolic dim: the lowering's count would pin the symbol, so that segment is
+    written to run on torch (its reason said), and run() still takes every size."""
+    import json
+
+    from segmenter.serialize import from_json
+
+    meta = lambda shape, stride: {"shape": shape, "stride": stride, "storage_offset": 0, "dtype": "float32",  # noqa: E731
+                                  "device": "cpu"}
+    raw = {"schema": "fusion-segmenter/graph", "version": 1, "name": "centered", "symbols": {"S": {"hint": 6}},
+           "inputs": [{"name": "x", "meta": meta([3, "S"], ["S", 1]), "role": "user", "target": None, "storage": 0}],
+           "nodes": [{"name": "m", "op": "aten.mean.dim", "args": [{"value": "x"}, [1], True], "kwargs": {},
+                      "outputs": ["m"], "metas": [meta([3, 1], [1, 1])]},
+                     {"name": "y", "op": "aten.sub.Tensor", "args": [{"value": "x"}, {"value": "m"}], "kwargs": {},
+                      "outputs": ["y"], "metas": [meta([3, "S"], ["S", 1])]}],
+           "outputs": ["y"]}
+    plan = apply_aliases(segment(from_json(json.dumps(raw))), "post")
+    exported = export_nvfuser(plan)
+    declined = [s for s in exported.segments if s.function is None and s.kind.value != "metadata"]
+    assert declined and "needs a number for a symbolic size" in declined[0].reason
+    for n in (2, 6, 11):
+        x = torch.randn(3, n)
+        (got,) = _run_exported(exported, [x.clone()], monkeypatch)
+        torch.testing.assert_close(got, x - x.mean(1, keepdim=True))
