@@ -26,6 +26,7 @@ from segmenter.meta import propagate_metas
 from segmenter.reference import run_graph
 from segmenter.symbolic import size_hint
 
+from .test_nvfuser_import import fusion
 from .util import assert_matches_eager
 
 # Ops whose lowering is a decomposition: what the read-back graph holds in their place.
@@ -215,25 +216,10 @@ def _bf16(*shape: int) -> torch.Tensor:
     return torch.randn(*shape).bfloat16()
 
 
-ROTATE = textwrap.dedent("""
-    from nvfuser import FusionDefinition, DataType
+def _symbolic_case(name: str):  # noqa: ANN202 - a SymCase of tests/test_nvfuser_symbolic.py
+    from .test_nvfuser_symbolic import CASES
 
-    def f(fd: FusionDefinition) -> None:
-        T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
-        S0 = fd.ops.size(T0, 0)
-        S1 = fd.ops.size(T0, 1)
-        H = fd.ops.div(S1, 2)
-        T1 = fd.ops.slice(T0, start_indices=[0, 0], end_indices=[S0, H])
-        T2 = fd.ops.slice(T0, start_indices=[0, H], end_indices=[S0, S1])
-        T3 = fd.ops.cat([fd.ops.neg(T2), T1], dim=-1)
-        fd.add_output(fd.ops.mul(T3, T0))
-        fd.add_output(fd.ops.sum(T2, dims=[0]))
-""")
-
-
-def _rotate_torch(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    h = x.shape[1] // 2
-    return torch.cat((-x[:, h:], x[:, :h]), -1) * x, x[:, h:].sum(0)
+    return next(c for c in CASES if c.name == name)
 
 
 def _1597_torch(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -243,7 +229,8 @@ def _1597_torch(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 SYMBOLIC_EXPORTS = [  # (script, inputs at a size, torch program, sizes)
-    ("rotate_half", lambda: ROTATE, lambda n: [torch.randn(3 + n, 2 * n + 1)], _rotate_torch, (2, 5, 8)),
+    ("rotate_half", lambda: fusion(_symbolic_case("rotate_half").body), lambda n: [torch.randn(3 + n, 2 * n + 1)],
+     lambda x: _symbolic_case("rotate_half").torch_fn(x), (2, 5, 8)),
     ("nvfuser-1597", lambda: open(__import__("perf.fusions").fusions.path_of("nvfuser-1597"), encoding="utf-8").read(),
      lambda t: [_bf16(1, t, 6144), _bf16(t, 128), _bf16(t, 128)], _1597_torch, (4, 9, 16)),
 ]

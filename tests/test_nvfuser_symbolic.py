@@ -41,7 +41,7 @@ def _in_place(x: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor]:
 
 def _rotate(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     h = x.shape[1] // 2
-    return torch.cat((-x[:, h:], x[:, :h]), -1) * x, x[:, h:]
+    return torch.cat((-x[:, h:], x[:, :h]), -1) * x, x[:, h:], x[:, h:].sum(0)
 
 
 CASES = [
@@ -78,6 +78,7 @@ CASES = [
         T3 = fd.ops.cat([fd.ops.neg(T2), T1], dim=-1)
         fd.add_output(fd.ops.mul(T3, T0))
         fd.add_output(T2)
+        fd.add_output(fd.ops.sum(T2, dims=[0]))
     """, [["T0_0", "T0_1"]], lambda n, m: [torch.randn(n, m)], _rotate),
     # dims 0 are independent (a cat's dim), dims 1 forced equal: three symbols, no relation
     SymCase("independent_dims", f"""
