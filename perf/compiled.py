@@ -1,8 +1,10 @@
-"""Compiled models on the CPU: eager against ``torch.compile(backend="inductor")`` and
-``torch.compile(backend="fuseg")``, default options, side by side in one run.
+"""Compiled models: eager against ``torch.compile(backend="inductor")`` and
+``torch.compile(backend="fuseg")``, default options, side by side in one run (on the CPU; with
+``--device cuda``, on the GPU, with Inductor's ``mode="reduce-overhead"`` and fuseg's
+``options={"cuda_graphs": True}`` beside them).
 
-    python -m perf.compiled [MODEL ...] [--set default|unseen|all] [--rounds 5] [--calls 20] [--first-calls 3] [--no-first-call]
-                            [--out perf/results/compiled_cpu.json] [--plot FILE.png]
+    python -m perf.compiled [MODEL ...] [--set default|unseen|all|gpu] [--rounds 5] [--calls 20] [--first-calls 3] [--no-first-call]
+                            [--device cpu|cuda] [--variants V,...] [--out perf/results/compiled_cpu.json] [--plot FILE.png]
 
 Models: the zoo's runnable entries and transformer-family models the project never tuned for
 (``HELD_OUT``: tiny configs from ``transformers``, random weights, batch 2, sequence 32); with
@@ -21,12 +23,19 @@ is slower than eager, no torch.compile backend can be faster than eager (the inp
 on every call, so its outputs are eager's too). "dynamo" is no such bound: its ops run one by one
 through the GraphModule, which a compiler need not do.
 Interleaving puts the machine's
-noise on every variant alike: compare ratios within one run, not times across runs. First call:
+noise on every variant alike: compare ratios within one run, not times across runs. On a GPU
+each timed call ends with a ``torch.cuda.synchronize()`` (its time is the host's work and the
+device's, one call alone), and each round also times ``--calls`` calls back to back with one
+synchronize at the end (``*_pipelined_ms``: what a loop of calls costs a call, where host and
+device overlap); the variants there: "inductor_ro" (``mode="reduce-overhead"``: CUDA graphs) and
+"fuseg_graphs" (Note [CUDA graphs of a program] in runtime/cudagraphs.py; the record says per
+program whether it replayed, and why not). ``--set gpu`` is the six models the GPU runs take
+(``GPU``). First call:
 each compiler's first call (trace, compile, kernel builds) in a fresh process with empty
 Inductor and fuseg caches, ``--first-calls`` times per compiler (3), the two compilers
 alternating; the median is kept, every time is recorded (one cold start on this shared machine
 varied by up to 40% between runs: resnet's fuseg first call took 2.1 s in one run, 3.4 s in the
-next). ``--no-first-call`` skips it. Every variant's outputs are compared
+next; not measured on a GPU). ``--no-first-call`` skips it. Every variant's outputs are compared
 with eager's.
 """
 
@@ -50,9 +59,15 @@ from torch.utils import _pytree as pytree
 
 from .bench import environment
 
-__all__ = ["HELD_OUT", "MODELS", "UNSEEN", "bench_compiled", "main"]
+__all__ = ["GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "main"]
 
 from .models import DEFAULT, HELD_OUT, MODELS, UNSEEN
+
+#: the models the GPU runs take (issue 44): the zoo's tiny transformers and a vision transformer
+GPU = ["llama-tiny", "gpt2-tiny", "bert-tiny", "qwen2-tiny", "mistral-tiny", "vit"]
+#: the variants timed beside eager, per device (``--variants`` picks others)
+VARIANTS = {"cpu": ("inductor", "fuseg", "dynamo", "floor"),
+            "cuda": ("inductor", "inductor_ro", "fuseg", "fuseg_graphs", "floor")}
 
 
 def _set_of(name: str) -> str:
@@ -98,44 +113,96 @@ def _no_work_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Cal
     return lambda *args: outputs
 
 
+def _compile(fn: Any, variant: str) -> tuple[Callable[..., Any], Any]:
+    """``torch.compile`` of ``fn`` for a variant, and what to inspect afterwards (fuseg_graphs:
+    its FusegCompiler)."""
+    if variant == "fuseg_graphs":
+        from runtime.dynamo import FusegCompiler, compile_with_aot
+
+        compiler = FusegCompiler(cuda_graphs=True)  # what options={"cuda_graphs": True} makes
+        return torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex)), compiler
+    kw: dict[str, Any] = {"inductor": {"backend": "inductor"},
+                          "inductor_ro": {"backend": "inductor", "mode": "reduce-overhead"},
+                          "fuseg": {"backend": "fuseg"},
+                          "dynamo": {"backend": "eager"},  # the captured ops run as they are
+                          "floor": {"backend": _no_work_backend}}[variant]  # no work at all
+    return torch.compile(fn, **kw), None
+
+
+def _graphs_record(compiler: Any) -> list[dict[str, Any]]:
+    """Per program the fuseg_graphs variant compiled: whether it replayed, or why not."""
+    out = []
+    for p in compiler.compiled:
+        g = getattr(p, "cuda_graph", None)
+        out.append({"refused": getattr(p, "cuda_graph_refused", None) if g is None else g.refused,
+                    "counts": None if g is None else dict(g.counts),
+                    "last_fallback": None if g is None else g.last_fallback})
+    return out
+
+
+def _to(x: Any, device: str) -> Any:
+    if isinstance(x, torch.nn.Module):
+        return x.to(device)
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
 def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_call: int = 3,
-                   progress: bool = True) -> list[dict[str, Any]]:
+                   progress: bool = True, device: str = "cpu", variants: tuple[str, ...] | None = None,
+                   on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """``first_call``: fresh processes per compiler and model whose first calls are timed (the
-    median is kept; 0: none)."""
-    rows = []
+    median is kept; 0: none; on the CPU only). ``on_row``: called with the rows so far after each
+    model (a record written as the run goes)."""
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else None
+    rows: list[dict[str, Any]] = []
     for name in names:
         if name not in MODELS:
             raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
         torch._dynamo.reset()
         fn, inputs = MODELS[name]()
-        row: dict[str, Any] = {"model": name, "held_out": name in HELD_OUT or name in UNSEEN, "set": _set_of(name)}
-        variants: dict[str, Callable[[], Any]] = {"eager": lambda f=fn, a=inputs: f(*a)}
+        fn, inputs = _to(fn, device), [_to(t, device) for t in inputs]
+        row: dict[str, Any] = {"model": name, "held_out": name in HELD_OUT or name in UNSEEN, "set": _set_of(name),
+                               "device": device}
+        timed: dict[str, Callable[[], Any]] = {"eager": lambda f=fn, a=inputs: f(*a)}
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             want = fn(*inputs)
-            # "dynamo": the captured ops run as they are; "floor": no work at all (module docstring)
-            compilers: dict[str, Any] = {"dynamo": "eager", "floor": _no_work_backend}
-            for backend in ("inductor", "fuseg", "dynamo", "floor"):
+            graphs = None
+            for v in variants or VARIANTS[device]:
                 try:
-                    c = torch.compile(fn, backend=compilers.get(backend, backend))
-                    row[f"{backend}_max_abs_diff"] = _max_diff(c(*inputs), want)
-                    variants[backend] = lambda c=c, a=inputs: c(*a)
+                    c, inspect = _compile(fn, v)
+                    row[f"{v}_max_abs_diff"] = _max_diff(c(*inputs), want)
+                    timed[v] = lambda c=c, a=inputs: c(*a)
+                    graphs = inspect if v == "fuseg_graphs" else graphs
                 except Exception as e:  # noqa: BLE001 - recorded: a compiler that fails is a result
-                    row[f"{backend}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            times: dict[str, list[float]] = {v: [] for v in variants}
-            for call in variants.values():  # warm-up
+                    row[f"{v}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            times: dict[str, list[float]] = {v: [] for v in timed}
+            pipelined: dict[str, list[float]] = {v: [] for v in timed}
+            for call in timed.values():  # warm-up
                 for _ in range(3):
                     call()
             for _ in range(rounds):
-                for v, call in variants.items():
+                for v, call in timed.items():
                     for _ in range(calls):
                         t0 = time.perf_counter()
                         call()
+                        if sync is not None:
+                            sync()
                         times[v].append((time.perf_counter() - t0) * 1e3)
+                    if sync is not None:  # back to back: host and device overlap
+                        t0 = time.perf_counter()
+                        for _ in range(calls):
+                            call()
+                        sync()
+                        pipelined[v].append((time.perf_counter() - t0) * 1e3 / calls)
+            if graphs is not None:
+                row["fuseg_graphs_programs"] = _graphs_record(graphs)
         for v, ts in times.items():
             row[f"{v}_ms"] = statistics.median(ts)
             q = statistics.quantiles(ts, n=10)
             row[f"{v}_p10_ms"], row[f"{v}_p90_ms"] = q[0], q[-1]
+            if pipelined[v]:
+                row[f"{v}_pipelined_ms"] = statistics.median(pipelined[v])
         for v in ("dynamo", "floor"):
             if f"{v}_ms" in row:
                 row[f"{v}_vs_eager"] = row[f"{v}_ms"] / row["eager_ms"]
@@ -143,7 +210,15 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
             row["fuseg_vs_eager"] = row["fuseg_ms"] / row["eager_ms"]
             if "inductor_ms" in row:
                 row["fuseg_vs_inductor"] = row["fuseg_ms"] / row["inductor_ms"]
-        if first_call:
+        for ours in ("fuseg", "fuseg_graphs"):  # the GPU's comparisons (issue 44)
+            for theirs in ("inductor", "inductor_ro"):
+                if ours == "fuseg" and theirs == "inductor":
+                    continue
+                if f"{ours}_ms" in row and f"{theirs}_ms" in row:
+                    row[f"{ours}_vs_{theirs}"] = row[f"{ours}_ms"] / row[f"{theirs}_ms"]
+        if "fuseg_graphs_ms" in row:
+            row["fuseg_graphs_vs_eager"] = row["fuseg_graphs_ms"] / row["eager_ms"]
+        if first_call and not cuda:
             runs: dict[str, list[float]] = {"inductor": [], "fuseg": []}
             for _ in range(first_call):  # the two compilers alternate: the machine's drift hits both
                 for backend in runs:
@@ -160,8 +235,13 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
             if "fuseg_first_call_s" in row and "inductor_first_call_s" in row:
                 row["first_call_vs_inductor"] = row["fuseg_first_call_s"] / row["inductor_first_call_s"]
         rows.append(row)
+        del timed, fn, inputs
+        if cuda:
+            torch.cuda.empty_cache()
         if progress:
             print(_line(row), file=sys.stderr, flush=True)
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -170,7 +250,11 @@ def _line(row: dict[str, Any]) -> str:
         return fmt.format(row[k]) if k in row else "-"
     return (f"{row['model']:>14}  eager {f('eager_ms')} ms  inductor {f('inductor_ms')}  fuseg {f('fuseg_ms')}  "
             f"floor/eager {f('floor_vs_eager', '{:.2f}')}  dynamo/eager {f('dynamo_vs_eager', '{:.2f}')}  fuseg/eager {f('fuseg_vs_eager', '{:.2f}')}  fuseg/inductor {f('fuseg_vs_inductor', '{:.2f}')}  "
-            f"first call {f('fuseg_first_call_s', '{:.1f}')} s vs {f('inductor_first_call_s', '{:.1f}')} s")
+            f"first call {f('fuseg_first_call_s', '{:.1f}')} s vs {f('inductor_first_call_s', '{:.1f}')} s"
+            + (f"  inductor_ro {f('inductor_ro_ms')}  fuseg_graphs {f('fuseg_graphs_ms')}  "
+               f"graphs/inductor {f('fuseg_graphs_vs_inductor', '{:.2f}')}  "
+               f"graphs/inductor_ro {f('fuseg_graphs_vs_inductor_ro', '{:.2f}')}"
+               if "fuseg_graphs_ms" in row or "inductor_ro_ms" in row else ""))
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -196,6 +280,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "median_first_call_vs_inductor": med("first_call_vs_inductor", which),
                      "max_first_call_vs_inductor": max((r["first_call_vs_inductor"] for r in which
                                                         if "first_call_vs_inductor" in r), default=None)}
+        if any("fuseg_graphs_ms" in r or "inductor_ro_ms" in r for r in which):  # a GPU run (issue 44's goals)
+            out[part].update({
+                "median_fuseg_graphs_vs_inductor": med("fuseg_graphs_vs_inductor", which),
+                "median_fuseg_graphs_vs_inductor_ro": med("fuseg_graphs_vs_inductor_ro", which),
+                "fuseg_graphs_not_faster_than_inductor": [r["model"] for r in which
+                                                          if r.get("fuseg_graphs_vs_inductor", 0) >= 1],
+                "fuseg_graphs_above_1.1x_inductor_ro": [r["model"] for r in which
+                                                         if r.get("fuseg_graphs_vs_inductor_ro", 0) > 1.1]})
     return out
 
 
@@ -222,28 +314,44 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="*", help=f"default: the --set's models; known: {', '.join(MODELS)}")
-    p.add_argument("--set", choices=("default", "unseen", "all"), default="default",
-                   help="the zoo and HELD_OUT (default), UNSEEN, or both")
+    p.add_argument("--set", choices=("default", "unseen", "all", "gpu"), default=None,
+                   help="the zoo and HELD_OUT (default on the CPU), UNSEEN, both, or GPU (default with --device cuda)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--first-calls", type=int, default=3, help="cold first calls per compiler and model (median kept)")
     p.add_argument("--no-first-call", action="store_true")
-    p.add_argument("--out")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--variants", help=f"comma-separated, beside eager (default: {VARIANTS})")
+    p.add_argument("--out", help="the record, written again after every model")
     p.add_argument("--plot")
     a = p.parse_args(argv)
-    first_calls = 0 if a.no_first_call else a.first_calls
-    sets = {"default": DEFAULT, "unseen": UNSEEN, "all": MODELS}
-    rows = bench_compiled(a.models or list(sets[a.set]), a.rounds, a.calls, first_calls)
-    result = {"benchmark": "compiled models, CPU", "environment": environment("cpu"),
-              "threads": torch.get_num_threads(), "rounds": a.rounds, "calls": a.calls, "first_calls": first_calls,
-              "summary": summary(rows), "rows": rows}
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here")
+    first_calls = 0 if a.no_first_call or a.device == "cuda" else a.first_calls
+    sets = {"default": list(DEFAULT), "unseen": list(UNSEEN), "all": list(MODELS), "gpu": GPU}
+    names = a.models or sets[a.set or ("gpu" if a.device == "cuda" else "default")]
+    variants = tuple(v for v in a.variants.split(",") if v) if a.variants else VARIANTS[a.device]
+    unknown = set(variants) - set(VARIANTS["cpu"]) - set(VARIANTS["cuda"])
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}")
+    head = {"benchmark": f"compiled models, {a.device}", "environment": environment(a.device),
+            "threads": torch.get_num_threads(), "rounds": a.rounds, "calls": a.calls, "first_calls": first_calls,
+            "variants": ["eager", *variants],
+            "command": "python -m perf.compiled " + " ".join(argv if argv is not None else sys.argv[1:])}
+
+    def record(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        result = {**head, "models_asked": names, "summary": summary(rows), "rows": rows}
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(result, f, indent=1)
+                f.write("\n")
+        return result
+
+    result = record(bench_compiled(names, a.rounds, a.calls, first_calls, device=a.device, variants=variants,
+                                   on_row=record))
     print(json.dumps(result["summary"], indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
     if a.plot:
-        plot(rows, a.plot)
+        plot(result["rows"], a.plot)
     return 0
 
 

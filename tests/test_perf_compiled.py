@@ -51,3 +51,17 @@ def test_every_model_set_builds_by_name() -> None:
 
     assert set(HELD_OUT) <= set(DEFAULT) and not set(UNSEEN) & set(DEFAULT)
     assert set(MODELS) == set(DEFAULT) | set(UNSEEN)
+
+
+def test_a_gpu_run_names_the_models_that_miss_issue_44s_targets() -> None:
+    rows = [
+        {"model": "a", "held_out": False, "fuseg_graphs_vs_inductor": 0.8, "fuseg_graphs_vs_inductor_ro": 1.05},
+        {"model": "b", "held_out": False, "fuseg_graphs_vs_inductor": 1.2, "fuseg_graphs_vs_inductor_ro": 1.3},
+        {"model": "c", "held_out": False, "fuseg_graphs_vs_inductor": 0.9, "fuseg_graphs_vs_inductor_ro": 1.15},
+        {"model": "d", "held_out": False, "inductor_ro_ms": 1.0},  # fuseg_graphs failed: no ratio
+    ]
+    s = summary(rows)["all"]
+    assert s["fuseg_graphs_not_faster_than_inductor"] == ["b"]
+    assert s["fuseg_graphs_above_1.1x_inductor_ro"] == ["b", "c"]
+    assert s["median_fuseg_graphs_vs_inductor"] == 0.9
+    assert "median_fuseg_graphs_vs_inductor" not in summary([{"model": "x", "held_out": False}])["all"]
