@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Union
@@ -140,6 +141,13 @@ class Builder:
     def size_text(self, n: int | torch.SymInt) -> str:
         return str(n) if self.sizes is None else self.sizes.text(n)
 
+    def named(self, text: str) -> str:
+        """torch's message with the ShapeEnv's symbols (``s92``) by their names (``T1_0``)."""
+        if self.sizes is None:
+            return text
+        names = {str(s): n for s, n in self.sizes.display.items()}
+        return re.sub(r"\b[su]\d+\b", lambda m: names.get(m.group(0), m.group(0)), text)
+
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """Within: ops run on this graph's FakeTensors (through the Python dispatcher where sizes
@@ -225,7 +233,7 @@ class Builder:
             try:
                 result = overload(*[self._fake(a) for a in node_args], **{k: self._fake(v) for k, v in node_kwargs})
             except Exception as e:  # noqa: BLE001 - torch's own refusal, said with the script's line
-                self.fail(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+                self.fail(f"{type(e).__name__}: {self.named((str(e).splitlines() or [''])[0][:300])}")
         results = list(result) if isinstance(result, (tuple, list)) else [result]
         assert len(results) == n, (op, len(results))
         for r in results:  # sizes are bounded as a graph file's are (segmenter/limits.py), at the hints

@@ -290,3 +290,14 @@ def test_cli_run_runs_a_symbolic_script_at_its_hints(capsys, tmp_path) -> None:
     record = json.loads(capsys.readouterr().out)
     assert record["max_rel_diff"] < 1e-5 and record["strides_agree"] and record["aliasing_agrees"]
     assert record["kernels"] == 1  # at the hints: T0 of 17 x 19 against the graph's torch ops
+
+
+def test_a_size_the_ops_fix_that_the_default_hint_lacks_is_refused_by_its_name() -> None:
+    from .test_nvfuser_import import WITH_BLOCK  # t1 (symbolic_sizes=[-1]) broadcast to [4, 6]: t1_0 is 6
+
+    with pytest.raises(GraphFormatError, match=r"line 6: fd.ops.broadcast_in_dim: .*length t1_0 -> 6.*hinted 17"):
+        read_nvfuser(WITH_BLOCK, warn=False)
+    x, y = torch.randn(4, 6), torch.randn(6)  # hinted by tensors that take it: t1_0 pinned to 6
+    fusion_ = read_nvfuser(WITH_BLOCK, [x, y], warn=False, symbolic=True)
+    assert [s.sizes for s in fusion_.symbolic] == [(6,)] and fusion_.sizes is None  # (t0 is static_sizes)
+    assert_matches_eager(lambda a, b: (a + b,), [x, y], fusion_.graph, program=_program(fusion_.graph))
