@@ -3,7 +3,9 @@
     python -m perf.launch_overhead [--device cuda] [--calls 2000]
 
 The program is softmax over a [32, 128] tensor: one kernel, so the time per call is the runtime's
-own overhead plus one launch. Eager's time for the same op is printed beside it.
+own overhead plus one launch. Eager's time for the same op is printed beside it; on CUDA, the
+same program replayed as a CUDA graph too ("cupy+graphs": the entry's checks, one replay and the
+output's copy).
 """
 
 from __future__ import annotations
@@ -38,9 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     plan = apply_aliases(segment(capture(fn, [x])), "post")
     backends = ["torch", "cupy"] if a.device == "cuda" else ["torch", "cpp"]
     calls = {"eager": lambda: fn(x)}
+    refused = None
     for b in backends:
         calls[b] = (lambda prog: lambda: prog(x))(runtime.compile(plan, backend=b))
+    if a.device == "cuda":  # the same program replayed as a CUDA graph (Note [CUDA graphs of a program])
+        from runtime.cudagraphs import use_cuda_graphs
+
+        graphed = runtime.compile(plan, backend="cupy")
+        if use_cuda_graphs(graphed) is not None:
+            calls["cupy+graphs"] = lambda: graphed(x)
+        refused = graphed.cuda_graph_refused
     result = {"device": a.device, "calls": a.calls, "us_per_call": {}}
+    if a.device == "cuda":
+        result["cuda_graph_refused"] = refused
     for name, call in calls.items():
         for _ in range(100):
             call()
