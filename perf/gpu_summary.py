@@ -1,0 +1,131 @@
+"""The short summary at the end of perf/gpu_validate.sh: what each step did, and issue 44's goals.
+
+    python -m perf.gpu_summary OUT_DIR [--tag h100]
+
+Reads what the script left in ``OUT_DIR``: ``steps.txt`` (one line a step: name, exit status,
+seconds, budget), the test shards' JUnit files, the compiled-model record and the bandwidth
+record; prints the summary and writes it to ``gpu_validate_summary_<tag>.txt`` beside them.
+Every figure comes from those files; a step that left none is reported as missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+from typing import Any
+
+__all__ = ["main", "summarize", "junit_counts"]
+
+
+def junit_counts(paths: list[str]) -> dict[str, Any]:
+    """Totals over JUnit files, and the ids of the tests that failed or errored."""
+    total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "files": len(paths), "failed": []}
+    for p in paths:
+        try:
+            root = ET.parse(p).getroot()
+        except (ET.ParseError, OSError) as e:
+            total.setdefault("unreadable", []).append(f"{os.path.basename(p)}: {e}")
+            continue
+        for suite in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
+            for k in ("tests", "failures", "errors", "skipped"):
+                total[k] += int(suite.get(k, 0))
+            for case in suite.iter("testcase"):
+                if case.find("failure") is not None or case.find("error") is not None:
+                    total["failed"].append(f"{case.get('classname')}::{case.get('name')}")
+    total["passed"] = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
+    return total
+
+
+def _load(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _fmt(x: Any, spec: str = "{:.2f}") -> str:
+    return spec.format(x) if isinstance(x, (int, float)) else "-"
+
+
+def summarize(out: str, tag: str) -> str:
+    lines = [f"GPU validation summary ({tag}), from {out}"]
+    steps = os.path.join(out, "steps.txt")
+    if os.path.exists(steps):
+        with open(steps) as f:
+            lines += ["steps:"] + [f"  {line.rstrip()}" for line in f if line.strip()]
+    env = _load(os.path.join(out, f"gpu_env_{tag}.json"))
+    if env:
+        lines.append("device: " + ", ".join(f"{k} {env.get(k)}" for k in
+                                            ("gpu", "driver", "cuda", "torch", "cupy", "triton", "git_commit")))
+    t = junit_counts(sorted(glob.glob(os.path.join(out, f"gpu_tests_{tag}_shard*.xml"))))
+    if t["files"]:
+        lines.append(f"tests: {t['passed']} passed, {t['failures']} failed, {t['errors']} errors, "
+                     f"{t['skipped']} skipped of {t['tests']} ({t['files']} shards)")
+        lines += [f"  FAILED {name}" for name in t["failed"][:40]]
+        if len(t["failed"]) > 40:
+            lines.append(f"  ... and {len(t['failed']) - 40} more")
+    else:
+        lines.append("tests: no JUnit file (the step did not run or was cut)")
+    compiled = _load(os.path.join(out, f"gpu_compiled_{tag}.json"))
+    if compiled:
+        lines.append(f"compiled models ({compiled.get('command', '')}), medians in ms:")
+        for r in compiled.get("rows", []):
+            errors = [k for k in r if k.endswith("_error")]
+            replays = [p.get("counts", {}) and p["counts"].get("replayed") for p in r.get("fuseg_graphs_programs", [])]
+            refused = sorted({p["refused"] for p in r.get("fuseg_graphs_programs", []) if p.get("refused")})
+            lines.append(
+                f"  {r['model']:>13}  eager {_fmt(r.get('eager_ms'), '{:.3f}')}  inductor {_fmt(r.get('inductor_ms'), '{:.3f}')}"
+                f"  inductor_ro {_fmt(r.get('inductor_ro_ms'), '{:.3f}')}  fuseg {_fmt(r.get('fuseg_ms'), '{:.3f}')}"
+                f"  fuseg_graphs {_fmt(r.get('fuseg_graphs_ms'), '{:.3f}')}"
+                f"  graphs/inductor {_fmt(r.get('fuseg_graphs_vs_inductor'))}"
+                f"  graphs/inductor_ro {_fmt(r.get('fuseg_graphs_vs_inductor_ro'))}  replays {replays}"
+                + (f"  not captured: {refused}" if refused else "") + (f"  errors: {errors}" if errors else ""))
+        part = compiled.get("summary", {}).get("all", {})
+        lines.append(f"  missed: slower than Inductor {part.get('fuseg_graphs_not_faster_than_inductor')}; "
+                     f"above 1.1x reduce-overhead {part.get('fuseg_graphs_above_1.1x_inductor_ro')}; "
+                     f"models asked {len(compiled.get('models_asked', []))}, done {len(compiled.get('rows', []))}")
+    else:
+        lines.append("compiled models: no record")
+    bw = _load(os.path.join(out, f"gpu_bandwidth_{tag}.json"))
+    if bw:
+        lines.append("bandwidth (time / copy of the floor's bytes; the profiler's kernel time in brackets):")
+        for r in bw.get("rows", []):
+            if "error" in r:
+                lines.append(f"  {r['case']:>24}  ERROR {r['error'][:120]}")
+                continue
+            lines.append(f"  {r['case']:>24}  fuseg/copy {_fmt(r.get('fuseg_vs_copy'))} ({_fmt(r.get('fuseg_device_vs_copy'))})"
+                         f"  fuseg/eager {_fmt(r.get('fuseg_vs_eager'))}  fuseg/inductor {_fmt(r.get('fuseg_vs_inductor'))}"
+                         f"  {_fmt(r.get('fuseg_GBps'), '{:.0f}')} GB/s (copy {_fmt(r.get('copy_GBps'), '{:.0f}')})"
+                         + ("" if r.get("fuseg_ok", True) else "  MISMATCH"))
+        s = bw.get("summary", {})
+        lines.append(f"  missed: above target {s.get('above_target')}; rows not faster than eager or Inductor "
+                     f"{s.get('rows_not_faster_than_eager_or_inductor')}")
+    else:
+        lines.append("bandwidth: no record")
+    lo = _load(os.path.join(out, f"gpu_launch_overhead_{tag}.json"))
+    if lo:
+        lines.append("host time per call of a one-kernel program, us: "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in lo.get("us_per_call", {}).items())
+                     + (f"; graphs refused: {lo['cuda_graph_refused']}" if lo.get("cuda_graph_refused") else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--tag", default="gpu")
+    a = p.parse_args(argv)
+    text = summarize(a.out, a.tag)
+    with open(os.path.join(a.out, f"gpu_validate_summary_{a.tag}.txt"), "w") as f:
+        f.write(text)
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""perf/gpu_summary.py, which sums up perf/gpu_validate.sh's run from the files it left."""
+
+from __future__ import annotations
+
+import json
+
+from perf.gpu_summary import junit_counts, summarize
+
+_JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
+skipped="1" tests="5"><testcase classname="tests.test_gpu" name="test_a"/><testcase classname="tests.test_gpu"
+name="test_b"><failure message="boom"/></testcase><testcase classname="tests.test_gpu" name="test_c"><error
+message="setup"/></testcase><testcase classname="tests.test_gpu" name="test_d"><skipped/></testcase><testcase
+classname="tests.test_gpu" name="test_e"/></testsuite></testsuites>"""
+
+
+def test_the_shards_junit_files_are_summed_and_failures_named(tmp_path) -> None:
+    for k in range(2):
+        (tmp_path / f"gpu_tests_h100_shard{k}.xml").write_text(_JUNIT)
+    (tmp_path / "gpu_tests_h100_shard2.xml").write_text("<testsuites><testsuite")  # cut by its budget
+    paths = sorted(str(p) for p in tmp_path.glob("*.xml"))
+    t = junit_counts(paths)
+    assert (t["tests"], t["passed"], t["failures"], t["errors"], t["skipped"]) == (10, 4, 2, 2, 2)
+    assert t["failed"] == ["tests.test_gpu::test_b", "tests.test_gpu::test_c"] * 2
+    assert len(t["unreadable"]) == 1
+
+
+def test_a_run_cut_short_says_what_is_missing(tmp_path) -> None:
+    (tmp_path / "steps.txt").write_text("tests: exit 124, 120s of 120s, log gpu_tests_h100.txt\n")
+    rows = [{"model": "llama-tiny", "eager_ms": 2.0, "inductor_ms": 1.0, "inductor_ro_ms": 0.2, "fuseg_graphs_ms": 0.3,
+             "fuseg_graphs_vs_inductor": 0.3, "fuseg_graphs_vs_inductor_ro": 1.5,
+             "fuseg_graphs_programs": [{"refused": None, "counts": {"replayed": 118}, "last_fallback": None}]}]
+    (tmp_path / "gpu_compiled_h100.json").write_text(json.dumps(
+        {"command": "python -m perf.compiled", "models_asked": ["llama-tiny", "vit"], "rows": rows,
+         "summary": {"all": {"fuseg_graphs_above_1.1x_inductor_ro": ["llama-tiny"]}}}))
+    text = summarize(str(tmp_path), "h100")
+    assert "tests: exit 124" in text and "tests: no JUnit file" in text
+    assert "replays [118]" in text and "above 1.1x reduce-overhead ['llama-tiny']" in text
+    assert "models asked 2, done 1" in text
+    assert "bandwidth: no record" in text
