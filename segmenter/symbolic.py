@@ -101,8 +101,10 @@ def is_symbolic(x: object) -> bool:
         return True
     if isinstance(x, (tuple, list)):
         return any(is_symbolic(a) for a in x)
+    if isinstance(x, torch.Tensor):  # a FakeTensor of symbolic sizes
+        return any(isinstance(n, torch.SymInt) for n in (*x.shape, *x.stride()))
     shape = getattr(x, "shape", None)
-    if shape is not None and not isinstance(x, torch.Tensor):
+    if shape is not None:
         return is_symbolic(shape) or is_symbolic(getattr(x, "stride", ())) or is_symbolic(
             getattr(x, "storage_offset", 0))
     return False

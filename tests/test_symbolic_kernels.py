@@ -56,3 +56,19 @@ def test_symbolic_kernels_compile_for_cuda() -> None:
     failed = [(k.name, r.stderr[-1500:]) for k, r in zip(kernels.values(), results) if r.returncode != 0]
     assert failed == []
     assert all("const long long fuseg_s" in k.function("cuda") for k in kernels.values())
+
+
+def test_two_plans_share_nothing_symbolic() -> None:
+    """Found by running the dynamic-shape test files in one process: a process-wide cache keyed by
+    sizes (the meta kernels' results, runtime/codegen/checks.py) handed a second plan of a program
+    another plan's SymInts (same expressions, another ShapeEnv, sealed); the second plan's decision
+    on them (``s != s // 2``, a slice's bound) asked the sealed one, which raised: the kernel was
+    declined and the segment ran on ATen."""
+    # (x[:, None, :].expand(-1, 3, -1), then x[:, :h] with h = n // 2, twice)
+    for name, sizes in (("expand", (9, 11, 13)), ("halves", (9, 11)), ("halves", (21, 23))):
+        torch._dynamo.reset()
+        fn, make = DYNAMIC_PROGRAMS[name]
+        compiler = _run_dynamic(fn, make, sizes)
+        (program,) = compiler.compiled
+        assert compiler.symbolic_refused == [] and program.sizes is not None, compiler.symbolic_refused
+        assert program.kernels, program.passed_over  # generated, not declined

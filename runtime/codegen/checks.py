@@ -27,10 +27,12 @@ import math
 from collections.abc import Iterable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import _ShapeEnvGuardError
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import OpRef, ValueRef
 from segmenter.ops import resolve_op
+from segmenter.symbolic import is_symbolic
 
 from .ctypes_ import Declined
 from .symsizes import sizes_active
@@ -240,6 +242,10 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict
         try:
             key = (node.op, torch.get_default_dtype(), _key(node.args, env),
                    tuple((k, _key(v, env)) for k, v in node.kwargs))
+            # never a symbolic size in this process-wide cache: a hit would hand another plan's
+            # SymInts (another ShapeEnv, sealed) to this one (Note [hashing symbolic sizes])
+            if is_symbolic(key):
+                raise TypeError("symbolic")
             cached = _META_CACHE.get(key)
         except TypeError:  # an unhashable argument: no caching
             key, cached = None, None
@@ -249,6 +255,8 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict
             try:
                 with _symbolic_dispatch():
                     result = op(*args, **kwargs)
+            except _ShapeEnvGuardError:  # a size question after a plan was sealed: a bug, never a decline
+                raise
             except Exception as e:  # noqa: BLE001 - torch refuses the arguments: the generator does too
                 raise Declined(f"node {node.name!r} ({node.op}): torch refuses its arguments: "
                                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
