@@ -38,6 +38,10 @@ __all__ = ["GEMM_PRELUDE", "PACK_ROWS", "ATTENTION_SCORES"]
 PACK_ROWS = 8
 #: scores of one block of query rows the attention kernel keeps on the stack (64 KiB)
 ATTENTION_SCORES = 1 << 14
+#: multiply-adds from which a product's panels of columns are shared among threads (a test in the
+#: kernel): 0.1-0.2 ms of one core's work, ten times what waking the threads took inside a program
+#: (Note [attention kernels] in attention.py: 4.5 -> 17 us); nested in the attention's threads, one
+PARALLEL_MACS = 1 << 22
 
 
 def _transpose_steps(vw: int) -> list[tuple[list[int], list[int]]]:
@@ -121,6 +125,7 @@ GEMM_PRELUDE = r"""
 #define FUSEG_ME 4
 #define FUSEG_W (FUSEG_NV * FUSEG_VW)
 #define FUSEG_PACK_ROWS @PACK_ROWS@
+#define FUSEG_PARALLEL_MACS @PARALLEL_MACS@
 #define FUSEG_ATTENTION_SCORES @ATTENTION_SCORES@
 typedef float fuseg_v __attribute__((vector_size(4 * FUSEG_VW), aligned(4), may_alias));
 typedef int fuseg_vm __attribute__((vector_size(4 * FUSEG_VW)));
@@ -260,8 +265,12 @@ static void fuseg_nn_panel(const fuseg_mm& p, long M, long j, long w, bool add) 
 }
 template <int MR, int NV>
 static void fuseg_nn_panels(const fuseg_mm& p, long M, long N) {
-  for (long j = 0; j < N; j += NV * FUSEG_VW)
+  const long panels = (N + NV * FUSEG_VW - 1) / (NV * FUSEG_VW);
+#pragma omp parallel for schedule(static) if (panels > 1 && M * N * p.K >= FUSEG_PARALLEL_MACS)
+  for (long t = 0; t < panels; ++t) {
+    const long j = t * NV * FUSEG_VW;
     fuseg_nn_panel<MR, NV>(p, M, j, N - j < NV * FUSEG_VW ? N - j : NV * FUSEG_VW, false);
+  }
 }
 // At most 2 rows of C and many columns (a decode step's product): C's rows in memory, B's rows read
 // in order, each once (a panel of a few columns walked B a whole row apart: memory latency).
@@ -386,10 +395,13 @@ static void fuseg_nt_pack(const float* B, long sbn, long w, long kc, float* P) {
 static void fuseg_mm_nt(long M, long N, long K, const float* A, long sam, const float* B, long sbn,
                         float* C, long ldc, const float* X, long sxm, long sxn) {
   if (M <= 0 || N <= 0) return;
+  const bool threads = M * N * K >= FUSEG_PARALLEL_MACS;
   if (M >= FUSEG_PACK_ROWS && K > 0) {
-    float P[FUSEG_KC * FUSEG_W];
-    for (long j = 0; j < N; j += FUSEG_W) {
-      const long w = N - j < FUSEG_W ? N - j : FUSEG_W;
+    const long panels = (N + FUSEG_W - 1) / FUSEG_W;
+#pragma omp parallel for schedule(static) if (threads && panels > 1)
+    for (long t = 0; t < panels; ++t) {
+      float P[FUSEG_KC * FUSEG_W];  // (each thread its own)
+      const long j = t * FUSEG_W, w = N - j < FUSEG_W ? N - j : FUSEG_W;
       for (long k0 = 0; k0 < K; k0 += FUSEG_KC) {
         const long kc = K - k0 < FUSEG_KC ? K - k0 : FUSEG_KC;
         fuseg_nt_pack(B + j * sbn + k0, sbn, w, kc, P);
@@ -399,17 +411,25 @@ static void fuseg_mm_nt(long M, long N, long K, const float* A, long sam, const 
     }
     return;
   }
-  long i = 0;
-  for (; i + 1 < M; i += FUSEG_DR) {
-    const long rows = M - i < FUSEG_DR ? M - i : FUSEG_DR;
-    for (long j = 0; j < N; j += FUSEG_DC)
+  const long pairs = M / FUSEG_DR * FUSEG_DR, tiles = (N + FUSEG_DC - 1) / FUSEG_DC, last = (N + FUSEG_VW - 1) / FUSEG_VW;
+  // rows in whole tiles, the rows left by FUSEG_DR x FUSEG_DC tiles (where more than one) or 1 x FUSEG_VW
+  const long rest = M - pairs, cols = rest > 1 ? tiles : last;
+#pragma omp parallel for schedule(static) if (threads)
+  for (long t = 0; t < pairs / FUSEG_DR * tiles + (rest ? cols : 0); ++t) {
+    if (t < pairs / FUSEG_DR * tiles) {
+      const long i = t / tiles * FUSEG_DR, j = t % tiles * FUSEG_DC;
       fuseg_nt_tile<FUSEG_DR, FUSEG_DC>(K, A + i * sam, sam, B + j * sbn, sbn, C + i * ldc + j, ldc,
-                                        X ? X + i * sxm + j * sxn : X, sxm, sxn, rows, N - j < FUSEG_DC ? N - j : FUSEG_DC);
+                                        X ? X + i * sxm + j * sxn : X, sxm, sxn, FUSEG_DR, N - j < FUSEG_DC ? N - j : FUSEG_DC);
+    } else if (rest > 1) {
+      const long j = (t - pairs / FUSEG_DR * tiles) * FUSEG_DC;
+      fuseg_nt_tile<FUSEG_DR, FUSEG_DC>(K, A + pairs * sam, sam, B + j * sbn, sbn, C + pairs * ldc + j, ldc,
+                                        X ? X + pairs * sxm + j * sxn : X, sxm, sxn, rest, N - j < FUSEG_DC ? N - j : FUSEG_DC);
+    } else {  // one row left: 1 x FUSEG_VW dot products
+      const long j = (t - pairs / FUSEG_DR * tiles) * FUSEG_VW;
+      fuseg_nt_tile<1, FUSEG_VW>(K, A + pairs * sam, sam, B + j * sbn, sbn, C + pairs * ldc + j, ldc,
+                                 X ? X + pairs * sxm + j * sxn : X, sxm, sxn, 1, N - j < FUSEG_VW ? N - j : FUSEG_VW);
+    }
   }
-  if (i < M)  // one row left: 1 x FUSEG_VW dot products
-    for (long j = 0; j < N; j += FUSEG_VW)
-      fuseg_nt_tile<1, FUSEG_VW>(K, A + i * sam, sam, B + j * sbn, sbn, C + i * ldc + j, ldc,
-                                 X ? X + i * sxm + j * sxn : X, sxm, sxn, 1, N - j < FUSEG_VW ? N - j : FUSEG_VW);
 }
 // Note [attention kernels] (runtime/codegen/attention.py): one head of a small float32 attention,
 // blocks of query rows whose scores fit FUSEG_ATTENTION_SCORES floats on the stack (S <= that: a
@@ -470,4 +490,4 @@ static void fuseg_attention_head(long L, long S, long E, const float* Q, long qs
   }
 }
 """.replace("@SHUFFLES@", _shuffles()).replace("@PACK_ROWS@", str(PACK_ROWS)).replace(
-    "@ATTENTION_SCORES@", str(ATTENTION_SCORES))
+    "@ATTENTION_SCORES@", str(ATTENTION_SCORES)).replace("@PARALLEL_MACS@", str(PARALLEL_MACS))
