@@ -8,7 +8,8 @@ a hundred. So no constant decides; the cpp backend asks this module, once per sh
 
     lookup(key)                 -> the verdict cached for this machine, if any (a hit: no timing)
     measure(kernel, aten)       -> both run on made-up inputs of the segment's planned layouts,
-                                   alternated, about a millisecond (at least 3 rounds each)
+                                   alternated: about a millisecond where a call is fast (rounds of
+                                   a few calls), three calls each where a call is slow
     record(key, verdict)        -> kept in memory and on disk, next to the kernel cache
 
 The verdict file is named by what decides speed: the CPU's model and flags, the compiler and its
@@ -50,7 +51,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["Verdict", "fixed", "lookup", "machine", "measure", "policy", "record", "size_class", "verdict_path"]
+__all__ = ["Verdict", "fixed", "lookup", "machine", "measure", "policy", "record", "set_policy", "size_class",
+           "verdict_path"]
 
 _POLICY: contextvars.ContextVar[str] = contextvars.ContextVar("fuseg_autotune_policy", default="measure")
 _POLICIES = ("measure", "kernel", "aten")
@@ -77,6 +79,13 @@ class Verdict:
 def policy() -> str:
     """"measure" (the default), or what ``fixed`` set."""
     return _POLICY.get()
+
+
+def set_policy(choice: str) -> None:
+    """As ``fixed``, for the rest of the current context (a benchmark's process)."""
+    if choice not in _POLICIES:
+        raise ValueError(f"unknown choice {choice!r} (one of {', '.join(_POLICIES)})")
+    _POLICY.set(choice)
 
 
 @contextlib.contextmanager
@@ -112,17 +121,21 @@ def machine() -> dict[str, str]:
     measured on, and what every perf record names."""
     from .codegen.build import CPU_FLAGS, cpu_compiler
 
-    model, flags = platform.processor() or platform.machine(), ""
+    model, flags, ids = platform.processor() or platform.machine(), "", {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
-                    model = value.strip()
-                elif key.strip() in ("flags", "Features") and not flags:
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
+                    model = value
+                elif key in ("flags", "Features") and not flags:
                     flags = " ".join(sorted(value.split()))
+                elif key in ("cpu family", "model", "stepping") and key not in ids:
+                    ids[key] = value  # (a virtual machine's model name can be as vague as "AMD EPYC")
     except OSError:
         pass
+    if ids:
+        model += f" (family {ids.get('cpu family', '?')} model {ids.get('model', '?')} stepping {ids.get('stepping', '?')})"
     cxx = cpu_compiler()
     version = ""
     if cxx is not None:
@@ -196,25 +209,35 @@ def record(key: str, verdict: Verdict) -> None:
 
 
 def measure(kernel: Callable[[], object], aten: Callable[[], object]) -> Verdict:
-    """Both ways once untimed (first calls allocate and set up), then alternated rounds of a few
-    calls each, at least ``_MIN_ROUNDS`` each and at most ``_BUDGET_S`` past that; the medians."""
+    """Both ways once untimed (first calls allocate and set up), then alternated rounds: of a few
+    calls each where a call is fast (at least ``_MIN_ROUNDS`` rounds each, then up to ``_BUDGET_S``
+    more), of one call where it takes more than a round (two rounds each: a slow op's call is
+    costly, and far above the noise of a fast one); the medians."""
     kernel()
     aten()
-    start = time.perf_counter()
-    kernel()
-    one = time.perf_counter() - start
-    calls = max(1, min(64, int(_ROUND_S / max(one, 1e-7))))
     times: dict[str, list[float]] = {"kernel": [], "aten": []}
-    deadline = None
-    rounds = 0
-    while rounds < _MIN_ROUNDS or time.perf_counter() < deadline:  # type: ignore[operator]
-        for name, fn in (("kernel", kernel), ("aten", aten)) if rounds % 2 else (("aten", aten), ("kernel", kernel)):
+    runs = (("aten", aten), ("kernel", kernel))
+
+    def round_of(calls: int, order: tuple) -> None:
+        for name, fn in order:
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
             times[name].append((time.perf_counter() - t0) / calls * 1e6)
-        rounds += 1
-        if rounds == _MIN_ROUNDS:
-            deadline = time.perf_counter() + _BUDGET_S
+
+    round_of(1, runs)
+    slowest = max(times["kernel"][0], times["aten"][0]) * 1e-6
+    if slowest > _ROUND_S:
+        round_of(1, runs[::-1])
+    else:
+        calls = max(1, min(64, int(_ROUND_S / max(slowest, 1e-7))))
+        deadline = None
+        rounds = 1
+        while rounds < _MIN_ROUNDS + 1 or time.perf_counter() < deadline:  # type: ignore[operator]
+            round_of(calls, runs if rounds % 2 == 0 else runs[::-1])
+            rounds += 1
+            if rounds == _MIN_ROUNDS + 1:
+                deadline = time.perf_counter() + _BUDGET_S
+        del times["kernel"][0], times["aten"][0]  # (one call: a round of the others' length)
     k, a = statistics.median(times["kernel"]), statistics.median(times["aten"])
     return Verdict(k <= a, k, a)
