@@ -1,8 +1,9 @@
 """One-tap convolutions on the CPU (1-D and 2-D, filter size 1, stride 1, no padding): eager
 (oneDNN) against the generated kernel (runtime/codegen/onetap.py, Note [one-tap convolutions]) on
 one thread and shared among threads, and, for 2-D ones, ATen's im2col + GEMM (the im2col backend),
-shape by shape, with the size cap lifted, so that the cap (``onetap.MAX_WORK``) and the threading
-threshold (``onetap.PARALLEL_WORK``) are chosen from measured figures.
+shape by shape, every shape as the kernel (the cap ``onetap.MAX_WORK`` these figures chose is now a measurement
+of each shape class: Note [choices by measurement] in runtime/autotune.py), so that the threading
+threshold (``onetap.PARALLEL_WORK``) is chosen from measured figures.
 
     python -m perf.onetap [--rounds 5] [--calls 40] [--out perf/results/onetap_cpu.json]
 
@@ -56,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--out")
     a = p.parse_args(argv)
-    onetap.MAX_WORK = 1 << 62  # every shape as the generated kernel, whatever the cap says
+    from runtime.autotune import set_policy
+
+    set_policy("kernel")  # every shape as the generated kernel, whatever this machine's verdict (runtime/autotune.py)
     im2col._measure = lambda key, onednn, im2col_: (0.0, 1.0)  # im2col taken wherever it can be
     rows = []
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """1-D convolutions of more than one tap on the CPU: eager (oneDNN) against the generated kernel
-(runtime/codegen/patches.py, Note [1-D convolutions as patches]), shape by shape, with the size
-cap lifted, so that the caps (``patches.MAX_WORK``, ``patches.MIN_FILTERS``) are chosen from measured figures.
+(runtime/codegen/patches.py, Note [1-D convolutions as patches]), shape by shape, every shape
+as the kernel, so that ``patches.MIN_FILTERS`` is chosen from measured figures (and ``patches.MAX_WORK``
+was, now a measurement of each shape class: Note [choices by measurement] in runtime/autotune.py).
 
     python -m perf.patches [--rounds 5] [--calls 40] [--out perf/results/patches_cpu.json]
 
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--out")
     a = p.parse_args(argv)
-    patches.MAX_WORK = 1 << 62  # every shape as the generated kernel, whatever the caps say
+    from runtime.autotune import set_policy
+
+    set_policy("kernel")  # every shape as the generated kernel, whatever this machine's verdict (runtime/autotune.py)
     patches.MIN_FILTERS = 0
     rows = []
     with torch.no_grad():

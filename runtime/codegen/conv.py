@@ -22,9 +22,10 @@ over the channels, a unit-stride loop.
 Taken: one ``aten.convolution`` of a 4-D float32/float64 input, input and output both contiguous
 (NCHW) or both channels-last (NHWC, a filter copy of at most 64 KiB), a
 weight of shape [C, 1, kh, kw] (any layout), a bias of [C] or none, not transposed, integer
-stride, padding and dilation, at most ``MAX_MACS`` multiply-adds (beyond,
-this plain loop, which reads and writes its output row once per tap, no longer beats oneDNN:
-``python -m perf.depthwise``). Anything else is declined with the reason.
+stride, padding and dilation. Anything else is declined with the reason. This plain loop reads
+and writes its output row once per tap, so from some size oneDNN beats it; where, is measured on
+the machine (Note [choices by measurement] in runtime/autotune.py; a cap of 0.5M multiply-adds,
+chosen on another machine by ``python -m perf.depthwise``, decided before).
 """
 
 from __future__ import annotations
@@ -39,12 +40,9 @@ from segmenter.ir import ValueRef
 from .ctypes_ import Declined, storage_type
 from .kernel import Kernel, Param, worth_threads
 
-__all__ = ["CONVOLUTION", "MAX_MACS", "convolution_args", "depthwise_kernel", "planar_args"]
+__all__ = ["CONVOLUTION", "convolution_args", "depthwise_kernel", "planar_args"]
 
 CONVOLUTION = "aten.convolution.default"
-#: multiply-adds past which a depthwise convolution is left to oneDNN (perf/results/depthwise_cpu.json,
-#: NCHW: 0.13-0.25x eager's time up to 0.1M, 0.52-0.76x at 0.29M, 0.87-1.12x at 1.2M, 1.1-3.4x beyond)
-MAX_MACS = 500_000
 _STACK_FILTER_BYTES = 64 << 10  # the channels-last kernel's tap-major copy of the filter
 _ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
 
@@ -116,8 +114,6 @@ def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
     if ym.shape[:2] != (N, C):
         raise Declined(f"an output of shape {list(ym.shape)} for an input of {list(xm.shape)}")
     macs = ym.numel * kh * kw
-    if macs > MAX_MACS:
-        raise Declined(f"a big depthwise convolution ({macs / 1e6:.1f}M multiply-adds): left to oneDNN")
     ct = storage_type(dtype)
     params = [Param("x_", a["input"].name, dtype, xm.shape, xm.stride, False),
               Param("w_", a["weight"].name, dtype, wm.shape, wm.stride, False)]

@@ -25,7 +25,9 @@ the sizes); the tests check them against eager within float32's tolerances, the 
 the matmul kernel's. Taken: one ``aten.convolution`` (1-D or 2-D, not transposed) of float32
 values, a filter of one tap, stride 1, padding 0 (any dilation: one tap has nothing to dilate),
 any groups, an output of the input's positions in a layout with positions or out channels one
-element apart, at most ``MAX_WORK`` multiply-adds. Anything else is declined with the reason.
+element apart. Anything else is declined with the reason. Whether the kernel or ATen's convolution
+is the faster for a shape is measured on the machine (Note [choices by measurement] in
+runtime/autotune.py; a cap of 2^22 multiply-adds, measured on another machine, decided before).
 """
 
 from __future__ import annotations
@@ -40,10 +42,8 @@ from .gemm import product_call
 from .kernel import Kernel
 from .matconv import checked_operands, matmul_conv_kernel
 
-__all__ = ["MAX_WORK", "PARALLEL_WORK", "onetap_kernel"]
+__all__ = ["PARALLEL_WORK", "onetap_kernel"]
 
-#: multiply-adds above which a one-tap convolution is left to ATen (perf/results/onetap_cpu.json)
-MAX_WORK = 1 << 22
 #: multiply-adds from which images and groups are shared among threads (perf/results/onetap_cpu.json)
 PARALLEL_WORK = 1 << 18
 #: bytes of an image's positions copied contiguous along channels on the stack (see the Note)
@@ -82,9 +82,6 @@ def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
         raise Declined("input or output positions that are not one run of equally spaced elements")
     (L, sxl), (_, syl) = x_run, y_run
     work = N * filters * per_group * L
-    if work > MAX_WORK:
-        raise Declined(f"{work} multiply-adds: ATen's convolution is left to them above {MAX_WORK} "
-                       "(Note [one-tap convolutions])")
     og, (sxn, sxc), (syn, syo), (swo, swc) = filters // groups, xm.stride[:2], ym.stride[:2], wm.stride[:2]
     sb = bm.stride[0] if bm is not None else 0
     # columns along the output's unit-stride dim: positions (C = W @ X) or out channels (C = X^T @ W^T);

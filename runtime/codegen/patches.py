@@ -18,7 +18,7 @@ Padding reads nothing. The images and groups are shared among threads where the 
 Values are not ATen's bits (another summation order); the tests check them against eager within
 float32's tolerances. Taken: one ``aten.convolution`` of 1-D float32 values, not transposed, any
 stride, padding, dilation and groups, an output whose positions are one element apart (NCL), a
-patch of at most ``BLOCK_FLOATS`` elements, at most ``MAX_WORK`` multiply-adds, and from
+patch of at most ``BLOCK_FLOATS`` elements, and from
 ``PARALLEL_WORK`` multiply-adds at least ``MIN_FILTERS`` filters a group (each copied element is
 read once per filter: with fewer the copy costs more than oneDNN's whole call). Anything else is
 declined with the reason. (One-tap ones go to Note [one-tap convolutions] first, which reads the
@@ -35,11 +35,8 @@ from .gemm import Product, product_call
 from .kernel import Kernel
 from .matconv import checked_operands, matmul_conv_kernel
 
-__all__ = ["BLOCK_FLOATS", "MAX_WORK", "MIN_FILTERS", "PARALLEL_WORK", "patches_kernel"]
+__all__ = ["BLOCK_FLOATS", "MIN_FILTERS", "PARALLEL_WORK", "patches_kernel"]
 
-#: multiply-adds above which a 1-D convolution is left to ATen (perf/results/patches_cpu.json: 0.84-0.88x
-#: eager's time at 6.3-6.6M, 1.7x at 24.6M and more beyond)
-MAX_WORK = 1 << 23
 #: filters a group from which the patches are worth copying at any size (perf/results/patches_cpu.json:
 #: 2.3x eager's time with 8 filters a group at 6.6M multiply-adds, each copied element read by 8
 #: filters only; 0.88x with 16)
@@ -100,9 +97,6 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
     if patch > BLOCK_FLOATS:
         raise Declined(f"patches of {patch} elements: more than a block on the stack holds ({BLOCK_FLOATS})")
     work = N * filters * patch * positions
-    if work > MAX_WORK:
-        raise Declined(f"{work} multiply-adds: ATen's convolution is left to them above {MAX_WORK} "
-                       "(Note [1-D convolutions as patches])")
     og, sb = filters // groups, (bm.stride[0] if bm is not None else 0)
     if og < MIN_FILTERS and work >= PARALLEL_WORK:
         raise Declined(f"{og} filters a group read each copied element of the patches: fewer than {MIN_FILTERS} "
