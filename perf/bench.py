@@ -64,8 +64,14 @@ def call_times(fn: Callable[..., Any], args: list[Any], calls: int) -> list[floa
 
 
 def environment(device: str) -> dict[str, Any]:
+    from runtime.autotune import machine
+
+    cpu = machine()  # what a CPU timing depends on: the CPU's model and flags, the compiler and its flags
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
-                           "machine": platform.machine(), "cpu_count": os.cpu_count()}
+                           "machine": platform.machine(), "cpu_count": os.cpu_count(), "cpu": cpu["cpu"],
+                           "cpu_flags": cpu["cpu_flags"], "compiler": cpu["compiler"],
+                           "compiler_flags": cpu["compiler_flags"], "torch_threads": torch.get_num_threads(),
+                           "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         env.update(gpu=p.name, sm_count=p.multi_processor_count, cuda=torch.version.cuda,

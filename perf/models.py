@@ -15,7 +15,7 @@ import torch
 
 from perf import zoo
 
-__all__ = ["DEFAULT", "HELD_OUT", "MODELS", "UNSEEN"]
+__all__ = ["DEFAULT", "HELD_OUT", "MODELS", "REALISTIC", "UNSEEN"]
 
 Factory = Callable[[], tuple[torch.nn.Module | Callable[..., Any], list[Any]]]
 
@@ -32,8 +32,9 @@ class _ByName(torch.nn.Module):
         return self.model(**dict(zip(self.names, inputs)))
 
 
-def _hf(config: str, model: str, vision: bool = False, inputs: str = "ids", **cfg: Any) -> Factory:
-    """A transformers model from a tiny config (random weights, no download): batch 2, seq 32.
+def _hf(config: str, model: str, vision: bool = False, inputs: str = "ids", batch: int = 2, seq: int = 32,
+        **cfg: Any) -> Factory:
+    """A transformers model from a config (random weights, no download): ``batch`` 2, ``seq`` 32.
     ``inputs``: "ids" (token ids), "ids+mask" (and an attention mask with padding in the second
     sequence), "ids+decoder" (and 16 decoder ids), "audio" (2 x 4000 samples), "features+decoder"
     (Whisper: 2 x 16 mel bins x 32 frames, 8 decoder ids); ``vision``: 2 x C x size x size images."""
@@ -55,7 +56,7 @@ def _hf(config: str, model: str, vision: bool = False, inputs: str = "ids", **cf
         if inputs == "features+decoder":
             return _ByName(m, ("input_features", "decoder_input_ids")).eval(), [
                 torch.randn(2, 16, 32, generator=g), torch.randint(0, vocab, (2, 8), generator=g)]
-        ids = torch.randint(0, vocab, (2, 32), generator=g)
+        ids = torch.randint(0, vocab, (batch, seq), generator=g)
         if inputs == "ids+mask":
             mask = torch.ones(2, 32, dtype=torch.long)
             mask[1, 20:] = 0
@@ -186,5 +187,14 @@ def _runnable_zoo() -> dict[str, Factory]:
 
 #: what the benches run by default: the zoo's runnable entries, then the held-out ones
 DEFAULT: dict[str, Factory] = {**_runnable_zoo(), **HELD_OUT}
+#: realistic sizes (hidden 768 and 1024, 128 and 256 tokens; 2 layers, a vocabulary of 128 and random
+#: weights, so that a run takes seconds): the matmuls and attention of a real model's layer, in no default set
+REALISTIC: dict[str, Factory] = {
+    "gpt2-768": _hf("GPT2Config", "GPT2Model", batch=1, seq=128, vocab_size=128, n_embd=768, n_layer=2, n_head=12,
+                    n_positions=256),
+    "llama-1024": _hf("LlamaConfig", "LlamaModel", batch=1, seq=256, vocab_size=128, hidden_size=1024,
+                      num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16, intermediate_size=2816,
+                      max_position_embeddings=512),
+}
 #: every model the benches know, by name
-MODELS: dict[str, Factory] = {**DEFAULT, **UNSEEN}
+MODELS: dict[str, Factory] = {**DEFAULT, **UNSEEN, **REALISTIC}
