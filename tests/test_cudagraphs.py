@@ -154,6 +154,16 @@ def _mlp_inputs() -> list[torch.Tensor]:
     return [torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)]
 
 
+def _replaying_mlp() -> tuple[list[torch.Tensor], Any, Any, RecordingCapture]:
+    """The mlp's program after its warm-up, its capture and one replay."""
+    inputs = _mlp_inputs()
+    program, calls, rec = _graphed(_mlp, inputs)
+    for _ in range(3):
+        program.entry(*inputs)
+    assert calls.counts["replayed"] == 1
+    return inputs, program, calls, rec
+
+
 def test_warm_up_then_capture_then_replays_through_the_entry() -> None:
     inputs = _mlp_inputs()
     program, calls, rec = _graphed(_mlp, inputs)
@@ -170,10 +180,7 @@ def test_warm_up_then_capture_then_replays_through_the_entry() -> None:
 def test_outputs_the_caller_keeps_are_not_overwritten() -> None:
     """An input changed in place stays where it was captured: the next call replays; what the
     previous call returned is the caller's own copy, not the graph's buffer."""
-    inputs = _mlp_inputs()
-    program, calls, _ = _graphed(_mlp, inputs)
-    for _ in range(3):
-        program.entry(*inputs)
+    inputs, program, calls, _ = _replaying_mlp()
     (kept,) = program.entry(*inputs)
     want = kept.clone()
     inputs[0].mul_(-3)
@@ -185,10 +192,7 @@ def test_outputs_the_caller_keeps_are_not_overwritten() -> None:
 
 
 def test_an_input_that_moved_runs_uncaptured_and_the_graph_is_given_up_after_a_run_of_them() -> None:
-    inputs = _mlp_inputs()
-    program, calls, _ = _graphed(_mlp, inputs)
-    for _ in range(3):
-        program.entry(*inputs)
+    inputs, program, calls, _ = _replaying_mlp()
     moved = [inputs[0].clone(), *inputs[1:]]
     (got,) = program.entry(*moved)
     torch.testing.assert_close(got, _mlp(*moved))
@@ -204,10 +208,7 @@ def test_an_input_that_moved_runs_uncaptured_and_the_graph_is_given_up_after_a_r
 
 
 def test_another_shape_never_reaches_the_graph() -> None:
-    inputs = _mlp_inputs()
-    program, calls, _ = _graphed(_mlp, inputs)
-    for _ in range(3):
-        program.entry(*inputs)
+    inputs, program, calls, _ = _replaying_mlp()
     assert program.entry(torch.randn(5, 8), *inputs[1:]) is None  # the entry refuses: nothing ran
     assert sum(calls.counts.values()) == 3
 
@@ -236,10 +237,7 @@ def test_a_failed_capture_runs_the_call_uncaptured_and_says_why() -> None:
 
 
 def test_a_call_inside_the_callers_capture_runs_uncaptured() -> None:
-    inputs = _mlp_inputs()
-    program, calls, rec = _graphed(_mlp, inputs)
-    for _ in range(3):
-        program.entry(*inputs)
+    inputs, program, calls, rec = _replaying_mlp()
     rec.nested = True
     replays = rec.replays
     (got,) = program.entry(*inputs)
@@ -248,10 +246,7 @@ def test_a_call_inside_the_callers_capture_runs_uncaptured() -> None:
 
 
 def test_a_replay_on_another_stream_waits_for_the_last_one() -> None:
-    inputs = _mlp_inputs()
-    program, calls, rec = _graphed(_mlp, inputs)
-    for _ in range(3):
-        program.entry(*inputs)
+    inputs, program, calls, rec = _replaying_mlp()
     assert rec.waited == []
     rec.current = 2
     program.entry(*inputs)

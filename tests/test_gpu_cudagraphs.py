@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils import _pytree as pytree
 
 import runtime
 from alias import apply_aliases
@@ -16,7 +15,7 @@ from segmenter.reference import clone_inputs
 
 from .kernel_cases import CASES, TOL
 from .test_gpu import _cuda_ready, to_cuda
-from .util import alias_pattern, layout
+from .util import assert_matches_eager
 
 pytestmark = pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA device and CuPy")
 
@@ -56,11 +55,22 @@ def _restore(inputs: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
         t.untyped_storage().copy_(s.untyped_storage())
 
 
+def _at_captured_addresses(program, inputs: list[torch.Tensor]):
+    """``program`` as ``assert_matches_eager`` calls it (on copies of the inputs), run on
+    ``inputs`` themselves, where its graph was captured: the copies' values go in first, and the
+    inputs' values after the call go back into the copies, which the check compares with eager's."""
+    def call(*copies: torch.Tensor) -> list[torch.Tensor]:
+        _restore(inputs, list(copies))
+        out = program(*inputs)
+        _restore(list(copies), inputs)
+        return out
+    return call
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernel_cases_replay_like_eager(case: str) -> None:
     """Every kernel case: warm-up, capture, then replays, each call against eager on copies of
-    the same inputs: values, layouts, storage sharing, and the inputs afterwards (a case that
-    writes an input gets it back before each call, at the same address, so the call replays)."""
+    the same inputs: values, layouts, storage sharing, and the inputs afterwards."""
     fn, cpu_inputs = CASES[case]
     inputs = [to_cuda(t) for t in cpu_inputs]
     program = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="auto")
@@ -70,18 +80,20 @@ def test_kernel_cases_replay_like_eager(case: str) -> None:
     tol = max(TOL.get(case, 1e-6), 1e-5)
     saved = clone_inputs(inputs)
     for _ in range(4):
-        _restore(inputs, saved)
-        eager_in = clone_inputs(inputs)
-        want = [t for t in pytree.tree_leaves(fn(*eager_in)) if isinstance(t, torch.Tensor)]
-        got = program(*inputs)
-        assert len(got) == len(want)
-        for j, (g, w) in enumerate(zip(got, want)):
-            assert layout(g) == layout(w), f"output {j}"
-            torch.testing.assert_close(g, w, atol=tol, rtol=tol, equal_nan=True, msg=f"output {j}")
-        assert alias_pattern(eager_in, want) == alias_pattern(inputs, got)
-        for i, (g, w) in enumerate(zip(inputs, eager_in)):
-            torch.testing.assert_close(g, w, atol=tol, rtol=tol, equal_nan=True, msg=f"input {i} after the call")
+        assert_matches_eager(fn, saved, program.graph, program=_at_captured_addresses(program, inputs),
+                             atol=tol, rtol=tol)
     assert (calls.counts["warm-up"], calls.counts["captured"], calls.counts["replayed"]) == (1, 1, 2), calls.counts
+
+
+def _replaying(case: str):
+    """A kernel case's graphed program after its warm-up, its capture and one replay."""
+    fn, cpu_inputs = CASES[case]
+    inputs = [to_cuda(t) for t in cpu_inputs]
+    program, calls = _graphed_program(fn, inputs)
+    for _ in range(3):
+        program(*inputs)
+    assert calls.counts["replayed"] == 1, calls.counts
+    return fn, inputs, program, calls
 
 
 def _mlp() -> torch.nn.Module:
@@ -142,11 +154,7 @@ def test_mutated_inputs_are_updated_on_every_replay() -> None:
 
 
 def test_an_input_that_moved_runs_uncaptured() -> None:
-    fn, cpu_inputs = CASES["rms-norm"]
-    inputs = [to_cuda(t) for t in cpu_inputs]
-    program, calls = _graphed_program(fn, inputs)
-    for _ in range(3):
-        program(*inputs)
+    fn, inputs, program, calls = _replaying("rms-norm")
     moved = [inputs[0] * 3, *inputs[1:]]
     torch.testing.assert_close(program(*moved)[0], fn(*moved), atol=1e-5, rtol=1e-5)
     assert calls.counts["moved"] == 1
@@ -167,38 +175,29 @@ def test_another_shape_gets_a_program_and_a_graph_of_its_own() -> None:
 
 
 def test_outputs_kept_across_calls_are_not_overwritten() -> None:
-    fn, cpu_inputs = CASES["softmax"]
-    inputs = [to_cuda(t) for t in cpu_inputs]
-    program, calls = _graphed_program(fn, inputs)
-    for _ in range(3):
-        program(*inputs)
+    fn, inputs, program, calls = _replaying("softmax")
     (kept,) = program(*inputs)
     want = fn(*inputs)
     inputs[0].mul_(-2)  # in place: the same address, so the next call replays
     (new,) = program(*inputs)
-    assert calls.counts["replayed"] == 2
+    assert calls.counts["replayed"] == 3
     torch.testing.assert_close(new, fn(*inputs), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kept, want, atol=1e-5, rtol=1e-5)
 
 
 def test_replays_run_on_torchs_current_stream() -> None:
-    fn, cpu_inputs = CASES["rms-norm"]
-    inputs = [to_cuda(t) for t in cpu_inputs]
-    program, calls = _graphed_program(fn, inputs)
-    x = inputs[0].clone()
-    for _ in range(3):
-        program(x, inputs[1])
+    fn, (x, w), program, calls = _replaying("rms-norm")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         big = torch.randn(4096, 4096, device="cuda")
-        for _ in range(20):  # a busy stream: a replay on another would read x too early
+        for _ in range(20):  # a busy stream: a replay on another would read x before the mul_
             big = big @ big * 1e-3
-        x.copy_(inputs[0] * 1.5)
-        got = program(x, inputs[1])[0]
+        x.mul_(1.5)  # in place: the call replays
+        got = program(x, w)[0]
     torch.cuda.synchronize()
     assert calls.counts["replayed"] == 2
-    torch.testing.assert_close(got, fn(x, inputs[1]), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, fn(x, w), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fn, why", [
