@@ -28,7 +28,7 @@ import torch
 
 from . import layout
 
-__all__ = ["HUGE_MIN", "empty_huge", "thp_mode", "wants_huge"]
+__all__ = ["HUGE_MIN", "empty_huge", "empty_sized", "thp_mode", "wants_huge"]
 
 #: the smallest buffer advised (bytes): its faults cost about a millisecond, the advice ~4 us
 HUGE_MIN = 4 << 20
@@ -63,12 +63,23 @@ _MADVISE = _madvise_fn()
 ENABLED = _MADVISE is not None and thp_mode() == "madvise" and os.environ.get("FUSEG_HUGE_PAGES", "1") != "0"
 
 
-def wants_huge(nbytes: int, device: torch.device, fast: bool) -> bool:
-    """Whether a program variant allocates a buffer of ``nbytes`` with ``empty_huge``."""
-    return ENABLED and fast and device.type == "cpu" and nbytes >= HUGE_MIN
+def wants_huge(nbytes: int, device: torch.device, fast: bool) -> bool | None:
+    """Whether a program variant allocates a buffer of ``nbytes`` with ``empty_huge``; None where
+    ``nbytes`` is a symbolic size: ``empty_sized`` decides at the call (no condition of the plan)."""
+    if not (ENABLED and fast and device.type == "cpu"):
+        return False
+    if isinstance(nbytes, torch.SymInt):
+        return None
+    return nbytes >= HUGE_MIN
 
 
 _empty = layout.empty_fn(True, torch.device("cpu"))
+
+
+def empty_sized(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    """``empty_huge`` from ``HUGE_MIN`` bytes, else a plain buffer: the choice at the call, for a
+    symbolic plan's buffers (Note [symbolic plans] in segmenter/symbolic.py)."""
+    return (empty_huge if nbytes >= HUGE_MIN else _empty)(shape, stride, dtype)
 
 
 def empty_huge(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -160,7 +160,12 @@ class KernelLaunch(SegmentLaunch):
                 emit_torch(code, ctx, self.segment, dying)
 
     def alloc(self, code: Code, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> str:
-        if pages.wants_huge(span_bytes(shape, stride, dtype), self.ctx.device, code.fast):
+        span = span_bytes(shape, stride, dtype)
+        huge = pages.wants_huge(span, self.ctx.device, code.fast)
+        if huge is None:  # a symbolic size: huge pages or not, at the call
+            return (f"{code.const(pages.empty_sized)}({code.const(shape)}, {code.const(stride)}, {code.const(dtype)}, "
+                    f"{code.value(span)})")
+        if huge:
             empty = code.const(pages.empty_huge)  # Note [huge pages for big buffers]
         else:
             empty = code.const(layout.empty_fn(code.fast, self.ctx.device))

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from . import index as ix
 from .kernel import Body, Param, parallel_if, store_output
 from .rows import Row, _identity, emit_reductions, full_index
@@ -41,7 +43,8 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
     O, R, rows = row.O, row.R, math.prod(row.O)  # noqa: E741
     # a tile is a run of the innermost kept dim (contiguous in F): its row counter is affine in t
     last = O[-1]
-    tile = min(TILE, last)
+    # (a symbolic run: tiles of TILE, the last one short by ``tn``; no condition on its length)
+    tile = TILE if isinstance(last, torch.SymInt) else min(TILE, last)
     chunks = -(-last // tile)
     tiles = rows // last * chunks
     lines = [f"  for (FUSEG_I q = 0; q < {tiles}; ++q) {{",
