@@ -7,8 +7,8 @@
 #
 # Every log and JSON record goes to $OUT (./gpu_out without it), named with the GPU's tag (h100, h200,
 # ...: cpu in a dry run), ready to be copied into perf/results/. Steps, in order, each under its own
-# time budget (timeout) and each run whatever the others did; the whole run stops starting steps
-# once TOTAL_S is spent:
+# time budget (timeout; time a step leaves unused goes to the next) and each run whatever the others
+# did; the whole run stops starting steps once TOTAL_S is spent:
 #   install    pip install -e . (no deps, no build isolation, no network)                      40 s
 #   env        versions (python, torch, CUDA, driver, CuPy, Triton, transformers), nvidia-smi     20 s
 #   tests      the whole GPU test table (tests/test_gpu*.py) in SHARDS parallel pytest processes 120 s
@@ -44,25 +44,31 @@ else
 fi
 echo "gpu_validate: tag $TAG, commit $FUSEG_GIT_COMMIT, out $OUT, dry run $DRY"
 
-# step NAME BUDGET_S LOG COMMAND...: runs COMMAND under min(BUDGET_S, time left) with its output in
-# $OUT/LOG, records its exit status and seconds in steps.txt (124: cut by its budget), shows its tail
+# step NAME BUDGET_S LOG COMMAND...: runs COMMAND under its budget, plus what earlier steps left
+# unused (BANK), at most the time left, with its output in $OUT/LOG; records its exit status and
+# seconds in steps.txt (124: cut by its budget) and shows its tail. Every step still gets its own
+# budget: the budgets add up to less than TOTAL_S, and a step only spends what earlier ones saved.
+BANK=0
 step() {
   local name=$1 budget=$2 log=$3
   shift 3
-  local now left t0 rc
+  local now left t0 rc used
   now=$(date +%s)
   left=$((START + TOTAL_S - now))
   if [ "$left" -lt 5 ]; then
     echo "$name: skipped (no time left of ${TOTAL_S}s)" | tee -a "$OUT/steps.txt"
     return
   fi
+  budget=$((budget + BANK))
   [ "$budget" -gt "$left" ] && budget=$left
   echo "=== $name (budget ${budget}s) ==="
   t0=$(date +%s)
   # (bash -c: a step may be one of the functions below; timeout signals the step's whole process group)
   timeout -k 5 "$budget" bash -c '"$@"' "$name" "$@" > "$OUT/$log" 2>&1
   rc=$?
-  echo "$name: exit $rc, $(( $(date +%s) - t0 ))s of ${budget}s, log $log" | tee -a "$OUT/steps.txt"
+  used=$(( $(date +%s) - t0 ))
+  BANK=$((budget > used ? budget - used : 0))
+  echo "$name: exit $rc, ${used}s of ${budget}s, log $log" | tee -a "$OUT/steps.txt"
   tail -n 4 "$OUT/$log"
 }
 
@@ -93,11 +99,14 @@ PY
 gpu_tests() {
   local ids="$OUT/gpu_tests_${TAG}_ids.txt" k pids=()
   "$PY" -m pytest --collect-only -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_cudagraphs.py \
-    | grep '::' > "$ids"
-  echo "$(wc -l < "$ids") tests in $SHARDS shards"
+    > "$OUT/gpu_tests_${TAG}_collect.log" 2>&1
+  grep '::' "$OUT/gpu_tests_${TAG}_collect.log" > "$ids"
+  echo "$(wc -l < "$ids") tests in $SHARDS shards; collection: $(tail -n 1 "$OUT/gpu_tests_${TAG}_collect.log")"
+  grep -iE '^(ERROR|E ) ' "$OUT/gpu_tests_${TAG}_collect.log" | head -n 20
   for k in $(seq 0 $((SHARDS - 1))); do
     awk -v n="$SHARDS" -v k="$k" '(NR - 1) % n == k' "$ids" > "$OUT/gpu_tests_${TAG}_shard$k.ids"
-    xargs -a "$OUT/gpu_tests_${TAG}_shard$k.ids" -d '\n' "$PY" -m pytest -q -p no:cacheprovider -rfEs \
+    # (-r: a shard with no ids runs nothing, not the whole suite)
+    xargs -r -a "$OUT/gpu_tests_${TAG}_shard$k.ids" -d '\n' "$PY" -m pytest -q -p no:cacheprovider -rfEs \
       --junitxml="$OUT/gpu_tests_${TAG}_shard$k.xml" > "$OUT/gpu_tests_${TAG}_shard$k.log" 2>&1 &
     pids+=($!)
   done
