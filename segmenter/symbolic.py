@@ -43,7 +43,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unbacked_symbols
 
-__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "concrete", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing", "symbolic_inputs"]
+__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing", "symbolic_inputs"]
 
 
 _HASHING: contextvars.ContextVar[bool] = contextvars.ContextVar("fuseg_symbolic_hashing", default=False)
@@ -164,16 +164,6 @@ def hinted(meta: Any) -> Any:
     return dataclasses.replace(meta, shape=tuple(size_hint(n) for n in meta.shape),
                                stride=tuple(size_hint(n) for n in meta.stride),
                                storage_offset=size_hint(meta.storage_offset))
-
-
-def concrete(x: object) -> object:
-    """``x`` with every SymInt that is a known number made a plain int (others left as they are)."""
-    if isinstance(x, torch.SymInt):
-        v = x.node.maybe_as_int()
-        return x if v is None else int(v)
-    if isinstance(x, tuple):
-        return tuple(concrete(a) for a in x)
-    return x
 
 
 class SymbolicSizes:
@@ -523,10 +513,3 @@ def symbolic_inputs(placeholders: Sequence[Any], args: Sequence[Any]) -> tuple[S
                 t.requires_grad_(True)
             fakes.append(t)
     return sizes, fakes
-
-
-def symbolic_meta_fields(t: torch.Tensor) -> tuple[tuple, tuple, Any]:
-    """Sizes, strides and offset of a FakeTensor: plain ints where they are numbers, SymInts where
-    they are symbols of ours."""
-    return (tuple(concrete(s) for s in t.shape), tuple(concrete(s) for s in t.stride()),
-            concrete(t.storage_offset()))
