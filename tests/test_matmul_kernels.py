@@ -39,7 +39,8 @@ def _r(*shape):
 # (name, program, inputs, loop): "nn" where B is contiguous along n, "nt" where A and B are
 # contiguous along k. In "nt", from PACK_ROWS rows of C the kernel copies B contiguous along n (a
 # block of k at a time, FUSEG_KC) and runs the "nn" tiles; below, dot products (one row alone: its
-# own tile). In "nn", at most 2 rows and more than 4 tiles of columns read B row by row. Shapes
+# own tile). In "nn", at most 2 rows and more than 4 tiles of columns read B row by row, and from
+# FUSEG_NN_PACK_ROWS rows B's panels are copied contiguous first. Shapes
 # cover whole register tiles and every tail (rows past the tile, columns past the last vector,
 # k past the last vector and past a block of k), bias broadcasts, views with offsets, for the
 # machine's vector width (Note [register tiles] in runtime/codegen/gemm_prelude.py).
@@ -51,6 +52,8 @@ MATMULS = [
     ("linear-one-row", lambda x, w: F.linear(x, w), [_r(1, 33), _r(9, 33)], "nt"),
     ("linear-one-row-bias", lambda x, w, b: F.linear(x, w, b), [_r(1, 300), _r(37, 300), _r(37)], "nt"),
     ("linear-two-rows", lambda x, w, b: F.linear(x, w, b), [_r(2, 70), _r(23, 70), _r(23)], "nt"),
+    ("linear-three-rows", lambda x, w, b: F.linear(x, w, b), [_r(3, 40), _r(13, 40), _r(13)], "nt"),
+    ("linear-four-rows", lambda x, w: F.linear(x, w), [_r(4, 21), _r(30, 21)], "nt"),
     ("linear-packed", lambda x, w, b: F.linear(x, w, b), [_r(64, 64), _r(128, 64), _r(128)], "nt"),
     ("linear-packed-edges", lambda x, w, b: F.linear(x, w, b), [_r(2, 20, 35), _r(21, 35), _r(21)], "nt"),
     ("linear-packed-strided-rows", lambda x, w: F.linear(x[:, 1:], w[3:]), [_r(33, 50), _r(20, 49)], "nt"),
@@ -62,6 +65,9 @@ MATMULS = [
     ("nn-transposed-a", lambda x, w: x.t() @ w, [_r(24, 10), _r(24, 80)], "nn"),
     ("nn-sliced", lambda x, w: x[1:, 2:] @ w[2:, 3:], [_r(10, 30), _r(30, 70)], "nn"),
     ("nn-decode-rows", lambda x, w, b: torch.addmm(b, x, w), [_r(1, 40), _r(40, 300), _r(300)], "nn"),
+    # from FUSEG_NN_PACK_ROWS rows B's panels are copied contiguous, a block of k at a time
+    ("nn-many-rows-k-blocks", lambda x, w, b: torch.addmm(b, x, w), [_r(70, 300), _r(300, 37), _r(37)], "nn"),
+    ("nn-many-rows-strided-b", lambda x, w: x @ w[:, 2:], [_r(64, 20), _r(20, 50)], "nn"),
     ("nn-decode-two-rows", lambda x, w: x @ w, [_r(2, 33), _r(33, 257)], "nn"),
     ("nn-two-rows-narrow", lambda x, w: x @ w, [_r(2, 33), _r(33, 45)], "nn"),
     ("bias-matrix", lambda b, x, w: torch.addmm(b, x, w), [_r(6, 20), _r(6, 5), _r(5, 20)], "nn"),

@@ -13,7 +13,11 @@ the tile is sized for its 16 (or 32) registers:
 
 * B contiguous along n: ``FUSEG_MR`` rows x ``FUSEG_NV`` vectors (6 x 2 on AVX2: 12 accumulators,
   2 loads of B and 1 broadcast of A a step, 15 of 16 ymm; 6 x 4 on AVX-512, 29 of 32 zmm). With at
-  most 2 rows (a decode step) the tile is 2 rows x twice the vectors: more accumulators in flight.
+  most 2 rows (a decode step) the tile is 2 rows x twice the vectors: more accumulators in flight;
+  with many columns too (a decode step's product by a Conv1D weight), C's rows stay in memory and
+  B is read row by row, in order. From ``NN_PACK_ROWS`` rows each panel of B is first copied
+  contiguous, a block of k at a time: its rows lie a whole row of B apart, a cache line a step
+  (GPT-2's 128 x 768 by 768 x 2304: 4.28 -> 3.39 ms on one thread of an AVX2 EPYC; level at 64).
 * A and B contiguous along k: ``FUSEG_DR`` x ``FUSEG_DC`` dot products, ``FUSEG_DR * FUSEG_DC ==
   FUSEG_VW`` (2 x 4 on AVX2), one vector each, summed across lanes together at the end
   (``fuseg_hsum``: a transpose-and-add tree); one row alone takes 1 x ``FUSEG_VW``. From
@@ -31,11 +35,15 @@ the inner loops.
 
 from __future__ import annotations
 
-__all__ = ["GEMM_PRELUDE", "PACK_ROWS", "ATTENTION_SCORES"]
+__all__ = ["ATTENTION_SCORES", "GEMM_PRELUDE", "NN_PACK_ROWS", "PACK_ROWS", "PARALLEL_MACS"]
 
-#: rows of C from which B contiguous along k is first copied contiguous along n (Note [register
-#: tiles]); a runtime test in the kernel, so never a condition of a plan
-PACK_ROWS = 8
+#: rows of C from which B contiguous along k is first copied contiguous along n, and from which B
+#: contiguous along n is copied panel by panel (Note [register tiles]); tests in the kernel, so
+#: never a condition of a plan. The copy pays once about a register tile of rows reads it: on one
+#: thread of the AVX2 EPYC the copying loop took 0.90-1.05x the dot products' time at 4 rows,
+#: 0.59-0.76x at 6, 0.45-0.69x at 12-32 (64 x 64 and 128 x 64 by 64, 768 x 768 by 768)
+PACK_ROWS = 5
+NN_PACK_ROWS = 64
 #: scores of one block of query rows the attention kernel keeps on the stack (64 KiB)
 ATTENTION_SCORES = 1 << 14
 #: multiply-adds from which a product's panels of columns are shared among threads (a test in the
@@ -125,6 +133,7 @@ GEMM_PRELUDE = r"""
 #define FUSEG_ME 4
 #define FUSEG_W (FUSEG_NV * FUSEG_VW)
 #define FUSEG_PACK_ROWS @PACK_ROWS@
+#define FUSEG_NN_PACK_ROWS @NN_PACK_ROWS@
 #define FUSEG_PARALLEL_MACS @PARALLEL_MACS@
 #define FUSEG_ATTENTION_SCORES @ATTENTION_SCORES@
 typedef float fuseg_v __attribute__((vector_size(4 * FUSEG_VW), aligned(4), may_alias));
@@ -310,6 +319,26 @@ static void fuseg_mm_nn(long M, long N, long K, const float* A, long sam, long s
                         float* C, long ldc, const float* X, long sxm, long sxn) {
   if (M <= 0 || N <= 0) return;
   const fuseg_mm p = {K, A, sam, sak, B, sbk, C, ldc, X, sxm, sxn};
+  if (M >= FUSEG_NN_PACK_ROWS && N > FUSEG_W && K > 0) {
+    // B's rows a whole row of B apart: each panel copied contiguous, a block of k at a time, where
+    // enough rows of C read it (the copy is one read of the panel)
+    const long panels = (N + FUSEG_W - 1) / FUSEG_W;
+#pragma omp parallel for schedule(static) if (panels > 1 && M * N * K >= FUSEG_PARALLEL_MACS)
+    for (long t = 0; t < panels; ++t) {
+      float P[FUSEG_KC * FUSEG_W];  // (each thread its own)
+      const long j = t * FUSEG_W, w = N - j < FUSEG_W ? N - j : FUSEG_W;
+      for (long k0 = 0; k0 < K; k0 += FUSEG_KC) {
+        const long kc = K - k0 < FUSEG_KC ? K - k0 : FUSEG_KC;
+        for (long k = 0; k < kc; ++k) {
+          const float* b = B + (k0 + k) * sbk + j;
+          for (long c = 0; c < FUSEG_W; ++c) P[k * FUSEG_W + c] = c < w ? b[c] : 0.0f;
+        }
+        const fuseg_mm q = {kc, A + k0 * sak, sam, sak, P, FUSEG_W, C + j, ldc, X ? X + j * sxn : X, sxm, sxn};
+        fuseg_nn_panel<FUSEG_MR, FUSEG_NV>(q, M, 0, w, k0 > 0);
+      }
+    }
+    return;
+  }
   if (M > 2) fuseg_nn_panels<FUSEG_MR, FUSEG_NV>(p, M, N);
   else if (N <= 4 * FUSEG_W) fuseg_nn_panels<2, 2 * FUSEG_NV>(p, M, N);
   else fuseg_nn_rows(p, M, N);
@@ -490,4 +519,5 @@ static void fuseg_attention_head(long L, long S, long E, const float* Q, long qs
   }
 }
 """.replace("@SHUFFLES@", _shuffles()).replace("@PACK_ROWS@", str(PACK_ROWS)).replace(
-    "@ATTENTION_SCORES@", str(ATTENTION_SCORES)).replace("@PARALLEL_MACS@", str(PARALLEL_MACS))
+    "@ATTENTION_SCORES@", str(ATTENTION_SCORES)).replace("@PARALLEL_MACS@", str(PARALLEL_MACS)).replace(
+    "@NN_PACK_ROWS@", str(NN_PACK_ROWS))
