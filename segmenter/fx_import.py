@@ -399,10 +399,13 @@ def from_fx(
     tensor_pos = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)]
     tensors = [example_inputs[i] for i in tensor_pos]
     shared = len(set(storage_ids(tensors))) != len(tensors)
-    # aliasing and layout changes are observed on the program as given, before functionalization
+    # aliasing and layout changes are observed on the program as given, before functionalization;
+    # a symbolic graph that writes nothing is run once only: its retrace shows the aliasing too
+    writes = any(n.op == "call_function" and op_info(op_name(n.target)).mutates for n in gm.graph.nodes)
+    once = symbolic and not writes
     try:
         with quiet_fake_errors():
-            fake_in, fake_out, changes = _run_on_fakes(gm, example_inputs)
+            fake_in, fake_out, changes = (list(example_inputs), [], []) if once else _run_on_fakes(gm, example_inputs)
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001 - torch's error from running the graph on FakeTensors, as ours
@@ -417,7 +420,6 @@ def from_fx(
     if symbolic or needs_functionalization(gm) or len(tensors) != len(example_inputs) or changes:
         # (as before symbolic sizes: an epilogue alone on shared inputs is retraced; with symbolic
         # sizes too it is not, while a graph that only has symbolic sizes is: the training graphs)
-        writes = any(n.op == "call_function" and op_info(op_name(n.target)).mutates for n in gm.graph.nodes)
         if shared and (mutates_beyond_epilogue(gm) or (writes and has_symbolic_sizes(gm))):
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
         try:
@@ -425,6 +427,9 @@ def from_fx(
         except Exception as e:  # noqa: BLE001 - torch's error from make_fx/functionalize, as ours
             raise CaptureError(f"functionalizing the graph failed: {type(e).__name__}: {_first_line(e)}") from e
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if once:  # the values the retrace computed on the inputs' FakeTensors (views share their storages)
+            out_node = next(n for n in gm.graph.nodes if n.op == "output")
+            fake_out = [x.meta.get("val") if isinstance(x, fx.Node) else x for x in pytree.tree_leaves(out_node.args)]
     storage = storage_ids(tensors)
     finals = {c.index: c.after for c in changes}
     tensor_phs = [placeholders[i] for i in tensor_pos]

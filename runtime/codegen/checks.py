@@ -135,7 +135,9 @@ def shape_ints(values: Iterable[object], what: str, lo: int = 0) -> tuple[int, .
         raise Declined(f"{what} must be a list of integers, got {_what(values)}")
     if all(type(v) is int for v in values) and (not values or (min(values) >= lo and max(values) <= MAX_EXTENT)):
         return tuple(values)  # the common case, checked at once (a layout per value of every kernel)
-    return tuple(int_arg(v, f"{what}[{k}]", lo) for k, v in enumerate(values))
+    symbolic = sizes_active()  # (a symbolic size of a layout: read from a real tensor, as check_layout says)
+    return tuple(v if symbolic and isinstance(v, torch.SymInt) else int_arg(v, f"{what}[{k}]", lo)
+                 for k, v in enumerate(values))
 
 
 def check_layout(shape: object, stride: object, what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -144,6 +146,11 @@ def check_layout(shape: object, stride: object, what: str) -> tuple[tuple[int, .
     shape_t, stride_t = shape_ints(shape, f"{what} shape"), shape_ints(stride, f"{what} stride")
     if len(shape_t) != len(stride_t):
         raise Declined(f"{what}: shape {list(shape_t)} and stride {list(stride_t)} differ in rank")
+    if any(isinstance(x, torch.SymInt) for x in (*shape_t, *stride_t)):
+        # a symbolic plan's sizes are read from real tensors at each call (Note [symbolic plans]):
+        # a tensor that exists is within these bounds, so they are no condition to record (and
+        # their arithmetic over symbols was most of what a symbolic kernel's lowering cost)
+        return shape_t, stride_t
     if math.prod(shape_t) > MAX_EXTENT or sum((n - 1) * st for n, st in zip(shape_t, stride_t) if n) > MAX_EXTENT:
         raise Declined(f"{what}: layout {list(shape_t)} / {list(stride_t)} is too large to index")
     return shape_t, stride_t
