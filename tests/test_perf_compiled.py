@@ -47,10 +47,11 @@ def test_summary_keeps_the_unseen_set_apart() -> None:
 
 
 def test_every_model_set_builds_by_name() -> None:
-    from perf.models import DEFAULT, HELD_OUT, MODELS, UNSEEN
+    from perf.models import DEFAULT, HELD_OUT, MODELS, REALISTIC, UNSEEN
 
     assert set(HELD_OUT) <= set(DEFAULT) and not set(UNSEEN) & set(DEFAULT)
-    assert set(MODELS) == set(DEFAULT) | set(UNSEEN)
+    assert not set(REALISTIC) & (set(DEFAULT) | set(UNSEEN))
+    assert set(MODELS) == set(DEFAULT) | set(UNSEEN) | set(REALISTIC)
 
 
 def test_a_gpu_run_names_the_models_that_miss_issue_44s_targets() -> None:
