@@ -22,6 +22,10 @@ from segmenter import SegmentKind, capture, segment
 from .util import assert_matches_eager
 
 TOL = 1e-5  # float32 sums in another order than BLAS's
+# A sum of k float32 products in another order differs by about k * 2^-24 of the products' size:
+# at k = 600 that is ~4e-5, beyond TOL for an element near zero (the full suite drew such inputs).
+K_TOL = {"linear-k-blocks": 1e-4}
+_GEN = torch.Generator().manual_seed(1234)  # the cases' inputs do not depend on the tests run before
 
 
 def _program(fn, inputs, backend="auto"):
@@ -33,7 +37,7 @@ def _matmuls(prog) -> list[int]:
 
 
 def _r(*shape):
-    return torch.randn(*shape)
+    return torch.randn(*shape, generator=_GEN)
 
 
 # (name, program, inputs, loop): "nn" where B is contiguous along n, "nt" where A and B are
@@ -98,8 +102,9 @@ def test_matmuls_run_as_generated_kernels(name, fn, inputs, loop) -> None:
     (i,) = _matmuls(prog)
     assert prog.backend_of[i] == "cpp", prog.passed_over.get(i)
     assert f"fuseg_mm_{loop}(" in prog.kernels[i].body
-    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=TOL, rtol=TOL)
-    assert_matches_eager(fn, inputs, prog.graph, program=prog.run_checked, atol=TOL, rtol=TOL)
+    tol = K_TOL.get(name, TOL)
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
+    assert_matches_eager(fn, inputs, prog.graph, program=prog.run_checked, atol=tol, rtol=tol)
 
 
 def test_a_module_of_linears_matches_eager_under_torch_compile() -> None:
