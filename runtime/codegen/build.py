@@ -370,3 +370,28 @@ def nvcc_check(kernel: Kernel, arch: str = "sm_90", ptx_only: bool = True) -> su
             f.write(kernel.source("cuda"))
         mode = ["-ptx", "-o", os.path.join(tmp, "k.ptx")] if ptx_only else ["-c", "-o", os.path.join(tmp, "k.o")]
         return subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", *mode, cu], capture_output=True, text=True)
+
+
+def nvcc_check_many(kernels: list[Kernel], arch: str = "sm_90") -> list[tuple[str, str]]:
+    """Compile many kernels' CUDA functions to PTX with nvcc in one translation unit (the prelude
+    once, as ``translation_unit`` writes it for the CPU's grouped builds): one nvcc run instead of
+    one per kernel (177 kernels: ~3 s against ~100 s here). Where the unit fails, each kernel is
+    compiled alone, exactly as CuPy gets it, so the failures are named: ``[(name, stderr tail)]``,
+    empty when every kernel compiles."""
+    from .kernel import translation_unit
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not on the PATH")
+    by_name = {k.name: k for k in kernels}
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = os.path.join(tmp, "all.cu")
+        with open(cu, "w") as f:
+            f.write(translation_unit(list(by_name.values()), "cuda"))
+        r = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-ptx", "-o", os.path.join(tmp, "all.ptx"), cu],
+                           capture_output=True, text=True)
+    if r.returncode == 0:
+        return []
+    failed = [(k.name, res.stderr[-2000:]) for k in by_name.values()
+              if (res := nvcc_check(k, arch)).returncode != 0]
+    return failed or [("<translation unit>", r.stderr[-2000:])]
