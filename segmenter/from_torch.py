@@ -102,15 +102,29 @@ def _aten(name: str) -> Any:
     return getattr(getattr(torch.ops.aten, packet), overload)
 
 
-def _default_decompositions() -> Any:
-    table = torch.export.default_decompositions()
-    for name in _KEEP_WHOLE:
-        table.pop(_aten(name), None)
-    for name in _KEEP_IN_LOW_PRECISION:
-        op = _aten(name)
-        if op in table:
-            table[op] = _low_precision_guard(table[op])
-    return table
+# Note [the decomposition table, once]: torch.export's default table is built and materialized
+# (every CompositeImplicitAutograd op of every namespace looked up) at each run_decompositions,
+# about 60 ms a capture here, a fifth of a small program's capture. It is built once per process
+# and copied: a plain dict of the same entries is what run_decompositions makes of it anyway. It is
+# built again when the dispatcher has more ops (a custom op registered since: its CIA
+# decomposition is picked up, as the lazy table would) or torch's registry of Python
+# decompositions has grown.
+_TABLE: tuple[tuple[int, int], dict[Any, Any]] | None = None
+
+
+def _default_decompositions() -> dict[Any, Any]:
+    global _TABLE
+    key = (len(torch._C._dispatch_get_all_op_names()), len(torch._decomp.decomposition_table))
+    if _TABLE is None or _TABLE[0] != key:
+        table = torch.export.default_decompositions()
+        for name in _KEEP_WHOLE:
+            table.pop(_aten(name), None)
+        for name in _KEEP_IN_LOW_PRECISION:
+            op = _aten(name)
+            if op in table:
+                table[op] = _low_precision_guard(table[op])
+        _TABLE = (key, dict(table.materialize()))
+    return dict(_TABLE[1])
 
 
 def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
