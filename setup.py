@@ -7,7 +7,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["segmenter", "alias", "runtime", "perf", "perf.fusions"],  # perf.fusions: nvFuser scripts kept as data
+    # perf.fusions: nvFuser scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
+    packages=["segmenter", "alias", "runtime", "perf", "perf.fusions", "perf.experiments"],
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a CPU wheel); an open range on a machine
         # without torch would pull a multi-GB CUDA build.

@@ -54,7 +54,7 @@ def write_record(record: dict[str, Any], out: str | None) -> None:
 
 def call_times(fn: Callable[..., Any], args: list[Any], calls: int) -> list[float]:
     """Seconds of each of ``calls`` calls of ``fn(*args)``, one by one (the CPU benches of single
-    kernels: perf.depthwise, perf.onetap, perf.patches)."""
+    kernels: perf.experiments.depthwise, onetap, patches)."""
     out = []
     for _ in range(calls):
         t0 = time.perf_counter()

@@ -22,7 +22,7 @@ with branches that each delete values (a launch run alone, with its layout guard
 Note [program parts]: Python's ``compile()`` of one function of 200k statements (a 100k-node
 graph) holds the whole tree in memory at once. Cut into functions of ~2000 lines compiled one by
 one, it took 1.31 s instead of 2.71 s and the process peaked at 545 MiB instead of 1051 MiB
-(medians of one interleaved run, ``python -m perf.compile_parts``; raw figures in
+(medians of one interleaved run, ``python -m perf.experiments.compile_parts``; raw figures in
 perf/results/compile_parts_100k.json). So a long straight-line function is cut, at places its
 generator marked (``mark``: between two launches), into parts: each part is a function taking the
 values live where it starts and returning those live where it ends, and the function itself calls

@@ -25,7 +25,7 @@ weight of shape [C, 1, kh, kw] (any layout), a bias of [C] or none, not transpos
 stride, padding and dilation. Anything else is declined with the reason. This plain loop reads
 and writes its output row once per tap, so from some size oneDNN beats it; where, is measured on
 the machine (Note [choices by measurement] in runtime/autotune.py; a cap of 0.5M multiply-adds,
-chosen on another machine by ``python -m perf.depthwise``, decided before).
+chosen on another machine by ``python -m perf.experiments.depthwise``, decided before).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The whole pipeline at 100k nodes, this tree against another checkout, interleaved (a benchmark).
 
-    python -m perf.pipeline_ab --before <checkout> [--rounds 3] [--nodes 100000]
-                               [--backends torch,cpp] [--out perf/results/pipeline_ab.json]
+    python -m perf.experiments.pipeline_ab --before <checkout> [--rounds 3] [--nodes 100000]
+                                           [--backends torch,cpp] [--out perf/results/pipeline_ab.json]
 
 Per round and backend, one fresh process per side runs this file's ``--worker`` mode with the
 side's tree first on ``PYTHONPATH`` (so each side runs its own segmenter, alias pass and runtime;
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("ignore")
         print(json.dumps(worker(args.worker, args.nodes)))
         return 0
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     sides = {"before": os.path.abspath(args.before), "after": here}
     backends = args.backends.split(",")
     runs = []
@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             for side, tree in sides.items():
                 env = dict(os.environ, PYTHONPATH=tree, FUSEG_CACHE_DIR=os.path.join(
                     os.environ.get("TMPDIR", "/tmp"), f"fuseg-cache-pipeline-ab-{side}"))
-                # -P: this file's folder (perf/, whose profile.py would shadow the stdlib's) is not put on sys.path
+                # -P: this file's folder is not put on sys.path, only the side's tree (PYTHONPATH); the
+                # script lived in perf/ at first, whose profile.py would shadow the stdlib's
                 out = subprocess.run([sys.executable, "-P", os.path.abspath(__file__), "--before", tree, "--worker", be,
                                       "--nodes", str(args.nodes)], cwd=tree, env=env, capture_output=True,
                                      text=True, check=True)

@@ -1,6 +1,6 @@
 """The generated matmul and attention kernels against ATen's ops, shape by shape, on this machine.
 
-    python -m perf.kernel_choice [--rounds 7] [--out perf/results/kernel_choice_cpu.json]
+    python -m perf.experiments.kernel_choice [--rounds 7] [--out perf/results/kernel_choice_cpu.json]
 
 Each shape is one op (a Linear's ``x @ w.t() + b``, a Conv1D's ``addmm``, a ``bmm``, or ATen's
 flash attention for the CPU with or without a causal mask) compiled as a program twice: on the
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .bench import environment, write_record
+from ..bench import environment, write_record
 
 __all__ = ["SHAPES", "main", "measure"]
 
@@ -124,7 +124,7 @@ def measure(name: str, rounds: int = 7, round_s: float = 0.002) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m perf.kernel_choice", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.experiments.kernel_choice", description=__doc__.split("\n\n")[0])
     p.add_argument("shapes", nargs="*", help=f"default: all of {', '.join(SHAPES)}")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--out", help="write the record (JSON) here")

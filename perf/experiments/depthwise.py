@@ -3,7 +3,7 @@
 the kernel (the cap ``conv.MAX_MACS`` these figures chose is now a measurement of each shape
 class: Note [choices by measurement] in runtime/autotune.py).
 
-    python -m perf.depthwise [--rounds 5] [--calls 40] [--out perf/results/depthwise_cpu.json]
+    python -m perf.experiments.depthwise [--rounds 5] [--calls 40] [--out perf/results/depthwise_cpu.json]
 
 Method: each shape is compiled once (a program of the one convolution with its bias), then eager
 and the program are timed in ``--rounds`` interleaved rounds of ``--calls`` calls each; the
@@ -20,7 +20,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from .bench import call_times, environment
+from ..bench import call_times, environment
 
 __all__ = ["SHAPES", "main"]
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from alias import apply_aliases
     from segmenter import capture, segment
 
-    p = argparse.ArgumentParser(prog="python -m perf.depthwise", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.experiments.depthwise", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--out")

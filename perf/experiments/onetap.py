@@ -5,7 +5,7 @@ shape by shape, every shape as the kernel (the cap ``onetap.MAX_WORK`` these fig
 of each shape class: Note [choices by measurement] in runtime/autotune.py), so that the threading
 threshold (``onetap.PARALLEL_WORK``) is chosen from measured figures.
 
-    python -m perf.onetap [--rounds 5] [--calls 40] [--out perf/results/onetap_cpu.json]
+    python -m perf.experiments.onetap [--rounds 5] [--calls 40] [--out perf/results/onetap_cpu.json]
 
 Method: each shape is compiled once per way (a program of the one convolution with its bias),
 then eager and the programs are timed in ``--rounds`` interleaved rounds of ``--calls`` calls
@@ -21,7 +21,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from .bench import call_times, environment, write_record
+from ..bench import call_times, environment, write_record
 
 __all__ = ["SHAPES", "main"]
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.codegen import onetap
     from segmenter import capture, segment
 
-    p = argparse.ArgumentParser(prog="python -m perf.onetap", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.experiments.onetap", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--out")

@@ -3,9 +3,9 @@
 as the kernel, so that ``patches.MIN_FILTERS`` is chosen from measured figures (and ``patches.MAX_WORK``
 was, now a measurement of each shape class: Note [choices by measurement] in runtime/autotune.py).
 
-    python -m perf.patches [--rounds 5] [--calls 40] [--out perf/results/patches_cpu.json]
+    python -m perf.experiments.patches [--rounds 5] [--calls 40] [--out perf/results/patches_cpu.json]
 
-Method as ``python -m perf.onetap``: each shape compiled once, eager and the program timed in
+Method as ``python -m perf.experiments.onetap``: each shape compiled once, eager and the program timed in
 ``--rounds`` interleaved rounds of ``--calls`` calls; medians and their ratio. A program's time
 includes its call (the input check, the output buffer).
 """
@@ -18,7 +18,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from .bench import call_times, environment, write_record
+from ..bench import call_times, environment, write_record
 
 __all__ = ["SHAPES", "main"]
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.codegen import patches
     from segmenter import capture, segment
 
-    p = argparse.ArgumentParser(prog="python -m perf.patches", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.experiments.patches", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--out")

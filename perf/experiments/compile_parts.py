@@ -1,6 +1,6 @@
 """Python's ``compile()`` of a large generated program, as one function and in parts (a benchmark).
 
-    python -m perf.compile_parts [--nodes 100000] [--rounds 3] [--out perf/results/compile_parts_100k.json]
+    python -m perf.experiments.compile_parts [--nodes 100000] [--rounds 3] [--out perf/results/compile_parts_100k.json]
 
 Note [program parts] (runtime/wrapper.py) cuts a long program into functions of about
 ``PART_LINES`` lines. Here, per round, one fresh process per side ("whole": no cut; "parts": the
@@ -21,7 +21,7 @@ import sys
 import time
 import warnings
 
-from .bench import environment, write_record
+from ..bench import environment, write_record
 
 SIDES = {"whole": 10**9, "parts": None}  # PART_LINES per side (None: the default)
 
@@ -32,7 +32,7 @@ def measure_one(nodes: int, part_lines: int | None) -> dict[str, float]:
     from alias import apply_aliases
     from segmenter import segment
 
-    from .synthetic import block_graph, synthetic_transformer
+    from ..synthetic import block_graph, synthetic_transformer
 
     if part_lines is not None:
         wrapper.PART_LINES = part_lines
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for r in range(args.rounds):
         for side in (("whole", "parts") if r % 2 == 0 else ("parts", "whole")):
-            out = subprocess.run([sys.executable, "-m", "perf.compile_parts", "--nodes", str(args.nodes), "--one", side],
+            out = subprocess.run([sys.executable, "-m", "perf.experiments.compile_parts", "--nodes", str(args.nodes), "--one", side],
                                  capture_output=True, text=True, check=True)
             row = {"round": r + 1, "side": side, **json.loads(out.stdout.strip().splitlines()[-1])}
             runs.append(row)
