@@ -275,7 +275,7 @@ def _attentions(draw):
     return _sdpa(is_causal=kind == "causal"), inputs
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(_attentions())
 def test_random_attentions_match_eager(case) -> None:
     fn, inputs = case

@@ -2,7 +2,7 @@
 runtime, each checked against eager PyTorch (values, dtypes, shapes, strides, aliasing among
 outputs and inputs, final values of mutated inputs) and by ``alias.check``.
 
-``FUSEG_FUZZ_EXAMPLES`` sets how many programs to draw (default 300, what CI runs; the same 300
+``FUSEG_FUZZ_EXAMPLES`` sets how many programs to draw (default 200, what CI runs; the same 200
 every run unless ``FUSEG_FUZZ_RANDOM=1``); the
 coverage counters are printed at the end of the pytest run (tests/conftest.py), so a generator
 that stops producing a case is noticed.
@@ -28,7 +28,7 @@ from .programs import Program, programs
 from .util import assert_matches_eager
 
 COVERAGE: Counter = Counter()
-EXAMPLES = int(os.environ.get("FUSEG_FUZZ_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("FUSEG_FUZZ_EXAMPLES", "200"))
 # the torch backend, and the kernel generator's C++ target where a compiler is found
 BACKENDS = ("torch", "cpp") if cpu_compiler() else ("torch",)
 

@@ -243,7 +243,7 @@ def _products(draw):
     return (lambda x, y, z: torch.addmm(z, x, y)), [a, b, torch.randn(*bias)]
 
 
-@settings(max_examples=60, deadline=None, database=None, derandomize=True,
+@settings(max_examples=30, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(_products())
 def test_random_products_match_eager(drawn) -> None:

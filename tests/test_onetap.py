@@ -158,7 +158,7 @@ def test_a_recorded_output_that_contradicts_the_op_is_declined() -> None:
     assert onetap.onetap_kernel(graph, node).name.startswith("fuseg_onetap_")  # the true one is taken
 
 
-PROGRAMS = int(os.environ.get("FUSEG_ONETAP_PROGRAMS", "40"))
+PROGRAMS = int(os.environ.get("FUSEG_ONETAP_PROGRAMS", "25"))
 RANDOM = os.environ.get("FUSEG_FUZZ_RANDOM", "0") == "1"
 
 

@@ -29,7 +29,7 @@ from segmenter import SegmentKind, capture, segment
 
 from .util import assert_matches_eager
 
-PROGRAMS = int(os.environ.get("FUSEG_REINDEX_PROGRAMS", "60"))
+PROGRAMS = int(os.environ.get("FUSEG_REINDEX_PROGRAMS", "40"))
 RANDOM = os.environ.get("FUSEG_FUZZ_RANDOM", "0") == "1"
 MOVES = {"aten.transpose.int", "aten.permute.default", "aten.slice.Tensor", "aten.cat.default",
          "aten.constant_pad_nd.default", "aten.flip.default", "aten.expand.default", "aten.view.default"}
