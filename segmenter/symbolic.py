@@ -43,6 +43,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unbacked_symbols
 
+from .torch_compat import backed_hints
+
 __all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing", "symbolic_inputs"]
 
 
@@ -149,9 +151,9 @@ def size_hint(x: object) -> int:
         v = x.node.maybe_as_int()
         if v is not None:
             return int(v)
-        from torch.fx.experimental.symbolic_shapes import optimization_hint
+        from .torch_compat import optimization_hint
 
-        return int(optimization_hint(x))
+        return optimization_hint(x)
     return int(x)  # type: ignore[call-overload]
 
 
@@ -228,7 +230,7 @@ class SymbolicSizes:
 
     @property
     def hints(self) -> dict[sympy.Symbol, int]:
-        return {s: int(self.env.backed_var_to_val[s]) for s in self.sources}
+        return {s: int(backed_hints(self.env)[s]) for s in self.sources}
 
     # -- the plan's conditions -----------------------------------------------------------------
 

@@ -27,12 +27,12 @@ import math
 from collections.abc import Iterable
 
 import torch
-from torch.fx.experimental.symbolic_shapes import _ShapeEnvGuardError
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import OpRef, ValueRef
 from segmenter.ops import resolve_op
 from segmenter.symbolic import is_symbolic
+from segmenter.torch_compat import ShapeEnvGuardError
 
 from .ctypes_ import Declined
 from .symsizes import sizes_active
@@ -262,7 +262,7 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict
             try:
                 with _symbolic_dispatch():
                     result = op(*args, **kwargs)
-            except _ShapeEnvGuardError:  # a size question after a plan was sealed: a bug, never a decline
+            except ShapeEnvGuardError:  # a size question after a plan was sealed: a bug, never a decline
                 raise
             except Exception as e:  # noqa: BLE001 - torch refuses the arguments: the generator does too
                 raise Declined(f"node {node.name!r} ({node.op}): torch refuses its arguments: "
