@@ -77,7 +77,7 @@ def _causal(q, k, v):
 
 def _masked_scores(s):
     n = s.shape[-1]
-    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    mask = torch.ones(n, n, dtype=torch.bool, device=s.device).tril()
     return s.masked_fill(~mask, float("-inf")).softmax(-1)
 
 

@@ -9,7 +9,7 @@ import torch
 
 import runtime
 from alias import apply_aliases
-from runtime.cudagraphs import use_cuda_graphs
+from runtime.cudagraphs import WARMUP_CALLS, use_cuda_graphs
 from segmenter import capture, segment
 from segmenter.reference import clone_inputs
 
@@ -41,8 +41,22 @@ def _compiled(fn):
     return compiler, torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=False)
 
 
-def _replays(compiler) -> int:
-    return sum(p.cuda_graph.counts["replayed"] for p in compiler.compiled if p.cuda_graph is not None)
+def _assert_replayed(compiler, calls: int, at_least: int | None = None) -> None:
+    """Every graphed program of ``compiler`` warmed up once, captured once and replayed on every
+    plain call after that; ``calls`` calls were made. The first call through ``torch.compile`` may
+    not reach the graph: torch 2.11's AOTAutograd runs it under a dispatch mode of its own, so it
+    takes the program's checked path (Note [one entry]) and the warm-up is the second call (torch
+    2.13 makes it plainly). Exact counts of each path are tests/test_cudagraphs.py's."""
+    graphed = [p.cuda_graph for p in compiler.compiled if p.cuda_graph is not None]
+    assert graphed, _why_not(compiler)
+    for g in graphed:
+        c = g.counts
+        reached = c["warm-up"] + c["captured"] + c["replayed"]
+        assert c["moved"] == 0 and c["released"] == 0 and g.refused is None, (c, g.refused)
+        assert c["warm-up"] == WARMUP_CALLS and c["captured"] == 1, c
+        assert calls - 1 <= reached <= calls, (c, calls)
+    replays = sum(g.counts["replayed"] for g in graphed)
+    assert replays >= (at_least if at_least is not None else calls - WARMUP_CALLS - 2), _why_not(compiler)
 
 
 def _why_not(compiler) -> list:
@@ -109,7 +123,7 @@ def test_cublas_and_generated_kernels_in_one_graph_through_torch_compile() -> No
     with torch.no_grad():
         for _ in range(5):
             torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-    assert _replays(compiler) == 3, _why_not(compiler)
+    _assert_replayed(compiler, 5)
 
 
 def test_the_backend_option_by_name() -> None:
@@ -131,9 +145,9 @@ def test_zoo_transformers_replay_and_match_eager(name: str) -> None:
     compiler, compiled = _compiled(model)
     with torch.no_grad():
         want = model(ids).last_hidden_state
-        for _ in range(4):
+        for _ in range(5):
             torch.testing.assert_close(compiled(ids).last_hidden_state, want, atol=1e-4, rtol=1e-4)
-    assert _replays(compiler) >= 2, _why_not(compiler)
+    _assert_replayed(compiler, 5)
 
 
 def _mutates(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
@@ -150,7 +164,7 @@ def test_mutated_inputs_are_updated_on_every_replay() -> None:
         got = compiled(x, buf)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(buf, want_buf)
-    assert _replays(compiler) == 3, _why_not(compiler)
+    _assert_replayed(compiler, 5)
 
 
 def test_an_input_that_moved_runs_uncaptured() -> None:
@@ -168,20 +182,23 @@ def test_another_shape_gets_a_program_and_a_graph_of_its_own() -> None:
 
     compiler, compiled = _compiled(fn)
     a, b = torch.randn(32, 128, device="cuda"), torch.randn(16, 256, device="cuda")
-    for x in (a, a, a, b, b, b, a, a):
+    for x in (a, a, a, b, b, b, b, a, a):
         torch.testing.assert_close(compiled(x), fn(x))
     graphed = [p.cuda_graph for p in compiler.compiled if p.cuda_graph is not None]
-    assert [g.counts["replayed"] for g in graphed] == [3, 1], _why_not(compiler)
+    assert len(graphed) == 2, _why_not(compiler)
+    # a: 5 calls, b: 4 (each program's first call may take the checked path: _assert_replayed)
+    assert [g.counts["replayed"] for g in graphed] in ([3, 2], [2, 1]), [g.counts for g in graphed]
+    assert all(g.counts["moved"] == 0 and g.counts["captured"] == 1 for g in graphed)
 
 
 def test_outputs_kept_across_calls_are_not_overwritten() -> None:
     fn, inputs, program, calls = _replaying("softmax")
-    (kept,) = program(*inputs)
-    want = fn(*inputs)
+    kept = program(*inputs)[0]  # (the case returns softmax and log_softmax)
+    want = fn(*inputs)[0]
     inputs[0].mul_(-2)  # in place: the same address, so the next call replays
-    (new,) = program(*inputs)
+    new = program(*inputs)[0]
     assert calls.counts["replayed"] == 3
-    torch.testing.assert_close(new, fn(*inputs), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(new, fn(*inputs)[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kept, want, atol=1e-5, rtol=1e-5)
 
 
@@ -217,5 +234,5 @@ def test_programs_that_cannot_be_captured_run_as_before(fn, why: str) -> None:
     if why != "random":
         want = fn(*inputs)
         want = list(want) if isinstance(want, tuple) else [want]
-        for g, w in zip(got, want):
-            torch.testing.assert_close(g, w)
+        for g, w in zip(got, want):  # (a sum in another order than ATen's: float32 rounding)
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)

@@ -297,3 +297,26 @@ def test_outputs_recorded_as_views_of_an_output_hold_their_own_values(fn, backen
     graph = capture(fn, [x])
     program = runtime.compile(apply_aliases(segment(graph), mode), backend=backend)
     assert_matches_eager(fn, [x], graph, program=program)
+
+
+def test_a_kernel_is_not_given_a_value_on_another_device() -> None:
+    """Regression (found on the H100): ``x * s`` with ``x`` on CUDA and ``s`` a CPU scalar tensor
+    (which ATen reads on the host) became a CuPy kernel handed the CPU pointer, an illegal memory
+    access. A value on another device than the kernel's leaves the segment to torch."""
+    import dataclasses
+
+    from runtime.backends.kernels import device_problem
+
+    graph = capture(lambda x, s: x * s, [torch.randn(4, 8), torch.tensor(3.0)])
+    (seg,) = [s for s in segment(graph).segments if s.nodes]
+    x, s = seg.inputs
+    metas = graph.metas
+    on = {v: dataclasses.replace(metas[v], device="cuda:0") for v in metas}
+    metas.update(on)
+    assert device_problem(graph, seg, torch.device("cuda", 0)) is None
+    assert device_problem(graph, seg, torch.device("cuda")) is None
+    assert "cuda:0" in device_problem(graph, seg, torch.device("cuda", 1))
+    assert "on cuda:0, the kernel on cpu" in device_problem(graph, seg, torch.device("cpu"))
+    metas[s] = dataclasses.replace(metas[s], device="cpu")
+    why = device_problem(graph, seg, torch.device("cuda", 0))
+    assert why is not None and f"%{s} is on cpu" in why

@@ -22,7 +22,7 @@ from ..codegen.runner import runner_kernel
 from ..codegen.scan import CUMSUM, cumsum_kernel
 from ..wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
-from .kernels import KernelLaunch, bits_problem, layouts, views_of_outputs
+from .kernels import KernelLaunch, layouts, raw_read_problem, views_of_outputs
 from .measured import choose, measure_pending
 
 __all__ = ["CppBackend"]
@@ -57,7 +57,7 @@ class LoneOpLaunch(CppLaunch):
         node = seg.nodes[0]
         if node.name in ctx.in_place:
             raise Declined(f"a {node.op} written into an input")
-        why = bits_problem(ctx.graph, seg)
+        why = raw_read_problem(ctx, seg)
         if why is not None:
             raise Declined(why)
         if node.op == CONVOLUTION:
@@ -88,7 +88,7 @@ class MatmulLaunch(CppLaunch):
         self.backend, self.ctx, self.segment = backend, ctx, seg
         if any(n.name in ctx.in_place for n in seg.nodes):
             raise Declined("a matmul written into an input")
-        why = bits_problem(ctx.graph, seg)
+        why = raw_read_problem(ctx, seg)
         if why is not None:
             raise Declined(why)
         views = views_of_outputs(ctx.graph, seg, ctx.materialize)

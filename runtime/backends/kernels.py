@@ -31,7 +31,8 @@ from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import emit_torch
 
-__all__ = ["KernelLaunch", "bits_problem", "check_storage", "layouts", "span_bytes", "views_of_outputs"]
+__all__ = ["KernelLaunch", "bits_problem", "check_storage", "device_problem", "layouts", "raw_read_problem", "span_bytes",
+           "views_of_outputs"]
 
 
 def layouts(graph: FusionGraph, seg: Segment, materialize: frozenset[str], written: dict[str, str]) -> dict:
@@ -75,6 +76,23 @@ def bits_problem(graph: FusionGraph, seg: Segment) -> str | None:
     return None
 
 
+def device_problem(graph: FusionGraph, seg: Segment, device: torch.device) -> str | None:
+    """Why a kernel launched on ``device`` cannot read or write ``seg``'s values: one lives on
+    another device (a CPU scalar tensor beside CUDA tensors, which ATen reads on the host; a
+    raw pointer to host memory read on the GPU is an illegal access), else None. Left to torch."""
+    for v in (*seg.inputs, *(o for n in seg.nodes for o in n.outputs if o is not None)):
+        d = torch.device(graph.metas[v].device)
+        if d.type != device.type or None not in (d.index, device.index) and d.index != device.index:
+            return f"%{v} is on {d}, the kernel on {device}: left to torch"
+    return None
+
+
+def raw_read_problem(ctx: BuildContext, seg: Segment) -> str | None:
+    """Why a backend reading raw storage on ``ctx.device`` cannot run ``seg`` (``bits_problem``,
+    ``device_problem``), else None."""
+    return bits_problem(ctx.graph, seg) or device_problem(ctx.graph, seg, ctx.device)
+
+
 def span_bytes(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
     """Bytes from a tensor's first element to the end of its last one, in this layout."""
     if 0 in shape:
@@ -100,7 +118,7 @@ class KernelLaunch(SegmentLaunch):
         self.backend, self.ctx, self.segment = backend, ctx, seg
         check_kind(seg)  # a matmul segment is declined before the work below (half of a model's segments)
         graph = ctx.graph
-        why = bits_problem(graph, seg)
+        why = raw_read_problem(ctx, seg)
         if why is not None:
             raise Declined(why)
         targets = ctx.targets(seg)
