@@ -107,6 +107,17 @@ def summarize(out: str, tag: str) -> str:
                      f"{s.get('rows_not_faster_than_eager_or_inductor')}")
     else:
         lines.append("bandwidth: no record")
+    before = _load(os.path.join(out, f"gpu_bandwidth_before_{tag}.json"))
+    if before and bw:
+        lines.append("CUDA tuning (Note [CUDA launch shapes]): fuseg's time with FUSEG_CUDA_TUNING=0 (before) "
+                     "and on (after), one run; after/before:")
+        was = {r["case"]: r for r in before.get("rows", []) if "error" not in r}
+        for r in bw.get("rows", []):
+            b = was.get(r["case"])
+            if b is None or "error" in r or not b.get("fuseg_ms") or not r.get("fuseg_ms"):
+                continue
+            lines.append(f"  {r['case']:>24}  before {b['fuseg_ms']:.4f} ms  after {r['fuseg_ms']:.4f} ms  "
+                         f"after/before {r['fuseg_ms'] / b['fuseg_ms']:.2f}  before/copy {_fmt(b.get('fuseg_vs_copy'))}")
     lo = _load(os.path.join(out, f"gpu_launch_overhead_{tag}.json"))
     if lo:
         lines.append("host time per call of a one-kernel program, us: "

@@ -134,3 +134,37 @@ def test_a_new_size_compiles_no_cuda_kernel(name: str) -> None:
     assert all("cupy" in p.backend_of.values() for p in programs), [p.passed_over for p in programs]
     assert any(k.symbols for p in programs for k in p.kernels.values())
     assert compiles[1:] == [0, 0], (compiles, len(programs))
+
+
+def test_half_conversions_on_the_gpu_are_bit_exact() -> None:
+    """Note [half conversions on the GPU]: the cvt instructions against torch's CUDA conversions,
+    every fp16 bit pattern to float and back, and floats at and between fp16/bf16 values (ties
+    included), subnormals, overflow and NaN, to fp16 and bf16; and with FUSEG_SOFT_HALF's software
+    versions too (FUSEG_CUDA_TUNING=0), which the CPU test checks against torch's CPU conversions."""
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).cuda()
+    halves = bits.view(torch.float16)
+    prog = _program(lambda h: h.to(torch.float32) * 1, [halves])
+    assert "cupy" in prog.backend_of.values(), prog.passed_over
+    (got,) = prog(halves)
+    want = halves.to(torch.float32)
+    ok = ~want.isnan()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32))
+    f = want[ok].double().sort().values
+    mids = ((f[1:] + f[:-1]) / 2).float()
+    special = torch.tensor([0.0, -0.0, 1e-8, 2.9802322e-08, 65504.0, 65519.99, 65520.0, 1e6, float("inf"),
+                            -float("inf"), float("nan"), 1e-40, -5.96e-08], device="cuda")
+    xs = torch.cat([want[ok], mids, special, torch.randn(100000, device="cuda") * 1000])
+    for dtype in (torch.float16, torch.bfloat16):
+        prog = _program(lambda x, dtype=dtype: x.to(dtype) * 1, [xs])
+        assert "cupy" in prog.backend_of.values(), prog.passed_over
+        (low,) = prog(xs)
+        want_lp = xs.to(dtype)
+        nan = want_lp.isnan()
+        assert torch.equal(low.isnan(), nan)
+        assert torch.equal(low[~nan].view(torch.int16), want_lp[~nan].view(torch.int16)), dtype
+
+
+def test_half_conversions_in_software_on_the_gpu(monkeypatch) -> None:
+    monkeypatch.setenv("FUSEG_CUDA_TUNING", "0")
+    test_half_conversions_on_the_gpu_are_bit_exact()

@@ -100,6 +100,15 @@ def store(dtype: torch.dtype, expr: str) -> str:
 
 
 _COMMON = r"""
+// Note [half conversions on the GPU]: on CUDA a float <-> fp16 conversion is one cvt instruction
+// (sm_80 and later for bf16), which rounds to nearest even as the software versions below do (and
+// as ATen's CUDA kernels convert); the software versions cost 6-20 integer operations each, and a
+// bf16 RoPE block on the H100 ran at 600-800 GB/s with them, bound by arithmetic, not memory.
+// FUSEG_SOFT_HALF (FUSEG_CUDA_TUNING=0: Note [CUDA launch shapes]) keeps the software versions.
+#if defined(__CUDA_ARCH__) && !defined(FUSEG_SOFT_HALF)
+FUSEG_FN float fuseg_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+FUSEG_FN unsigned short fuseg_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
 FUSEG_FN float fuseg_h2f(unsigned short h) {
   unsigned int sign = ((unsigned int)h & 0x8000u) << 16, e = ((unsigned int)h >> 10) & 0x1fu, m = (unsigned int)h & 0x3ffu;
   if (e == 0x1fu) return fuseg_bits2f(sign | 0x7f800000u | (m << 13));
@@ -122,12 +131,17 @@ FUSEG_FN unsigned short fuseg_f2h(float f) {
   if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1u;
   return (unsigned short)(sign | h);
 }
+#endif
 FUSEG_FN float fuseg_bf2f(unsigned short b) { return fuseg_bits2f((unsigned int)b << 16); }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(FUSEG_SOFT_HALF)
+FUSEG_FN unsigned short fuseg_f2bf(float f) { unsigned short b; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f)); return b; }
+#else
 FUSEG_FN unsigned short fuseg_f2bf(float f) {
   unsigned int x = fuseg_f2bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
   return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
+#endif
 template <class T> FUSEG_FN T fuseg_max(T a, T b) { return (a != a || b != b) ? (T)(a + b) : (a > b ? a : b); }
 template <class T> FUSEG_FN T fuseg_min(T a, T b) { return (a != a || b != b) ? (T)(a + b) : (a < b ? a : b); }
 template <class T> FUSEG_FN T fuseg_sum(T a, T b) { return (T)(a + b); }

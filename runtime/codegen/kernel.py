@@ -3,6 +3,7 @@ builder (``Body``) shared by the pointwise lowering (lower.py) and the row kerne
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
 from .symsizes import sizes_active
 
-__all__ = ["CONST", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_work", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_work", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -48,7 +49,8 @@ class Kernel:
     returns: str = "void"
 
     def source(self, target: str) -> str:
-        return f"#define FUSEG_I {self.index_type}\n{prelude(target)}\n{self.function(target)}"
+        soft = "#define FUSEG_SOFT_HALF\n" if target == "cuda" and not cuda_tuning() else ""
+        return f"#define FUSEG_I {self.index_type}\n{soft}{prelude(target)}\n{self.function(target)}"
 
     @property
     def symbols(self) -> tuple[int, ...]:
@@ -76,6 +78,10 @@ class Kernel:
         qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
         if target == "cpu" and branches_with_loads(self.body):
             qual += " FUSEG_NO_IF_CONVERT"
+        if target == "cuda" and isinstance(self.block, int) and cuda_tuning():  # Note [CUDA launch shapes]
+            return (f"#undef FUSEG_BLOCK_DIM\n#define FUSEG_BLOCK_DIM ((FUSEG_I){self.block})\n"
+                    f"{qual} void __launch_bounds__({self.block}) {self.name}({args}) {{\n{body}}}\n"
+                    f"#undef FUSEG_BLOCK_DIM\n#define FUSEG_BLOCK_DIM ((FUSEG_I)blockDim.x)\n")
         return f"{qual} {self.returns} {self.name}({args}) {{\n{body}}}\n"
 
 
@@ -124,9 +130,32 @@ def branches_with_loads(body: str) -> bool:
     return any(_BRANCH.search(line) for line in cpu_lines(body))
 
 
+# Note [CUDA launch shapes]: what a CUDA kernel is told of its launch. A kernel is always launched
+# with ``Kernel.block`` threads (runtime/backends/cupy.py), so its source says so: FUSEG_BLOCK_DIM
+# is that constant and the function carries ``__launch_bounds__`` of it. A row pass (``for j =
+# thread; j < R; j += FUSEG_BLOCK_DIM``) then has a known trip count (8 for rows of 4096 with 512
+# threads), which nvcc unrolls, issuing the row's loads together instead of one at a time: the H100
+# run at 7559d64 had softmax / layer norm / RMS norm over 4096x4096 at 1.31-1.36x the time of a copy
+# of the same bytes, against Inductor's 1.0. A pointwise loop takes CUDA_EPT elements per thread
+# (a grid CUDA_EPT times smaller; each thread's elements a block apart, so a warp's accesses stay
+# contiguous), for the same reason. FUSEG_CUDA_TUNING=0 turns these and the GPU's own half
+# conversions (Note [half conversions on the GPU] in ctypes_.py) off: the code as it was before,
+# for a before/after measurement in one run (perf/gpu_validate.sh). Read when a kernel is lowered
+# (EPT) or its source made (the rest).
+def cuda_tuning() -> bool:
+    """Note [CUDA launch shapes]: on unless FUSEG_CUDA_TUNING=0."""
+    return os.environ.get("FUSEG_CUDA_TUNING", "1") != "0"
+
+
+def cuda_ept() -> int:
+    """Elements per thread of a CUDA pointwise loop (Note [CUDA launch shapes])."""
+    return 4 if cuda_tuning() else 1
+
+
 def translation_unit(kernels: list[Kernel], target: str) -> str:
     """One source holding every kernel of ``kernels`` (distinct names), the prelude once."""
-    return prelude(target) + "\n" + "".join(
+    soft = "#define FUSEG_SOFT_HALF\n" if target == "cuda" and not cuda_tuning() else ""
+    return soft + prelude(target) + "\n" + "".join(
         f"#undef FUSEG_I\n#define FUSEG_I {k.index_type}\n{k.function(target)}" for k in kernels)
 
 
@@ -205,10 +234,39 @@ class Body:
     def let(self, ctype: str, expr: str) -> str:
         name = self.lw.fresh("t")
         self.lines.append(f"{self.indent}const {ctype} {name} = {expr};")
+        half = half_exact(expr)
+        if half is not None:  # Note [values already rounded]
+            self.lw.exact[name] = half
         return name
 
     def branch(self) -> Body:
         return Body(self.lw, self.loop, self.indent + "  ", self.memo)
+
+
+# Note [values already rounded]: eager rounds each fp16/bf16 op's result to its dtype, so the
+# lowering wraps a node's float result in a round trip (``fuseg_bf2f(fuseg_f2bf(x))``, lower.py's
+# ``rounded``). A value that is already a bf16 (a load, a view of one, a copy, the other half of a
+# cat, an earlier round trip) comes back unchanged from it, yet each one cost a conversion pair per
+# element: a RoPE block's element made ten of them. ``half_exact`` recognizes an expression whose
+# value is exactly a half (the result of ``fuseg_bf2f``/``fuseg_h2f``, whatever its argument), and
+# ``Body.let`` records the variables bound to one, so ``rounded`` returns them as they are.
+_HALF_CALLS = (("fuseg_bf2f(", torch.bfloat16), ("fuseg_h2f(", torch.float16))
+
+
+def half_exact(expr: str) -> torch.dtype | None:
+    """The half dtype whose values ``expr`` takes only (a whole call of its conversion to float), or None."""
+    for prefix, dtype in _HALF_CALLS:
+        if expr.startswith(prefix) and expr.endswith(")"):
+            depth = 0
+            for k in range(len(prefix) - 1, len(expr)):
+                c = expr[k]
+                if c == "(":
+                    depth += 1
+                elif c == ")":
+                    depth -= 1
+                    if depth == 0:
+                        return dtype if k == len(expr) - 1 else None
+    return None
 
 
 def store_output(lw, b: Body, p: Param, idx: list[str], stores: dict) -> None:

@@ -46,7 +46,20 @@ from .checks import (
 from .columns import column_loop, takes_columns
 from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
 from .fission import fission
-from .kernel import CONST, RESHAPE, VIEW_IDENTITY, Body, Kernel, Param, bind, norm_dim, parallel_if, store_output
+from .kernel import (
+    CONST,
+    RESHAPE,
+    VIEW_IDENTITY,
+    Body,
+    Kernel,
+    Param,
+    bind,
+    cuda_ept,
+    half_exact,
+    norm_dim,
+    parallel_if,
+    store_output,
+)
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
 from .symsizes import smax, smin
@@ -77,6 +90,8 @@ class _Lowerer:
         self.chains: dict[str, Chain] = {}
         #: output value -> (its param, the loop that stores it): Note [outputs read back on the CPU]
         self.stored: dict[str, tuple[Param, str]] = {}
+        #: variable -> the half dtype whose values it holds exactly (Note [values already rounded])
+        self.exact: dict[str, torch.dtype] = {}
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -263,7 +278,10 @@ class _Lowerer:
         return self.rounded(out.dtype, f"({xv} * {alpha} + {beta})")
 
     def rounded(self, dtype: torch.dtype, expr: str) -> str:
-        """The value as eager holds it: rounded to its dtype (fp16/bf16 and narrow ints)."""
+        """The value as eager holds it: rounded to its dtype (fp16/bf16 and narrow ints); a
+        value already of that half dtype as it is (Note [values already rounded] in kernel.py)."""
+        if dtype in (torch.float16, torch.bfloat16) and (self.exact.get(expr) == dtype or half_exact(expr) == dtype):
+            return expr
         if dtype == torch.float16:
             return f"fuseg_h2f(fuseg_f2h({expr}))"
         if dtype == torch.bfloat16:
@@ -330,9 +348,11 @@ class _Lowerer:
         var = self.fresh("c")
         b.lines.append(f"{b.indent}{ct} {var};")
         first = True
+        arms: list[str] = []  # what each arm assigns (Note [values already rounded])
         for cond, fill in cases:
             br = b.branch()
             e = fill(br)
+            arms.append(e)
             b.lines.append(f"{b.indent}{'if' if first else 'else if'} ({cond}) {{")
             b.lines.extend(br.lines)
             b.lines.append(f"{br.indent}{var} = {e};")
@@ -340,6 +360,10 @@ class _Lowerer:
             first = False
         br = b.branch()
         e = default(br)
+        arms.append(e)
+        halves = {self.exact.get(a) or half_exact(a) for a in arms}
+        if len(halves) == 1 and None not in halves:  # every arm a value of one half dtype: so is var
+            self.exact[var] = halves.pop()
         if first:
             b.lines.extend(br.lines)
             b.lines.append(f"{b.indent}{var} = {e};")
@@ -566,7 +590,8 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         for shape, ps in by_shape.items():
             loops.append(_pointwise_loop(lw, shape, ps, stores, "  "))
             grid_n = smax(grid_n, math.prod(shape))
-        block, grid, kind = 256, smax(1, smin((grid_n + 255) // 256, 1 << 20)), "pointwise"
+        per_block = 256 * cuda_ept()  # Note [CUDA launch shapes]
+        block, grid, kind = 256, smax(1, smin((grid_n + per_block - 1) // per_block, 1 << 20)), "pointwise"
         row = None
     else:
         full, rowouts, side = [], [], []
@@ -664,8 +689,15 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
         # later loops may read it back (Note [outputs read back on the CPU]); a row kernel's own
         # stores are not recorded: its row and column passes are two variants of one loop
         lw.stored[p.value] = (p, loop)
-    cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
-            f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{", *unravel]
+    ept = cuda_ept()  # Note [CUDA launch shapes]: each thread's elements a block apart
+    if ept == 1:
+        cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
+                f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{", *unravel]
+    else:
+        cuda = [f"{indent}for (FUSEG_I i_ = FUSEG_BLOCK * (FUSEG_BLOCK_DIM * {ept}) + FUSEG_THREAD; i_ < {n};"
+                f" i_ += FUSEG_NBLOCKS * (FUSEG_BLOCK_DIM * {ept}))",
+                f"{indent}for (int u_ = 0; u_ < {ept}; ++u_) if (i_ + (FUSEG_I)u_ * FUSEG_BLOCK_DIM < {n}) {{",
+                f"{b.indent}const FUSEG_I i = i_ + (FUSEG_I)u_ * FUSEG_BLOCK_DIM;", *unravel]
     loop_vars = [v for v in idx_vars if v != "0"]
     levels = _hoist_levels(b.lines, b.indent, loop_vars)
     threads = parallel_if(n, b.lines)  # Note [work of a loop]

@@ -29,7 +29,7 @@ from segmenter import Node
 from . import index as ix
 from .checks import MAX_EXTENT, dims_arg, float_arg, permutation_arg, shape_ints
 from .ctypes_ import Declined, compute_type, literal
-from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, norm_dim, parallel_if, store_output
+from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, cuda_tuning, norm_dim, parallel_if, store_output
 from .pointwise import ELEMENTWISE
 
 __all__ = ["REDUCTIONS", "Chain", "Row", "emit_reductions", "exact", "full_index", "plan_row", "row_levels", "row_loop"]
@@ -373,6 +373,10 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     # off by default: measured slower on an H100 (softmax-4k 0.065 -> 0.080 ms, layer-norm-4k 0.113 ->
     # 0.177; perf/results/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
     cached = R <= 8 * block and os.environ.get("FUSEG_ROW_CACHE", "0") == "1"
+    # Note [CUDA launch shapes]: with the block a constant of the source, a pass over a row of a
+    # known length has a known trip count per thread; up to 16, it is written as such (unrolled)
+    counted = (-(-R // block) if cuda_tuning() and isinstance(R, int) and isinstance(block, int)
+               and R <= 16 * block else 0)
     lines = []
     lines.append(f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{")
     outer = []
@@ -400,6 +404,14 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             head.append("      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;")
             head.append(f"      if (j >= {R}) break;")
             lw.cache_body = b
+        elif counted:  # Note [CUDA launch shapes]: a pass of a known trip count on CUDA, unrolled
+            head.extend(["#ifdef __CUDACC__",
+                         f"    FUSEG_UNROLL for (int it = 0; it < {counted}; ++it)"
+                         f" if (FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM < {R}) {{",
+                         "      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;",
+                         "#else",
+                         f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{",
+                         "#endif"])
         else:
             head.append(f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{")
         return b, idx, head
