@@ -138,8 +138,9 @@ def branches_with_loads(body: str) -> bool:
 # run at 7559d64 had softmax / layer norm / RMS norm over 4096x4096 at 1.31-1.36x the time of a copy
 # of the same bytes, against Inductor's 1.0. A pointwise loop takes CUDA_EPT elements per thread
 # (a grid CUDA_EPT times smaller; each thread's elements a block apart, so a warp's accesses stay
-# contiguous), for the same reason. FUSEG_CUDA_TUNING=0 turns these and the GPU's own half
-# conversions (Note [half conversions on the GPU] in ctypes_.py) off: the code as it was before,
+# contiguous), for the same reason. FUSEG_CUDA_TUNING=0 turns these, the GPU's own half
+# conversions (Note [half conversions on the GPU] in ctypes_.py) and the skipped round trips of
+# Note [values already rounded] (on both targets) off: the code as it was before,
 # for a before/after measurement in one run (perf/gpu_validate.sh). Read when a kernel is lowered
 # (EPT) or its source made (the rest).
 def cuda_tuning() -> bool:

@@ -55,6 +55,7 @@ from .kernel import (
     Param,
     bind,
     cuda_ept,
+    cuda_tuning,
     half_exact,
     norm_dim,
     parallel_if,
@@ -280,7 +281,8 @@ class _Lowerer:
     def rounded(self, dtype: torch.dtype, expr: str) -> str:
         """The value as eager holds it: rounded to its dtype (fp16/bf16 and narrow ints); a
         value already of that half dtype as it is (Note [values already rounded] in kernel.py)."""
-        if dtype in (torch.float16, torch.bfloat16) and (self.exact.get(expr) == dtype or half_exact(expr) == dtype):
+        if (dtype in (torch.float16, torch.bfloat16) and (self.exact.get(expr) == dtype or half_exact(expr) == dtype)
+                and cuda_tuning()):  # (off with the rest of the tuning: a before/after in one run)
             return expr
         if dtype == torch.float16:
             return f"fuseg_h2f(fuseg_f2h({expr}))"
