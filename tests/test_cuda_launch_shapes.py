@@ -66,3 +66,31 @@ def test_kernels_of_several_blocks_compile_in_one_unit(monkeypatch, tuning: str)
     (half,) = _kernels(lambda x, y: (x * y).to(torch.float16) + 1, [torch.randn(300).bfloat16(), torch.randn(300).bfloat16()])
     for arch in ("sm_90", "sm_75"):
         assert nvcc_check_many([pw, row, half], arch=arch) == [], arch
+
+
+@pytest.mark.parametrize("name", ["softmax-view-sum", "masked-softmax", "rms-norm"])
+def test_a_new_size_gets_no_new_cuda_source(name: str) -> None:
+    """Regression (the H100 run at f5db8b0: tests/test_gpu.py's
+    test_a_new_size_compiles_no_cuda_kernel compiled one kernel at the third size): a row
+    kernel of symbolic length takes its block from the first call's size, and a size that
+    needs another block gets a plan of its own. With the block written into the source, that
+    plan's kernel was a new source, so NVRTC ran. A kernel with symbolic sizes keeps the block
+    out of its source (blockDim.x): every plan's CUDA sources are the first plan's."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    from .test_dynamic import DYNAMIC_PROGRAMS
+
+    fn, make = DYNAMIC_PROGRAMS[name]
+    torch._dynamo.reset()
+    compiler = FusegCompiler()
+    compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    with torch.no_grad():
+        for n in (9, 21, 40):
+            compiled(*make(n))
+    torch._dynamo.reset()
+    programs = compiler.compiled
+    assert programs and all(p.sizes is not None for p in programs), compiler.symbolic_refused
+    first = {k.source("cuda") for k in programs[0].kernels.values()}
+    assert first
+    for p in programs[1:]:
+        assert {k.source("cuda") for k in p.kernels.values()} <= first

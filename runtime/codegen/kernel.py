@@ -78,7 +78,9 @@ class Kernel:
         qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
         if target == "cpu" and branches_with_loads(self.body):
             qual += " FUSEG_NO_IF_CONVERT"
-        if target == "cuda" and isinstance(self.block, int) and cuda_tuning():  # Note [CUDA launch shapes]
+        # Note [CUDA launch shapes]; a kernel of symbolic sizes keeps blockDim.x: its block comes from
+        # the first call's sizes, and a plan made for other sizes must find the same source
+        if target == "cuda" and isinstance(self.block, int) and not symbols and cuda_tuning():
             return (f"#undef FUSEG_BLOCK_DIM\n#define FUSEG_BLOCK_DIM ((FUSEG_I){self.block})\n"
                     f"{qual} void __launch_bounds__({self.block}) {self.name}({args}) {{\n{body}}}\n"
                     f"#undef FUSEG_BLOCK_DIM\n#define FUSEG_BLOCK_DIM ((FUSEG_I)blockDim.x)\n")
@@ -132,7 +134,9 @@ def branches_with_loads(body: str) -> bool:
 
 # Note [CUDA launch shapes]: what a CUDA kernel is told of its launch. A kernel is always launched
 # with ``Kernel.block`` threads (runtime/backends/cupy.py), so its source says so: FUSEG_BLOCK_DIM
-# is that constant and the function carries ``__launch_bounds__`` of it. A row pass (``for j =
+# is that constant and the function carries ``__launch_bounds__`` of it (not in a kernel of
+# symbolic sizes, whose block follows a size: Note [kernel sizes as arguments] wants one source
+# for every plan of a graph; the H100 run at f5db8b0 compiled a kernel at a new size). A row pass (``for j =
 # thread; j < R; j += FUSEG_BLOCK_DIM``) then has a known trip count (8 for rows of 4096 with 512
 # threads), which nvcc unrolls, issuing the row's loads together instead of one at a time: the H100
 # run at 7559d64 had softmax / layer norm / RMS norm over 4096x4096 at 1.31-1.36x the time of a copy
