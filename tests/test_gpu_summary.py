@@ -41,11 +41,13 @@ def test_a_run_cut_short_says_what_is_missing(tmp_path) -> None:
 
 def test_the_tuning_before_and_after_is_set_side_by_side(tmp_path) -> None:
     def record(ms: dict) -> str:
-        return json.dumps({"rows": [{"case": c, "fuseg_ms": v, "fuseg_vs_copy": v / 0.05} for c, v in ms.items()]
+        return json.dumps({"rows": [{"case": c, "fuseg_ms": v, "fuseg_device_ms": v / 2, "fuseg_vs_copy": v / 0.05}
+                                    for c, v in ms.items()]
                           + [{"case": "broken", "error": "RuntimeError"}], "summary": {}})
 
     (tmp_path / "gpu_bandwidth_h100.json").write_text(record({"softmax": 0.06, "rope-seed": 0.02}))
     (tmp_path / "gpu_bandwidth_before_h100.json").write_text(record({"softmax": 0.08, "rope-seed": 0.04}))
     text = summarize(str(tmp_path), "h100")
     assert "after/before 0.75" in text and "after/before 0.50" in text
-    assert text.count("after/before") == 3  # the heading and the two cases both runs have
+    assert "kernel 0.0400 -> 0.0300 ms, after/before 0.75" in text
+    assert text.count("after/before") == 5  # the heading and the two cases both runs have (wall, kernel)
