@@ -43,12 +43,18 @@ def test_generated_kernels_match_eager(case: str, mode: str) -> None:
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
 
 
-def test_half_and_bfloat16_conversions_are_bit_exact() -> None:
+@pytest.mark.parametrize("soft", ["0", "1"])
+def test_half_and_bfloat16_conversions_are_bit_exact(monkeypatch, soft: str) -> None:
     """Every fp16 bit pattern to float and back; float values at and between fp16/bf16 values
-    (ties included), subnormals, overflow and NaN, against torch's conversions."""
+    (ties included), subnormals, overflow and NaN, against torch's conversions: with F16C's
+    instructions where this CPU has them (Note [fp16 on the CPU]) and with the software
+    versions (FUSEG_SOFT_HALF=1)."""
+    monkeypatch.setenv("FUSEG_SOFT_HALF", soft)
     bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
     halves = bits.view(torch.float16)
     prog = _program(lambda h: h.to(torch.float32), [halves])
+    assert prog.kernels and all(("#define FUSEG_SOFT_HALF" in k.source("cpu")) == (soft == "1")
+                                for k in prog.kernels.values())
     got, = prog(halves)
     want = halves.to(torch.float32)
     assert torch.equal(got.isnan(), want.isnan())

@@ -1,5 +1,5 @@
-"""fp16/bf16 blocks on the CPU with and without the round trips of values already rounded (a
-benchmark).
+"""fp16/bf16 blocks on the CPU with and without the round trips of values already rounded and
+the F16C conversions (a benchmark).
 
     python -m perf.experiments.half_round_trips [--rounds 5] [--out perf/results/half_round_trips_cpu.json]
 
@@ -7,7 +7,9 @@ Note [values already rounded] (runtime/codegen/kernel.py): the lowering no longe
 that is already a half (a load, a view of one, a cat of them, an earlier rounding) in another
 conversion round trip. On the CPU the conversions are software (a bf16 rounding is 5 integer
 operations and a select, an fp16 one about 20), so a RoPE block's element paid ~10 of them.
-``FUSEG_CUDA_TUNING=0`` (read when a kernel is lowered) gives the kernels as they were, so both
+Note [fp16 on the CPU] (ctypes_.py) converts fp16 with F16C where the CPU has it.
+``FUSEG_CUDA_TUNING=0`` (read when a kernel is lowered) with ``FUSEG_SOFT_HALF=1`` (read when its
+source is made) gives the kernels as they were before both, so both
 programs are built in one process and timed interleaved with eager: per round and case, eager,
 "before" and "after" each run a block of calls, the median block per call is kept, ratios are per
 round, then the median over rounds. Outputs are compared with eager's: bit for bit, and the largest
@@ -52,15 +54,17 @@ def _program(fn, inputs, tuning: str):
     from alias import apply_aliases
     from segmenter import capture, segment
 
-    old = os.environ.get("FUSEG_CUDA_TUNING")
+    saved = {k: os.environ.get(k) for k in ("FUSEG_CUDA_TUNING", "FUSEG_SOFT_HALF")}
     os.environ["FUSEG_CUDA_TUNING"] = tuning
+    os.environ["FUSEG_SOFT_HALF"] = "1" if tuning == "0" else "0"
     try:
         return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
     finally:
-        if old is None:
-            del os.environ["FUSEG_CUDA_TUNING"]
-        else:
-            os.environ["FUSEG_CUDA_TUNING"] = old
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def _block(call, calls: int) -> float:

@@ -108,6 +108,15 @@ _COMMON = r"""
 #if defined(__CUDA_ARCH__) && !defined(FUSEG_SOFT_HALF)
 FUSEG_FN float fuseg_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 FUSEG_FN unsigned short fuseg_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#elif !defined(__CUDACC__) && defined(__F16C__) && defined(__FLT16_MAX__) && !defined(FUSEG_SOFT_HALF)
+// Note [fp16 on the CPU]: an x86 CPU with F16C (-march=native says so) and a compiler with _Float16
+// (GCC 12, clang): one vcvtph2ps / vcvtps2ph each, which round to nearest even under the default
+// MXCSR as the software versions below do (tests/test_codegen.py checks every fp16 value and the
+// ties between them, bit for bit). GCC 12 does not vectorize them without AVX512-FP16, but the
+// branchy software versions did not vectorize either: an fp16 RoPE block's kernel took 9.4 ms
+// against eager's 0.46 here (perf/results/half_round_trips_cpu.json has the after).
+FUSEG_FN float fuseg_h2f(unsigned short h) { _Float16 x; __builtin_memcpy(&x, &h, 2); return (float)x; }
+FUSEG_FN unsigned short fuseg_f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; __builtin_memcpy(&h, &x, 2); return h; }
 #else
 FUSEG_FN float fuseg_h2f(unsigned short h) {
   unsigned int sign = ((unsigned int)h & 0x8000u) << 16, e = ((unsigned int)h >> 10) & 0x1fu, m = (unsigned int)h & 0x3ffu;

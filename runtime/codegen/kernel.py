@@ -18,7 +18,7 @@ from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
 from .symsizes import sizes_active
 
-__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_work", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_work", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -49,7 +49,7 @@ class Kernel:
     returns: str = "void"
 
     def source(self, target: str) -> str:
-        soft = "#define FUSEG_SOFT_HALF\n" if target == "cuda" and not cuda_tuning() else ""
+        soft = soft_half(target)
         return f"#define FUSEG_I {self.index_type}\n{soft}{prelude(target)}\n{self.function(target)}"
 
     @property
@@ -152,6 +152,15 @@ def cuda_tuning() -> bool:
     return os.environ.get("FUSEG_CUDA_TUNING", "1") != "0"
 
 
+def soft_half(target: str) -> str:
+    """``#define FUSEG_SOFT_HALF`` where the software fp16/bf16 conversions are asked for: on CUDA
+    with FUSEG_CUDA_TUNING=0, on either target with FUSEG_SOFT_HALF=1 (Note [fp16 on the CPU] in
+    ctypes_.py); else nothing. A before/after switch: the source, hence the cache key, changes."""
+    if (target == "cuda" and not cuda_tuning()) or os.environ.get("FUSEG_SOFT_HALF") == "1":
+        return "#define FUSEG_SOFT_HALF\n"
+    return ""
+
+
 def cuda_ept() -> int:
     """Elements per thread of a CUDA pointwise loop (Note [CUDA launch shapes])."""
     return 4 if cuda_tuning() else 1
@@ -159,8 +168,7 @@ def cuda_ept() -> int:
 
 def translation_unit(kernels: list[Kernel], target: str) -> str:
     """One source holding every kernel of ``kernels`` (distinct names), the prelude once."""
-    soft = "#define FUSEG_SOFT_HALF\n" if target == "cuda" and not cuda_tuning() else ""
-    return soft + prelude(target) + "\n" + "".join(
+    return soft_half(target) + prelude(target) + "\n" + "".join(
         f"#undef FUSEG_I\n#define FUSEG_I {k.index_type}\n{k.function(target)}" for k in kernels)
 
 
