@@ -1,0 +1,89 @@
+"""Where a second prompt length's time goes under ``backend="fuseg"`` (issue 41; a measurement).
+
+    python -m perf.experiments.second_length_parts [--models qwen2 phi3] [--out perf/results/second_length_parts_cpu.json]
+
+Per model, one fresh process with an empty kernel cache runs perf.dynamic_shapes' generation
+protocol for three prompt lengths (``generate``, greedy, 24 new tokens) with our own functions
+wrapped in timers: ``from_fx`` (the graph imported again on FakeTensors, symbolic sizes), the
+construction of each ``CompiledProgram`` (lowering, choices, the kernel builds), the compiler
+runs themselves (their seconds summed: a program's groups build in parallel, one per core, so
+this may exceed their wall time) and ``_run_symbolic`` (all of fuseg's part of a call that makes
+a symbolic plan, the above included). What is left of a generate is dynamo's and AOTAutograd's
+(and the model's own run). One run each, no repeats: a breakdown, not a benchmark; compare with
+``aot_eager``'s second generate in perf/results/dynamic_shapes_generate_cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+_CHILD = r"""
+import collections, functools, json, sys, time, warnings
+warnings.filterwarnings("ignore")
+import torch
+from perf.dynamic_shapes import _model, LENGTHS, NEW_TOKENS
+import runtime.dynamo as d, runtime.program as prog, runtime.codegen.build as build
+acc = collections.Counter()
+def timed(label, f):
+    @functools.wraps(f)
+    def g(*a, **k):
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[label] += time.perf_counter() - t
+    return g
+d.from_fx = timed("from_fx", d.from_fx)
+build._compile = timed("compiler_runs", build._compile)
+prog.CompiledProgram.__init__ = timed("compiled_program", prog.CompiledProgram.__init__)
+d.FusegCompiler._run_symbolic = timed("run_symbolic", d.FusegCompiler._run_symbolic)
+model = _model(sys.argv[1])
+model.forward = torch.compile(model.forward, backend="fuseg")
+prompts = [torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)) for n in LENGTHS]
+out = []
+with torch.no_grad():
+    for k in range(3):
+        acc.clear()
+        t = time.perf_counter()
+        model.generate(prompts[k], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        out.append({"length": LENGTHS[k], "seconds": time.perf_counter() - t, **dict(acc)})
+print("RESULT " + json.dumps(out))
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="*", default=["qwen2", "phi3"])
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    from ..bench import environment, write_record
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rows = []
+    for name in a.models:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "FUSEG_CACHE_DIR": cache, "PYTHONPATH": here}
+            r = subprocess.run([sys.executable, "-c", _CHILD, name], capture_output=True, text=True, env=env, cwd=here)
+        line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            rows.append({"model": name, "error": r.stderr[-1500:]})
+            print(name, "ERROR", r.stderr[-500:])
+            continue
+        steps = json.loads(line[7:])
+        rows.append({"model": name, "generates": steps})
+        for s in steps:
+            print(name, " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items()), flush=True)
+    if a.out:
+        write_record({"benchmark": "second prompt length, fuseg's parts (issue 41)",
+                      "command": "python -m perf.experiments.second_length_parts " + " ".join(argv or sys.argv[1:]),
+                      "environment": environment("cpu"), "rows": rows}, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
