@@ -9,8 +9,9 @@ construction of each ``CompiledProgram`` (lowering, choices, the kernel builds),
 runs themselves (their seconds summed: a program's groups build in parallel, one per core, so
 this may exceed their wall time) and ``_run_symbolic`` (all of fuseg's part of a call that makes
 a symbolic plan, the above included). What is left of a generate is dynamo's and AOTAutograd's
-(and the model's own run). One run each, no repeats: a breakdown, not a benchmark; compare with
-``aot_eager``'s second generate in perf/results/dynamic_shapes_generate_cpu.json.
+(and the model's own run). ``aot_eager`` runs the same protocol first, in its own process, as
+the yardstick of issue 41's goal (fuseg's second generate within 1.5x of its). One run each, no
+repeats: a breakdown, not a benchmark.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ build._compile = timed("compiler_runs", build._compile)
 prog.CompiledProgram.__init__ = timed("compiled_program", prog.CompiledProgram.__init__)
 d.FusegCompiler._run_symbolic = timed("run_symbolic", d.FusegCompiler._run_symbolic)
 model = _model(sys.argv[1])
-model.forward = torch.compile(model.forward, backend="fuseg")
+model.forward = torch.compile(model.forward, backend=sys.argv[2])
 prompts = [torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)) for n in LENGTHS]
 out = []
 with torch.no_grad():
@@ -66,18 +67,27 @@ def main(argv: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rows = []
     for name in a.models:
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "FUSEG_CACHE_DIR": cache, "PYTHONPATH": here}
-            r = subprocess.run([sys.executable, "-c", _CHILD, name], capture_output=True, text=True, env=env, cwd=here)
-        line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            rows.append({"model": name, "error": r.stderr[-1500:]})
-            print(name, "ERROR", r.stderr[-500:])
-            continue
-        steps = json.loads(line[7:])
-        rows.append({"model": name, "generates": steps})
-        for s in steps:
-            print(name, " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items()), flush=True)
+        row: dict = {"model": name}
+        for backend in ("aot_eager", "fuseg"):  # one after the other, each in a fresh process
+            with tempfile.TemporaryDirectory() as cache:
+                env = {**os.environ, "FUSEG_CACHE_DIR": cache, "PYTHONPATH": here}
+                r = subprocess.run([sys.executable, "-c", _CHILD, name, backend], capture_output=True, text=True,
+                                   env=env, cwd=here)
+            line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                row[f"{backend}_error"] = r.stderr[-1500:]
+                print(name, backend, "ERROR", r.stderr[-500:])
+                continue
+            row[backend] = steps = json.loads(line[7:])
+            for s in steps:
+                print(name, backend, " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in s.items()), flush=True)
+        if "aot_eager" in row and "fuseg" in row:
+            row["fuseg_second_over_aot_eager_second"] = row["fuseg"][1]["seconds"] / row["aot_eager"][1]["seconds"]
+            row["fuseg_part_of_second"] = row["fuseg"][1].get("run_symbolic", 0.0)
+            print(name, f"second: fuseg/aot_eager {row['fuseg_second_over_aot_eager_second']:.2f}, fuseg's own part "
+                  f"{row['fuseg_part_of_second']:.2f} s", flush=True)
+        rows.append(row)
     if a.out:
         write_record({"benchmark": "second prompt length, fuseg's parts (issue 41)",
                       "command": "python -m perf.experiments.second_length_parts " + " ".join(argv or sys.argv[1:]),
