@@ -136,13 +136,16 @@ def branches_with_loads(body: str) -> bool:
 # with ``Kernel.block`` threads (runtime/backends/cupy.py), so its source says so: FUSEG_BLOCK_DIM
 # is that constant and the function carries ``__launch_bounds__`` of it (not in a kernel of
 # symbolic sizes, whose block follows a size: Note [kernel sizes as arguments] wants one source
-# for every plan of a graph; the H100 run at f5db8b0 compiled a kernel at a new size). A row pass (``for j =
-# thread; j < R; j += FUSEG_BLOCK_DIM``) then has a known trip count (8 for rows of 4096 with 512
-# threads), which nvcc unrolls, issuing the row's loads together instead of one at a time: the H100
-# run at 7559d64 had softmax / layer norm / RMS norm over 4096x4096 at 1.31-1.36x the time of a copy
-# of the same bytes, against Inductor's 1.0. A pointwise loop takes CUDA_EPT elements per thread
-# (a grid CUDA_EPT times smaller; each thread's elements a block apart, so a warp's accesses stay
-# contiguous), for the same reason. FUSEG_CUDA_TUNING=0 turns these, the GPU's own half
+# for every plan of a graph; the H100 run at f5db8b0 compiled a kernel at a new size). A row pass
+# over a row of known length R is then written, on CUDA, as a loop of ceil(R / block) iterations
+# (8 for rows of 4096 with 512 threads; rows.py, up to 16), which nvcc unrolls, issuing the row's
+# loads together instead of one at a time (the strided ``for j = thread; j < R; j += block`` was
+# not unrolled even with the block a constant: PTX of 21 loads against 24 for three passes of 8):
+# the H100 run at 7559d64 had softmax / layer norm / RMS norm over 4096x4096 at 1.31-1.36x the time
+# of a copy of the same bytes, against Inductor's 1.0. A pointwise loop takes ``cuda_ept()``
+# elements per thread (a grid that many times smaller; each thread's elements a block apart, so a
+# warp's accesses stay contiguous), for the same reason. These numbers (4 elements, 16 iterations)
+# are constants, measured only as a whole on one H100 (FUSEG_CUDA_TUNING below), not per device. FUSEG_CUDA_TUNING=0 turns these, the GPU's own half
 # conversions (Note [half conversions on the GPU] in ctypes_.py) and the skipped round trips of
 # Note [values already rounded] (on both targets) off: the code as it was before,
 # for a before/after measurement in one run (perf/gpu_validate.sh). Read when a kernel is lowered
