@@ -191,6 +191,10 @@ SYMBOLIC_KERNELS = {
                                          torch.randn(1, 1, n, n)], "attention"),
     "sdpa-decode": (_sdpa_decode, lambda n: [torch.randn(1, 4, 1, 16), torch.randn(1, 4, n, 16),
                                              torch.randn(1, 4, n, 16)], "attention"),
+    # a lookup into a table whose row count is symbolic too (dynamic=True makes every dim so): its
+    # bounds check once printed the size as ``(fuseg_s1)LL``, which the compiler refused, so the
+    # lookup ran on ATen (found by tests/test_background_builds.py)
+    "embedding-rows": (_embed, lambda n: [torch.randint(0, n, (1, n)), torch.randn(n + 3, 8)], "embedding"),
 }
 
 

@@ -78,7 +78,7 @@ def embedding_kernel(graph: FusionGraph, node: Node) -> Kernel:
         "// loops",
         f"  for (FUSEG_I i = 0; i < {count}; ++i) {{",
         f"    const long long r = (long long)i_[{at}];",
-        f"    if (r < 0 || r >= {rows}LL) {{ bad += 1; continue; }}",
+        f"    if (r < 0 || r >= (long long)({rows})) {{ bad += 1; continue; }}",
         f"    const {ct}* src = w_ + r * {ws0};",
         f"    {ct}* dst = y_ + i * {width};",
         f"    for (FUSEG_I j = 0; j < {width}; ++j) dst[j] = src[{column}];",
