@@ -10,6 +10,7 @@ compiles again, never misreads.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +31,8 @@ __all__ = ["STATS", "FusegCompiler", "aot_backend", "compile_with_aot", "decompo
 
 #: programs built in this process: symbolic plans, programs specialized to one signature, and why
 #: each graph with symbolic sizes was specialized instead (perf.dynamic_shapes reads them)
-STATS: dict[str, Any] = {"symbolic_plans": 0, "specialized_programs": 0, "symbolic_refused": []}
+STATS: dict[str, Any] = {"symbolic_plans": 0, "specialized_programs": 0, "symbolic_refused": [],
+                         "built_in_background": 0}
 
 
 def _signature(args: Sequence[Any]) -> tuple:
@@ -46,8 +48,13 @@ class FusegCompiler:
     ``backend``: the kernel backend (``auto``: the registry's order; runtime/backends/)."""
 
     def __init__(self, mode: str = "post", options: SegmenterOptions | None = None, backend: str = "auto",
-                 dynamic: bool = True, cuda_graphs: bool = False) -> None:
+                 dynamic: bool = True, cuda_graphs: bool = False, background_builds: bool | None = None) -> None:
         self.mode = mode
+        #: Note [kernels built in the background] (runtime/background.py): a symbolic plan's new
+        #: kernels compile off the caller's thread while torch runs their segments; default: on,
+        #: unless the environment sets FUSEG_BACKGROUND_BUILDS=0
+        self.background_builds = (os.environ.get("FUSEG_BACKGROUND_BUILDS", "1") != "0"
+                                  if background_builds is None else background_builds)
         #: capture each program of static shapes into a CUDA graph (Note [CUDA graphs of a program])
         self.cuda_graphs = cuda_graphs
         self.options = options or SegmenterOptions()
@@ -150,7 +157,8 @@ class FusegCompiler:
             with _disable_current_modes(), symbolic_hashing():  # Note [compiling outside the caller's modes]
                 graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
                                 symbolic=True)
-                program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend)
+                program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend,
+                                          background=self.background_builds)
                 sizes_fn = _sizes_function(program, sizes) if sizes else None
         except Exception as e:  # noqa: BLE001 - any failure of a symbolic plan: specialize, and say why
             if self.strict:
@@ -164,11 +172,19 @@ class FusegCompiler:
             return None
         self.compiled.append(program)
         STATS["symbolic_plans"] += 1
+        if program._building is not None:
+            STATS["built_in_background"] += 1
         plans.append((program, sizes_fn))
         inputs = _program_inputs(program, tensors, args)
         if not program.accepts(*inputs):  # pragma: no cover - a plan always takes the call it was made for
             raise AssertionError(f"a symbolic plan refuses the call it was made for: {program.refusal(*inputs)}")
         return _with_sizes(program.run_checked(*inputs), sizes_fn, inputs)
+
+    def wait_for_builds(self) -> None:
+        """Wait for every kernel build started in the background (Note [kernels built in the
+        background]); from then on each program runs its kernels."""
+        for program in self.compiled:
+            program.wait_for_builds()
 
     def _as_it_is(self, gm: fx.GraphModule, tokens: frozenset[int], outs: list[Any]) -> Callable[..., Any]:
         """A graph that returns no value (``x.sin(); return x``: dynamo returns the input itself

@@ -14,6 +14,7 @@ function (Note [generated wrapper] in runtime/wrapper.py): ``program.source`` sh
 from __future__ import annotations
 
 import array
+import concurrent.futures
 import functools
 import gc
 import time
@@ -31,6 +32,7 @@ from segmenter.symbolic import NotSymbolic, is_symbolic, sizes_of
 from .backends import BuildContext, SegmentLaunch, backends_for
 from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
+from .background import interim_launches, rebuild
 from .chains import Chain, emit_chain, plan_chains
 from .codegen import Declined
 from .codegen.symsizes import c_sizes
@@ -86,10 +88,13 @@ def _without_cyclic_gc(fn: Callable) -> Callable:
 
 
 class CompiledProgram:
-    """Call it like the graph: ``program(*inputs) -> list of outputs``."""
+    """Call it like the graph: ``program(*inputs) -> list of outputs``. ``background``: start the
+    kernel builds and run their segments on torch until they are done (Note [kernels built in
+    the background])."""
 
     @_without_cyclic_gc
-    def __init__(self, plan: SegmentedFusion, backend: str = "auto", chains: bool = True) -> None:
+    def __init__(self, plan: SegmentedFusion, backend: str = "auto", chains: bool = True,
+                 background: bool = False) -> None:
         problems = plan_problems(plan)  # linear time; the full alias.check runs in the tests
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
@@ -135,7 +140,23 @@ class CompiledProgram:
                                      else TorchLaunch(ctx, seg))
                 continue
             chosen[seg.index] = self._choose(kernel_choices, ctx, seg, backend == "auto")
-        for b, _ in choices:  # every backend compiles its kernels together
+        self._backends = [b for b, _ in choices]
+        self._keep, self._materialize, self._use_chains = keep, materialize, chains
+        #: Note [kernels built in the background]: the build under way, and what the program is
+        #: once it is done (its launches, and what ``backend_of``/``passed_over`` then say)
+        self._building: Any = None
+        self._after_build: tuple[dict[int, SegmentLaunch], dict[int, str], dict[int, tuple]] | None = None
+        if background:
+            chosen = self._build_later(chosen)
+        self._finish(chosen)
+
+    def _build_later(self, chosen: dict[int, SegmentLaunch]) -> dict[int, SegmentLaunch]:
+        return interim_launches(self, chosen)
+
+    def _finish(self, chosen: dict[int, SegmentLaunch]) -> None:
+        """The program from its chosen launches: builds, folding, the generated functions."""
+        ctx, keep, materialize, plan = self.ctx, self._keep, self._materialize, self.plan
+        for b in self._backends:  # every backend compiles its kernels together
             declined = b.build_all([launch for launch in chosen.values() if launch.backend == b.name])
             for launch, why in (declined or {}).items():  # a build that failed (a killed compiler): torch
                 i = launch.segment.index
@@ -143,6 +164,8 @@ class CompiledProgram:
                 self.backend_of[i] = "torch"
                 chosen[i] = TorchLaunch(ctx, launch.segment)
         self._chosen = chosen
+        for cached in ("_storage_needs", "_safe"):  # (made again from these launches)
+            self.__dict__.pop(cached, None)
         self.folded, self._fixed = self._fold()
         for i, launch in chosen.items():  # Note [gathers at constant affine indices] (runtime/gather.py)
             if i not in self.folded and isinstance(launch, TorchLaunch) and (gather := affine_gather(ctx, launch.segment, self._fixed)):
@@ -151,7 +174,8 @@ class CompiledProgram:
         self.pointers = pointer_views(plan, chosen, self.folded, keep, materialize)
         self._fast_dying = last_uses(plan, keep, self.pointers) if self.pointers else ctx.dying
         #: Note [one native call for a chain of kernels] (runtime/chains.py): the fast program's
-        self.chains = self._plan_chains(keep) if chains else []
+        #: (none while kernels are built in the background: the chain runner may be one of them)
+        self.chains = self._plan_chains(keep) if self._use_chains and self._building is None else []
         self.launches = tuple(
             Launch(self, seg.index, seg.kind, chosen[seg.index].backend if seg.index in chosen else "metadata",
                    tuple(sorted(ctx.dying.get(seg.index, ()))), chosen.get(seg.index))
@@ -165,7 +189,37 @@ class CompiledProgram:
         #: Note [one entry], Note [learned layout guard]
         self.guard = LearnedGuard()
         self._check, self.entry = self._check_and_entry()
-        self.arity = len(graph.inputs) + self.numbers
+        self.arity = len(self.graph.inputs) + self.numbers
+        if self._building is not None:
+            self._entry_now = self.entry
+            self.entry = self._entry_while_building
+
+    # --- Note [kernels built in the background] ---------------------------------------------
+
+    def _entry_while_building(self, *inputs: Any) -> list[torch.Tensor] | None:
+        if self._built():
+            return self.entry(*inputs)
+        return self._entry_now(*inputs)
+
+    def _built(self) -> bool:
+        """Whether the builds started are done; the first call that sees them done makes the
+        program again with its kernels (then True, and ``entry`` is the new program's)."""
+        if self._building is None:
+            return False
+        if not all(f.done() for f in self._building):
+            return False
+        self._rebuild()
+        return True
+
+    def wait_for_builds(self) -> None:
+        """Wait for the builds started in the background, then run the kernels from now on."""
+        if self._building is not None:
+            concurrent.futures.wait(self._building)
+            self._rebuild()
+
+    @_without_cyclic_gc
+    def _rebuild(self) -> None:
+        rebuild(self)
 
     def _plan_chains(self, keep: set[str]) -> list[Chain]:
         inputs = set(self.graph.input_names)

@@ -239,6 +239,12 @@ class SymbolicSizes:
         self.env._error_on_new_guards = True
         self.sealed = True
 
+    def unseal(self) -> None:
+        """Guards may be added again (a program made again from its plan, sealed after:
+        Note [kernels built in the background] in runtime/program.py)."""
+        self.env._error_on_new_guards = False
+        self.sealed = False
+
     def conditions(self) -> list[sympy.Basic]:
         """What the plan assumes of the symbols: every recorded guard and each symbol's range, as
         recorded (never simplified with the ShapeEnv's replacements: a guard that made one, ``B ==

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -81,6 +82,13 @@ class Backend:
     def not_chosen_for(self, seg: Segment) -> str | None:
         """Why, when choosing by itself (``backend="auto"``), this backend leaves ``seg`` to the
         next one although it could run it (a measured cost rule), or None."""
+        return None
+
+    def build_later(self, launches: Sequence[SegmentLaunch]) -> tuple[Any, list[SegmentLaunch]] | None:
+        """Note [kernels built in the background] (runtime/background.py): where this backend can
+        compile off the caller's thread and ``launches`` need a compiler run, start it; returns
+        its future and the launches that wait for it (the others ``build_all`` builds at once).
+        None: nothing to compile, or no such build (then ``build_all`` builds everything)."""
         return None
 
     def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str] | None:

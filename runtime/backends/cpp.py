@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.symbolic import is_symbolic
 
 from ..codegen import Declined
 from ..codegen.attention import ATTENTION, attention_kernel
-from ..codegen.build import build_cpu_many, cpu_compiler
+from ..codegen.build import build_cpu_later, build_cpu_many, cpu_compiler, unbuilt_cpu
 from ..codegen.conv import CONVOLUTION, depthwise_kernel
 from ..codegen.embedding import EMBEDDING, embedding_kernel, index_error
 from ..codegen.gemm import matmul_kernel
@@ -161,6 +162,13 @@ class CppBackend(Backend):
         # perf/results/row_reductions_cpu.json: 1.13-1.75x ATen's time on one machine).
         self._choosing.segment = seg
         return None
+
+    def build_later(self, launches: Sequence[SegmentLaunch]) -> tuple[Any, list[SegmentLaunch]] | None:
+        kernels = [launch.kernel for launch in launches]  # type: ignore[attr-defined]
+        unbuilt = unbuilt_cpu(kernels)
+        if not any(unbuilt):
+            return None
+        return build_cpu_later([*kernels, runner_kernel()]), [la for la, u in zip(launches, unbuilt) if u]
 
     def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str]:
         kernels = [launch.kernel for launch in launches]  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextvars
 import ctypes
 import functools
 import hashlib
@@ -30,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -39,7 +41,8 @@ from .kernel import translation_unit
 from .lower import Kernel
 from .symsizes import raw_symbol
 
-__all__ = ["CompileError", "build_cpu", "build_cpu_many", "build_cuda", "cache_dir", "cpu_compiler", "nvcc_check"]
+__all__ = ["CompileError", "build_cpu", "build_cpu_later", "build_cpu_many", "build_cuda", "cache_dir", "cpu_compiler",
+           "nvcc_check", "unbuilt_cpu"]
 
 
 class CompileError(RuntimeError):
@@ -50,6 +53,7 @@ _CPU: dict[str, Callable[..., None]] = {}
 _CUDA: dict[str, object] = {}
 #: number of compilations run in this process (tests read it to see that the cache works)
 compilations = {"cpu": 0, "cuda": 0}
+_COUNTING = threading.Lock()  # builds may run on a thread of their own (build_cpu_later)
 #: configured cache dir -> the dir used (itself, or the per-process fallback)
 _USABLE: dict[str, str] = {}
 _FALLBACK: list[str] = []
@@ -159,7 +163,8 @@ def _compile(cxx: str, src: str, what: str, tmp: str) -> tuple[str, bytes]:
     with open(cpp, "w") as f:
         f.write(src)
     r = subprocess.run([cxx, *CPU_FLAGS, "-o", out, cpp], capture_output=True, text=True)
-    compilations["cpu"] += 1
+    with _COUNTING:
+        compilations["cpu"] += 1
     if r.returncode < 0:
         try:
             sig = signal.Signals(-r.returncode).name
@@ -285,11 +290,43 @@ def _groups(missing: list[_Missing], n: int) -> list[list[_Missing]]:
     return [g for g in groups if g]
 
 
-def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None] | Declined]:
+def unbuilt_cpu(kernels: list[Kernel]) -> list[bool]:
+    """Per kernel, whether building it would run the compiler: its binary is neither loaded in
+    this process nor whole in the disk cache (a kernel that declines before any build: False)."""
+    out = []
+    for k in kernels:
+        try:
+            _, digest = _entry(k)
+        except Declined:
+            out.append(False)
+            continue
+        out.append(digest not in _CPU and not _sound(_lib_path(k, digest)))
+    return out
+
+
+_LATER: list[concurrent.futures.ThreadPoolExecutor] = []
+_LATER_LOCK = threading.Lock()
+
+
+def build_cpu_later(kernels: list[Kernel]) -> concurrent.futures.Future:
+    """Note [kernels built in the background] (runtime/background.py): ``build_cpu_many(kernels)``
+    on one thread of its own, the compilers on all cores but one (the caller's thread goes on
+    running). Builds queue one after another, so a kernel two programs both miss is compiled
+    once (the later build finds it in the cache). At exit the interpreter waits for builds
+    under way: what they make is kept in the disk cache."""
+    with _LATER_LOCK:
+        if not _LATER:
+            _LATER.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuseg-build"))
+        pool = _LATER[0]
+    # (in the caller's context: the contextvars that say how symbolic sizes hash and print)
+    return pool.submit(contextvars.copy_context().run, build_cpu_many, list(kernels), max(1, (os.cpu_count() or 1) - 1))
+
+
+def build_cpu_many(kernels: list[Kernel], jobs: int | None = None) -> list[Callable[..., None] | Declined]:
     """Every kernel compiled for the CPU: those the caches miss as one translation unit per core
-    (Note [one build per group of kernels]), the compilers run side by side, so a program's
-    kernels on a cold cache cost one round of parallel builds. A kernel whose build declines (a
-    compiler killed by a signal) comes back as the ``Declined``."""
+    (``jobs``: that many at most; Note [one build per group of kernels]), the compilers run side
+    by side, so a program's kernels on a cold cache cost one round of parallel builds. A kernel
+    whose build declines (a compiler killed by a signal) comes back as the ``Declined``."""
     entries: list[tuple[str, str] | Declined] = []
     for k in kernels:
         try:
@@ -323,7 +360,7 @@ def build_cpu_many(kernels: list[Kernel]) -> list[Callable[..., None] | Declined
                     # a kernel of symbolic sizes the compiler refuses: each on its own below, where
                     # it declines (Note [kernel sizes as arguments] in symsizes.py)
 
-            groups = _groups(missing, min(len(missing), os.cpu_count() or 1))
+            groups = _groups(missing, min(len(missing), jobs or os.cpu_count() or 1))
             with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:  # the compilers run as processes
                 list(pool.map(build_group, groups))
 

@@ -1,0 +1,81 @@
+"""Kernels compiled off the caller's thread while torch runs their segments (issue 41).
+
+Note [kernels built in the background]: a symbolic plan (Note [symbolic plans]) is made when
+dynamo re-traces a graph with symbolic sizes, in the middle of the caller's run (the second
+prompt length of a generate); its kernels take sizes as arguments, so they are new sources, and
+compiling them was about a second of the 1.9 s that fuseg's part of that call took (qwen2,
+perf/results/second_length_parts_cpu.json). So ``CompiledProgram(..., background=True)`` (what
+``FusegCompiler`` passes for symbolic plans, unless FUSEG_BACKGROUND_BUILDS=0):
+  * asks each backend to start compiling what its launches miss on a thread of its own
+    (``Backend.build_later``; the cpp backend's compilers run on all cores but one);
+  * is made at once with the launches that wait for a build on torch (an interim program:
+    the plan's own segments, views and alias decisions, each waiting kernel segment run by
+    torch's ops, as a declined build would be; ``passed_over`` says why), no chains;
+  * at the first call (``entry``) that finds every build done, is made again from the same
+    launches (``_rebuild``: ``build_all`` now loads them; the measured choices against ATen
+    are timed then, on the caller's thread), and runs the kernels from then on.
+Nothing is lost where a background build fails: the rebuild builds at once, as without the
+background (a compiler that fails there fails the same way). The plan's sizes are unsealed for
+the rebuild and sealed again: a condition the kernels' launches add makes a call that breaks it
+go to a plan of its own (the caller's list), never run a plan whose conditions it breaks.
+``wait_for_builds()`` waits (tests, benchmarks of the steady state). Static programs build at
+once: their first call is the one the caller waits for anyway.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .backends import SegmentLaunch
+from .backends.torch_backend import TorchLaunch
+
+if TYPE_CHECKING:
+    from .program import CompiledProgram
+
+__all__ = ["interim_launches", "rebuild"]
+
+
+def interim_launches(program: CompiledProgram, chosen: dict[int, SegmentLaunch]) -> dict[int, SegmentLaunch]:
+    """The launches ``program`` runs until the builds it starts here are done: those waiting for
+    one on torch. The full set, and what ``backend_of``/``passed_over`` say of it, are kept for
+    ``rebuild``; ``chosen`` itself where nothing needs building."""
+    futures, waiting = [], []
+    for b in program._backends:
+        started = b.build_later([launch for launch in chosen.values() if launch.backend == b.name])
+        if started is not None:
+            futures.append(started[0])
+            waiting += started[1]
+    if not waiting:
+        return chosen
+    program._after_build = dict(chosen), dict(program.backend_of), dict(program.passed_over)
+    program._building = futures
+    interim = dict(chosen)
+    for launch in waiting:
+        i = launch.segment.index
+        program.passed_over[i] = (*program.passed_over.get(i, ()), (
+            launch.backend, "its kernel is being compiled in the background: torch runs it until then "
+                            "(Note [kernels built in the background] in runtime/background.py)"))
+        program.backend_of[i] = "torch"
+        interim[i] = TorchLaunch(program.ctx, launch.segment)
+    return interim
+
+
+def rebuild(program: CompiledProgram) -> None:
+    """``program`` made again with the launches chosen when it was compiled, now that their
+    kernels are built (``build_all`` loads them from the caches, and builds at once whatever the
+    background left undone). The plan's sizes are opened for it and sealed again: the kernels'
+    launches may ask size questions the interim program did not, and their answers become
+    conditions of the program (a call that breaks one gets a plan of its own)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from segmenter.symbolic import symbolic_hashing
+
+    chosen, backend_of, passed_over = program._after_build  # type: ignore[misc]
+    program._building, program._after_build = None, None
+    program.backend_of, program.passed_over = backend_of, passed_over
+    if program.sizes is not None:
+        program.sizes.unseal()
+    with _disable_current_modes(), symbolic_hashing(), torch.no_grad():  # as when compiled
+        program._finish(dict(chosen))

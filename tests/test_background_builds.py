@@ -1,0 +1,174 @@
+"""Note [kernels built in the background] (runtime/background.py): a symbolic plan's new kernels
+compile off the caller's thread; until they are built, torch runs their segments, then the
+program runs its kernels. Each program runs on sizes before and after its builds are let go,
+against eager (values, strides, aliasing, inputs afterwards)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from runtime.codegen import build
+
+from .test_dynamic import DYNAMIC_PROGRAMS
+
+
+@pytest.fixture(autouse=True)
+def _cold_cache(tmp_path, monkeypatch):
+    """A cache with nothing in it, in this process too, and the default (builds in the background)."""
+    monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(build, "_CPU", {})
+    monkeypatch.setenv("FUSEG_BACKGROUND_BUILDS", "1")
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """The background builds held back until ``gate.set()``; ``gate.started`` counts them."""
+    real = build.build_cpu_many
+    opened = threading.Event()
+    opened.started = 0  # type: ignore[attr-defined]
+
+    def held(*args, **kwargs):
+        opened.started += 1  # type: ignore[attr-defined]
+        assert opened.wait(60), "the test never let the build go"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "build_cpu_many", held)
+    yield opened
+    opened.set()  # (a build still held: let it finish)
+
+
+def _check(compiled, fn, make, n: int) -> None:
+    from segmenter.reference import clone_inputs
+
+    from .test_fuzz_dynamo import _close, _tensors
+    from .util import alias_pattern, layout
+
+    torch.manual_seed(n)
+    inputs = make(n)
+    want_in, got_in = clone_inputs(inputs), clone_inputs(inputs)
+    with torch.no_grad():
+        want, got = fn(*want_in), compiled(*got_in)
+    w_out, g_out = _tensors(want), _tensors(got)
+    assert len(w_out) == len(g_out)
+    for j, (e, g) in enumerate(zip(w_out, g_out)):
+        assert layout(g) == layout(e), f"size {n} output {j}"
+        assert _close(g, e), f"size {n} output {j}: values"
+    assert alias_pattern(want_in, w_out) == alias_pattern(got_in, g_out), f"size {n}: aliasing"
+    for i, (e, g) in enumerate(zip(want_in, got_in)):
+        assert _close(g, e), f"size {n}: input {i} afterwards"
+
+
+def _compiled(fn):
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    compiler = FusegCompiler()
+    return compiler, torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+
+
+#: programs of tests/test_dynamic.py with a segment a generated kernel takes
+PROGRAMS = ["softmax-view-sum", "rms-norm", "layer-norm", "matmul", "causal-attention", "masked-softmax",
+            "mean-over-dynamic", "mutates-input", "views-of-input", "embedding"]
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_torch_runs_the_segments_until_the_kernels_are_built(name: str, gate) -> None:
+    """Sizes 9 and 11 while the build is held (torch runs the kernel segments; no new plan), then
+    the build let go and sizes 13 and 15 on the same plan with its kernels, compiling nothing."""
+    fn, make = DYNAMIC_PROGRAMS[name]
+    compiler, compiled = _compiled(fn)
+    # size 7 first: dynamo compiles the first call for static sizes, the second with symbolic ones
+    _check(compiled, fn, make, 7)
+    for n in (9, 11):
+        _check(compiled, fn, make, n)
+    (program,) = [p for p in compiler.compiled if p.sizes is not None]
+    waiting = [i for i, b in program.backend_of.items() if b == "torch" and any(
+        "background" in why for _, why in program.passed_over.get(i, ()))]
+    assert waiting and gate.started == 1, program.passed_over
+    assert not program.kernels.keys() & set(waiting)
+    gate.set()
+    compiler.wait_for_builds()
+    assert program._building is None
+    assert all(program.backend_of[i] == "cpp" for i in waiting), program.passed_over
+    assert set(waiting) <= program.kernels.keys()
+    before = build.compilations["cpu"]
+    for n in (13, 15):
+        _check(compiled, fn, make, n)
+    assert build.compilations["cpu"] == before
+    assert [p for p in compiler.compiled if p.sizes is not None] == [program]
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+def test_a_call_after_the_build_is_done_runs_the_kernels() -> None:
+    """No one waits: the first call that finds the build done makes the program again with its
+    kernels, and runs them."""
+    fn, make = DYNAMIC_PROGRAMS["rms-norm"]
+    compiler, compiled = _compiled(fn)
+    _check(compiled, fn, make, 7)
+    _check(compiled, fn, make, 9)
+    (program,) = [p for p in compiler.compiled if p.sizes is not None]
+    assert program._building is not None
+    for future in program._building:
+        future.result(timeout=120)
+    assert program.backend_of != program._after_build[1]  # (not yet made again: no call since)
+    _check(compiled, fn, make, 11)
+    assert program._building is None and "cpp" in program.backend_of.values(), program.passed_over
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+def test_a_warm_cache_builds_nothing_in_the_background() -> None:
+    """Kernels already in the cache are loaded at once: no interim program."""
+    fn, make = DYNAMIC_PROGRAMS["rms-norm"]
+    compiler, compiled = _compiled(fn)
+    for n in (7, 9):
+        _check(compiled, fn, make, n)
+    compiler.wait_for_builds()
+    torch._dynamo.reset()
+    build._CPU.clear()  # (the disk cache alone has them now)
+    compiler, compiled = _compiled(fn)
+    for n in (7, 9):
+        _check(compiled, fn, make, n)
+    (program,) = [p for p in compiler.compiled if p.sizes is not None]
+    assert program._building is None and "cpp" in program.backend_of.values(), program.passed_over
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+def test_a_background_build_that_fails_is_done_again_at_once(monkeypatch) -> None:
+    """Nothing is lost where the background build raises (here: before any compiler ran): the
+    first call that finds it done makes the program again, which builds its kernels itself, as
+    it would have without the background."""
+    failed = []
+
+    def broken(*args, **kwargs):
+        failed.append(1)
+        raise OSError("the background build failed")
+
+    monkeypatch.setattr(build, "build_cpu_many", broken)
+    fn, make = DYNAMIC_PROGRAMS["layer-norm"]
+    compiler, compiled = _compiled(fn)
+    _check(compiled, fn, make, 7)
+    before = build.compilations["cpu"]
+    _check(compiled, fn, make, 9)  # the plan is made, the build fails at once
+    (program,) = [p for p in compiler.compiled if p.sizes is not None]
+    compiler.wait_for_builds()
+    assert failed == [1] and program._building is None
+    assert build.compilations["cpu"] > before  # built here, on the caller's thread
+    assert "cpp" in program.backend_of.values(), program.passed_over
+    assert not any("background" in why for passed in program.passed_over.values() for _, why in passed)
+    for n in (11, 13):
+        _check(compiled, fn, make, n)
+
+
+def test_the_environment_turns_it_off(monkeypatch) -> None:
+    from runtime.dynamo import FusegCompiler
+
+    assert FusegCompiler().background_builds is True
+    monkeypatch.setenv("FUSEG_BACKGROUND_BUILDS", "0")
+    assert FusegCompiler().background_builds is False
+    assert FusegCompiler(background_builds=True).background_builds is True
