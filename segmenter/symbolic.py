@@ -183,6 +183,9 @@ class SymbolicSizes:
         self.sealed = False
         #: how each symbol is shown: a graph file's own names (``S``), else ShapeEnv's (``s17``)
         self.display: dict[sympy.Symbol, str] = {}
+        #: what torch's meta kernels computed for a node, by its op and its inputs' symbolic
+        #: layouts, for this plan only (Note [checking a plan's metas once] in runtime/codegen/checks.py)
+        self.meta_checks: dict[object, list[object]] = {}
         self.env.fuseg_sizes = self  # type: ignore[attr-defined] - found again from any SymInt (sizes_of)
 
     # -- symbols -------------------------------------------------------------------------------

@@ -232,7 +232,7 @@ def _compile_group(entries: list[tuple[Kernel, str]], cxx: str) -> None:
 def _entry(kernel: Kernel) -> tuple[str, str]:
     """The kernel's source and its key in the caches (the source and what else decides the binary)."""
     src = kernel.source("cpu")
-    raw = raw_symbol(src)
+    raw = raw_symbol(kernel.function("cpu"))  # (the prelude is the same text for every kernel)
     if raw is not None:  # Note [kernel sizes as arguments] in symsizes.py: never compiled in as text
         raise Declined(f"kernel {kernel.name}: a symbolic size ({raw}) was formatted outside its printer")
     return src, hashlib.sha256((src + _cpu_build_key()).encode()).hexdigest()[:24]

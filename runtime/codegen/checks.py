@@ -31,11 +31,11 @@ import torch
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir import OpRef, ValueRef
 from segmenter.ops import resolve_op
-from segmenter.symbolic import is_symbolic
+from segmenter.symbolic import is_symbolic, size_key
 from segmenter.torch_compat import ShapeEnvGuardError
 
 from .ctypes_ import Declined
-from .symsizes import sizes_active
+from .symsizes import active_sizes, sizes_active
 
 __all__ = ["MAX_EXTENT", "check_layout", "check_segment_metas", "dim_arg", "float_arg", "index_arg", "int_arg", "lone",
            "scalar_arg", "shape_ints", "slice_bounds"]
@@ -213,6 +213,17 @@ def _symbolic_dispatch() -> contextlib.AbstractContextManager:
     return enable_python_dispatcher()
 
 
+# Note [checking a plan's metas once]: ``check_segment_metas`` runs each node of a kernel's
+# segment on meta tensors of the layouts its inputs are planned to have. Where sizes are symbolic
+# that is SymInt arithmetic in sympy for every size and stride, and a model's layers repeat the
+# same nodes on the same symbolic layouts: qwen2's second prompt length spent a third of its
+# lowering time there. Results of nodes with symbolic sizes are kept per plan (``SymbolicSizes.
+# meta_checks``: one ShapeEnv, so a hit hands back SymInts of the same symbols, and the conditions
+# the first run recorded are the plan's already), keyed by the op and its arguments with every
+# size as its expression (``size_key``: sizes equal only at the hints key apart). The
+# process-wide cache keeps plain sizes only, as before.
+
+
 def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict[str, torch.Tensor]:
     """Declined unless every output of every node of ``seg`` has the shape and dtype torch's meta
     kernels compute from the layouts the kernel's inputs are planned to have (Note [checked
@@ -246,17 +257,27 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict
                     args[k] = meta
                 else:
                     kwargs[a.name] = meta
+        plan_cache: dict | None = None
         try:
             key = (node.op, torch.get_default_dtype(), _key(node.args, env),
                    tuple((k, _key(v, env)) for k, v in node.kwargs))
             # never a symbolic size in this process-wide cache: a hit would hand another plan's
-            # SymInts (another ShapeEnv, sealed) to this one (Note [hashing symbolic sizes])
+            # SymInts (another ShapeEnv, sealed) to this one (Note [hashing symbolic sizes]);
+            # such a node is looked up in its own plan's (Note [checking a plan's metas once])
             if is_symbolic(key):
-                raise TypeError("symbolic")
-            cached = _META_CACHE.get(key)
+                sizes = active_sizes()
+                if sizes is None:
+                    raise TypeError("symbolic")
+                plan_cache, key = sizes.meta_checks, size_key(key)
+                found = plan_cache.get(key)
+                cached = None
+            else:
+                cached = _META_CACHE.get(key)
         except TypeError:  # an unhashable argument: no caching
-            key, cached = None, None
-        if cached is not None:
+            key, cached, plan_cache, found = None, None, None, None
+        if plan_cache is not None and found is not None:
+            results = list(found)
+        elif cached is not None:
             results = [None if s is None else _meta_tensor(s) for s in cached]
         else:
             try:
@@ -268,7 +289,9 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict
                 raise Declined(f"node {node.name!r} ({node.op}): torch refuses its arguments: "
                                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
             results = list(result) if isinstance(result, (tuple, list)) else [result]
-            if key is not None:
+            if plan_cache is not None:
+                plan_cache[key] = list(results)
+            elif key is not None:
                 if len(_META_CACHE) >= _META_CACHE_MAX:
                     _META_CACHE.clear()
                 _META_CACHE[key] = tuple(_spec(r) if isinstance(r, torch.Tensor) else None for r in results)

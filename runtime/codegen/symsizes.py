@@ -28,7 +28,7 @@ import torch
 
 from segmenter.symbolic import SymbolicSizes, hashing, symbolic_hashing
 
-__all__ = ["c_sizes", "raw_symbol", "sizes_active", "smax", "smin", "symbolic_hashing"]
+__all__ = ["active_sizes", "c_sizes", "raw_symbol", "sizes_active", "smax", "smin", "symbolic_hashing"]
 
 _ACTIVE: contextvars.ContextVar[SymbolicSizes | None] = contextvars.ContextVar("fuseg_c_sizes", default=None)
 _RAW = re.compile(r"\b[su]\d+\b")
@@ -65,6 +65,11 @@ def smax(a: int, b: int) -> int:
 def smin(a: int, b: int) -> int:
     """``min``, symbolic where either is a SymInt (see ``smax``)."""
     return torch.sym_min(a, b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else min(a, b)
+
+
+def active_sizes() -> SymbolicSizes | None:
+    """The plan whose sizes ``c_sizes`` made active, or None."""
+    return _ACTIVE.get()
 
 
 def sizes_active() -> bool:
