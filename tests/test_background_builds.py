@@ -17,7 +17,7 @@ from .test_dynamic import DYNAMIC_PROGRAMS
 
 @pytest.fixture(autouse=True)
 def _cold_cache(tmp_path, monkeypatch):
-    """A cache with nothing in it, in this process too, and the default (builds in the background)."""
+    """A cache with nothing in it, in this process too, and builds in the background."""
     monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setattr(build, "_CPU", {})
     monkeypatch.setenv("FUSEG_BACKGROUND_BUILDS", "1")
@@ -165,10 +165,12 @@ def test_a_background_build_that_fails_is_done_again_at_once(monkeypatch) -> Non
         _check(compiled, fn, make, n)
 
 
-def test_the_environment_turns_it_off(monkeypatch) -> None:
+def test_the_environment_turns_it_on(monkeypatch) -> None:
     from runtime.dynamo import FusegCompiler
 
-    assert FusegCompiler().background_builds is True
+    assert FusegCompiler().background_builds is True  # (this module's fixture sets it)
     monkeypatch.setenv("FUSEG_BACKGROUND_BUILDS", "0")
     assert FusegCompiler().background_builds is False
     assert FusegCompiler(background_builds=True).background_builds is True
+    monkeypatch.delenv("FUSEG_BACKGROUND_BUILDS")
+    assert FusegCompiler().background_builds is False  # the default
