@@ -3,16 +3,17 @@
 Note [kernels built in the background]: a symbolic plan (Note [symbolic plans]) is made when
 dynamo re-traces a graph with symbolic sizes, in the middle of the caller's run (the second
 prompt length of a generate); its kernels take sizes as arguments, so they are new sources, and
-compiling them was about a second of the 1.9 s that fuseg's part of that call took (qwen2,
-perf/results/second_length_parts_cpu.json). So ``CompiledProgram(..., background=True)`` (what
-``FusegCompiler`` passes for symbolic plans, unless FUSEG_BACKGROUND_BUILDS=0):
+their compiler runs were 1.3-2.0 s (summed over two parallel groups) of the 1.9-2.6 s that
+fuseg's part of that call took (qwen2, phi3: perf/results/second_length_parts_cpu.json). With
+``FusegCompiler(background_builds=True)`` (or FUSEG_BACKGROUND_BUILDS=1 for
+``backend="fuseg"``) a symbolic plan's ``CompiledProgram(..., background=True)``:
   * asks each backend to start compiling what its launches miss on a thread of its own
     (``Backend.build_later``; the cpp backend's compilers run on all cores but one);
   * is made at once with the launches that wait for a build on torch (an interim program:
     the plan's own segments, views and alias decisions, each waiting kernel segment run by
     torch's ops, as a declined build would be; ``passed_over`` says why), no chains;
   * at the first call (``entry``) that finds every build done, is made again from the same
-    launches (``_rebuild``: ``build_all`` now loads them; the measured choices against ATen
+    launches (``rebuild``: ``build_all`` now loads them; the measured choices against ATen
     are timed then, on the caller's thread), and runs the kernels from then on.
 Nothing is lost where a background build fails: the rebuild builds at once, as without the
 background (a compiler that fails there fails the same way). The plan's sizes are unsealed for
@@ -20,6 +21,16 @@ the rebuild and sealed again: a condition the kernels' launches add makes a call
 go to a plan of its own (the caller's list), never run a plan whose conditions it breaks.
 ``wait_for_builds()`` waits (tests, benchmarks of the steady state). Static programs build at
 once: their first call is the one the caller waits for anyway.
+
+Why it is off by default: measured alternated on and off in one run (qwen2 and starcoder2,
+perf.dynamic_shapes' generation protocol, perf/results/background_builds_onoff_cpu.json, 2
+cores), it took 1.7-2.4 s off the second generate (fuseg/aot_eager 1.17-1.64 against
+1.59-2.25 off), but the work moved, it did not go: a generate runs back to back with the next,
+so the compilers (competing with torch's two threads for two cores) and each plan's rebuild
+(0.1-0.2 s of Python: the launches' generated source again) landed on the third to sixth prompt
+lengths, which then cost 3-8x a seen length (0.9-1.1x off). Where calls come with idle time
+between them (a server between requests) the move is free; on this protocol it trades one of
+issue 41's goals for another, so the default is to build at once.
 """
 
 from __future__ import annotations
