@@ -13,6 +13,7 @@ import torch
 from runtime.codegen import build
 
 from .test_dynamic import DYNAMIC_PROGRAMS
+from .test_dynamic import check_size as _check
 
 
 @pytest.fixture(autouse=True)
@@ -41,27 +42,6 @@ def gate(monkeypatch):
     monkeypatch.setattr(build, "build_cpu_many", held)
     yield opened
     opened.set()  # (a build still held: let it finish)
-
-
-def _check(compiled, fn, make, n: int) -> None:
-    from segmenter.reference import clone_inputs
-
-    from .test_fuzz_dynamo import _close, _tensors
-    from .util import alias_pattern, layout
-
-    torch.manual_seed(n)
-    inputs = make(n)
-    want_in, got_in = clone_inputs(inputs), clone_inputs(inputs)
-    with torch.no_grad():
-        want, got = fn(*want_in), compiled(*got_in)
-    w_out, g_out = _tensors(want), _tensors(got)
-    assert len(w_out) == len(g_out)
-    for j, (e, g) in enumerate(zip(w_out, g_out)):
-        assert layout(g) == layout(e), f"size {n} output {j}"
-        assert _close(g, e), f"size {n} output {j}: values"
-    assert alias_pattern(want_in, w_out) == alias_pattern(got_in, g_out), f"size {n}: aliasing"
-    for i, (e, g) in enumerate(zip(want_in, got_in)):
-        assert _close(g, e), f"size {n}: input {i} afterwards"
 
 
 def _compiled(fn):

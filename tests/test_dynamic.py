@@ -125,30 +125,36 @@ def _run_dynamic(fn, make, sizes, tol=None):
     """``fn`` compiled with dynamic shapes and run on each size against eager (values, strides,
     aliasing, inputs afterwards); outputs within ``tol`` where given (else the fuzzers' 1e-4)."""
     from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    compiler = FusegCompiler()
+    compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    for n in sizes:
+        check_size(compiled, fn, make, n, tol)
+    return compiler
+
+
+def check_size(compiled, fn, make, n: int, tol=None) -> None:
+    """``compiled`` against ``fn`` on ``make(n)``: values, strides, aliasing, inputs afterwards."""
     from segmenter.reference import clone_inputs
 
     from .test_fuzz_dynamo import _close, _tensors
     from .util import alias_pattern, layout
 
-    compiler = FusegCompiler()
-    compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
-    for n in sizes:
-        torch.manual_seed(n)
-        inputs = make(n)
-        want_in, got_in = clone_inputs(inputs), clone_inputs(inputs)
-        with torch.no_grad():
-            want, got = fn(*want_in), compiled(*got_in)
-        w_out, g_out = _tensors(want), _tensors(got)
-        assert len(w_out) == len(g_out)
-        for j, (e, g) in enumerate(zip(w_out, g_out)):
-            assert layout(g) == layout(e), f"size {n} output {j}"
-            assert _close(g, e), f"size {n} output {j}: values"
-            if tol is not None:
-                torch.testing.assert_close(g, e, atol=tol, rtol=tol, msg=f"size {n} output {j}")
-        assert alias_pattern(want_in, w_out) == alias_pattern(got_in, g_out), f"size {n}: aliasing"
-        for i, (e, g) in enumerate(zip(want_in, got_in)):
-            assert _close(g, e), f"size {n}: input {i} afterwards"
-    return compiler
+    torch.manual_seed(n)
+    inputs = make(n)
+    want_in, got_in = clone_inputs(inputs), clone_inputs(inputs)
+    with torch.no_grad():
+        want, got = fn(*want_in), compiled(*got_in)
+    w_out, g_out = _tensors(want), _tensors(got)
+    assert len(w_out) == len(g_out)
+    for j, (e, g) in enumerate(zip(w_out, g_out)):
+        assert layout(g) == layout(e), f"size {n} output {j}"
+        assert _close(g, e), f"size {n} output {j}: values"
+        if tol is not None:
+            torch.testing.assert_close(g, e, atol=tol, rtol=tol, msg=f"size {n} output {j}")
+    assert alias_pattern(want_in, w_out) == alias_pattern(got_in, g_out), f"size {n}: aliasing"
+    for i, (e, g) in enumerate(zip(want_in, got_in)):
+        assert _close(g, e), f"size {n}: input {i} afterwards"
 
 
 @pytest.mark.parametrize("name", sorted(DYNAMIC_PROGRAMS))
