@@ -3,8 +3,8 @@
 Note [kernels built in the background]: a symbolic plan (Note [symbolic plans]) is made when
 dynamo re-traces a graph with symbolic sizes, in the middle of the caller's run (the second
 prompt length of a generate); its kernels take sizes as arguments, so they are new sources, and
-their compiler runs were 1.3-2.0 s (summed over two parallel groups) of the 1.9-2.6 s that
-fuseg's part of that call took (qwen2, phi3: perf/results/second_length_parts_cpu.json). With
+their compiler runs summed 1.4-2.0 s (two groups in parallel) of the 1.85-2.63 s that fuseg's
+part of that call took (qwen2, phi3, both sides of perf/results/second_length_parts_cpu.json). With
 ``FusegCompiler(background_builds=True)`` (or FUSEG_BACKGROUND_BUILDS=1 for
 ``backend="fuseg"``) a symbolic plan's ``CompiledProgram(..., background=True)``:
   * asks each backend to start compiling what its launches miss on a thread of its own
@@ -24,11 +24,12 @@ once: their first call is the one the caller waits for anyway.
 
 Why it is off by default: measured alternated on and off in one run (qwen2 and starcoder2,
 perf.dynamic_shapes' generation protocol, perf/results/background_builds_onoff_cpu.json, 2
-cores), it took 1.7-2.4 s off the second generate (fuseg/aot_eager 1.17-1.64 against
+cores), it took 1.3-2.4 s off the second generate (fuseg/aot_eager 1.17-1.64 against
 1.59-2.25 off), but the work moved, it did not go: a generate runs back to back with the next,
 so the compilers (competing with torch's two threads for two cores) and each plan's rebuild
-(0.1-0.2 s of Python: the launches' generated source again) landed on the third to sixth prompt
-lengths, which then cost 3-8x a seen length (0.9-1.1x off). Where calls come with idle time
+(0.08-0.19 s of Python, the launches' generated source again, timed in runs of that protocol
+with a timer around ``rebuild``) landed on the third to sixth prompt lengths, which then cost
+3.1-7.8x a seen length (0.9-1.1x off). Where calls come with idle time
 between them (a server between requests) the move is free; on this protocol it trades one of
 issue 41's goals for another, so the default is to build at once.
 """

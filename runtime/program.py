@@ -147,11 +147,8 @@ class CompiledProgram:
         self._building: Any = None
         self._after_build: tuple[dict[int, SegmentLaunch], dict[int, str], dict[int, tuple]] | None = None
         if background:
-            chosen = self._build_later(chosen)
+            chosen = interim_launches(self, chosen)
         self._finish(chosen)
-
-    def _build_later(self, chosen: dict[int, SegmentLaunch]) -> dict[int, SegmentLaunch]:
-        return interim_launches(self, chosen)
 
     def _finish(self, chosen: dict[int, SegmentLaunch]) -> None:
         """The program from its chosen launches: builds, folding, the generated functions."""

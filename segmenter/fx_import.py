@@ -365,9 +365,11 @@ def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.G
 # every size question torch's meta functions ask becomes a condition of our plan. Where the graph
 # writes nothing (AOTAutograd's inference and forward graphs, which are functional already),
 # there is nothing for ``functionalize`` to do, and re-tracing it with ``make_fx`` (a proxy per
-# value, a new graph) reproduced the same ops (plus ``detach`` nodes) at 1.6-1.8x the cost of
+# value, a new graph) reproduced the same ops (plus ``detach`` nodes) at 1.6-1.7x the cost of
 # running the graph node by node on the same FakeTensors (qwen2's two graphs at a second prompt
-# length: 0.24 + 0.45 s against 0.14 + 0.28 s on this machine kind). So such a graph is run by an
+# length, captured from perf.dynamic_shapes' protocol and timed both ways in one process, twice:
+# 0.24 + 0.45 s against 0.14 + 0.28 s on this machine kind; the committed before/after of the
+# change is perf/results/second_length_parts_cpu.json, ``from_fx``). So such a graph is run by an
 # fx Interpreter on a copy of itself and each node keeps the value it computed in ``meta['val']``:
 # the same dispatch, under the same modes, so the same questions and conditions. A graph that
 # writes is retraced (functionalized) as before.

@@ -300,8 +300,12 @@ def unbuilt_cpu(kernels: list[Kernel]) -> list[bool]:
         except Declined:
             out.append(False)
             continue
-        out.append(digest not in _CPU and not _sound(_lib_path(k, digest)))
+        out.append(_unbuilt(k, digest))
     return out
+
+
+def _unbuilt(kernel: Kernel, digest: str) -> bool:
+    return digest not in _CPU and not _sound(_lib_path(kernel, digest))
 
 
 _LATER: list[concurrent.futures.ThreadPoolExecutor] = []
@@ -340,8 +344,7 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None) -> list[Calla
     declined: dict[str, Declined] = {}
     cxx = cpu_compiler()
     if cxx is not None:
-        missing = [(digest, k, src, path) for digest, (k, src) in todo.items()
-                   if digest not in _CPU and not _sound(path := _lib_path(k, digest))]
+        missing = [(digest, k, src, _lib_path(k, digest)) for digest, (k, src) in todo.items() if _unbuilt(k, digest)]
         if len(missing) > 1:
             def build_group(group: list[_Missing]) -> None:
                 try:

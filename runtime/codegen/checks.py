@@ -216,12 +216,35 @@ def _symbolic_dispatch() -> contextlib.AbstractContextManager:
 # Note [checking a plan's metas once]: ``check_segment_metas`` runs each node of a kernel's
 # segment on meta tensors of the layouts its inputs are planned to have. Where sizes are symbolic
 # that is SymInt arithmetic in sympy for every size and stride, and a model's layers repeat the
-# same nodes on the same symbolic layouts: qwen2's second prompt length spent a third of its
-# lowering time there. Results of nodes with symbolic sizes are kept per plan (``SymbolicSizes.
+# same nodes on the same symbolic layouts (under cProfile, qwen2's plan at its second prompt
+# length spent 0.39 of the 0.62 s of choosing and lowering its launches there; what keeping them
+# saves was not measured apart from the change it landed with, perf/results/second_length_parts_cpu.json). Results of nodes with symbolic sizes are kept per plan (``SymbolicSizes.
 # meta_checks``: one ShapeEnv, so a hit hands back SymInts of the same symbols, and the conditions
 # the first run recorded are the plan's already), keyed by the op and its arguments with every
 # size as its expression (``size_key``: sizes equal only at the hints key apart). The
 # process-wide cache keeps plain sizes only, as before.
+
+
+def _cache_slot(node: Node, env: dict[str, torch.Tensor]) -> tuple[dict | None, object]:
+    """Where torch's results for ``node`` on ``env``'s values are kept, and their key: the
+    process-wide cache where every size is a number; the plan's own where one is symbolic (never
+    the process-wide one: a hit would hand another plan's SymInts, of another ShapeEnv, sealed,
+    to this one: Note [hashing symbolic sizes]; Note [checking a plan's metas once]); nowhere for
+    an unhashable argument or symbolic sizes outside a plan."""
+    try:
+        key = (node.op, torch.get_default_dtype(), _key(node.args, env),
+               tuple((k, _key(v, env)) for k, v in node.kwargs))
+        if not is_symbolic(key):
+            hash(key)
+            return _META_CACHE, key
+        sizes = active_sizes()
+        if sizes is None:
+            return None, None
+        key = size_key(key)
+        hash(key)
+        return sizes.meta_checks, key
+    except TypeError:  # an unhashable argument
+        return None, None
 
 
 def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict[str, torch.Tensor]:
@@ -257,28 +280,11 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict
                     args[k] = meta
                 else:
                     kwargs[a.name] = meta
-        plan_cache: dict | None = None
-        try:
-            key = (node.op, torch.get_default_dtype(), _key(node.args, env),
-                   tuple((k, _key(v, env)) for k, v in node.kwargs))
-            # never a symbolic size in this process-wide cache: a hit would hand another plan's
-            # SymInts (another ShapeEnv, sealed) to this one (Note [hashing symbolic sizes]);
-            # such a node is looked up in its own plan's (Note [checking a plan's metas once])
-            if is_symbolic(key):
-                sizes = active_sizes()
-                if sizes is None:
-                    raise TypeError("symbolic")
-                plan_cache, key = sizes.meta_checks, size_key(key)
-                found = plan_cache.get(key)
-                cached = None
-            else:
-                cached = _META_CACHE.get(key)
-        except TypeError:  # an unhashable argument: no caching
-            key, cached, plan_cache, found = None, None, None, None
-        if plan_cache is not None and found is not None:
-            results = list(found)
-        elif cached is not None:
-            results = [None if s is None else _meta_tensor(s) for s in cached]
+        store, key = _cache_slot(node, env)
+        cached = store.get(key) if store is not None else None
+        if cached is not None:
+            results = (list(cached) if store is not _META_CACHE
+                       else [None if s is None else _meta_tensor(s) for s in cached])
         else:
             try:
                 with _symbolic_dispatch():
@@ -289,12 +295,12 @@ def check_segment_metas(graph: FusionGraph, seg: Segment, layouts: dict) -> dict
                 raise Declined(f"node {node.name!r} ({node.op}): torch refuses its arguments: "
                                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
             results = list(result) if isinstance(result, (tuple, list)) else [result]
-            if plan_cache is not None:
-                plan_cache[key] = list(results)
-            elif key is not None:
+            if store is _META_CACHE:
                 if len(_META_CACHE) >= _META_CACHE_MAX:
                     _META_CACHE.clear()
                 _META_CACHE[key] = tuple(_spec(r) if isinstance(r, torch.Tensor) else None for r in results)
+            elif store is not None:
+                store[key] = list(results)
         if len(results) != len(node.outputs):
             raise Declined(f"node {node.name!r}: {node.op} makes {len(results)} values, the graph says {len(node.outputs)}")
         for name, recorded, got in zip(node.outputs, node.metas, results):
