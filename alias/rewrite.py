@@ -90,9 +90,27 @@ class _Rewriter:
         base = self.global_root.get(v, v)
         if base in self.graph_inputs:
             return "a graph output that was a copy in the original program stays a copy"
-        if base in self.output_alias or base in self.mutation_values or self.family_outputs.get(base, 0) > 1:
+        if base in self.output_alias or base in self.mutation_values:
+            return "its storage would be shared with another output: it stays a copy"
+        if self.family_outputs.get(base, 0) > 1 and not self._heads_family(v, base):
             return "its storage would be shared with another output: it stays a copy"
         return None
+
+    def _heads_family(self, v: str, base: str) -> bool:
+        """Whether every other graph output that is a view of ``base`` was recorded as a view of
+        output ``v`` (returned once): then ``v`` made a view of ``base`` shares its storage with
+        exactly those outputs, as in the original program (AOTAutograd's training forward returns
+        an attention output detached for the backward, and a reshape of it)."""
+        g = self.graph
+        at = [k for k, o in enumerate(g.outputs) if o == v]
+        if len(at) != 1:
+            return False
+        for w, alias in zip(g.outputs, g.output_aliases):
+            if w == v or self.global_root.get(w, w) != base:
+                continue
+            if alias is None or alias.source != "output" or alias.index != at[0]:
+                return False
+        return True
 
     def split(self, seg: Segment) -> tuple[list[tuple[SegmentKind, list[Node]]], SegmentReport]:
         facts = analyze_segment(self.graph, seg)

@@ -47,8 +47,22 @@ def _mutate_input_and_view(x):
     return x.sum()
 
 
+def _attention_output_and_its_view(q, k, v):  # AOTAutograd's training forward: the output, detached for backward
+    o = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]
+    return o.detach(), o.transpose(1, 2).reshape(8, 32)
+
+
+def _attention_inputs() -> list[torch.Tensor]:
+    return [torch.randn(1, 8, 4, 8).transpose(1, 2), torch.randn(1, 4, 8, 8), torch.randn(1, 4, 8, 8)]
+
+
 # name, program, inputs, options, {mode: (kernels, metadata)}
 TABLE = [
+    # two outputs that are views of one intermediate, the second recorded as a view of the first:
+    # post makes both views (eager's sharing), where it copied the first and then rebuilt the
+    # pair's storage at every call (segmenter/reference.py, _rebase_output_views)
+    ("views-of-an-opaque-result-share-it", _attention_output_and_its_view, _attention_inputs, None,
+     {"off": (2, 0), "pre": (2, 0), "post": (0, 2)}),
     ("clone-stays-a-copy", lambda x: x.clone(), lambda: [torch.randn(4, 6)], None,
      {"off": (1, 0), "pre": (1, 0), "post": (1, 0)}),
     ("view-of-input-is-metadata", lambda x: x.view(-1), lambda: [torch.randn(4, 6)], None,
