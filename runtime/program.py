@@ -40,6 +40,7 @@ from .gather import affine_gather
 from .guards import LearnedGuard
 from .inplace import plan_in_place_writes
 from .metadata import emit_metadata
+from .outputs import plain_outputs, views_of_outputs, views_test
 from .pointers import last_uses, pointer_views
 from .views import metadata_views, planned_views
 from .wrapper import Code
@@ -367,14 +368,18 @@ class CompiledProgram:
             if timed is not None:
                 code.line(f"{acc}[{seg.index}] += {clock}() - _t0")
         needed = list(dict.fromkeys([*graph.outputs, *(m.value for m in graph.mutations), *self.constants]))
-        if self._plain_outputs():
-            returns = f"[{', '.join(code.var(v) for v in graph.outputs)}]"
+        outs = [code.var(v) for v in graph.outputs]
+        if plain_outputs(graph, set(self.constants)):
+            returns = f"[{', '.join(outs)}]"
         else:
             # a symbolic plan's graph at this call's sizes (Note [sizes in generated source])
             view = code.const(graph) if self.sizes is None else self._finish_view(code)
             returns = (f"{code.const(finish)}({view}, [{', '.join(tensors)}], "
                        f"dict(zip({code.const(tuple(needed))}, ({''.join(code.var(v) + ', ' for v in needed)}))), "
                        f"{code.const(self.written_in_place)})")
+            views = views_of_outputs(graph, set(self.constants)) if fast else None
+            if views:  # Note [outputs that are views of outputs] in runtime/outputs.py
+                returns = f"[{', '.join(outs)}] if {views_test(code, outs, views)} else {returns}"
         return code.program("fuseg_program", params, returns)
 
     def _finish_view(self, code: Code) -> str:
@@ -398,26 +403,6 @@ class CompiledProgram:
         return (f"{code.const(FinishView)}(({''.join(x + ', ' for x in inputs)}), {code.const(g.outputs)}, "
                 f"({''.join(x + ', ' for x in aliases)}), {code.const(g.mutations)}, {code.const(g.constants)}, "
                 f"{code.const(g.scalar_outputs)}, {{{metas}}})")
-
-    def _plain_outputs(self) -> bool:
-        """Whether the outputs can be handed back as they are (no ``finish``): no input is mutated,
-        no input changes its layout, no output is handed back as a number, no output was a view in
-        the original program, and no output may share a storage with an input or with another
-        output (every one is a buffer the program made for it alone)."""
-        g = self.graph
-        if g.mutations or any(a is not None for a in g.output_aliases) or len(set(g.outputs)) < len(g.outputs):
-            return False
-        if g.scalar_outputs or any(i.final_layout is not None for i in g.inputs):
-            return False
-        roots = view_roots(g)
-        inputs = set(g.input_names) | set(self.constants)  # a constant's storage is the program's: copied
-        seen: set[str] = set()
-        for o in g.outputs:
-            r = roots.get(o, o)
-            if r in inputs or r in seen:
-                return False
-            seen.add(r)
-        return True
 
     def _layout_tests(self, code: Code, params: list[str]) -> list[str]:
         """Per input: dtype, sizes, strides, device and the conjugate and negative bits (all of

@@ -395,3 +395,37 @@ def test_entry_takes_inputs_that_share_a_storage_as_planned(backend: str) -> Non
     with pytest.raises(GraphError, match="should share a storage"):  # the checked call says why
         program(apart[:4], torch.randn(8, 5)[4:])
 
+
+def _detached_and_views(x, w):  # a training forward's saved values: y detached, and views of y
+    y = torch.softmax(x @ w, -1)
+    return y.detach(), y.t(), y[1:], y.view(-1)
+
+
+@pytest.mark.parametrize("mode", ["off", "post"])
+@pytest.mark.parametrize("fn,make,off_copies", [
+    (_detached_and_views, lambda: [torch.randn(6, 5), torch.randn(5, 8)], False),
+    (lambda q, k, v: (lambda o: (o.detach(), o.transpose(1, 2).reshape(8, 32)))(
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0]),
+     lambda: [torch.randn(1, 8, 4, 8).transpose(1, 2), torch.randn(1, 4, 8, 8), torch.randn(1, 4, 8, 8)], True),
+], ids=["softmax", "attention"])
+def test_outputs_that_are_views_of_outputs_skip_finish_where_they_lie_in_place(fn, make, off_copies, mode,
+                                                                                monkeypatch) -> None:
+    """Note [outputs that are views of outputs] (runtime/outputs.py): where every output that was
+    a view is one of another output, and the plan made it one (post), the fast program hands the
+    outputs back as they are, with no ``finish`` (eager's values, layouts and sharing); where the
+    plan copied one (off: the attention output's detach, a kernel of its own), ``finish`` still
+    makes them, as before (off leaves the softmax's views in its kernel's buffer: no finish)."""
+    import runtime.program
+
+    calls = []
+    real = runtime.program.finish
+    monkeypatch.setattr(runtime.program, "finish", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    inputs = make()
+    program = _program(fn, inputs, mode=mode)
+    assert all(a is None or a.source == "output" for a in program.graph.output_aliases)
+    assert any(a is not None for a in program.graph.output_aliases)
+    with torch.no_grad():
+        assert_matches_eager(fn, inputs, program.graph, program=program)
+        assert program.entry(*inputs) is not None
+    assert (len(calls) > 0) == (mode == "off" and off_copies), calls
