@@ -1,0 +1,255 @@
+"""One training step (forward, backward, SGD update) under eager, Inductor and fuseg, at a fixed
+shape: issue 42's goal 4.
+
+    python -m perf.train_step [MODEL ...] [--rounds 5] [--steps 10] [--before /path/to/checkout [--repeats 2]]
+                              [--out perf/results/train_step_cpu.json]
+
+Models (``TRAIN_MODELS``): tiny causal LMs (hidden 64, 2 layers, batch 2, 32 tokens), mid-size
+ones (hidden 256, 4 layers, batch 2, 128 tokens) and encoders with a masked-LM head, all from
+``transformers`` configs with random weights (no download); labels are the inputs.
+
+Method. Each model runs in a fresh process with empty Inductor and fuseg caches. There each
+variant gets its own copy of the same weights and ``torch.compile``s it (default options); the
+first step of each is timed (the compile, with Inductor first: the process's own warm-up lands
+on it). Then one step of each on the same batch from the same weights is checked against eager:
+the loss and every parameter's gradient. Then the variants' steps are timed in ``--rounds``
+interleaved blocks of ``--steps`` steps each (``opt.zero_grad(); loss = model(...).loss;
+loss.backward(); opt.step()``, ``perf_counter`` per step); the record keeps each variant's median
+step. With ``--before DIR``, eager and fuseg run in pairs of processes, one importing fuseg from this
+checkout and one from DIR, alternated (``--repeats`` pairs): after/before is the ratio of the
+sides' median fuseg/eager (eager is the yardstick both share, so drift between processes
+cancels). The record names the CPU, its flags and the compiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["TRAIN_MODELS", "main", "run_model"]
+
+#: name: (transformers config class, model class, hidden, layers, tokens)
+TRAIN_MODELS: dict[str, tuple[str, str, int, int, int]] = {
+    "llama-tiny": ("LlamaConfig", "AutoModelForCausalLM", 64, 2, 32),
+    "qwen2-tiny": ("Qwen2Config", "AutoModelForCausalLM", 64, 2, 32),
+    "gpt2-tiny": ("GPT2Config", "AutoModelForCausalLM", 64, 2, 32),
+    "phi3-tiny": ("Phi3Config", "AutoModelForCausalLM", 64, 2, 32),
+    "bert-tiny": ("BertConfig", "AutoModelForMaskedLM", 64, 2, 32),
+    "llama-256": ("LlamaConfig", "AutoModelForCausalLM", 256, 4, 128),
+    "gpt2-256": ("GPT2Config", "AutoModelForCausalLM", 256, 4, 128),
+    "bert-256": ("BertConfig", "AutoModelForMaskedLM", 256, 4, 128),
+}
+VOCAB = 128
+BATCH = 2
+
+
+def _model(name: str) -> tuple[Any, Any]:
+    import torch
+    import transformers
+
+    config, kind, hidden, layers, tokens = TRAIN_MODELS[name]
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if config == "GPT2Config":
+        cfg = transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **common)
+    elif config == "BertConfig":
+        cfg = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                                      intermediate_size=4 * hidden, max_position_embeddings=256, **common)
+    else:
+        cfg = getattr(transformers, config)(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                            **common)
+    # no dropout: the variants must compute the same step (dropout draws differ between backends)
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                "attention_dropout", "hidden_dropout", "resid_dropout", "embd_dropout"):
+        if hasattr(cfg, key):
+            setattr(cfg, key, 0.0)
+    model = getattr(transformers, kind).from_config(cfg).train()
+    ids = torch.randint(3, VOCAB, (BATCH, tokens), generator=torch.Generator().manual_seed(1))
+    return model, ids
+
+
+def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) -> dict[str, Any]:
+    """In this process: compile, check against eager, then time every variant's steps."""
+    import copy
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    from runtime.dynamo import fuseg_backend
+
+    base, ids = _model(name)
+    backends = {v: b for v, b in {"eager": None, "inductor": "inductor", "fuseg": fuseg_backend}.items()
+                if v in variants_wanted}
+    variants: dict[str, tuple[Any, Any, Any]] = {}
+    first: dict[str, float] = {}
+    for v, backend in backends.items():
+        model = copy.deepcopy(base)
+        # a backend per variant: dynamo would otherwise reuse one variant's graphs for another's copy
+        fn = model if backend is None else torch.compile(model, backend=backend)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        variants[v] = (model, fn, opt)
+        start = {k: p.detach().clone() for k, p in model.named_parameters()}
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        fn(input_ids=ids, labels=ids).loss.backward()
+        first[v] = time.perf_counter() - t0
+        with torch.no_grad():  # the first step's gradients stay; its update is undone
+            for k, p in model.named_parameters():
+                p.copy_(start[k])
+    # one step of each from the same weights against eager's: the loss and every gradient
+    check: dict[str, dict[str, float]] = {}
+    losses, grads = {}, {}
+    for v, (model, fn, opt) in variants.items():
+        opt.zero_grad()
+        loss = fn(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses[v] = float(loss)
+        grads[v] = [p.grad.detach().clone() if p.grad is not None else None for p in model.parameters()]
+    for v in variants:
+        if v == "eager":
+            continue
+        diffs = [float((a - b).abs().max()) for a, b in zip(grads[v], grads["eager"]) if a is not None and b is not None]
+        scale = max(float(b.abs().max()) for b in grads["eager"] if b is not None)
+        missing = sum((a is None) != (b is None) for a, b in zip(grads[v], grads["eager"]))
+        check[v] = {"loss_diff": abs(losses[v] - losses["eager"]), "max_grad_diff": max(diffs, default=0.0),
+                    "max_grad": scale, "gradients_missing_or_extra": missing}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(2):  # warm-up
+        for _m, fn, opt in variants.values():
+            opt.zero_grad()
+            fn(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+    for r in range(rounds):
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
+        for v in order:
+            _m, fn, opt = variants[v]
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                fn(input_ids=ids, labels=ids).loss.backward()
+                opt.step()
+                times[v].append(time.perf_counter() - t0)
+    ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
+    row: dict[str, Any] = {"model": name, "shape": list(ids.shape), "step_ms": ms, "first_step_s": first,
+                           "check_against_eager": check, "fuseg_over_eager": ms["fuseg"] / ms["eager"]}
+    if "inductor" in ms:
+        row.update(fuseg_over_inductor=ms["fuseg"] / ms["inductor"], inductor_over_eager=ms["inductor"] / ms["eager"])
+    return row
+
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _child(name: str, rounds: int, steps: int, variants: list[str], tree: str = _HERE) -> dict[str, Any]:
+    """``run_model`` in a fresh process with empty caches, importing fuseg from ``tree`` (this
+    checkout, or ``--before``'s); this file is loaded by its path, so an older tree runs the same
+    models and protocol."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), PYTHONWARNINGS="ignore")
+        env.pop("PYTHONPATH", None)
+        code = ("import importlib.util, json, sys; sys.path.insert(0, sys.argv[1]);"
+                "spec = importlib.util.spec_from_file_location('fuseg_train_step', sys.argv[2]);"
+                "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod);"
+                "print(json.dumps(mod.run_model(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(','))))")
+        cmd = [sys.executable, "-c", code, tree, os.path.abspath(__file__), name, str(rounds), str(steps),
+               ",".join(variants)]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, cwd=tmp)
+        if done.returncode != 0:
+            return {"model": name, "tree": tree, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        row["tree"] = tree
+        return row
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rows if "error" not in r and "fuseg_over_inductor" in r]
+    if not ok:
+        return {}
+    return {
+        "median_fuseg_over_inductor": statistics.median(r["fuseg_over_inductor"] for r in ok),
+        "median_fuseg_over_eager": statistics.median(r["fuseg_over_eager"] for r in ok),
+        "slower_than_inductor": {r["model"]: round(r["fuseg_over_inductor"], 3) for r in ok
+                                 if r["fuseg_over_inductor"] > 1.0},
+        "max_grad_diff": max(r["check_against_eager"]["fuseg"]["max_grad_diff"] for r in ok),
+    }
+
+
+def before_after(name: str, before: str, rounds: int, steps: int, repeats: int) -> dict[str, Any]:
+    """fuseg/eager of this checkout against ``before``'s: ``repeats`` pairs of processes, the
+    sides alternating; after/before is the ratio of the sides' medians (eager the yardstick)."""
+    runs: dict[str, list[dict[str, Any]]] = {"after": [], "before": []}
+    for k in range(repeats):
+        for side in (("after", "before") if k % 2 == 0 else ("before", "after")):
+            runs[side].append(_child(name, rounds, steps, ["eager", "fuseg"], _HERE if side == "after" else before))
+    bad = [r["error"] for rs in runs.values() for r in rs if "error" in r]
+    if bad:
+        return {"model": name, "error": bad[0], "runs": runs}
+    med = {side: statistics.median(r["fuseg_over_eager"] for r in rs) for side, rs in runs.items()}
+    return {"model": name, "fuseg_over_eager": med, "after_over_before": med["after"] / med["before"], "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from perf.bench import environment
+
+    p = argparse.ArgumentParser(prog="python -m perf.train_step", description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="*", help=f"default: all of {', '.join(TRAIN_MODELS)}")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10, help="steps per variant in each round")
+    p.add_argument("--before", help="another checkout of this project: fuseg/eager there against here")
+    p.add_argument("--repeats", type=int, default=2, help="with --before: process pairs per model")
+    p.add_argument("--out", help="write the record (JSON) here")
+    args = p.parse_args(argv)
+    unknown = [m for m in args.models if m not in TRAIN_MODELS]
+    if unknown:
+        p.error(f"unknown models {unknown}; known: {', '.join(TRAIN_MODELS)}")
+    before = os.path.abspath(args.before) if args.before else None
+    if before and not os.path.isfile(os.path.join(before, "runtime", "dynamo.py")):
+        p.error(f"--before {args.before}: no runtime/dynamo.py there")
+    names = args.models or list(TRAIN_MODELS)
+    rows = []
+    for k, name in enumerate(names):
+        print(f"[{k + 1}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
+        if before:
+            row = before_after(name, before, args.rounds, args.steps, args.repeats)
+            rows.append(row)
+            if "error" not in row:
+                f = row["fuseg_over_eager"]
+                print(f"  {name}: fuseg/eager after {f['after']:.3f}, before {f['before']:.3f}: "
+                      f"after/before {row['after_over_before']:.3f}", flush=True)
+        else:
+            row = _child(name, args.rounds, args.steps, ["eager", "inductor", "fuseg"])
+            rows.append(row)
+            if "error" not in row:
+                ms, c = row["step_ms"], row["check_against_eager"]["fuseg"]
+                print(f"  {name}: step eager {ms['eager']:.2f} ms, Inductor {ms['inductor']:.2f}, fuseg {ms['fuseg']:.2f}"
+                      f" (fuseg/Inductor {row['fuseg_over_inductor']:.2f}, fuseg/eager {row['fuseg_over_eager']:.2f});"
+                      f" first step fuseg {row['first_step_s']['fuseg']:.1f} s, Inductor "
+                      f"{row['first_step_s']['inductor']:.1f} s; grad diff {c['max_grad_diff']:.1e}", flush=True)
+        if "error" in row:
+            print(f"  {name}: failed: {row['error']}", flush=True)
+    record = {"environment": environment("cpu"), "method": __doc__, "command": " ".join(["python -m perf.train_step", *(argv if argv is not None else sys.argv[1:])]),
+              "rounds": args.rounds, "steps": args.steps, "before": before, "results": rows}
+    if before:
+        ok = [r for r in rows if "error" not in r]
+        record["summary"] = {"after_over_before": {r["model"]: r["after_over_before"] for r in ok}}
+    else:
+        record["summary"] = summary(rows)
+    print(json.dumps(record["summary"], indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
