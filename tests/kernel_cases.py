@@ -222,6 +222,8 @@ def _op_case(name: str) -> tuple | None:
         return (lambda x: op(x, *_EXTRA[op_name])), [a]
     if overload == "Scalar" and op_name not in ("logical_not",):
         return (lambda x: op(x, other)), [a]
+    if op_name == "gelu_backward":  # (grad, x) of one shape (eager's oneDNN path refuses a broadcast grad)
+        return (lambda g, x: (op(g, x), op(g, x, approximate="tanh"))), [a.flip(0), a]
     if op_name in ("logical_and", "logical_or", "logical_xor", "maximum", "minimum") or overload in (
             "Tensor", "Tensor_Tensor"):
         return (lambda x, y: op(x, y)), [a, b]
