@@ -14,7 +14,8 @@ synthetic.py (transformer-like graphs of any size); fusions/ (nvFuser scripts ke
 Benchmarks, each ``python -m perf.NAME``: compiled (eager, Inductor and fuseg through
 ``torch.compile`` on the model sets, CPU or CUDA), before_after (the same against another
 checkout, fresh processes alternating), dynamic_shapes (what a new shape costs under each
-backend), bench_segment and bench_pipeline (segmentation and the whole pipeline against graph
+backend), train_step (one training step of LMs and encoders under eager, Inductor and fuseg,
+checked against eager; ``--before`` against another checkout), bench_segment and bench_pipeline (segmentation and the whole pipeline against graph
 size), bench_alias (kernels and bytes per alias mode), bench_runtime (the examples through the
 runtime against eager), launch_overhead (host time per call of a one-kernel program),
 gpu_bandwidth (row kernels and RoPE against a device copy's bandwidth).

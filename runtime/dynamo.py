@@ -434,15 +434,21 @@ def _direct_refusal(compiler: FusegCompiler, gm: fx.GraphModule, example_inputs:
 #   (a tiny Llama's backward: its four RoPE ``slice_backward`` segments alone took 320 of its
 #   1150 us of launches, its two ``silu_backward`` 45 us). Decomposed, they are pointwise math,
 #   zeros with a ``slice_scatter`` (index math), or a row sum: one generated kernel with their
-#   neighbours. Left whole: layer norm's backward (reductions over the rows and over the batch;
-#   eager's kernel is one pass), embedding and loss backwards (scatters), attention's backward.
+#   neighbours. ``gelu_backward`` is taken whole by the generator instead (its decomposition
+#   calls the erf op, libm's scalar erff: runtime/codegen/pointwise.py).
+# - Layer norm's backward: decomposed, the input's gradient is two row sums and pointwise math
+#   (a row kernel), the weight's and bias's gradients two sums over the batch
+#   (runtime/codegen/columns.py); whole, it was an ATen op on torch (bert-tiny: 5 of them, about
+#   55 us each; its backward's launches 2.16 -> 1.27 ms with gelu_backward's kernel, scratch). Its decomposition divides by the row's length, a SymInt where
+#   sizes are symbolic: the generator takes it as an operand (runtime/codegen/lower.py).
+#   Left whole: embedding and loss backwards (scatters), attention's backward.
 DECOMPOSED = frozenset(f"aten.{op}.default" for op in (
     "_safe_softmax",
-    "silu_backward", "gelu_backward", "tanh_backward", "sigmoid_backward", "threshold_backward",
+    "silu_backward", "tanh_backward", "sigmoid_backward", "threshold_backward",
     "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward", "hardswish_backward",
     "hardsigmoid_backward", "mish_backward",
     "_softmax_backward_data", "_log_softmax_backward_data",
-    "slice_backward", "select_backward",
+    "slice_backward", "select_backward", "native_layer_norm_backward",
 ))
 
 

@@ -63,7 +63,7 @@ from .kernel import (
 )
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
-from .symsizes import smax, smin
+from .symsizes import sizes_active, smax, smin
 
 __all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
 
@@ -324,6 +324,10 @@ class _Lowerer:
                 args[n] = self.convert(self.value(b, v.name, ix.broadcast(idx, m.shape, out.shape)), m.dtype, want)
             elif isinstance(v, (bool, int, float)):
                 args[n] = literal(v, want)
+            elif isinstance(v, torch.SymInt) and sizes_active():
+                # a size as an operand (layer norm's backward divides by the row's length): its C
+                # expression over the kernel's size arguments (Note [kernel sizes as arguments])
+                args[n] = f"(({want})({v}))"
             elif v is not None:
                 raise Declined(f"{node.op}: argument {n} is {type(v).__name__}")
         expr = rule.fn(args, ct)
