@@ -165,6 +165,11 @@ CASES: dict[str, tuple] = {
     # (150 = 64 + 64 + 22), kept dims before and after the reduced one
     "sum-outer-threaded": (lambda x: (x.sum(0), (x * x).mean(0, keepdim=True)), [torch.randn(300, 700)]),
     "mean-outer-tail": (lambda x: (x.mean(1), x.amax(1) - x.amin(1)), [torch.randn(2, 20, 3, 150)]),
+    # Note [full values stored in the first pass]: a bias gradient's segment (the values, and their
+    # sum over the batch); a full value that depends on the reduction keeps a pass of its own
+    "bias-grad-outer": (lambda g, x: (lambda y: (y, y.sum(0, keepdim=True)))(g * torch.tanh(x) + x),
+                        [torch.randn(70, 130), torch.randn(70, 130)]),
+    "centered-outer": (lambda x: x - x.mean(0, keepdim=True), [torch.randn(40, 70)]),
     # integer rows: the simd reductions max/min had no declaration for long long (g++ refused the
     # kernel; found through multilabel_margin_loss in tests/test_planned_views.py)
     "amax-amin-int64": (lambda x: (x.amax(-1), x.amin(-1), x.sum(-1)), [torch.randint(-1000, 1000, (5, 300))]),

@@ -122,6 +122,22 @@ def test_outer_reductions_take_column_passes_on_the_cpu_and_rows_on_cuda() -> No
     assert not any("tn" in b for b in bodies["sum-mean"])  # innermost reductions keep the per-row kernel alone
 
 
+def test_full_values_independent_of_the_reduction_are_stored_in_its_first_pass() -> None:
+    """Note [full values stored in the first pass] (runtime/codegen/columns.py): the C++ column
+    variant of a bias gradient's segment walks the tile's elements once per reduction pass and
+    stores the values there, with no pass of their own; a value that depends on the reduction
+    (x - mean) keeps its own pass after it."""
+    for case, passes in (("bias-grad-outer", 1), ("centered-outer", 2)):
+        fn, inputs = CASES[case]
+        prog = _program(fn, inputs)
+        (body,) = [k.body for k in prog.kernels.values() if k.body.startswith("#ifdef __CUDACC__")]
+        cpu = _top_level_branches(body)[1]
+        assert cpu.count("for (FUSEG_I j = 0;") == passes, (case, cpu)
+        want = fn(*inputs)
+        for got, w in zip(prog(*inputs), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(got, w)
+
+
 def test_declines_fall_back_to_torch_with_the_reason() -> None:
     from runtime.autotune import fixed
 

@@ -80,13 +80,37 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
         lines.extend(after)
         lines.extend(["      }", "    }"])
 
+    def write(b: Body, idx: list[str]) -> list[str]:
+        for p in full:
+            for at in full_index(lw, p, idx):
+                store_output(lw, b, p, at, stores)
+        return []  # the stores are the body's own lines
+
+    # Note [full values stored in the first pass]: full outputs that depend on no reduction (a
+    # bias gradient's segment: GELU's backward, written whole, and its sum over the batch) are
+    # stored by the first pass over the tile, which computes their elements anyway; a pass of
+    # their own computed them again (bert-256's backward: 1.0 ms a segment for 256x1024, twice
+    # GELU's backward alone, scratch). Not where one is written into an input (a later pass may
+    # read the input there).
+    written = [False]
+    early = [bool(full) and all(p.value not in lw.chains and p.target is None for p in full)]
+
     def reduce_pass(ct: str, combine: str, element) -> str:  # noqa: ANN001 - element(body, idx) -> expr
         acc_ct = "int" if ct == "bool" else ct
         acc = lw.fresh("acc")
         lines.append(f"    {acc_ct} {acc}[{tile}];")
         lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {acc}[t] = ({acc_ct})({_identity(combine, ct)});")
-        element_pass(lw.fresh("P"), lambda b, idx: [
-            f"        {acc}[t] = {combine}<{acc_ct}>({acc}[t], ({acc_ct})({element(b, idx)}));"])
+        stored = early[0]
+
+        def each(b: Body, idx: list[str]) -> list[str]:
+            update = f"        {acc}[t] = {combine}<{acc_ct}>({acc}[t], ({acc_ct})({element(b, idx)}));"
+            if stored:
+                write(b, idx)
+            return [update]
+        element_pass(lw.fresh("P"), each)
+        if stored:
+            early[0] = False
+            written[0] = True
         return f"{acc}[t]"
 
     def row_let(ct: str, expr: str) -> str:
@@ -97,12 +121,7 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
 
     lw.exp_scratch = {}  # the per-row variant's kept exps are not this variant's
     emit_reductions(lw, R, reduce_pass, row_let, lambda ct: None)
-    if full:
-        def write(b: Body, idx: list[str]) -> list[str]:
-            for p in full:
-                for at in full_index(lw, p, idx):
-                    store_output(lw, b, p, at, stores)
-            return []  # the stores are the body's own lines
+    if full and not written[0]:
         element_pass(lw.fresh("W"), write)
     if rowouts:
         b = Body(lw, lw.fresh("T"), "      ")
