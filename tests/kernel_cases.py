@@ -193,7 +193,7 @@ CASES["math-double"] = (lambda x: tuple(getattr(torch, f)(x * 4 - 2 if f in ("fl
 TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
        "sum-mean": 1e-4, "layer-norm": 1e-4, "qk-norm-rope": 1e-5, "qk-norm-gqa": 1e-5, "norm-windows": 1e-5, "norm-moved": 1e-5, "cosine-transposed": 1e-5, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4,
        "softmax-kept": 1e-5, "sum-outer": 1e-4, "sum-outer-strided": 1e-5, "var-outer": 1e-5, "center-outer": 1e-5,
-       "sum-outer-threaded": 1e-4, "mean-outer-tail": 1e-5}
+       "sum-outer-threaded": 1e-4, "mean-outer-tail": 1e-5, "bias-grad-outer": 1e-4, "centered-outer": 1e-5}
 
 
 # --- every elementwise op the generator takes (runtime/codegen/pointwise.py), one case each ----
