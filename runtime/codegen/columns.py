@@ -92,15 +92,15 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
     # their own computed them again (bert-256's backward: 1.0 ms a segment for 256x1024, twice
     # GELU's backward alone, scratch). Not where one is written into an input (a later pass may
     # read the input there).
-    written = [False]
-    early = [bool(full) and all(p.value not in lw.chains and p.target is None for p in full)]
+    early = bool(full) and all(p.value not in lw.chains and p.target is None for p in full)
+    written = [False]  # (set by the pass that stored them)
 
     def reduce_pass(ct: str, combine: str, element) -> str:  # noqa: ANN001 - element(body, idx) -> expr
         acc_ct = "int" if ct == "bool" else ct
         acc = lw.fresh("acc")
         lines.append(f"    {acc_ct} {acc}[{tile}];")
         lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {acc}[t] = ({acc_ct})({_identity(combine, ct)});")
-        stored = early[0]
+        stored = early and not written[0]
 
         def each(b: Body, idx: list[str]) -> list[str]:
             update = f"        {acc}[t] = {combine}<{acc_ct}>({acc}[t], ({acc_ct})({element(b, idx)}));"
@@ -109,7 +109,6 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
             return [update]
         element_pass(lw.fresh("P"), each)
         if stored:
-            early[0] = False
             written[0] = True
         return f"{acc}[t]"
 
