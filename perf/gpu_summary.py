@@ -107,28 +107,38 @@ def summarize(out: str, tag: str) -> str:
                      f"{s.get('rows_not_faster_than_eager_or_inductor')}")
     else:
         lines.append("bandwidth: no record")
-    before = _load(os.path.join(out, f"gpu_bandwidth_before_{tag}.json"))
-    if before and bw:
-        lines.append("CUDA tuning (Note [CUDA launch shapes]): fuseg's time with FUSEG_CUDA_TUNING=0 (before) "
-                     "and on (after), one run; after/before of the wall time and of the profiler's kernel time "
-                     "(a small case's wall time is mostly the host's):")
-        was = {r["case"]: r for r in before.get("rows", []) if "error" not in r}
-        for r in bw.get("rows", []):
-            b = was.get(r["case"])
-            if b is None or "error" in r or not b.get("fuseg_ms") or not r.get("fuseg_ms"):
-                continue
-            dev = (f"  kernel {b['fuseg_device_ms']:.4f} -> {r['fuseg_device_ms']:.4f} ms, after/before "
-                   f"{r['fuseg_device_ms'] / b['fuseg_device_ms']:.2f}"
-                   if b.get("fuseg_device_ms") and r.get("fuseg_device_ms") else "")
-            lines.append(f"  {r['case']:>24}  before {b['fuseg_ms']:.4f} ms  after {r['fuseg_ms']:.4f} ms  "
-                         f"after/before {r['fuseg_ms'] / b['fuseg_ms']:.2f}  before/copy {_fmt(b.get('fuseg_vs_copy'))}"
-                         + dev)
+    _before_after(lines, bw, _load(os.path.join(out, f"gpu_bandwidth_before_{tag}.json")),
+                  "CUDA tuning (Note [CUDA launch shapes]): fuseg's time with FUSEG_CUDA_TUNING=0 (before) "
+                  "and on (after), one run; after/before of the wall time and of the profiler's kernel time "
+                  "(a small case's wall time is mostly the host's):")
+    _before_after(lines, bw, _load(os.path.join(out, f"gpu_bandwidth_rowregs_{tag}.json")),
+                  "Row registers (Note [row registers] in runtime/codegen/rows.py): fuseg's time with "
+                  "FUSEG_ROW_REGS=0 (before) and on (after), one run:")
     lo = _load(os.path.join(out, f"gpu_launch_overhead_{tag}.json"))
     if lo:
         lines.append("host time per call of a one-kernel program, us: "
                      + ", ".join(f"{k} {v:.1f}" for k, v in lo.get("us_per_call", {}).items())
                      + (f"; graphs refused: {lo['cuda_graph_refused']}" if lo.get("cuda_graph_refused") else ""))
     return "\n".join(lines) + "\n"
+
+
+def _before_after(lines: list[str], bw: dict[str, Any] | None, before: dict[str, Any] | None, heading: str) -> None:
+    """fuseg's time in ``before`` (a bandwidth record made with a change switched off) beside the
+    bandwidth record's, case by case: wall time and the profiler's kernel time."""
+    if not (before and bw):
+        return
+    lines.append(heading)
+    was = {r["case"]: r for r in before.get("rows", []) if "error" not in r}
+    for r in bw.get("rows", []):
+        b = was.get(r["case"])
+        if b is None or "error" in r or not b.get("fuseg_ms") or not r.get("fuseg_ms"):
+            continue
+        dev = (f"  kernel {b['fuseg_device_ms']:.4f} -> {r['fuseg_device_ms']:.4f} ms, after/before "
+               f"{r['fuseg_device_ms'] / b['fuseg_device_ms']:.2f}"
+               if b.get("fuseg_device_ms") and r.get("fuseg_device_ms") else "")
+        lines.append(f"  {r['case']:>24}  before {b['fuseg_ms']:.4f} ms  after {r['fuseg_ms']:.4f} ms  "
+                     f"after/before {r['fuseg_ms'] / b['fuseg_ms']:.2f}  before/copy {_fmt(b.get('fuseg_vs_copy'))}"
+                     + dev)
 
 
 def main(argv: list[str] | None = None) -> int:

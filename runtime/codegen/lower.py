@@ -62,7 +62,7 @@ from .kernel import (
     store_output,
 )
 from .pointwise import ELEMENTWISE
-from .rows import REDUCTIONS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
+from .rows import REDUCTIONS, ROW_REGISTERS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
 from .symsizes import sizes_active, smax, smin
 
 __all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
@@ -84,6 +84,9 @@ class _Lowerer:
         self.cache_fill = False  # whether a load not cached yet is added to it (reduction passes)
         self.row_cache: dict[tuple[str, str], str] = {}
         self.cache_decls: list[str] = []
+        #: a CUDA thread's iterations per pass where Note [row registers] (rows.py) holds: its
+        #: arrays are this long, indexed by ``it``, and on CUDA only; 0 elsewhere
+        self.slots = 0
         #: softmax node -> (its per-row array of exps, the row index they are kept at): Note
         #: [softmax keeps its exps] in rows.py
         self.exp_scratch: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -140,10 +143,17 @@ class _Lowerer:
         if arr is None:
             if not self.cache_fill:
                 return expr
+            if self.slots:  # Note [row registers] in rows.py: on CUDA only, within its budget
+                if (len(self.row_cache) + 1) * self.slots > ROW_REGISTERS:
+                    return expr
+                arr = self.row_cache[key] = self.fresh("k")
+                self.cache_decls.extend(["#ifdef __CUDACC__", f"    {compute_type(p.dtype)} {arr}[{self.slots}];", "#endif"])
+                b.lines.extend(["#ifdef __CUDACC__", f"{b.indent}{arr}[it] = {expr};", "#endif"])
+                return f"FUSEG_ON_CPU({expr}, {arr}[it])"
             arr = self.row_cache[key] = self.fresh("k")
             self.cache_decls.append(f"    {compute_type(p.dtype)} {arr}[FUSEG_EPT];")
             b.lines.append(f"{b.indent}{arr}[it] = {expr};")
-        return f"{arr}[it]"
+        return f"FUSEG_ON_CPU({expr}, {arr}[it])" if self.slots else f"{arr}[it]"
 
     def node_value(self, b: Body, node: Node, k: int, idx: list[str]) -> str:
         op = node.op
@@ -471,8 +481,8 @@ class _Lowerer:
             if op == "aten._softmax.default":
                 e = f"fuseg_exp({xv} - {m})"
                 kept = self.exp_scratch.get(node.name)
-                if kept is not None and kept[1] == tuple(idx):
-                    e = f"FUSEG_ON_CPU({kept[0]}[j], {e})"
+                if kept is not None and kept[1] == tuple(idx):  # on CUDA too under Note [row registers]
+                    e = f"{kept[0]}[FUSEG_ON_CPU(j, it)]" if self.slots else f"FUSEG_ON_CPU({kept[0]}[j], {e})"
                 return f"({e} * {self.regs[(node.name, -3)]})"
             return f"({xv} - {m} - log({s}))"
         if op == "aten.native_layer_norm.default" and k == 0:

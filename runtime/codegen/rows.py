@@ -348,6 +348,30 @@ EXP_SCRATCH_BYTES = 64 * 1024
 # logsumexp 4.86x to 0.54x, a lone softmax 1.75x to 1.13x; a row sum (neither change) 0.90x, 0.92x.
 
 
+# Note [row registers]: on CUDA a row kernel's block takes a row, each thread the elements a
+# block apart (Note [CUDA launch shapes]). Where the block divides the row's length, every thread
+# makes the same number of iterations (``slots``, at most 16), so a pass is a fully unrolled loop
+# with no bounds test, and the values its reduction passes load are kept in per-thread arrays
+# of ``slots`` indexed by the iteration: after unrolling each index is a constant, so the arrays
+# are registers. The later passes (the second of layer norm's, the write) read the registers, not
+# memory; softmax keeps its exps there as the CPU keeps them in its row array (Note [softmax
+# keeps its exps]): one exp per element instead of two. The H100 runs had softmax at 4096x4096
+# 1.30-1.33x a copy of its bytes, with three global reads and two exps per element.
+# The old row cache (Note [row cache], FUSEG_ROW_CACHE=1) did the same with a ``break`` out of
+# each iteration past the row's end, and was slower: this one has no exit, so every load of a
+# pass can be issued before the first is used. Registers: at most ROW_REGISTERS values per
+# thread in these arrays (a load past that budget is read again, as before); ptxas reports no
+# spill for the row kernels of the bandwidth bench (tests/test_row_registers.py). The CPU code
+# is unchanged: the arrays and ``it`` are on CUDA only. FUSEG_ROW_REGS=0 turns this off (the
+# before of perf/gpu_validate.sh's ``rowregs`` step).
+ROW_REGISTERS = 32
+
+
+def row_registers() -> bool:
+    """Note [row registers]: on unless FUSEG_ROW_REGS=0."""
+    return os.environ.get("FUSEG_ROW_REGS", "1") != "0"
+
+
 def _identity(combine: str, ct: str) -> str:
     """The value a block reduction starts from: a max from the lowest value, a min from the highest."""
     if combine in _IDENTITY:
@@ -377,6 +401,9 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     # known length has a known trip count per thread; up to 16, it is written as such (unrolled)
     counted = (-(-R // block) if cuda_tuning() and isinstance(R, int) and isinstance(block, int)
                and R <= 16 * block else 0)
+    # Note [row registers]: where the block divides the row, each thread's iterations need no guard
+    # and the values its reduction passes read are kept in registers on CUDA
+    lw.slots = counted if counted and not cached and R % block == 0 and row_registers() else 0
     lines = []
     lines.append(f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{")
     outer = []
@@ -399,7 +426,15 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
                 b.lines.append(f"      const FUSEG_I j_{d} = {term};")
                 js.append(f"j_{d}")
         idx = row.index(outer, js)
-        if cached:
+        if lw.slots:  # Note [row registers]: no guard, the loads of reduction passes kept
+            head.extend(["#ifdef __CUDACC__",
+                         f"    FUSEG_UNROLL for (int it = 0; it < {lw.slots}; ++it) {{",
+                         "      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;",
+                         "#else",
+                         f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{",
+                         "#endif"])
+            lw.cache_body = b
+        elif cached:
             head.append("    FUSEG_UNROLL for (int it = 0; it < FUSEG_EPT; ++it) {")
             head.append("      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;")
             head.append(f"      if (j >= {R}) break;")
@@ -467,7 +502,10 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         if cached or R * (8 if ct == "double" else 4) > EXP_SCRATCH_BYTES:
             return None
         name = lw.fresh("e")
-        lines.extend(["#ifndef __CUDACC__", f"    {ct} {name}[{R}];", "#endif"])
+        if lw.slots:  # Note [row registers]: a CUDA thread keeps its own iterations' exps
+            lines.extend(["#ifdef __CUDACC__", f"    {ct} {name}[{lw.slots}];", "#else", f"    {ct} {name}[{R}];", "#endif"])
+        else:
+            lines.extend(["#ifndef __CUDACC__", f"    {ct} {name}[{R}];", "#endif"])
         return name
 
     emit_reductions(lw, R, reduce_pass, row_let, scratch)
@@ -496,8 +534,10 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     head = []  # what stands before the row loop
     if lw.cache_decls:
         lines[decl_at:decl_at] = lw.cache_decls
-        epr = f"(({R} + {block} - 1) / {block})"
-        head.append(f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
+        if not lw.slots:
+            epr = f"(({R} + {block} - 1) / {block})"
+            head.append(f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
+    lw.slots = 0
     threads = parallel_if(math.prod(row.F), lines)
     if threads is not None and math.prod(O) > 1:  # rows shared among CPU threads
         head += ["#ifndef __CUDACC__", f"#pragma omp parallel for schedule(static){threads}", "#endif"]
@@ -561,7 +601,10 @@ def emit_reductions(lw, R: int, reduce_pass, row_let, scratch_array) -> None:  #
                 if scratch is None:
                     return e
                 e = b.let(ct, e)
-                b.lines.extend(["#ifndef __CUDACC__", f"{b.indent}{scratch}[j] = {e};", "#endif"])
+                if lw.slots:  # Note [row registers]: on CUDA too, at the thread's iteration
+                    b.lines.append(f"{b.indent}{scratch}[FUSEG_ON_CPU(j, it)] = {e};")
+                else:
+                    b.lines.extend(["#ifndef __CUDACC__", f"{b.indent}{scratch}[j] = {e};", "#endif"])
                 lw.exp_scratch[node.name] = (scratch, tuple(idx))
                 return e
             s = reduce_pass(ct, "fuseg_sum", exp_element)
