@@ -18,8 +18,9 @@
 #              blocks against a device copy of the same bytes                                    80 s
 #   before     perf.gpu_bandwidth again with FUSEG_CUDA_TUNING=0 (Note [CUDA launch shapes]), no
 #              Inductor: fuseg's kernels as they were before that tuning, on the same machine     45 s
-#   rowregs    the row cases again with FUSEG_ROW_REGS=0 (Note [row registers] off: the row kernels
-#              as they were before it, on the same machine), no Inductor                        30 s
+#   loads      perf.gpu_bandwidth again with FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 (Note [row registers]
+#              and Note [elements along a broadcast dim] off: the row and RoPE kernels as they were
+#              before them, on the same machine), no Inductor                                    30 s
 #   overhead   perf.launch_overhead: host time per call of a one-kernel program, with a graph   20 s
 #   summary    perf.gpu_summary: what each step did, and what missed issue 44's targets          10 s
 # Budgets add up to 540 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
@@ -148,8 +149,8 @@ else
     --out "$OUT/gpu_bandwidth_$TAG.json"
   step before 45 "gpu_bandwidth_before_$TAG.log" env FUSEG_CUDA_TUNING=0 "$PY" -m perf.gpu_bandwidth --device cuda \
     --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_before_$TAG.json"
-  step rowregs 30 "gpu_bandwidth_rowregs_$TAG.log" env FUSEG_ROW_REGS=0 "$PY" -m perf.gpu_bandwidth --device cuda \
-    --cases rows --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_rowregs_$TAG.json"
+  step loads 30 "gpu_bandwidth_loads_$TAG.log" env FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 "$PY" -m perf.gpu_bandwidth \
+    --device cuda --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_loads_$TAG.json"
   step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.launch_overhead --device cuda --calls 2000 \
     --out "$OUT/gpu_launch_overhead_$TAG.json"
 fi

@@ -53,15 +53,15 @@ def test_the_tuning_before_and_after_is_set_side_by_side(tmp_path) -> None:
     assert text.count("after/before") == 5  # the heading and the two cases both runs have (wall, kernel)
 
 
-def test_the_row_registers_before_and_after_is_its_own_section(tmp_path) -> None:
+def test_the_loads_kept_before_and_after_is_its_own_section(tmp_path) -> None:
     def record(ms: dict) -> str:
         return json.dumps({"rows": [{"case": c, "fuseg_ms": v, "fuseg_device_ms": v, "fuseg_vs_copy": v / 0.05}
                                     for c, v in ms.items()], "summary": {}})
 
     (tmp_path / "gpu_bandwidth_h100.json").write_text(record({"softmax": 0.05, "rope-seed": 0.02}))
-    (tmp_path / "gpu_bandwidth_rowregs_h100.json").write_text(record({"softmax": 0.0625}))
+    (tmp_path / "gpu_bandwidth_loads_h100.json").write_text(record({"softmax": 0.0625}))
     text = summarize(str(tmp_path), "h100")
     assert "CUDA tuning" not in text  # no FUSEG_CUDA_TUNING=0 record
-    section = text[text.index("Row registers"):]
+    section = text[text.index("Loads kept"):]
     assert "softmax  before 0.0625 ms  after 0.0500 ms  after/before 0.80  before/copy 1.25" in section
     assert "rope-seed" not in section  # only in the bandwidth record: nothing to set beside it

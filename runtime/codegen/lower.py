@@ -706,7 +706,19 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
         # stores are not recorded: its row and column passes are two variants of one loop
         lw.stored[p.value] = (p, loop)
     ept = cuda_ept()  # Note [CUDA launch shapes]: each thread's elements a block apart
-    if ept == 1:
+    along = _broadcast_dim(lw, loop, shape, idx_vars, ept)
+    if along is not None:  # Note [elements along a broadcast dim]
+        fewer = tuple(n // ept if d == along else n for d, n in enumerate(shape))
+        terms = ix.unravel_terms("i", fewer)
+        cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n // ept};"
+                f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM)",
+                f"{indent}FUSEG_UNROLL for (int u_ = 0; u_ < {ept}; ++u_) {{"]
+        for d, v in enumerate(idx_vars):
+            if v == "0":
+                continue
+            term = terms[d] if d != along else ("(FUSEG_I)u_" if terms[d] == "0" else f"{terms[d]} * {ept} + u_")
+            cuda.append(f"{b.indent}const FUSEG_I {v} = {term};")
+    elif ept == 1:
         cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
                 f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM) {{", *unravel]
     else:
@@ -752,6 +764,35 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
         cpu.extend(inner)
     cpu.extend([f"{indent}}}"] * opened)
     return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *cpu, "#endif"]) + "\n"
+
+
+# Note [elements along a broadcast dim]: a CUDA pointwise loop gives each thread ``ept`` elements
+# (Note [CUDA launch shapes]), a block apart in the linear index. Where an input is broadcast
+# along some dim of the loop (RoPE's cos and sin along the heads, a bias along the rows), the
+# thread's elements are taken along that dim instead: ``ept`` consecutive indices of it, the
+# other dims the same. The loads that do not depend on that dim are then the same expression in
+# every unrolled iteration, which nvcc loads once (the inputs are read-only): RoPE's q and k read
+# cos and sin once per four heads, not per head. A warp's threads still take consecutive
+# elements of the innermost dim, so each access stays coalesced; the grid is the same. The dim:
+# not the innermost of the loop, its extent a multiple of ``ept``, and of those the one the most
+# distinct loads (that depend on some other dim) do not depend on. Plain sizes only; a loop with
+# no such load keeps the block-apart elements. The H100 runs had RoPE at 1.55-1.94x a copy of
+# its bytes: each element read x, its rotated partner, cos and sin. FUSEG_BCAST_EPT=0 turns it off.
+def _broadcast_dim(lw: _Lowerer, loop: str, shape: tuple[int, ...], idx_vars: list[str], ept: int) -> int | None:
+    """Note [elements along a broadcast dim]: the dim a CUDA thread's elements run along, or None."""
+    if ept == 1 or os.environ.get("FUSEG_BCAST_EPT", "1") == "0" or not all(type(n) is int for n in shape):
+        return None
+    dims = [d for d, v in enumerate(idx_vars) if v != "0"]
+    offsets = {off for _, off, lp in lw.loads if lp == loop}
+    uses = {off: {d for d in dims if re.search(rf"\b{idx_vars[d]}\b", off)} for off in offsets}
+    best = None
+    for d in dims[:-1]:
+        if shape[d] % ept:
+            continue
+        free = sum(1 for used in uses.values() if d not in used and used)
+        if free and (best is None or free > best[0]):
+            best = (free, d)
+    return None if best is None else best[1]
 
 
 _LET = re.compile(r"const [A-Za-z_][A-Za-z0-9_ ]* (t[0-9]+) = (.*);$")

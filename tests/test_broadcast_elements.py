@@ -1,0 +1,105 @@
+"""Note [elements along a broadcast dim] (runtime/codegen/lower.py): a CUDA pointwise loop whose
+input is broadcast along a dim gives each thread consecutive indices of that dim, so the input
+is loaded once for them. Checked as source and through nvcc's PTX (no GPU); the values on a GPU
+are tests/test_gpu.py's kernel cases (bias adds, RoPE), and the CPU loop is not touched."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+import torch
+
+import runtime
+from alias import apply_aliases
+from segmenter import capture, segment
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+ALONG = "FUSEG_UNROLL for (int u_ = 0; u_ < 4; ++u_) {"
+
+
+def _kernel(fn, inputs):
+    prog = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
+    (k,) = [k for k in prog.kernels.values() if k.kind == "pointwise"]
+    return k
+
+
+def _rope(x, cos, sin):
+    x1, x2 = x[..., :16], x[..., 16:]
+    return x * cos + torch.cat((-x2, x1), -1) * sin
+
+
+def _loads_per_store(src: str) -> float:
+    """Global loads over global stores in the PTX (nvcc unrolls the grid-stride loop as it likes:
+    the ratio, not the count, is the loop body's)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, ptx = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.ptx")
+        with open(cu, "w") as f:
+            f.write(src)
+        r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", "-o", ptx, cu], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        with open(ptx) as f:
+            text = f.read()
+    return len(re.findall(r"\bld\.global", text)) / len(re.findall(r"\bst\.global", text))
+
+
+def test_a_bias_add_takes_four_rows_a_thread(monkeypatch) -> None:
+    monkeypatch.delenv("FUSEG_BCAST_EPT", raising=False)
+    k = _kernel(lambda x, b: x + b, [torch.randn(64, 256), torch.randn(256)])
+    assert ALONG in k.body
+    assert "const FUSEG_I i_0 = ((i) / 256) * 4 + u_;" in k.body
+    assert f"i < {64 * 256 // 4};" in k.body
+    assert k.grid == -(-64 * 256 // 1024)  # the grid of four elements a thread, as before
+
+
+def test_rope_takes_four_heads_a_thread(monkeypatch) -> None:
+    monkeypatch.delenv("FUSEG_BCAST_EPT", raising=False)
+    x, cos, sin = torch.randn(8, 16, 32), torch.randn(16, 32), torch.randn(16, 32)
+    k = _kernel(_rope, [x, cos, sin])
+    assert ALONG in k.body
+    assert "const FUSEG_I i_0 = ((i) / 512) * 4 + u_;" in k.body  # the heads, which cos and sin do not have
+
+
+@pytest.mark.parametrize("name,fn,inputs", [
+    ("no broadcast input", lambda x, y: x * y + 1, [torch.randn(64, 256), torch.randn(64, 256)]),
+    ("broadcast along a dim of 6", lambda x, b: x + b, [torch.randn(6, 256), torch.randn(256)]),
+    ("broadcast along the innermost dim only", lambda x, b: x + b, [torch.randn(64, 256), torch.randn(64, 1)]),
+])
+def test_a_loop_without_such_a_dim_keeps_its_elements_a_block_apart(monkeypatch, name, fn, inputs) -> None:
+    monkeypatch.delenv("FUSEG_BCAST_EPT", raising=False)
+    k = _kernel(fn, inputs)
+    assert ALONG not in k.body, name
+    assert "i_ + (FUSEG_I)u_ * FUSEG_BLOCK_DIM" in k.body
+
+
+def test_the_switch_turns_it_off(monkeypatch) -> None:
+    monkeypatch.setenv("FUSEG_BCAST_EPT", "0")
+    k = _kernel(lambda x, b: x + b, [torch.randn(64, 256), torch.randn(256)])
+    assert ALONG not in k.body
+
+
+@needs_nvcc
+@pytest.mark.parametrize("on,ratio", [("1", 5 / 4), ("0", 2)])
+def test_the_broadcast_input_is_loaded_once_for_the_four_elements(monkeypatch, on: str, ratio: float) -> None:
+    """x + b over rows: four rows of x and one of b for four stores; before, an x and a b each."""
+    monkeypatch.setenv("FUSEG_BCAST_EPT", on)
+    k = _kernel(lambda x, b: x + b, [torch.randn(64, 256), torch.randn(256)])
+    assert _loads_per_store(k.source("cuda")) == ratio
+
+
+def test_the_cpu_loop_is_the_same_and_matches_eager_at_two_shapes(monkeypatch) -> None:
+    for T in (16, 24):
+        x, cos, sin = torch.randn(8, T, 32), torch.randn(T, 32), torch.randn(T, 32)
+        bodies = []
+        for on in ("1", "0"):
+            monkeypatch.setenv("FUSEG_BCAST_EPT", on)
+            prog = runtime.compile(apply_aliases(segment(capture(_rope, [x, cos, sin])), "post"), backend="cpp")
+            torch.testing.assert_close(prog(x, cos, sin)[0], _rope(x, cos, sin))
+            (k,) = [k for k in prog.kernels.values() if k.kind == "pointwise"]
+            bodies.append(k.body.split("#else", 1)[1])  # the CPU side (the CUDA loop comes first)
+        assert bodies[0] == bodies[1]
