@@ -179,6 +179,18 @@ CASES: dict[str, tuple] = {
                         [_strided(2, 5, 3, 4), torch.randn(5), torch.rand(5) + 0.5, torch.randn(5), torch.randn(5)]),
     "batch-norm-eval-bf16": (lambda x, m, v: F.batch_norm(x, m, v), [torch.randn(2, 6, 7, dtype=torch.bfloat16),
                                                                       torch.randn(6), torch.rand(6) + 0.5]),
+    # Note [elements along a broadcast dim]: on CUDA a thread takes four consecutive indices of dim
+    # 0 (8, which w and b lack) or of dim 1 (12, which cos lacks; dim 0, of 3, cannot), the
+    # innermost dim odd, a broadcast input read in a branch of a cat
+    "bcast-rows": (lambda x, w, b: ((x * w).sin() + b, torch.cat((x[..., :3] * w[..., :3], -x[..., 3:]), -1) * w),
+                   [torch.randn(8, 5, 7), torch.randn(5, 7), torch.randn(7)]),
+    "bcast-inner": (lambda x, c: x * c + x.flip(-1) * c, [torch.randn(3, 12, 9), torch.randn(3, 1, 9)]),
+    # Note [row registers]: rows the block divides (768 over 256 would not be: 768 over 512 keeps
+    # its bounds test), with the weight and bias read in the write pass, one iteration and two
+    "layer-norm-1024": (lambda x, w, b: F.layer_norm(x, (1024,), w, b).relu(),
+                        [torch.randn(3, 1024), torch.randn(1024), torch.randn(1024)]),
+    "softmax-rows-256": (lambda x: (torch.softmax(x, -1), torch.log_softmax(x * 2, -1)), [torch.randn(5, 256)]),
+    "layer-norm-768": (lambda x: F.layer_norm(x, (768,)), [torch.randn(4, 768)]),
 }
 
 # every math function the CPU prelude declares (Note [no headers in the CPU prelude]) in double:
@@ -193,7 +205,8 @@ CASES["math-double"] = (lambda x: tuple(getattr(torch, f)(x * 4 - 2 if f in ("fl
 TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e-3, "layer-norm-bf16": 2e-2, "bf16": 2e-2, "fp16": 2e-3, "var-std": 1e-4,
        "sum-mean": 1e-4, "layer-norm": 1e-4, "qk-norm-rope": 1e-5, "qk-norm-gqa": 1e-5, "norm-windows": 1e-5, "norm-moved": 1e-5, "cosine-transposed": 1e-5, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4,
        "softmax-kept": 1e-5, "sum-outer": 1e-4, "sum-outer-strided": 1e-5, "var-outer": 1e-5, "center-outer": 1e-5,
-       "sum-outer-threaded": 1e-4, "mean-outer-tail": 1e-5, "bias-grad-outer": 1e-4, "centered-outer": 1e-5}
+       "sum-outer-threaded": 1e-4, "mean-outer-tail": 1e-5, "bias-grad-outer": 1e-4, "centered-outer": 1e-5,
+       "layer-norm-1024": 1e-4, "layer-norm-768": 1e-4, "softmax-rows-256": 1e-5}
 
 
 # --- every elementwise op the generator takes (runtime/codegen/pointwise.py), one case each ----

@@ -103,3 +103,17 @@ def test_the_cpu_loop_is_the_same_and_matches_eager_at_two_shapes(monkeypatch) -
             (k,) = [k for k in prog.kernels.values() if k.kind == "pointwise"]
             bodies.append(k.body.split("#else", 1)[1])  # the CPU side (the CUDA loop comes first)
         assert bodies[0] == bodies[1]
+
+
+@pytest.mark.parametrize("case,dim", [("bcast-rows", 0), ("bcast-inner", 1), ("rope", 1)])
+def test_the_kernel_cases_that_run_it_on_a_gpu_take_it(monkeypatch, case: str, dim: int) -> None:
+    """tests/test_gpu.py runs these kernel cases against eager on CUDA: they must take the path."""
+    from .kernel_cases import CASES
+
+    monkeypatch.delenv("FUSEG_BCAST_EPT", raising=False)
+    fn, inputs = CASES[case]
+    prog = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
+    bodies = [k.body for k in prog.kernels.values() if k.kind == "pointwise"]
+    # (rope's dim 1 has 4 indices: the thread takes all of them, ``i_1 = u_``)
+    along = re.compile(rf"const FUSEG_I i_{dim} = (.* \* 4 \+ u_|\(FUSEG_I\)u_);")
+    assert any(ALONG in b and along.search(b) for b in bodies)

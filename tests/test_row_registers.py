@@ -161,3 +161,19 @@ def test_the_cpu_kernel_still_matches_eager_at_two_shapes(name: str) -> None:
         tol = 3e-4 if name == "five" else 1e-5
         torch.testing.assert_close(got, want, rtol=1e-5, atol=tol)
         assert got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("case,slots", [("layer-norm-1024", 2), ("softmax-rows-256", 1), ("layer-norm-768", 0)])
+def test_the_kernel_cases_that_run_it_on_a_gpu_take_it(case: str, slots: int) -> None:
+    """tests/test_gpu.py runs these kernel cases against eager on CUDA: the row registers are
+    there (or, for 768 over a block of 512, not)."""
+    from .kernel_cases import CASES
+
+    fn, inputs = CASES[case]
+    prog = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
+    bodies = [k.body for k in prog.kernels.values() if k.kind == "row"]
+    assert bodies
+    if slots:
+        assert all(f"FUSEG_UNROLL for (int it = 0; it < {slots}; ++it) {{" in b and "[it]" in b for b in bodies)
+    else:
+        assert all("[it]" not in b for b in bodies)
