@@ -115,6 +115,9 @@ def summarize(out: str, tag: str) -> str:
                   "Loads kept (Note [row registers] in runtime/codegen/rows.py, Note [elements along a broadcast "
                   "dim] in lower.py): fuseg's time with FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 (before) and on "
                   "(after), one run:")
+    _before_after(lines, _load(os.path.join(out, f"gpu_bandwidth_whole_{tag}.json")), bw,
+                  "FUSEG_BCAST_WHOLE=1 (Note [elements along a broadcast dim]; off by default): the bandwidth "
+                  "step's time (before, without it) and with it (after):")
     lo = _load(os.path.join(out, f"gpu_launch_overhead_{tag}.json"))
     if lo:
         lines.append("host time per call of a one-kernel program, us: "

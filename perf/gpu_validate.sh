@@ -21,9 +21,11 @@
 #   loads      perf.gpu_bandwidth again with FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 (Note [row registers]
 #              and Note [elements along a broadcast dim] off: the row and RoPE kernels as they were
 #              before them, on the same machine), no Inductor                                    30 s
+#   whole      FUSEG_BCAST_WHOLE=1 (Note [elements along a broadcast dim], off by default): the GPU
+#              tests of the cases it changes, and the RoPE blocks with it                        40 s
 #   overhead   perf.launch_overhead: host time per call of a one-kernel program, with a graph   20 s
 #   summary    perf.gpu_summary: what each step did, and what missed issue 44's targets          10 s
-# Budgets add up to 540 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
+# Budgets add up to 580 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
 set -u
 cd "$(dirname "$0")/.."
 DRY=0
@@ -124,7 +126,18 @@ gpu_tests() {
   return $rc
 }
 
-export -f install env_record gpu_tests
+# FUSEG_BCAST_WHOLE=1 (Note [elements along a broadcast dim], off by default until measured): the
+# GPU tests of the pointwise cases it changes, then the RoPE blocks with it (set beside the
+# bandwidth step's, which ran without it, in the summary)
+whole() {
+  local rc=0
+  FUSEG_BCAST_WHOLE=1 "$PY" -m pytest -q -p no:cacheprovider -rfE tests/test_gpu.py -k "bcast or rope or zoo" || rc=1
+  FUSEG_BCAST_WHOLE=1 "$PY" -m perf.gpu_bandwidth --device cuda --cases rope --rounds 5 --iters 10 --no-inductor \
+    --out "$OUT/gpu_bandwidth_whole_$TAG.json" || rc=1
+  return $rc
+}
+
+export -f install env_record gpu_tests whole
 export OUT TAG SHARDS PY
 
 if [ $DRY = 1 ]; then
@@ -151,6 +164,7 @@ else
     --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_before_$TAG.json"
   step loads 30 "gpu_bandwidth_loads_$TAG.log" env FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 "$PY" -m perf.gpu_bandwidth \
     --device cuda --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_loads_$TAG.json"
+  step whole 40 "gpu_whole_$TAG.log" whole
   step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.launch_overhead --device cuda --calls 2000 \
     --out "$OUT/gpu_launch_overhead_$TAG.json"
 fi

@@ -185,6 +185,8 @@ CASES: dict[str, tuple] = {
     "bcast-rows": (lambda x, w, b: ((x * w).sin() + b, torch.cat((x[..., :3] * w[..., :3], -x[..., 3:]), -1) * w),
                    [torch.randn(8, 5, 7), torch.randn(5, 7), torch.randn(7)]),
     "bcast-inner": (lambda x, c: x * c + x.flip(-1) * c, [torch.randn(3, 12, 9), torch.randn(3, 1, 9)]),
+    # a GQA's V expanded over 7 query heads (Qwen2-7B's): FUSEG_BCAST_WHOLE=1 gives a thread all 7
+    "bcast-seven": (lambda v, w: (v.expand(2, 7, 5, 6) * 2, v.expand(2, 7, 5, 6) + w), [torch.randn(2, 1, 5, 6), torch.randn(6)]),
     # Note [row registers]: rows the block divides (768 over 256 would not be: 768 over 512 keeps
     # its bounds test), with the weight and bias read in the write pass, one iteration and two
     "layer-norm-1024": (lambda x, w, b: F.layer_norm(x, (1024,), w, b).relu(),

@@ -117,3 +117,35 @@ def test_the_kernel_cases_that_run_it_on_a_gpu_take_it(monkeypatch, case: str, d
     # (rope's dim 1 has 4 indices: the thread takes all of them, ``i_1 = u_``)
     along = re.compile(rf"const FUSEG_I i_{dim} = (.* \* 4 \+ u_|\(FUSEG_I\)u_);")
     assert any(ALONG in b and along.search(b) for b in bodies)
+
+
+@pytest.mark.parametrize("whole", ["1", "0"])
+def test_a_dim_of_seven_is_taken_whole_when_asked(monkeypatch, whole: str) -> None:
+    """FUSEG_BCAST_WHOLE=1: the expanded V of a GQA with 7 query heads per group, a thread a whole
+    group of 7 copies; off by default (not yet measured on a GPU)."""
+    monkeypatch.setenv("FUSEG_BCAST_WHOLE", whole)
+    v = torch.randn(2, 1, 16, 8)
+    k = _kernel(lambda v: v.expand(2, 7, 16, 8) * 2, [v])
+    if whole == "1":
+        assert "FUSEG_UNROLL for (int u_ = 0; u_ < 7; ++u_) {" in k.body
+        assert f"i < {2 * 16 * 8};" in k.body
+    else:
+        assert "u_ < 7" not in k.body and ALONG not in k.body
+
+
+@needs_nvcc
+def test_the_case_of_seven_compiles_and_matches_eager_with_the_dim_taken_whole(monkeypatch) -> None:
+    """The kernel case the GPU step ``whole`` of perf/gpu_validate.sh runs with FUSEG_BCAST_WHOLE=1."""
+    from runtime.codegen.build import nvcc_check
+
+    from .kernel_cases import CASES
+
+    monkeypatch.setenv("FUSEG_BCAST_WHOLE", "1")
+    fn, inputs = CASES["bcast-seven"]
+    prog = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
+    (k,) = [k for k in prog.kernels.values() if k.kind == "pointwise"]
+    assert "FUSEG_UNROLL for (int u_ = 0; u_ < 7; ++u_) {" in k.body
+    r = nvcc_check(k)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for got, want in zip(prog(*inputs), fn(*inputs)):
+        torch.testing.assert_close(got, want)

@@ -708,15 +708,16 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
     ept = cuda_ept()  # Note [CUDA launch shapes]: each thread's elements a block apart
     along = _broadcast_dim(lw, loop, shape, idx_vars, ept)
     if along is not None:  # Note [elements along a broadcast dim]
-        fewer = tuple(n // ept if d == along else n for d, n in enumerate(shape))
+        along, per = along
+        fewer = tuple(n // per if d == along else n for d, n in enumerate(shape))
         terms = ix.unravel_terms("i", fewer)
-        cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n // ept};"
+        cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n // per};"
                 f" i += FUSEG_NBLOCKS * FUSEG_BLOCK_DIM)",
-                f"{indent}FUSEG_UNROLL for (int u_ = 0; u_ < {ept}; ++u_) {{"]
+                f"{indent}FUSEG_UNROLL for (int u_ = 0; u_ < {per}; ++u_) {{"]
         for d, v in enumerate(idx_vars):
             if v == "0":
                 continue
-            term = terms[d] if d != along else ("(FUSEG_I)u_" if terms[d] == "0" else f"{terms[d]} * {ept} + u_")
+            term = terms[d] if d != along else ("(FUSEG_I)u_" if terms[d] == "0" else f"{terms[d]} * {per} + u_")
             cuda.append(f"{b.indent}const FUSEG_I {v} = {term};")
     elif ept == 1:
         cuda = [f"{indent}for (FUSEG_I i = FUSEG_BLOCK * FUSEG_BLOCK_DIM + FUSEG_THREAD; i < {n};"
@@ -778,21 +779,28 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
 # distinct loads (that depend on some other dim) do not depend on. Plain sizes only; a loop with
 # no such load keeps the block-apart elements. The H100 runs had RoPE at 1.55-1.94x a copy of
 # its bytes: each element read x, its rotated partner, cos and sin. FUSEG_BCAST_EPT=0 turns it off.
-def _broadcast_dim(lw: _Lowerer, loop: str, shape: tuple[int, ...], idx_vars: list[str], ept: int) -> int | None:
-    """Note [elements along a broadcast dim]: the dim a CUDA thread's elements run along, or None."""
+# FUSEG_BCAST_WHOLE=1 (off: not yet run on a GPU) also takes a dim of at most 2 * ept that ept does
+# not divide, the whole of it a thread: Qwen2-7B's 7 query heads per KV group, along which the
+# copy of the expanded V is broadcast (run 4 had qwen2-7b at 1.62x the copy, the others 1.36-1.40x).
+def _broadcast_dim(lw: _Lowerer, loop: str, shape: tuple[int, ...], idx_vars: list[str],
+                   ept: int) -> tuple[int, int] | None:
+    """Note [elements along a broadcast dim]: the dim a CUDA thread's elements run along and how
+    many it takes, or None."""
     if ept == 1 or os.environ.get("FUSEG_BCAST_EPT", "1") == "0" or not all(type(n) is int for n in shape):
         return None
+    whole = os.environ.get("FUSEG_BCAST_WHOLE", "0") == "1"
     dims = [d for d, v in enumerate(idx_vars) if v != "0"]
     offsets = {off for _, off, lp in lw.loads if lp == loop}
     uses = {off: {d for d in dims if re.search(rf"\b{idx_vars[d]}\b", off)} for off in offsets}
     best = None
     for d in dims[:-1]:
-        if shape[d] % ept:
+        per = ept if shape[d] % ept == 0 else shape[d] if whole and shape[d] <= 2 * ept else 0
+        if not per:
             continue
         free = sum(1 for used in uses.values() if d not in used and used)
         if free and (best is None or free > best[0]):
-            best = (free, d)
-    return None if best is None else best[1]
+            best = (free, d, per)
+    return None if best is None else best[1:]
 
 
 _LET = re.compile(r"const [A-Za-z_][A-Za-z0-9_ ]* (t[0-9]+) = (.*);$")
