@@ -18,7 +18,8 @@ backend), train_step (one training step of LMs and encoders under eager, Inducto
 checked against eager; ``--before`` against another checkout), bench_segment and bench_pipeline (segmentation and the whole pipeline against graph
 size), bench_alias (kernels and bytes per alias mode), bench_runtime (the examples through the
 runtime against eager), launch_overhead (host time per call of a one-kernel program),
-gpu_bandwidth (row kernels and RoPE against a device copy's bandwidth).
+gpu_bandwidth (row kernels and RoPE against a device copy's bandwidth), gpu_kernels (per-kernel
+device time of a compiled model, fuseg against Inductor).
 
 gpu_validate.sh runs the GPU tests and the GPU benchmarks in one go on a GPU machine, and
 gpu_summary.py summarizes what it left. experiments/ holds one-off measurements of single kernels

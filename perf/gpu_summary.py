@@ -118,6 +118,11 @@ def summarize(out: str, tag: str) -> str:
     _before_after(lines, _load(os.path.join(out, f"gpu_bandwidth_whole_{tag}.json")), bw,
                   "FUSEG_BCAST_WHOLE=1 (Note [elements along a broadcast dim]; off by default): the bandwidth "
                   "step's time (before, without it) and with it (after):")
+    gk = _load(os.path.join(out, f"gpu_kernels_{tag}.json"))
+    for r in (gk or {}).get("rows", []):
+        parts = [f"{v} {r[v]['kernels_per_call']:.0f} kernels {r[v]['us_per_call']:.1f} us" for v in r
+                 if isinstance(r[v], dict) and "us_per_call" in r[v]]
+        lines.append(f"kernels per call (perf.gpu_kernels), {r['model']}: " + ", ".join(parts))
     lo = _load(os.path.join(out, f"gpu_launch_overhead_{tag}.json"))
     if lo:
         lines.append("host time per call of a one-kernel program, us: "

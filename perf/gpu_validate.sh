@@ -23,9 +23,11 @@
 #              before them, on the same machine), no Inductor                                    30 s
 #   whole      FUSEG_BCAST_WHOLE=1 (Note [elements along a broadcast dim], off by default): the GPU
 #              tests of the cases it changes, and the RoPE blocks with it                        40 s
+#   kernels    perf.gpu_kernels: per-kernel device time of vit and bert-tiny, fuseg with CUDA graphs
+#              against Inductor reduce-overhead (vit missed the 1.1x target in runs 3 and 4)   40 s
 #   overhead   perf.launch_overhead: host time per call of a one-kernel program, with a graph   20 s
 #   summary    perf.gpu_summary: what each step did, and what missed issue 44's targets          10 s
-# Budgets add up to 580 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
+# Budgets add up to 620 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
 set -u
 cd "$(dirname "$0")/.."
 DRY=0
@@ -150,6 +152,8 @@ if [ $DRY = 1 ]; then
     --rounds 1 --iters 2 --no-inductor --out "$OUT/gpu_bandwidth_$TAG.json"
   step before 45 "gpu_bandwidth_before_$TAG.log" env FUSEG_CUDA_TUNING=0 "$PY" -m perf.gpu_bandwidth --device cpu \
     --size 256 --rope rope-seed --rounds 1 --iters 2 --no-inductor --out "$OUT/gpu_bandwidth_before_$TAG.json"
+  step kernels 40 "gpu_kernels_$TAG.log" "$PY" -m perf.gpu_kernels mlp --device cpu --variants fuseg,dynamo \
+    --calls 2 --out "$OUT/gpu_kernels_$TAG.json"
   step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.launch_overhead --device cpu --calls 20 \
     --out "$OUT/gpu_launch_overhead_$TAG.json"
 else
@@ -165,6 +169,8 @@ else
   step loads 30 "gpu_bandwidth_loads_$TAG.log" env FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 "$PY" -m perf.gpu_bandwidth \
     --device cuda --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_loads_$TAG.json"
   step whole 40 "gpu_whole_$TAG.log" whole
+  step kernels 40 "gpu_kernels_$TAG.log" "$PY" -m perf.gpu_kernels vit bert-tiny --device cuda \
+    --out "$OUT/gpu_kernels_$TAG.json"
   step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.launch_overhead --device cuda --calls 2000 \
     --out "$OUT/gpu_launch_overhead_$TAG.json"
 fi

@@ -65,3 +65,13 @@ def test_the_loads_kept_before_and_after_is_its_own_section(tmp_path) -> None:
     section = text[text.index("Loads kept"):]
     assert "softmax  before 0.0625 ms  after 0.0500 ms  after/before 0.80  before/copy 1.25" in section
     assert "rope-seed" not in section  # only in the bandwidth record: nothing to set beside it
+
+
+def test_the_kernels_per_call_are_summed_per_variant(tmp_path) -> None:
+    (tmp_path / "gpu_kernels_h100.json").write_text(json.dumps({"rows": [
+        {"model": "vit", "device": "cuda", "calls": 20, "fuseg_graphs_max_abs_diff": 0.0,
+         "fuseg_graphs": {"kernels_per_call": 31.0, "us_per_call": 250.5, "top": []},
+         "inductor_ro": {"kernels_per_call": 22.0, "us_per_call": 210.0, "top": []},
+         "us_per_call_fuseg_graphs_minus_inductor_ro": 40.5}]}))
+    text = summarize(str(tmp_path), "h100")
+    assert "kernels per call (perf.gpu_kernels), vit: fuseg_graphs 31 kernels 250.5 us, inductor_ro 22 kernels 210.0 us" in text
