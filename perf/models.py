@@ -187,7 +187,7 @@ def _runnable_zoo() -> dict[str, Factory]:
 
 #: what the benches run by default: the zoo's runnable entries, then the held-out ones
 DEFAULT: dict[str, Factory] = {**_runnable_zoo(), **HELD_OUT}
-#: realistic sizes (hidden 768 and 1024, 128 and 256 tokens; 2 layers, a vocabulary of 128 and random
+#: realistic sizes (hidden 512-1024, 65-256 tokens; 2 layers, a vocabulary of 128 and random
 #: weights, so that a run takes seconds): the matmuls and attention of a real model's layer, in no default set
 REALISTIC: dict[str, Factory] = {
     "gpt2-768": _hf("GPT2Config", "GPT2Model", batch=1, seq=128, vocab_size=128, n_embd=768, n_layer=2, n_head=12,
@@ -195,6 +195,13 @@ REALISTIC: dict[str, Factory] = {
     "llama-1024": _hf("LlamaConfig", "LlamaModel", batch=1, seq=256, vocab_size=128, hidden_size=1024,
                       num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16, intermediate_size=2816,
                       max_position_embeddings=512),
+    # the other families of issue 42's goal 3: an encoder, a vision transformer, a T5 encoder
+    "bert-768": _hf("BertConfig", "BertModel", batch=1, seq=128, vocab_size=128, hidden_size=768,
+                    num_hidden_layers=2, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=256),
+    "vit-768": _hf("ViTConfig", "ViTModel", vision=True, image_size=128, patch_size=16, hidden_size=768,
+                   num_hidden_layers=2, num_attention_heads=12, intermediate_size=3072),
+    "t5-encoder-512": _hf("T5Config", "T5EncoderModel", batch=1, seq=128, vocab_size=128, d_model=512, d_kv=64,
+                          d_ff=2048, num_layers=2, num_heads=8),
 }
 #: every model the benches know, by name
 MODELS: dict[str, Factory] = {**DEFAULT, **UNSEEN, **REALISTIC}
