@@ -16,7 +16,7 @@ setup(
         "pandas",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "transformers", "matplotlib", "expecttest"],  # expecttest: op_db
+        "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest"],  # expecttest: op_db; xdist: -n 2
         "cuda": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.
