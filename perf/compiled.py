@@ -59,7 +59,7 @@ from torch.utils import _pytree as pytree
 
 from .bench import environment
 
-__all__ = ["GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "main"]
+__all__ = ["GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "load_model", "main"]
 
 from .models import DEFAULT, HELD_OUT, MODELS, UNSEEN
 
@@ -146,6 +146,15 @@ def _to(x: Any, device: str) -> Any:
     return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
+def load_model(name: str, device: str) -> tuple[Any, list[Any]]:
+    """A model of ``MODELS`` and its inputs on ``device``, dynamo's caches reset first."""
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    torch._dynamo.reset()
+    fn, inputs = MODELS[name]()
+    return _to(fn, device), [_to(t, device) for t in inputs]
+
+
 def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_call: int = 3,
                    progress: bool = True, device: str = "cpu", variants: tuple[str, ...] | None = None,
                    on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
@@ -156,11 +165,7 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
     sync = torch.cuda.synchronize if cuda else None
     rows: list[dict[str, Any]] = []
     for name in names:
-        if name not in MODELS:
-            raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-        torch._dynamo.reset()
-        fn, inputs = MODELS[name]()
-        fn, inputs = _to(fn, device), [_to(t, device) for t in inputs]
+        fn, inputs = load_model(name, device)
         row: dict[str, Any] = {"model": name, "held_out": name in HELD_OUT or name in UNSEEN, "set": _set_of(name),
                                "device": device}
         timed: dict[str, Callable[[], Any]] = {"eager": lambda f=fn, a=inputs: f(*a)}

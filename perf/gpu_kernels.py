@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 from .bench import environment, write_record
-from .compiled import _compile, _max_diff, _to
-from .models import MODELS
+from .compiled import _compile, _max_diff, load_model
 
 __all__ = ["main", "profile_kernels"]
 
@@ -53,11 +52,7 @@ def profile_kernels(names: list[str], variants: list[str], calls: int = 20, devi
     activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     out = []
     for name in names:
-        if name not in MODELS:
-            raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-        torch._dynamo.reset()
-        fn, inputs = MODELS[name]()
-        fn, inputs = _to(fn, device), [_to(t, device) for t in inputs]
+        fn, inputs = load_model(name, device)
         row: dict[str, Any] = {"model": name, "device": device, "calls": calls}
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")

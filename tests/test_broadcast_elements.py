@@ -5,17 +5,15 @@ are tests/test_gpu.py's kernel cases (bias adds, RoPE), and the CPU loop is not 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import tempfile
 
 import pytest
 import torch
 
 import runtime
 from alias import apply_aliases
+from runtime.codegen.build import ptx_of
 from segmenter import capture, segment
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -37,14 +35,7 @@ def _rope(x, cos, sin):
 def _loads_per_store(src: str) -> float:
     """Global loads over global stores in the PTX (nvcc unrolls the grid-stride loop as it likes:
     the ratio, not the count, is the loop body's)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cu, ptx = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.ptx")
-        with open(cu, "w") as f:
-            f.write(src)
-        r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", "-o", ptx, cu], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
-        with open(ptx) as f:
-            text = f.read()
+    text = ptx_of(src)
     return len(re.findall(r"\bld\.global", text)) / len(re.findall(r"\bst\.global", text))
 
 

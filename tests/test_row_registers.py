@@ -17,6 +17,7 @@ import torch
 
 import runtime
 from alias import apply_aliases
+from runtime.codegen.build import ptx_of
 from segmenter import capture, segment
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -63,19 +64,8 @@ def _row_kernel(name: str, rows: int, n: int):
     return k
 
 
-def _ptx(src: str) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        cu, ptx = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.ptx")
-        with open(cu, "w") as f:
-            f.write(src)
-        r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", "-o", ptx, cu], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
-        with open(ptx) as f:
-            return f.read()
-
-
 def _counts(src: str) -> dict[str, int]:
-    ptx = _ptx(src)
+    ptx = ptx_of(src)
     return {"ld": len(re.findall(r"\bld\.global", ptx)), "st": len(re.findall(r"\bst\.global", ptx)),
             "exp": len(re.findall(r"\bex2\.approx", ptx))}
 

@@ -411,6 +411,22 @@ def _nvcc(source: str, arch: str, ptx_only: bool = True) -> subprocess.Completed
         return subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", *mode, cu], capture_output=True, text=True)
 
 
+def ptx_of(source: str, arch: str = "sm_90") -> str:
+    """The PTX nvcc makes of a CUDA translation unit (what a test counts loads and exps in)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not on the PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, ptx = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.ptx")
+        with open(cu, "w") as f:
+            f.write(source)
+        r = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-ptx", "-o", ptx, cu], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed: {r.stderr[-2000:]}")
+        with open(ptx) as f:
+            return f.read()
+
+
 def nvcc_check(kernel: Kernel, arch: str = "sm_90", ptx_only: bool = True) -> subprocess.CompletedProcess:
     """Compile the exact CUDA source CuPy would get with nvcc (no GPU needed): to PTX by default,
     which is what NVRTC makes of it for CuPy (3x faster than a full object file)."""
