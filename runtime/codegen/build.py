@@ -400,31 +400,32 @@ def build_cuda(kernel: Kernel):
 
 def _nvcc(source: str, arch: str, ptx_only: bool = True) -> subprocess.CompletedProcess:
     """nvcc on one translation unit, to PTX or to an object file; the result, never raised."""
+    return _nvcc_output(source, arch, ptx_only)[0]
+
+
+def _nvcc_output(source: str, arch: str, ptx_only: bool) -> tuple[subprocess.CompletedProcess, str | None]:
+    """``_nvcc``, and the PTX it wrote (None for an object file or a failed run)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise FileNotFoundError("nvcc is not on the PATH")
     with tempfile.TemporaryDirectory() as tmp:
-        cu = os.path.join(tmp, "k.cu")
+        cu, out = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.ptx" if ptx_only else "k.o")
         with open(cu, "w") as f:
             f.write(source)
-        mode = ["-ptx", "-o", os.path.join(tmp, "k.ptx")] if ptx_only else ["-c", "-o", os.path.join(tmp, "k.o")]
-        return subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", *mode, cu], capture_output=True, text=True)
+        mode = ["-ptx" if ptx_only else "-c", "-o", out]
+        r = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", *mode, cu], capture_output=True, text=True)
+        if not ptx_only or r.returncode != 0:
+            return r, None
+        with open(out) as f:
+            return r, f.read()
 
 
 def ptx_of(source: str, arch: str = "sm_90") -> str:
     """The PTX nvcc makes of a CUDA translation unit (what a test counts loads and exps in)."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise FileNotFoundError("nvcc is not on the PATH")
-    with tempfile.TemporaryDirectory() as tmp:
-        cu, ptx = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.ptx")
-        with open(cu, "w") as f:
-            f.write(source)
-        r = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-ptx", "-o", ptx, cu], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"nvcc failed: {r.stderr[-2000:]}")
-        with open(ptx) as f:
-            return f.read()
+    r, ptx = _nvcc_output(source, arch, True)
+    if ptx is None:
+        raise RuntimeError(f"nvcc failed: {r.stderr[-2000:]}")
+    return ptx
 
 
 def nvcc_check(kernel: Kernel, arch: str = "sm_90", ptx_only: bool = True) -> subprocess.CompletedProcess:

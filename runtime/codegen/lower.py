@@ -143,16 +143,14 @@ class _Lowerer:
         if arr is None:
             if not self.cache_fill:
                 return expr
-            if self.slots:  # Note [row registers] in rows.py: on CUDA only, within its budget
-                if (len(self.row_cache) + 1) * self.slots > ROW_REGISTERS:
-                    return expr
-                arr = self.row_cache[key] = self.fresh("k")
-                self.cache_decls.extend(["#ifdef __CUDACC__", f"    {compute_type(p.dtype)} {arr}[{self.slots}];", "#endif"])
-                b.lines.extend(["#ifdef __CUDACC__", f"{b.indent}{arr}[it] = {expr};", "#endif"])
-                return f"FUSEG_ON_CPU({expr}, {arr}[it])"
+            if self.slots and (len(self.row_cache) + 1) * self.slots > ROW_REGISTERS:
+                return expr  # Note [row registers] in rows.py: past its budget, read again
             arr = self.row_cache[key] = self.fresh("k")
-            self.cache_decls.append(f"    {compute_type(p.dtype)} {arr}[FUSEG_EPT];")
-            b.lines.append(f"{b.indent}{arr}[it] = {expr};")
+            decl, fill = f"    {compute_type(p.dtype)} {arr}[{self.slots or 'FUSEG_EPT'}];", f"{b.indent}{arr}[it] = {expr};"
+            if self.slots:  # on CUDA only: the CPU loop reads memory as before
+                decl, fill = f"#ifdef __CUDACC__\n{decl}\n#endif", f"#ifdef __CUDACC__\n{fill}\n#endif"
+            self.cache_decls.append(decl)
+            b.lines.append(fill)
         return f"FUSEG_ON_CPU({expr}, {arr}[it])" if self.slots else f"{arr}[it]"
 
     def node_value(self, b: Body, node: Node, k: int, idx: list[str]) -> str:

@@ -363,7 +363,7 @@ EXP_SCRATCH_BYTES = 64 * 1024
 # thread in these arrays (a load past that budget is read again, as before); ptxas reports no
 # spill for the row kernels of the bandwidth bench (tests/test_row_registers.py). The CPU code
 # is unchanged: the arrays and ``it`` are on CUDA only. FUSEG_ROW_REGS=0 turns this off (the
-# before of perf/gpu_validate.sh's ``rowregs`` step).
+# before of perf/gpu_validate.sh's ``loads`` step).
 ROW_REGISTERS = 32
 
 
