@@ -13,7 +13,11 @@ tokens are compared with eager's. Dynamo compiles the first length's graphs with
 re-traces them with symbolic sizes at the second (whatever the backend), and from the third on
 a backend that plans once for all sizes compiles nothing: ``new`` (the median over the third
 length on) against ``steady`` is what a new length costs. fuseg's kernel builds (C++ compiler
-runs) are counted per generate.
+runs) are counted per generate. fuseg builds a symbolic plan's kernels in the background (its
+default, Note [kernels built in the background]): after the protocol it says how many builds were
+still under way, waits for them and times the seen length again (``steady_after_builds``).
+``--backends ... fuseg-foreground`` adds fuseg building on the caller's thread
+(FUSEG_BACKGROUND_BUILDS=0) in a process of its own.
 
 Training (``--train``). One SGD step (forward, backward, update) of a tiny causal LM with labels
 on batches whose sequence length changes every step (``TRAIN_LENGTHS``: what a data loader with
@@ -43,6 +47,8 @@ GENERATE_MODELS = ("qwen2", "phi3", "olmo", "starcoder2")
 LENGTHS = (5, 9, 13, 17, 21, 25)
 TRAIN_LENGTHS = (16, 24, 32, 20, 28, 40, 16, 24, 32, 20, 28, 40)
 BACKENDS = ("eager", "aot_eager", "inductor", "fuseg")
+#: more backends ``--backends`` takes: fuseg with its kernels built on the caller's thread
+MORE_BACKENDS = ("fuseg-foreground",)
 NEW_TOKENS = 24
 
 _CONFIGS = {
@@ -104,10 +110,26 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
             want = ref.generate(prompts[k], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
         equal.append(bool(torch.equal(out, want)))
     n = len(LENGTHS)
-    return {"model": name, "backend": backend, "lengths": [LENGTHS[k] for k in order], "seconds": times,
-            "kernel_builds": builds if backend == "fuseg" else None, "tokens_equal_eager": equal, **_plans(backend),
-            "first": times[0], "second": times[1], "new": statistics.median(times[2:n]),
-            "steady": statistics.median(times[n:])}
+    out = {"model": name, "backend": backend, "lengths": [LENGTHS[k] for k in order], "seconds": times,
+           "kernel_builds": builds if backend == "fuseg" else None, "tokens_equal_eager": equal, **_plans(backend),
+           "first": times[0], "second": times[1], "new": statistics.median(times[2:n]),
+           "steady": statistics.median(times[n:])}
+    if backend == "fuseg":  # Note [kernels built in the background]: the seen length again, every build done
+        from runtime.codegen.build import background_builds_under_way, wait_for_background_builds
+
+        out["background_builds_under_way_after_steady"] = background_builds_under_way()
+        t = time.perf_counter()
+        wait_for_background_builds()
+        out["waited_for_builds_s"] = time.perf_counter() - t
+        again = []
+        for _ in range(repeats + 1):  # (the first call after the builds makes each program again)
+            t = time.perf_counter()
+            with torch.no_grad():
+                model.generate(prompts[2], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+            again.append(time.perf_counter() - t)
+        out["seconds_after_builds"] = again
+        out["steady_after_builds"] = statistics.median(again[1:])
+    return out
 
 
 def run_train(name: str, backend: str) -> dict[str, Any]:
@@ -146,28 +168,40 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
 
 
 def _child(kind: str, name: str, backend: str, repeats: int) -> dict[str, Any]:
-    """Run one (model, backend) in a fresh process with empty compiler caches."""
+    """Run one (model, backend) in a fresh process with empty compiler caches. ``fuseg-foreground``
+    is fuseg with its kernels built on the caller's thread (FUSEG_BACKGROUND_BUILDS=0)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), PYTHONWARNINGS="ignore")
-        cmd = [sys.executable, "-m", "perf.dynamic_shapes", "--child", kind, name, backend, str(repeats)]
+        env["FUSEG_BACKGROUND_BUILDS"] = "0" if backend == "fuseg-foreground" else env.get("FUSEG_BACKGROUND_BUILDS", "1")
+        run_as = "fuseg" if backend == "fuseg-foreground" else backend
+        cmd = [sys.executable, "-m", "perf.dynamic_shapes", "--child", kind, name, run_as, str(repeats)]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
         if done.returncode != 0:
             return {"model": name, "backend": backend, "error": done.stderr.strip().splitlines()[-1:] or ["?"]}
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return {**json.loads(done.stdout.strip().splitlines()[-1]), "backend": backend}
 
 
 def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by = {r["backend"]: r for r in rows if "error" not in r}
     out: dict[str, Any] = {}
+    fg = by.get("fuseg-foreground")
+    if fg is not None:
+        out["foreground_new_over_steady"] = fg["new"] / fg["steady"]
+        if "aot_eager" in by:
+            out["foreground_second_over_aot_eager_second"] = fg["second"] / by["aot_eager"]["second"]
     f = by.get("fuseg")
     if f is None:
         return out
     out["fuseg_new_over_steady"] = f["new"] / f["steady"]
+    if f.get("steady_after_builds"):
+        out["fuseg_steady_after_builds_over_steady"] = f["steady_after_builds"] / f["steady"]
     if "aot_eager" in by:
         out["fuseg_second_over_aot_eager_second"] = f["second"] / by["aot_eager"]["second"]
     if "inductor" in by:
         ind = by["inductor"]
+        if f.get("steady_after_builds"):
+            out["fuseg_steady_after_builds_over_inductor"] = f["steady_after_builds"] / ind["steady"]
         out.update(fuseg_first_over_inductor=f["first"] / ind["first"], fuseg_steady_over_inductor=f["steady"] / ind["steady"],
                    inductor_new_over_steady=ind["new"] / ind["steady"])
     if "eager" in by:

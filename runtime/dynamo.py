@@ -51,9 +51,9 @@ class FusegCompiler:
                  dynamic: bool = True, cuda_graphs: bool = False, background_builds: bool | None = None) -> None:
         self.mode = mode
         #: Note [kernels built in the background] (runtime/background.py): a symbolic plan's new
-        #: kernels compile off the caller's thread while torch runs their segments; default: off
-        #: (measured there), on where the environment sets FUSEG_BACKGROUND_BUILDS=1
-        self.background_builds = (os.environ.get("FUSEG_BACKGROUND_BUILDS", "0") == "1"
+        #: kernels compile off the caller's thread while torch runs their segments; default: on
+        #: (measured there), off where the environment sets FUSEG_BACKGROUND_BUILDS=0
+        self.background_builds = (os.environ.get("FUSEG_BACKGROUND_BUILDS", "1") != "0"
                                   if background_builds is None else background_builds)
         #: capture each program of static shapes into a CUDA graph (Note [CUDA graphs of a program])
         self.cuda_graphs = cuda_graphs

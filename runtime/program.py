@@ -30,6 +30,7 @@ from segmenter.reference import FinishView, InputView, check_inputs, finish
 from segmenter.symbolic import NotSymbolic, is_symbolic, sizes_of
 
 from .backends import BuildContext, SegmentLaunch, backends_for
+from .backends.at_call import ChosenAtCall, wrap_at_call
 from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
 from .background import interim_launches, rebuild
@@ -51,6 +52,9 @@ __all__ = ["FOLD_BYTES", "CompiledProgram", "Launch", "compile_program"]
 FOLD_BYTES = 16 << 20
 #: OPAQUE ops folded like kernel segments where every input is folded (Note [folded segments])
 PURE_OPAQUE = frozenset({"aten.index.Tensor", "aten.cumsum.default"})
+#: seconds after which a program whose kernels are still being built in the background waits for
+#: them at its next call (Note [kernels built in the background] in runtime/background.py)
+WAIT_AFTER_S = 10.0
 
 Env = dict[str, torch.Tensor]
 
@@ -146,6 +150,7 @@ class CompiledProgram:
         #: Note [kernels built in the background]: the build under way, and what the program is
         #: once it is done (its launches, and what ``backend_of``/``passed_over`` then say)
         self._building: Any = None
+        self._building_since = time.monotonic()
         self._after_build: tuple[dict[int, SegmentLaunch], dict[int, str], dict[int, tuple]] | None = None
         if background:
             chosen = interim_launches(self, chosen)
@@ -161,6 +166,9 @@ class CompiledProgram:
                 self.passed_over[i] = (*self.passed_over.get(i, ()), (b.name, why))
                 self.backend_of[i] = "torch"
                 chosen[i] = TorchLaunch(ctx, launch.segment)
+        wrap_at_call(chosen)  # Note [choices at the call] (runtime/backends/at_call.py)
+        #: segments whose kernel or ATen op is chosen at each call by the class of its sizes
+        self.chosen_at_call = frozenset(i for i, launch in chosen.items() if isinstance(launch, ChosenAtCall))
         self._chosen = chosen
         for cached in ("_storage_needs", "_safe"):  # (made again from these launches)
             self.__dict__.pop(cached, None)
@@ -201,11 +209,15 @@ class CompiledProgram:
 
     def _built(self) -> bool:
         """Whether the builds started are done; the first call that sees them done makes the
-        program again with its kernels (then True, and ``entry`` is the new program's)."""
+        program again with its kernels (then True, and ``entry`` is the new program's). A build
+        still under way ``WAIT_AFTER_S`` after it started is waited for here (its compilers run
+        only on idle cores: a caller busy on every core would otherwise never give them time)."""
         if self._building is None:
             return False
         if not all(f.done() for f in self._building):
-            return False
+            if time.monotonic() - self._building_since < WAIT_AFTER_S:
+                return False
+            concurrent.futures.wait(self._building)
         self._rebuild()
         return True
 

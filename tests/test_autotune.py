@@ -2,7 +2,7 @@
 verdict for a matmul, an attention or a lone softmax against ATen comes from this machine's cache
 where it holds one and is measured (then kept) where it does not; a damaged or unwritable cache
 is a cache; deterministic algorithms measure nothing; a symbolic plan's verdict is one per size
-class, a condition of the plan. No test here depends on which way a timing comes out: where the
+class, chosen at the call (Note [choices at the call]). No test here depends on which way a timing comes out: where the
 outcome matters the measurement is replaced by a given verdict."""
 
 from __future__ import annotations
@@ -168,14 +168,29 @@ def test_size_classes() -> None:
         (0, 1), (1, 2), (2, 4), (2, 4), (4, 8), (8, 16), (512, 1024)]
 
 
-def test_a_symbolic_plans_verdict_is_one_per_size_class(cache, monkeypatch) -> None:
-    """Note [choices by measurement]: the kernel is one source for every size; its verdict holds
-    for the power-of-two class of the sizes it was measured at, a condition of the plan: 9 and 13
-    rows share a plan and a verdict, 17 gets its own (and the same kernel, so no compiler run)."""
+def _varying(monkeypatch, verdicts: list[bool]) -> list:
+    """Measurements return these verdicts in turn (kernel or ATen); the list gets a call each."""
+    calls: list = []
+
+    def fake(run_kernel, run_aten):
+        calls.append((run_kernel(), run_aten()))
+        kernel = verdicts[len(calls) - 1]
+        return autotune.Verdict(kernel, 1.0, 2.0) if kernel else autotune.Verdict(False, 2.0, 1.0)
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    return calls
+
+
+def test_a_symbolic_plans_verdict_is_one_per_size_class_chosen_at_the_call(cache, monkeypatch) -> None:
+    """Note [choices at the call]: the kernel is one source for every size; its verdict holds for
+    the power-of-two class of the sizes it reads, measured at the first call in that class on the
+    call's own inputs, and no condition of the plan: 9 and 13 rows share a verdict (the kernel),
+    17 gets its own (ATen here), 5 its own (the kernel): one plan, no compiler run after the first
+    size, every value eager's."""
     from runtime.codegen import build
     from runtime.dynamo import FusegCompiler, compile_with_aot
 
-    calls = _given(monkeypatch, kernel=True)
+    calls = _varying(monkeypatch, [True, False, True])
     torch._dynamo.reset()
     compiler = FusegCompiler()
     fn = torch.compile(lambda x, w: x @ w.t(), backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
@@ -186,11 +201,64 @@ def test_a_symbolic_plans_verdict_is_one_per_size_class(cache, monkeypatch) -> N
             torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
         assert len(compiler.compiled) == 1 and len(calls) == 1
         builds = build.compilations["cpu"]
-        x = torch.randn(17, 32)
-        torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
-    assert len(compiler.compiled) == 2 and len(calls) == 2 and build.compilations["cpu"] == builds
-    keys = sorted(_verdicts())
-    assert len(keys) == 2 and "[8, 16)" in keys[1] + keys[0] and "[16, 32)" in keys[0] + keys[1]
+        for n in (17, 5, 20, 12):
+            x = torch.randn(n, 32)
+            got = fn(x, w)
+            torch.testing.assert_close(got, x @ w.t(), atol=1e-5, rtol=1e-5)
+            assert got.stride() == (x @ w.t()).stride()
+    assert len(compiler.compiled) == 1 and len(calls) == 3 and build.compilations["cpu"] == builds
+    verdicts = _verdicts()
+    classes = {k.rsplit(" in ", 1)[-1]: v["kernel"] for k, v in verdicts.items()}  # (the rows' size is read last)
+    assert classes == {"[8, 16)": True, "[16, 32)": False, "[4, 8)": True}, verdicts
+    (program,) = compiler.compiled
+    (i,) = [s.index for s in program.plan.segments if s.kind == SegmentKind.MATMUL]
+    assert program.backend_of[i] == "cpp" and program.chosen_at_call == {i}
+    # another process finds the verdicts in the cache: nothing is measured again
+    torch._dynamo.reset()
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    compiler = FusegCompiler()
+    fn = torch.compile(lambda x, w: x @ w.t(), backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    with torch.no_grad():
+        for n in (9, 13, 17, 5):
+            x = torch.randn(n, 32)
+            torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
+    assert len(calls) == 3
+    torch._dynamo.reset()
+
+
+def test_a_choice_at_the_call_keeps_aliasing_and_runs_under_grad(cache, monkeypatch) -> None:
+    """A measured kernel chosen at the call in a symbolic program whose output is viewed and
+    returned with its view, at three sizes in three classes, against eager: values, strides and
+    the view's storage; then the same under autograd (a training graph), gradients included."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    _varying(monkeypatch, [True, False, True, False, True, False])
+
+    def f(x, w):
+        y = torch.relu(x @ w.t())
+        return y, y.t(), y.sum(0)
+
+    torch._dynamo.reset()
+    compiler = FusegCompiler()
+    fn = torch.compile(f, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    w = torch.randn(24, 32)
+    with torch.no_grad():
+        for n in (3, 9, 17):
+            x = torch.randn(n, 32)
+            got, want = fn(x, w), f(x, w)
+            for g, e in zip(got, want):
+                torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+                assert g.stride() == e.stride()
+            assert got[1].untyped_storage().data_ptr() == got[0].untyped_storage().data_ptr()
+    for n in (3, 9, 17):
+        x = torch.randn(n, 32, requires_grad=True)
+        wg = w.clone().requires_grad_(True)
+        sum(t.sum() for t in fn(x, wg)).backward()
+        xe, we = x.detach().clone().requires_grad_(True), w.clone().requires_grad_(True)
+        sum(t.sum() for t in f(xe, we)).backward()
+        torch.testing.assert_close(x.grad, xe.grad, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(wg.grad, we.grad, atol=1e-4, rtol=1e-4)
+    assert all(p.chosen_at_call for p in compiler.compiled) and len(compiler.compiled) >= 3  # inference, forward, backward
     torch._dynamo.reset()
 
 

@@ -145,7 +145,7 @@ def test_a_background_build_that_fails_is_done_again_at_once(monkeypatch) -> Non
         _check(compiled, fn, make, n)
 
 
-def test_the_environment_turns_it_on(monkeypatch) -> None:
+def test_it_is_on_by_default_and_the_environment_turns_it_off(monkeypatch) -> None:
     from runtime.dynamo import FusegCompiler
 
     assert FusegCompiler().background_builds is True  # (this module's fixture sets it)
@@ -153,4 +153,52 @@ def test_the_environment_turns_it_on(monkeypatch) -> None:
     assert FusegCompiler().background_builds is False
     assert FusegCompiler(background_builds=True).background_builds is True
     monkeypatch.delenv("FUSEG_BACKGROUND_BUILDS")
-    assert FusegCompiler().background_builds is False  # the default
+    assert FusegCompiler().background_builds is True  # the default
+    assert FusegCompiler(background_builds=False).background_builds is False
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+def test_a_program_waits_for_its_builds_after_the_grace_period(gate, monkeypatch) -> None:
+    """Note [kernels built in the background]: a build not done when ``WAIT_AFTER_S`` has passed
+    since it started is waited for at the next call (a machine busy on every core gives a
+    compiler that runs only on idle cores no time): that call runs the kernels."""
+    from runtime import program as program_module
+
+    fn, make = DYNAMIC_PROGRAMS["rms-norm"]
+    compiler, compiled = _compiled(fn)
+    _check(compiled, fn, make, 7)
+    _check(compiled, fn, make, 9)
+    (program,) = [p for p in compiler.compiled if p.sizes is not None]
+    assert program._building is not None
+    _check(compiled, fn, make, 11)  # within the grace period: torch runs the segments
+    assert program._building is not None
+    monkeypatch.setattr(program_module, "WAIT_AFTER_S", 0.0)
+    threading.Timer(0.2, gate.set).start()  # (the build is let go while the call waits for it)
+    _check(compiled, fn, make, 13)
+    assert program._building is None and "cpp" in program.backend_of.values(), program.passed_over
+
+
+@pytest.mark.skipif(not hasattr(build.os, "SCHED_IDLE"), reason="no SCHED_IDLE on this system")
+def test_a_background_compiler_runs_only_on_idle_cores(monkeypatch, tmp_path) -> None:
+    """The compiler of a background build (and every process it starts) has Linux's SCHED_IDLE
+    policy from its start; a build the caller waits for does not."""
+    import subprocess
+    import sys
+
+    probe = [sys.executable, "-c", "import os, sys; print(os.sched_getscheduler(0))"]
+    idle = subprocess.run(probe, capture_output=True, text=True, preexec_fn=build._idle_in_child, check=True)
+    assert int(idle.stdout) == build.os.SCHED_IDLE
+    seen = []
+    real = build.subprocess.run
+
+    def spy(argv, **kwargs):
+        seen.append(kwargs.get("preexec_fn"))
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(build.subprocess, "run", spy)
+    cxx = build.cpu_compiler()
+    if cxx is not None:
+        build._compile(cxx, 'extern "C" void fuseg_probe() {}\n', "a probe", str(tmp_path), True)
+        assert seen == [build._idle_in_child]
+        build._compile(cxx, 'extern "C" void fuseg_probe() {}\n', "a probe", str(tmp_path), False)
+        assert build._idle_in_child not in seen[1:] and len(seen) > 1

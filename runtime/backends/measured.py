@@ -24,6 +24,7 @@ from segmenter.symbolic import SymbolicSizes, size_hint, sizes_of
 from .. import autotune
 from ..codegen import Declined
 from ..wrapper import Code
+from .at_call import at_call_eligible, class_key
 from .base import BuildContext, SegmentLaunch
 from .kernels import KernelLaunch, layouts
 from .torch_backend import TorchLaunch
@@ -48,17 +49,16 @@ def _measured(launch: SegmentLaunch) -> bool:
 
 def _key(ctx: BuildContext, launch: KernelLaunch) -> str:
     """The launch's shape class: its kernel (whose name hashes its source and layouts), torch's
-    threads and, for a kernel of symbolic sizes, the class of each size it reads (a condition)."""
-    parts = [launch.kernel.name, f"threads {torch.get_num_threads()}"]
+    threads and, for a kernel of symbolic sizes not chosen at the call (one that writes an input
+    in place), the class of each size it reads, a condition of the plan."""
+    classes = {}
     sizes = sizes_of(ctx.graph)
     if sizes is not None and launch.kernel.symbols:
         symbols = list(sizes.sources)
         hints = sizes.hints
         for k in launch.kernel.symbols:
-            n = sizes.symint(symbols[k], hints[symbols[k]])
-            lo, hi = autotune.size_class(n)
-            parts.append(f"s{k} in [{lo}, {hi})")
-    return "; ".join(parts)
+            classes[k] = autotune.size_class(sizes.symint(symbols[k], hints[symbols[k]]))
+    return class_key(launch.kernel.name, classes)
 
 
 def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
@@ -75,6 +75,9 @@ def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
         raise Declined("deterministic algorithms are on (torch.use_deterministic_algorithms): no choice by "
                        "timing, ATen's op as in eager")
     assert isinstance(launch, KernelLaunch)
+    if at_call_eligible(ctx, launch):  # Note [choices at the call] (runtime/backends/at_call.py)
+        launch.at_call = True  # type: ignore[attr-defined]
+        return
     key = _key(ctx, launch)
     verdict = autotune.lookup(key)
     if verdict is None:

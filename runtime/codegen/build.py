@@ -157,12 +157,36 @@ def _fsync_write(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _compile(cxx: str, src: str, what: str, tmp: str) -> tuple[str, bytes]:
-    """Compile ``src`` in the build dir ``tmp``: the library's path there and its bytes."""
+_IDLE = (getattr(os, "SCHED_IDLE", None), os.sched_param(0) if hasattr(os, "sched_param") else None)
+
+
+def _idle_in_child() -> None:
+    """Run in the compiler's process before it starts (``preexec_fn``): Linux's SCHED_IDLE
+    policy, which its own children (cc1plus, as, ld) inherit; else the lowest nice value. One
+    system call on objects made beforehand: nothing here takes a lock another thread may hold."""
+    policy, param = _IDLE
+    try:
+        os.sched_setscheduler(0, policy, param)  # type: ignore[arg-type]
+    except (AttributeError, OSError, TypeError):
+        try:
+            os.nice(19)
+        except OSError:
+            pass
+
+
+def _compile(cxx: str, src: str, what: str, tmp: str, low_priority: bool = False) -> tuple[str, bytes]:
+    """Compile ``src`` in the build dir ``tmp``: the library's path there and its bytes.
+    ``low_priority``: the compiler runs only where a core would be idle (Note [kernels built in
+    the background] in runtime/background.py)."""
     cpp, out = os.path.join(tmp, "k.cpp"), os.path.join(tmp, "k.so")
     with open(cpp, "w") as f:
         f.write(src)
-    r = subprocess.run([cxx, *CPU_FLAGS, "-o", out, cpp], capture_output=True, text=True)
+    # (Note [kernels built in the background]: a background build's compiler runs only where a
+    # core would be idle, so a thread of torch's that wakes takes the core at once. Set after
+    # the start, a policy missed the compiler's children, and a tiny LM's decode step took
+    # 15 ms instead of 0.7 while one ran: its CPU attention waited for its second thread.)
+    r = subprocess.run([cxx, *CPU_FLAGS, "-o", out, cpp], capture_output=True, text=True,
+                       preexec_fn=_idle_in_child if low_priority and os.name == "posix" else None)
     with _COUNTING:
         compilations["cpu"] += 1
     if r.returncode < 0:
@@ -196,17 +220,17 @@ def _install(tmp: str, built: str, data: bytes, lib_path: str) -> None:
         pass  # some filesystems cannot fsync a directory: the renames are still atomic
 
 
-def _compile_into(lib_path: str, cxx: str, src: str, name: str) -> None:
+def _compile_into(lib_path: str, cxx: str, src: str, name: str, low_priority: bool = False) -> None:
     """Compile ``src`` and put the library and its record at ``lib_path`` (Note [kernel cache safety])."""
     tmp = tempfile.mkdtemp(dir=os.path.dirname(lib_path), prefix=".build-")
     try:
-        out, data = _compile(cxx, src, f"kernel {name}", tmp)
+        out, data = _compile(cxx, src, f"kernel {name}", tmp, low_priority)
         _install(tmp, out, data, lib_path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _compile_group(entries: list[tuple[Kernel, str]], cxx: str) -> None:
+def _compile_group(entries: list[tuple[Kernel, str]], cxx: str, low_priority: bool = False) -> None:
     """Note [one build per group of kernels]: most of a small kernel's build is the compiler
     reading the prelude's headers (0.24 of 0.26 s each, llama-tiny's kernels on this machine
     kind), so the kernels a program misses in the cache are built as a few translation units,
@@ -217,7 +241,8 @@ def _compile_group(entries: list[tuple[Kernel, str]], cxx: str) -> None:
     tmp = tempfile.mkdtemp(dir=lib_dir, prefix=".build-")
     try:
         names = ", ".join(k.name for k, _ in entries)
-        out, data = _compile(cxx, translation_unit([k for k, _ in entries], "cpu"), f"kernels {names}", tmp)
+        out, data = _compile(cxx, translation_unit([k for k, _ in entries], "cpu"), f"kernels {names}", tmp,
+                             low_priority)
         for i, (_, lib_path) in enumerate(entries):
             copy = os.path.join(tmp, f"k{i}.so")
             try:
@@ -314,8 +339,9 @@ _LATER_LOCK = threading.Lock()
 
 def build_cpu_later(kernels: list[Kernel]) -> concurrent.futures.Future:
     """Note [kernels built in the background] (runtime/background.py): ``build_cpu_many(kernels)``
-    on one thread of its own, the compilers on all cores but one (the caller's thread goes on
-    running). Builds queue one after another, so a kernel two programs both miss is compiled
+    on one thread of its own, the compilers on every core at the lowest scheduling priority (the
+    caller's threads go on running first: the compilers take what they leave idle). Builds queue
+    one after another, so a kernel two programs both miss is compiled
     once (the later build finds it in the cache). At exit the interpreter waits for builds
     under way: what they make is kept in the disk cache."""
     with _LATER_LOCK:
@@ -323,10 +349,37 @@ def build_cpu_later(kernels: list[Kernel]) -> concurrent.futures.Future:
             _LATER.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuseg-build"))
         pool = _LATER[0]
     # (in the caller's context: the contextvars that say how symbolic sizes hash and print)
-    return pool.submit(contextvars.copy_context().run, build_cpu_many, list(kernels), max(1, (os.cpu_count() or 1) - 1))
+    future = pool.submit(contextvars.copy_context().run, build_cpu_many, list(kernels), os.cpu_count() or 1, True)
+    with _LATER_LOCK:
+        _UNDER_WAY.add(future)
+    future.add_done_callback(_finished)
+    return future
 
 
-def build_cpu_many(kernels: list[Kernel], jobs: int | None = None) -> list[Callable[..., None] | Declined]:
+_UNDER_WAY: set[concurrent.futures.Future] = set()
+
+
+def _finished(future: concurrent.futures.Future) -> None:
+    with _LATER_LOCK:
+        _UNDER_WAY.discard(future)
+
+
+def background_builds_under_way() -> int:
+    """How many builds started by ``build_cpu_later`` are not done yet."""
+    with _LATER_LOCK:
+        return len(_UNDER_WAY)
+
+
+def wait_for_background_builds() -> None:
+    """Every build started by ``build_cpu_later`` done (each program runs its kernels from its
+    next call on: Note [kernels built in the background])."""
+    with _LATER_LOCK:
+        under_way = list(_UNDER_WAY)
+    concurrent.futures.wait(under_way)
+
+
+def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority: bool = False,
+                   ) -> list[Callable[..., None] | Declined]:
     """Every kernel compiled for the CPU: those the caches miss as one translation unit per core
     (``jobs``: that many at most; Note [one build per group of kernels]), the compilers run side
     by side, so a program's kernels on a cold cache cost one round of parallel builds. A kernel
@@ -350,9 +403,9 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None) -> list[Calla
                 try:
                     if len(group) == 1:
                         _, k, src, path = group[0]
-                        _compile_into(path, cxx, src, k.name)
+                        _compile_into(path, cxx, src, k.name, low_priority)
                     else:
-                        _compile_group([(k, path) for _, k, _, path in group], cxx)
+                        _compile_group([(k, path) for _, k, _, path in group], cxx, low_priority)
                 except Declined as e:
                     declined.update(dict.fromkeys((m[0] for m in group), e))
                 except OSError:
