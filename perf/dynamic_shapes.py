@@ -2,7 +2,7 @@
 varying sequence lengths, under eager, ``aot_eager``, Inductor and fuseg (issue 41).
 
     python -m perf.dynamic_shapes [--models qwen2 phi3 ...] [--backends eager aot_eager inductor fuseg]
-                                  [--repeats 5] [--train] [--out perf/results/dynamic_shapes_cpu.json]
+                                  [--repeats 5] [--rounds 1] [--train] [--out perf/results/dynamic_shapes_cpu.json]
 
 Generation. Per model (a tiny config from ``transformers``, random weights, no download) and
 backend, one fresh process with empty Inductor and fuseg caches compiles ``model.forward`` and
@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="*", default=list(GENERATE_MODELS))
     p.add_argument("--backends", nargs="*", default=list(BACKENDS))
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=1, help="the backends one after another, this many times per model")
     p.add_argument("--train", action="store_true", help="the training protocol instead of generation")
     p.add_argument("--out", default=None)
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -233,15 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {"benchmark": f"dynamic_shapes/{kind}", "environment": environment("cpu"),
                               "lengths": list(TRAIN_LENGTHS if args.train else LENGTHS), "results": {}}
     for name in args.models:
-        rows = []
-        for backend in args.backends:
-            print(f"{kind} {name} {backend} ...", file=sys.stderr, flush=True)
-            row = _child(kind, name, backend, args.repeats)
-            print(f"  {json.dumps({k: v for k, v in row.items() if k in ('first', 'second', 'new', 'steady', 'error')})}",
-                  file=sys.stderr, flush=True)
-            rows.append(row)
-        record["results"][name] = {"runs": rows, "ratios": _ratios(rows)}
-        print(json.dumps({name: record["results"][name]["ratios"]}, indent=1), file=sys.stderr, flush=True)
+        rounds = []
+        for r in range(args.rounds):
+            rows = []
+            for backend in args.backends:
+                print(f"{kind} {name} {backend} (round {r + 1}) ...", file=sys.stderr, flush=True)
+                row = _child(kind, name, backend, args.repeats)
+                print(f"  {json.dumps({k: v for k, v in row.items() if k in ('first', 'second', 'new', 'steady', 'error')})}",
+                      file=sys.stderr, flush=True)
+                rows.append(row)
+            rounds.append(rows)
+        if args.rounds == 1:
+            record["results"][name] = {"runs": rounds[0], "ratios": _ratios(rounds[0])}
+        else:
+            record["results"][name] = {"rounds": [{"runs": rows, "ratios": _ratios(rows)} for rows in rounds]}
+        print(json.dumps({name: record["results"][name].get("ratios")
+                          or [x["ratios"] for x in record["results"][name]["rounds"]]}, indent=1), file=sys.stderr, flush=True)
     write_record(record, args.out)
     return 0
 

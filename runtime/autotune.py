@@ -17,12 +17,15 @@ flags, torch's version and the kernels' prelude (``machine``); so a cache dir sh
 machines keeps a verdict per machine, and new kernel code is measured afresh. A key names the
 segment exactly (its kernel's name hashes the kernel's source and layouts) and torch's thread
 count. A symbolic plan's kernel is one source for every size: its key adds the power-of-two class
-of each size it reads (``size_class``), and that class becomes a condition of the plan, so a call
-outside it gets a plan (and a verdict) of its own; a class holds many sizes (a KV cache growing by
-a token a step crosses one every doubling) and a new plan for it compiles nothing.
+of each size it reads (``size_class``). The program keeps both ways and chooses at each call by
+the class of the call's sizes, measuring on the call's own inputs the first time a class comes
+(Note [choices at the call] in runtime/backends/at_call.py); a kernel that writes an input in
+place keeps its class as a condition of the plan instead (a call outside it gets a plan of its
+own, which compiles nothing).
 
 Costs: a cold process measures each class the first time it builds it, after the kernels are
-built (the timing reads the real binary, no other compile); a warm cache measures nothing. Where
+built (the timing reads the real binary, no other compile), or, chosen at the call, the first
+time a call of that class comes; a warm cache measures nothing. Where
 the two are close a measurement can come out either way; the cache makes later processes agree
 with the first. With ``torch.use_deterministic_algorithms(True)`` nothing is measured and ATen runs
 every such segment, as in eager (Note [no choice by timing] in runtime/backends/im2col.py). The

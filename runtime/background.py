@@ -5,16 +5,17 @@ dynamo re-traces a graph with symbolic sizes, in the middle of the caller's run 
 prompt length of a generate); its kernels take sizes as arguments, so they are new sources, and
 their compiler runs summed 1.4-2.0 s (two groups in parallel) of the 1.85-2.63 s that fuseg's
 part of that call took (qwen2, phi3, both sides of perf/results/second_length_parts_cpu.json). With
-``FusegCompiler(background_builds=True)`` (or FUSEG_BACKGROUND_BUILDS=1 for
-``backend="fuseg"``) a symbolic plan's ``CompiledProgram(..., background=True)``:
+background builds (the default; ``FusegCompiler(background_builds=False)`` or
+FUSEG_BACKGROUND_BUILDS=0 turns them off) a symbolic plan's ``CompiledProgram(..., background=True)``:
   * asks each backend to start compiling what its launches miss on a thread of its own
-    (``Backend.build_later``; the cpp backend's compilers run on all cores but one);
+    (``Backend.build_later``; the cpp backend's compilers run on idle cores only, below);
   * is made at once with the launches that wait for a build on torch (an interim program:
     the plan's own segments, views and alias decisions, each waiting kernel segment run by
     torch's ops, as a declined build would be; ``passed_over`` says why), no chains;
   * at the first call (``entry``) that finds every build done, is made again from the same
     launches (``rebuild``: ``build_all`` now loads them; the measured choices against ATen
-    are timed then, on the caller's thread), and runs the kernels from then on.
+    are timed then, on the caller's thread, or at the call: Note [choices at the call]), and
+    runs the kernels from then on.
 Nothing is lost where a background build fails: the rebuild builds at once, as without the
 background (a compiler that fails there fails the same way). The plan's sizes are unsealed for
 the rebuild and sealed again: a condition the kernels' launches add makes a call that breaks it
@@ -22,16 +23,23 @@ go to a plan of its own (the caller's list), never run a plan whose conditions i
 ``wait_for_builds()`` waits (tests, benchmarks of the steady state). Static programs build at
 once: their first call is the one the caller waits for anyway.
 
-Why it is off by default: measured alternated on and off in one run (qwen2 and starcoder2,
-perf.dynamic_shapes' generation protocol, perf/results/background_builds_onoff_cpu.json, 2
-cores), it took 1.3-2.4 s off the second generate (fuseg/aot_eager 1.17-1.64 against
-1.59-2.25 off), but the work moved, it did not go: a generate runs back to back with the next,
-so the compilers (competing with torch's two threads for two cores) and each plan's rebuild
-(0.08-0.19 s of Python, the launches' generated source again, timed in runs of that protocol
-with a timer around ``rebuild``) landed on the third to sixth prompt lengths, which then cost
-3.1-7.8x a seen length (0.9-1.1x off). Where calls come with idle time
-between them (a server between requests) the move is free; on this protocol it trades one of
-issue 41's goals for another, so the default is to build at once.
+The compilers run only where a core would be idle: Linux's SCHED_IDLE policy, set in the
+compiler's process before it starts so that cc1plus, as and ld inherit it (``_idle_in_child`` in
+codegen/build.py; the lowest nice value where there is no such policy), one translation unit per
+core. Any thread of the caller's that wakes takes its core at once. Two weaker settings were
+measured on a tiny LM's generation first: the compilers at normal priority on all cores but
+one, where the generates that ran alongside (the third to sixth prompt lengths) took 3.1-7.8x a
+seen length (perf/results/background_builds_onoff_cpu.json); and nice 19 set on the compiler
+after it started, which missed its children: each decode step took 15 ms instead of 0.7 while
+a build ran (torch's CPU attention waiting for its second OpenMP thread). A caller busy on
+every core gives such a compiler no time, so a program whose builds are not done
+``WAIT_AFTER_S`` (10 s) after they started waits for them at its next call (the cores are then
+idle, and the compilers run). A program is made again once, at the first call that finds its
+builds done (0.05-0.35 s of Python for a tiny LM's graphs: the launches' source generated
+again).
+
+Why it is on by default (FUSEG_BACKGROUND_BUILDS=0 turns it off): see the README's dynamic
+shapes section and perf/results/dynamic_shapes_generate_cpu.json, which times both.
 """
 
 from __future__ import annotations

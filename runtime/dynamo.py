@@ -48,13 +48,19 @@ class FusegCompiler:
     ``backend``: the kernel backend (``auto``: the registry's order; runtime/backends/)."""
 
     def __init__(self, mode: str = "post", options: SegmenterOptions | None = None, backend: str = "auto",
-                 dynamic: bool = True, cuda_graphs: bool = False, background_builds: bool | None = None) -> None:
+                 dynamic: bool = True, cuda_graphs: bool = False, background_builds: bool | str | None = None,
+                 ) -> None:
         self.mode = mode
         #: Note [kernels built in the background] (runtime/background.py): a symbolic plan's new
-        #: kernels compile off the caller's thread while torch runs their segments; default: on
-        #: (measured there), off where the environment sets FUSEG_BACKGROUND_BUILDS=0
-        self.background_builds = (os.environ.get("FUSEG_BACKGROUND_BUILDS", "1") != "0"
-                                  if background_builds is None else background_builds)
+        #: kernels compile off the caller's thread while torch runs their segments: True for
+        #: every graph, False for none, "inference" (the default) for inference graphs only (a
+        #: training step's backward kernels are what its steps run; measured there). The
+        #: environment's FUSEG_BACKGROUND_BUILDS=1 / 0 sets True / False.
+        env = os.environ.get("FUSEG_BACKGROUND_BUILDS", "inference")
+        self.background_builds: bool | str = (
+            background_builds if background_builds is not None
+            else {"1": True, "0": False}.get(env, "inference"))
+        self._inference_graph = False  # (set by ``infer`` around the graph it compiles)
         #: capture each program of static shapes into a CUDA graph (Note [CUDA graphs of a program])
         self.cuda_graphs = cuda_graphs
         self.options = options or SegmenterOptions()
@@ -93,6 +99,7 @@ class FusegCompiler:
         # graph falls back to where a symbolic plan cannot be made (``symbolic_refused`` says why)
         symbolic = [self.dynamic and has_symbolic_sizes(gm)]
         plans: list[tuple[CompiledProgram, Callable[..., list[int]] | None]] = []
+        background = self.background_builds is True or (self.background_builds == "inference" and self._inference_graph)
 
         def run(boxed: list[Any]) -> tuple[Any, ...]:
             # Boxed convention: we own the argument list and clear it, so AOTAutograd's inputs
@@ -103,7 +110,7 @@ class FusegCompiler:
             # inputs match it exactly; None (nothing run) sends the call on to the checked path
             results = last[0].entry(*args) if last and not numbers and len(args) == last[0].arity else None
             if results is None and symbolic[0]:
-                results = self._run_symbolic(gm, plans, args, symbolic)
+                results = self._run_symbolic(gm, plans, args, symbolic, background)
             if results is None:
                 key = _signature(args)
                 program, sizes = cache.get(key) or (None, {})
@@ -136,7 +143,8 @@ class FusegCompiler:
 
         return self._register(run, hot, tokens, gm)
 
-    def _run_symbolic(self, gm: fx.GraphModule, plans: list, args: list[Any], symbolic: list[bool]) -> list | None:
+    def _run_symbolic(self, gm: fx.GraphModule, plans: list, args: list[Any], symbolic: list[bool],
+                      background: bool = False) -> list | None:
         """The outputs of the first symbolic plan whose conditions these arguments meet, or of a
         new plan made for them; None where the graph cannot be planned symbolically (then
         ``symbolic[0]`` is False and the caller specializes). Note [symbolic plans]."""
@@ -158,7 +166,7 @@ class FusegCompiler:
                 graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
                                 symbolic=True)
                 program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend,
-                                          background=self.background_builds)
+                                          background=background)
                 sizes_fn = _sizes_function(program, sizes) if sizes else None
         except Exception as e:  # noqa: BLE001 - any failure of a symbolic plan: specialize, and say why
             if self.strict:
@@ -213,7 +221,11 @@ class FusegCompiler:
         """AOTAutograd's inference compiler: as a call, keeping the graph's metadata (its
         ``ViewAndMutationMeta``, which AOTAutograd's runtime wrapper acts on) for
         Note [direct inference call]."""
-        run = self(gm, example_inputs)
+        self._inference_graph = True
+        try:
+            run = self(gm, example_inputs)
+        finally:
+            self._inference_graph = False
         ctx = torch._guards.TracingContext.try_get()
         self.graphs[-1] = (run, getattr(ctx, "fw_metadata", None) if ctx is not None else None)
         return run

@@ -51,6 +51,17 @@ def _compiled(fn):
     return compiler, torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
 
 
+def _planned(name: str):
+    """The program of ``name`` compiled, called at size 7 (static) and 9 (its symbolic plan made,
+    its build started): the compiler, the compiled function, the program and its symbolic plan."""
+    fn, make = DYNAMIC_PROGRAMS[name]
+    compiler, compiled = _compiled(fn)
+    _check(compiled, fn, make, 7)
+    _check(compiled, fn, make, 9)
+    (program,) = [p for p in compiler.compiled if p.sizes is not None]
+    return compiler, compiled, fn, make, program
+
+
 #: programs of tests/test_dynamic.py with a segment a generated kernel takes
 PROGRAMS = ["softmax-view-sum", "rms-norm", "layer-norm", "matmul", "causal-attention", "masked-softmax",
             "mean-over-dynamic", "mutates-input", "views-of-input", "embedding"]
@@ -88,11 +99,7 @@ def test_torch_runs_the_segments_until_the_kernels_are_built(name: str, gate) ->
 def test_a_call_after_the_build_is_done_runs_the_kernels() -> None:
     """No one waits: the first call that finds the build done makes the program again with its
     kernels, and runs them."""
-    fn, make = DYNAMIC_PROGRAMS["rms-norm"]
-    compiler, compiled = _compiled(fn)
-    _check(compiled, fn, make, 7)
-    _check(compiled, fn, make, 9)
-    (program,) = [p for p in compiler.compiled if p.sizes is not None]
+    compiler, compiled, fn, make, program = _planned("rms-norm")
     assert program._building is not None
     for future in program._building:
         future.result(timeout=120)
@@ -145,7 +152,7 @@ def test_a_background_build_that_fails_is_done_again_at_once(monkeypatch) -> Non
         _check(compiled, fn, make, n)
 
 
-def test_it_is_on_by_default_and_the_environment_turns_it_off(monkeypatch) -> None:
+def test_it_is_on_for_inference_graphs_by_default_and_the_environment_sets_it(monkeypatch) -> None:
     from runtime.dynamo import FusegCompiler
 
     assert FusegCompiler().background_builds is True  # (this module's fixture sets it)
@@ -153,8 +160,45 @@ def test_it_is_on_by_default_and_the_environment_turns_it_off(monkeypatch) -> No
     assert FusegCompiler().background_builds is False
     assert FusegCompiler(background_builds=True).background_builds is True
     monkeypatch.delenv("FUSEG_BACKGROUND_BUILDS")
-    assert FusegCompiler().background_builds is True  # the default
+    assert FusegCompiler().background_builds == "inference"  # the default
     assert FusegCompiler(background_builds=False).background_builds is False
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("training", [False, True])
+def test_by_default_inference_graphs_build_in_the_background_and_training_graphs_at_once(
+        monkeypatch, gate, training: bool) -> None:
+    """A symbolic plan of an inference graph (no grad: generation) starts its build in the
+    background; those of a training step (forward and backward) build at once, as its steps run
+    their kernels back to back. Values and gradients against eager at three sizes either way."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    monkeypatch.delenv("FUSEG_BACKGROUND_BUILDS")
+    if training:
+        gate.set()  # (nothing should wait on it)
+    compiler = FusegCompiler()
+    f = lambda x, w: torch.nn.functional.layer_norm(x @ w, (w.shape[1],)).relu()  # noqa: E731
+    compiled = torch.compile(f, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    w = torch.randn(16, 24)
+    for n in (5, 9, 13):
+        x = torch.randn(n, 16)
+        if training:
+            xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            compiled(xg, wg).sum().backward()
+            xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            f(xe, we).sum().backward()
+            torch.testing.assert_close(xg.grad, xe.grad, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(wg.grad, we.grad, atol=1e-4, rtol=1e-4)
+        else:
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x, w), f(x, w), atol=1e-5, rtol=1e-5)
+    symbolic = [p for p in compiler.compiled if p.sizes is not None]
+    assert symbolic
+    if training:
+        assert len(symbolic) == 2 and all(p._building is None for p in symbolic)  # forward and backward
+        assert all("cpp" in p.backend_of.values() for p in symbolic)
+    else:
+        assert gate.started == 1 and symbolic[0]._building is not None
 
 
 @pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
@@ -164,11 +208,7 @@ def test_a_program_waits_for_its_builds_after_the_grace_period(gate, monkeypatch
     compiler that runs only on idle cores no time): that call runs the kernels."""
     from runtime import program as program_module
 
-    fn, make = DYNAMIC_PROGRAMS["rms-norm"]
-    compiler, compiled = _compiled(fn)
-    _check(compiled, fn, make, 7)
-    _check(compiled, fn, make, 9)
-    (program,) = [p for p in compiler.compiled if p.sizes is not None]
+    compiler, compiled, fn, make, program = _planned("rms-norm")
     assert program._building is not None
     _check(compiled, fn, make, 11)  # within the grace period: torch runs the segments
     assert program._building is not None
@@ -202,3 +242,16 @@ def test_a_background_compiler_runs_only_on_idle_cores(monkeypatch, tmp_path) ->
         assert seen == [build._idle_in_child]
         build._compile(cxx, 'extern "C" void fuseg_probe() {}\n', "a probe", str(tmp_path), False)
         assert build._idle_in_child not in seen[1:] and len(seen) > 1
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+def test_the_builds_under_way_are_counted_and_can_be_waited_for(gate) -> None:
+    """What perf.dynamic_shapes reads after its protocol: builds under way, then none once
+    waited for (the program then runs its kernels from its next call)."""
+    compiler, compiled, fn, make, program = _planned("layer-norm")
+    assert build.background_builds_under_way() == 1
+    threading.Timer(0.2, gate.set).start()
+    build.wait_for_background_builds()
+    assert build.background_builds_under_way() == 0
+    _check(compiled, fn, make, 11)
+    assert program._building is None and "cpp" in program.backend_of.values(), program.passed_over
