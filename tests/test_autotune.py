@@ -265,3 +265,41 @@ def test_a_choice_at_the_call_keeps_aliasing_and_runs_under_grad(cache, monkeypa
 def test_measuring_gives_both_times() -> None:
     verdict = autotune.measure(lambda: torch.ones(4).sum(), lambda: torch.ones(4).sum())
     assert verdict.kernel_us > 0 and verdict.aten_us > 0 and verdict.kernel == (verdict.kernel_us <= verdict.aten_us)
+
+
+def test_a_choice_at_the_call_measures_nothing_under_a_callers_dispatch_mode(cache, monkeypatch) -> None:
+    """A call in a new class made under a dispatch mode of the caller's (a FLOP counter, a
+    tracer) runs the kernel, unmeasured and not kept, so the mode sees none of a measurement's
+    runs; a call in that class without the mode measures it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    class Seen(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Seen.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    calls = _varying(monkeypatch, [True, False])
+    torch._dynamo.reset()
+    compiler = FusegCompiler()
+    fn = torch.compile(lambda x, w: x @ w.t(), backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    w = torch.randn(24, 32)
+    with torch.no_grad():
+        for _ in range(2):  # (the first call runs under a mode of AOTAutograd's own: measured at the second)
+            fn(torch.randn(9, 32), w)
+    assert len(calls) == 1
+    (program,) = compiler.compiled
+    (i,) = program.chosen_at_call
+    launch = program._chosen[i]
+    ran: list[str] = []
+    kernel, aten = (lambda *a: ran.append("kernel")), (lambda *a: ran.append("aten"))
+    bits, x = (5, 6, 5), torch.randn(17, 32)
+    with Seen():
+        way = launch._choose(kernel, aten, bits, x, w)
+    assert way is kernel and bits not in launch.table and len(calls) == 1 and ran == [] and Seen.ops == []
+    way = launch._choose(kernel, aten, bits, x, w)
+    assert len(calls) == 2 and launch.table[bits] is way is aten  # (the second given verdict: ATen)
+    torch._dynamo.reset()

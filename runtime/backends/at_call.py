@@ -22,7 +22,9 @@ program is the same whichever runs; the launch reads no pointer views and joins 
 takes made tensors). Only launches that write no input in place are chosen here (a measurement
 runs each way several times on the real inputs); the others keep the class as a condition.
 Under ``autotune.fixed`` or deterministic algorithms at the call, the fixed way runs (nothing
-measured, nothing kept in the table).
+measured, nothing kept in the table); under a dispatch mode of the caller's (a FLOP counter, a
+tracer), which would see every run of a measurement, an unmeasured class runs the kernel and is
+measured at a later call without one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from segmenter.symbolic import SymbolicSizes, sizes_of
 
@@ -121,6 +124,8 @@ class ChosenAtCall(SegmentLaunch):
             return kernel if policy == "kernel" else aten  # (Note [no choice by timing]: ATen's op)
         key = class_key(self.kernel.name, {k: _class(b) for k, b in zip(self.kernel.symbols, bits)})
         verdict = autotune.lookup(key)
+        if verdict is None and _get_current_dispatch_mode() is not None:
+            return kernel  # a mode of the caller's would see (and count) the runs: measured later
         if verdict is None:
             try:
                 with torch.no_grad():
