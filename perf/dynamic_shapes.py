@@ -13,8 +13,8 @@ tokens are compared with eager's. Dynamo compiles the first length's graphs with
 re-traces them with symbolic sizes at the second (whatever the backend), and from the third on
 a backend that plans once for all sizes compiles nothing: ``new`` (the median over the third
 length on) against ``steady`` is what a new length costs. fuseg's kernel builds (C++ compiler
-runs) are counted per generate. fuseg builds a symbolic plan's kernels in the background (its
-default, Note [kernels built in the background]): after the protocol it says how many builds were
+runs) are counted per generate. fuseg builds an inference graph's symbolic plan's kernels in
+the background (its default, Note [kernels built in the background]): after the protocol it says how many builds were
 still under way, waits for them and times the seen length again (``steady_after_builds``).
 ``--backends ... fuseg-foreground`` adds fuseg building on the caller's thread
 (FUSEG_BACKGROUND_BUILDS=0) in a process of its own.
@@ -47,8 +47,6 @@ GENERATE_MODELS = ("qwen2", "phi3", "olmo", "starcoder2")
 LENGTHS = (5, 9, 13, 17, 21, 25)
 TRAIN_LENGTHS = (16, 24, 32, 20, 28, 40, 16, 24, 32, 20, 28, 40)
 BACKENDS = ("eager", "aot_eager", "inductor", "fuseg")
-#: more backends ``--backends`` takes: fuseg with its kernels built on the caller's thread
-MORE_BACKENDS = ("fuseg-foreground",)
 NEW_TOKENS = 24
 
 _CONFIGS = {
@@ -173,7 +171,8 @@ def _child(kind: str, name: str, backend: str, repeats: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), PYTHONWARNINGS="ignore")
-        env["FUSEG_BACKGROUND_BUILDS"] = "0" if backend == "fuseg-foreground" else env.get("FUSEG_BACKGROUND_BUILDS", "1")
+        if backend == "fuseg-foreground":
+            env["FUSEG_BACKGROUND_BUILDS"] = "0"
         run_as = "fuseg" if backend == "fuseg-foreground" else backend
         cmd = [sys.executable, "-m", "perf.dynamic_shapes", "--child", kind, name, run_as, str(repeats)]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)

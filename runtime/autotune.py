@@ -54,8 +54,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["Verdict", "fixed", "lookup", "machine", "measure", "policy", "record", "set_policy", "size_class",
-           "verdict_path"]
+__all__ = ["Verdict", "class_key", "class_of_bits", "fixed", "lookup", "machine", "measure", "policy", "record",
+           "set_policy", "size_class", "verdict_path"]
 
 _POLICY: contextvars.ContextVar[str] = contextvars.ContextVar("fuseg_autotune_policy", default="measure")
 _POLICIES = ("measure", "kernel", "aten")
@@ -103,13 +103,26 @@ def fixed(choice: str) -> Iterator[None]:
         _POLICY.reset(token)
 
 
+def class_of_bits(bits: int) -> tuple[int, int]:
+    """[lo, hi): the power-of-two class of the sizes of ``bits`` bits (``n.bit_length()``)."""
+    return (0, 1) if bits <= 0 else (1 << (bits - 1), 1 << bits)
+
+
+def class_key(kernel_name: str, classes: dict[int, tuple[int, int]]) -> str:
+    """A verdict's key: the kernel, torch's threads now, and the class of each size it reads
+    (by the symbol's place in the plan's sources)."""
+    parts = [kernel_name, f"threads {torch.get_num_threads()}"]
+    parts += [f"s{k} in [{lo}, {hi})" for k, (lo, hi) in classes.items()]
+    return "; ".join(parts)
+
+
 def size_class(n: int | torch.SymInt) -> tuple[int, int]:
     """[lo, hi): the power-of-two class of a size (0 is a class of its own). For a symbolic size,
     the class of its value at the first call, and ``lo <= n < hi`` a condition of the plan."""
     from segmenter.symbolic import size_hint
 
     h = size_hint(n)
-    lo, hi = (0, 1) if h <= 0 else (1 << (h.bit_length() - 1), 1 << h.bit_length())
+    lo, hi = class_of_bits(max(h, 0).bit_length())
     if isinstance(n, torch.SymInt):
         inside = bool(lo <= n) and bool(n < hi)  # each comparison a recorded condition of the plan
         assert inside, f"size {n} outside its own class [{lo}, {hi})"

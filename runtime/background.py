@@ -5,8 +5,8 @@ dynamo re-traces a graph with symbolic sizes, in the middle of the caller's run 
 prompt length of a generate); its kernels take sizes as arguments, so they are new sources, and
 their compiler runs summed 1.4-2.0 s (two groups in parallel) of the 1.85-2.63 s that fuseg's
 part of that call took (qwen2, phi3, both sides of perf/results/second_length_parts_cpu.json). With
-background builds (the default; ``FusegCompiler(background_builds=False)`` or
-FUSEG_BACKGROUND_BUILDS=0 turns them off) a symbolic plan's ``CompiledProgram(..., background=True)``:
+background builds (the default for inference graphs; ``FusegCompiler(background_builds=...)``
+or FUSEG_BACKGROUND_BUILDS=1 / 0 sets them for every graph / none) a symbolic plan's ``CompiledProgram(..., background=True)``:
   * asks each backend to start compiling what its launches miss on a thread of its own
     (``Backend.build_later``; the cpp backend's compilers run on idle cores only, below);
   * is made at once with the launches that wait for a build on torch (an interim program:
@@ -31,19 +31,24 @@ measured on a tiny LM's generation first: the compilers at normal priority on al
 one, where the generates that ran alongside (the third to sixth prompt lengths) took 3.1-7.8x a
 seen length (perf/results/background_builds_onoff_cpu.json); and nice 19 set on the compiler
 after it started, which missed its children: each decode step took 15 ms instead of 0.7 while
-a build ran (torch's CPU attention waiting for its second OpenMP thread). A caller busy on
+a build ran (torch's CPU attention waiting for its second OpenMP thread; scratch runs of that
+protocol with timers around each call and torch's profiler, not committed). A caller busy on
 every core gives such a compiler no time, so a program whose builds are not done
 ``WAIT_AFTER_S`` (10 s) after they started waits for them at its next call (the cores are then
 idle, and the compilers run). A program is made again once, at the first call that finds its
-builds done (0.05-0.35 s of Python for a tiny LM's graphs: the launches' source generated
-again).
+builds done (0.05-0.35 s of Python for a tiny LM's graphs, the launches' source generated
+again: a timer around ``rebuild`` in scratch runs of that protocol).
 
-Why it is on by default (FUSEG_BACKGROUND_BUILDS=0 turns it off): see the README's dynamic
-shapes section and perf/results/dynamic_shapes_generate_cpu.json, which times both.
+Why it is on for inference graphs only: a training step keeps every core busy, so idle-only
+compilers got no time and its steps ran the interim program (6.5-16.3 ms against 4.0-7.1 ms
+with the builds on the caller's thread, perf/results/train_background_builds_cpu.json); for
+generation the README's dynamic shapes section and perf/results/dynamic_shapes_generate_cpu.json
+and second_length_background_rounds_cpu.json time both.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -70,7 +75,7 @@ def interim_launches(program: CompiledProgram, chosen: dict[int, SegmentLaunch])
     if not waiting:
         return chosen
     program._after_build = dict(chosen), dict(program.backend_of), dict(program.passed_over)
-    program._building = futures
+    program._building, program._building_since = futures, time.monotonic()
     interim = dict(chosen)
     for launch in waiting:
         i = launch.segment.index

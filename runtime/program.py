@@ -150,7 +150,7 @@ class CompiledProgram:
         #: Note [kernels built in the background]: the build under way, and what the program is
         #: once it is done (its launches, and what ``backend_of``/``passed_over`` then say)
         self._building: Any = None
-        self._building_since = time.monotonic()
+        self._building_since = 0.0  # (time.monotonic() when ``interim_launches`` started the builds)
         self._after_build: tuple[dict[int, SegmentLaunch], dict[int, str], dict[int, tuple]] | None = None
         if background:
             chosen = interim_launches(self, chosen)

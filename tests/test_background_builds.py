@@ -24,6 +24,7 @@ def _cold_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEG_BACKGROUND_BUILDS", "1")
     torch._dynamo.reset()
     yield
+    build.wait_for_background_builds()  # (a build a test let go finishes here, not in the next test)
     torch._dynamo.reset()
 
 

@@ -6,7 +6,8 @@ one source for every size, and whether it beats ATen depends on the sizes. Its v
 per power-of-two class of the sizes it reads, and that class a condition of the plan: a call in
 another class made a whole new plan (the import, segmentation, alias pass and lowering again:
 0.7-1.3 s for a tiny causal LM's prefill graph on this machine kind, every time a prompt or a KV
-cache crossed a power of two), although it compiled nothing. Now the plan keeps both ways and
+cache crossed a power of two; perf/results/class_crossing_cpu.json times it before and after),
+although it compiled nothing. Now the plan keeps both ways and
 chooses at the call:
 
     _pick = <table>.get((s0.bit_length(),))           # the class of each size the kernel reads
@@ -43,19 +44,7 @@ from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
 
-__all__ = ["ChosenAtCall", "at_call_eligible", "class_key", "wrap_at_call"]
-
-
-def class_key(kernel_name: str, classes: dict[int, tuple[int, int]]) -> str:
-    """The verdict's key: the kernel, torch's threads now, and the class of each size it reads
-    (by the symbol's place in the plan's sources)."""
-    parts = [kernel_name, f"threads {torch.get_num_threads()}"]
-    parts += [f"s{k} in [{lo}, {hi})" for k, (lo, hi) in classes.items()]
-    return "; ".join(parts)
-
-
-def _class(bits: int) -> tuple[int, int]:
-    return (0, 1) if bits <= 0 else (1 << (bits - 1), 1 << bits)
+__all__ = ["ChosenAtCall", "at_call_eligible", "wrap_at_call"]
 
 
 def at_call_eligible(ctx: BuildContext, launch: Any) -> bool:
@@ -122,7 +111,7 @@ class ChosenAtCall(SegmentLaunch):
         policy = autotune.policy()
         if policy != "measure" or torch.are_deterministic_algorithms_enabled():
             return kernel if policy == "kernel" else aten  # (Note [no choice by timing]: ATen's op)
-        key = class_key(self.kernel.name, {k: _class(b) for k, b in zip(self.kernel.symbols, bits)})
+        key = autotune.class_key(self.kernel.name, {k: autotune.class_of_bits(b) for k, b in zip(self.kernel.symbols, bits)})
         verdict = autotune.lookup(key)
         if verdict is None and _get_current_dispatch_mode() is not None:
             return kernel  # a mode of the caller's would see (and count) the runs: measured later

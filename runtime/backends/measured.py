@@ -24,7 +24,7 @@ from segmenter.symbolic import SymbolicSizes, size_hint, sizes_of
 from .. import autotune
 from ..codegen import Declined
 from ..wrapper import Code
-from .at_call import at_call_eligible, class_key
+from .at_call import at_call_eligible
 from .base import BuildContext, SegmentLaunch
 from .kernels import KernelLaunch, layouts
 from .torch_backend import TorchLaunch
@@ -58,7 +58,7 @@ def _key(ctx: BuildContext, launch: KernelLaunch) -> str:
         hints = sizes.hints
         for k in launch.kernel.symbols:
             classes[k] = autotune.size_class(sizes.symint(symbols[k], hints[symbols[k]]))
-    return class_key(launch.kernel.name, classes)
+    return autotune.class_key(launch.kernel.name, classes)
 
 
 def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
