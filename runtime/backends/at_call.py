@@ -5,7 +5,7 @@ runtime/autotune.py: a matmul, an attention, a convolution, a lone softmax) of a
 one source for every size, and whether it beats ATen depends on the sizes. Its verdict was one
 per power-of-two class of the sizes it reads, and that class a condition of the plan: a call in
 another class made a whole new plan (the import, segmentation, alias pass and lowering again:
-0.7-1.3 s for a tiny causal LM's prefill graph on this machine kind, every time a prompt or a KV
+0.88-1.27 s for a tiny causal LM's generate on this machine kind, every time a prompt or a KV
 cache crossed a power of two; perf/results/class_crossing_cpu.json times it before and after),
 although it compiled nothing. Now the plan keeps both ways and
 chooses at the call:
