@@ -30,13 +30,25 @@ def _cold_cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def gate(monkeypatch):
-    """The background builds held back until ``gate.set()``; ``gate.started`` counts them."""
+    """The background builds held back until ``gate.set()``; ``gate.started`` counts them once
+    their thread has reached them (``gate.reached(n)`` waits for that: the build's thread may not
+    have run yet when the call that submitted it returns)."""
     real = build.build_cpu_many
     opened = threading.Event()
     opened.started = 0  # type: ignore[attr-defined]
+    entered = threading.Condition()
+
+    def reached(n: int, timeout: float = 60.0) -> int:
+        with entered:
+            entered.wait_for(lambda: opened.started >= n, timeout)
+        return opened.started
+
+    opened.reached = reached  # type: ignore[attr-defined]
 
     def held(*args, **kwargs):
-        opened.started += 1  # type: ignore[attr-defined]
+        with entered:
+            opened.started += 1  # type: ignore[attr-defined]
+            entered.notify_all()
         assert opened.wait(60), "the test never let the build go"
         return real(*args, **kwargs)
 
@@ -82,7 +94,7 @@ def test_torch_runs_the_segments_until_the_kernels_are_built(name: str, gate) ->
     (program,) = [p for p in compiler.compiled if p.sizes is not None]
     waiting = [i for i, b in program.backend_of.items() if b == "torch" and any(
         "background" in why for _, why in program.passed_over.get(i, ()))]
-    assert waiting and gate.started == 1, program.passed_over
+    assert waiting and gate.reached(1) == 1 and build.background_builds_under_way() == 1, program.passed_over
     assert not program.kernels.keys() & set(waiting)
     gate.set()
     compiler.wait_for_builds()
@@ -199,7 +211,7 @@ def test_by_default_inference_graphs_build_in_the_background_and_training_graphs
         assert len(symbolic) == 2 and all(p._building is None for p in symbolic)  # forward and backward
         assert all("cpp" in p.backend_of.values() for p in symbolic)
     else:
-        assert gate.started == 1 and symbolic[0]._building is not None
+        assert symbolic[0]._building is not None and gate.reached(1) == 1
 
 
 @pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
