@@ -30,10 +30,16 @@ synchronize at the end (``*_pipelined_ms``: what a loop of calls costs a call, w
 device overlap); the variants there: "inductor_ro" (``mode="reduce-overhead"``: CUDA graphs) and
 "fuseg_graphs" (Note [CUDA graphs of a program] in runtime/cudagraphs.py; the record says per
 program whether it replayed, and why not). ``--set gpu`` is the six models the GPU runs take
-(``GPU``). First call:
+(``GPU``). Before any fuseg variant is timed, the kernels its first call started building in
+the background are waited for (Note [kernels built in the background]): its steady state is
+its kernels'. First call:
 each compiler's first call (trace, compile, kernel builds) in a fresh process with empty
-Inductor and fuseg caches, ``--first-calls`` times per compiler (3), the two compilers
-alternating; the median is kept, every time is recorded (one cold start on this shared machine
+Inductor and fuseg caches, ``--first-calls`` times per compiler (3), the compilers
+alternating; the median is kept, every time is recorded. fuseg's first call of an inference
+graph returns once torch has run the segments whose kernels are still being compiled, so its
+process also records when those kernels are built (``fuseg_kernels_ready_s``, from the call's
+start), and a third compiler, ``fuseg-foreground``, times the first call with every build on the
+caller's thread (FUSEG_BACKGROUND_BUILDS=0) (one cold start on this shared machine
 varied by up to 40% between runs: resnet's fuseg first call took 2.1 s in one run, 3.4 s in the
 next; not measured on a GPU). ``--no-first-call`` skips it. Every variant's outputs are compared
 with eager's.
@@ -56,6 +62,8 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
+from runtime.codegen.build import wait_for_background_builds
 
 from .bench import environment
 
@@ -88,23 +96,37 @@ def _max_diff(got: Any, want: Any) -> float:
                default=0.0)
 
 
-def _first_call(name: str, backend: str) -> float:
+#: the compilers whose first calls are timed, alternating: fuseg as it is and with every build on
+#: the caller's thread (what its first call cost before builds went to the background)
+FIRST_CALL_BACKENDS = ("inductor", "fuseg", "fuseg-foreground")
+
+
+def _first_call(name: str, backend: str) -> tuple[float, float | None]:
     """Seconds of the first call of ``torch.compile(model, backend=...)``, in a fresh process with
-    empty caches (Inductor's and ours)."""
+    empty caches (Inductor's and ours), and for fuseg the seconds from that call's start until its
+    kernels built in the background are built (Note [kernels built in the background]; None for
+    Inductor). ``fuseg-foreground``: fuseg with every build on the caller's thread
+    (FUSEG_BACKGROUND_BUILDS=0, as fuseg built programs of fixed sizes before 2026-11-27)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                    FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"))
+        if backend == "fuseg-foreground":
+            env["FUSEG_BACKGROUND_BUILDS"] = "0"
+        fuseg = backend.startswith("fuseg")
         code = ("import sys, time, warnings, torch; warnings.filterwarnings('ignore');"
                 "from perf.compiled import MODELS;"
                 f"m, a = MODELS[{name!r}]();"
-                f"c = torch.compile(m, backend={backend!r});"
+                f"c = torch.compile(m, backend={'fuseg' if fuseg else backend!r});"
                 "t0 = time.perf_counter();"
                 "torch.no_grad().__enter__(); c(*a);"
-                "print(time.perf_counter() - t0)")
+                "print(time.perf_counter() - t0);"
+                + ("from runtime.codegen.build import wait_for_background_builds;"
+                   "wait_for_background_builds(); print(time.perf_counter() - t0)" if fuseg else ""))
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)
         if r.returncode != 0:
             raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
-        return float(r.stdout.strip().splitlines()[-1])
+        lines = r.stdout.strip().splitlines()
+        return (float(lines[-2]), float(lines[-1])) if fuseg else (float(lines[-1]), None)
 
 
 def _no_work_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -177,6 +199,8 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
                 try:
                     c, inspect = _compile(fn, v)
                     row[f"{v}_max_abs_diff"] = _max_diff(c(*inputs), want)
+                    if v.startswith("fuseg"):  # the steady state is the kernels' (Note [kernels built in the background])
+                        wait_for_background_builds()
                     timed[v] = lambda c=c, a=inputs: c(*a)
                     graphs = inspect if v == "fuseg_graphs" else graphs
                 except Exception as e:  # noqa: BLE001 - recorded: a compiler that fails is a result
@@ -224,21 +248,33 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
         if "fuseg_graphs_ms" in row:
             row["fuseg_graphs_vs_eager"] = row["fuseg_graphs_ms"] / row["eager_ms"]
         if first_call and not cuda:
-            runs: dict[str, list[float]] = {"inductor": [], "fuseg": []}
-            for _ in range(first_call):  # the two compilers alternate: the machine's drift hits both
+            runs: dict[str, list[float]] = {b: [] for b in FIRST_CALL_BACKENDS}
+            ready: dict[str, list[float]] = {b: [] for b in FIRST_CALL_BACKENDS}
+            for _ in range(first_call):  # the compilers alternate: the machine's drift hits each
                 for backend in runs:
                     if f"{backend}_first_call_error" in row:
                         continue
                     try:
-                        runs[backend].append(_first_call(name, backend))
+                        first, built = _first_call(name, backend)
+                        runs[backend].append(first)
+                        if built is not None:
+                            ready[backend].append(built)
                     except Exception as e:  # noqa: BLE001 - recorded
                         row[f"{backend}_first_call_error"] = str(e)[:300]
             for backend, ts in runs.items():
+                key = backend.replace("-", "_")
                 if ts and f"{backend}_first_call_error" not in row:
-                    row[f"{backend}_first_call_s"] = statistics.median(ts)
-                    row[f"{backend}_first_call_runs_s"] = ts
+                    row[f"{key}_first_call_s"] = statistics.median(ts)
+                    row[f"{key}_first_call_runs_s"] = ts
+                if ready[backend] and f"{backend}_first_call_error" not in row:
+                    row[f"{key}_kernels_ready_s"] = statistics.median(ready[backend])
             if "fuseg_first_call_s" in row and "inductor_first_call_s" in row:
                 row["first_call_vs_inductor"] = row["fuseg_first_call_s"] / row["inductor_first_call_s"]
+                if "fuseg_kernels_ready_s" in row:
+                    row["kernels_ready_vs_inductor"] = row["fuseg_kernels_ready_s"] / row["inductor_first_call_s"]
+                if "fuseg_foreground_first_call_s" in row:
+                    row["foreground_first_call_vs_inductor"] = (row["fuseg_foreground_first_call_s"]
+                                                                / row["inductor_first_call_s"])
         rows.append(row)
         del timed, fn, inputs
         if cuda:
@@ -255,7 +291,8 @@ def _line(row: dict[str, Any]) -> str:
         return fmt.format(row[k]) if k in row else "-"
     return (f"{row['model']:>14}  eager {f('eager_ms')} ms  inductor {f('inductor_ms')}  fuseg {f('fuseg_ms')}  "
             f"floor/eager {f('floor_vs_eager', '{:.2f}')}  dynamo/eager {f('dynamo_vs_eager', '{:.2f}')}  fuseg/eager {f('fuseg_vs_eager', '{:.2f}')}  fuseg/inductor {f('fuseg_vs_inductor', '{:.2f}')}  "
-            f"first call {f('fuseg_first_call_s', '{:.1f}')} s vs {f('inductor_first_call_s', '{:.1f}')} s"
+            f"first call {f('fuseg_first_call_s', '{:.1f}')} s (kernels ready {f('fuseg_kernels_ready_s', '{:.1f}')} s, "
+            f"all built first {f('fuseg_foreground_first_call_s', '{:.1f}')} s) vs {f('inductor_first_call_s', '{:.1f}')} s"
             + (f"  inductor_ro {f('inductor_ro_ms')}  fuseg_graphs {f('fuseg_graphs_ms')}  "
                f"graphs/inductor {f('fuseg_graphs_vs_inductor', '{:.2f}')}  "
                f"graphs/inductor_ro {f('fuseg_graphs_vs_inductor_ro', '{:.2f}')}"
@@ -284,7 +321,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                                        and r.get("floor_vs_eager", 0) <= 1],
                      "median_first_call_vs_inductor": med("first_call_vs_inductor", which),
                      "max_first_call_vs_inductor": max((r["first_call_vs_inductor"] for r in which
-                                                        if "first_call_vs_inductor" in r), default=None)}
+                                                        if "first_call_vs_inductor" in r), default=None),
+                     # until the kernels built in the background are built; every build first
+                     "median_kernels_ready_vs_inductor": med("kernels_ready_vs_inductor", which),
+                     "median_foreground_first_call_vs_inductor": med("foreground_first_call_vs_inductor", which)}
         if any("fuseg_graphs_ms" in r or "inductor_ro_ms" in r for r in which):  # a GPU run (issue 44's goals)
             out[part].update({
                 "median_fuseg_graphs_vs_inductor": med("fuseg_graphs_vs_inductor", which),

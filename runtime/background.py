@@ -6,7 +6,8 @@ prompt length of a generate); its kernels take sizes as arguments, so they are n
 their compiler runs summed 1.4-2.0 s (two groups in parallel) of the 1.85-2.63 s that fuseg's
 part of that call took (qwen2, phi3, both sides of perf/results/second_length_parts_cpu.json). With
 background builds (the default for inference graphs; ``FusegCompiler(background_builds=...)``
-or FUSEG_BACKGROUND_BUILDS=1 / 0 sets them for every graph / none) a symbolic plan's ``CompiledProgram(..., background=True)``:
+or FUSEG_BACKGROUND_BUILDS=1 / 0 sets them for every graph / none) a program's
+``CompiledProgram(..., background=True)`` (a symbolic plan's, or one of fixed sizes: below):
   * asks each backend to start compiling what its launches miss on a thread of its own
     (``Backend.build_later``; the cpp backend's compilers run on idle cores only, below);
   * is made at once with the launches that wait for a build on torch (an interim program:
@@ -20,8 +21,17 @@ Nothing is lost where a background build fails: the rebuild builds at once, as w
 background (a compiler that fails there fails the same way). The plan's sizes are unsealed for
 the rebuild and sealed again: a condition the kernels' launches add makes a call that breaks it
 go to a plan of its own (the caller's list), never run a plan whose conditions it breaks.
-``wait_for_builds()`` waits (tests, benchmarks of the steady state). Static programs build at
-once: their first call is the one the caller waits for anyway.
+``wait_for_builds()`` waits (tests, benchmarks of the steady state).
+
+Programs of fixed sizes (a graph specialized to its call's shapes) take the same path since
+2026-11-27 (issue 42, goal 3: a first call within 0.25x Inductor's): their first call is the
+one the caller waits for, and their kernel builds were most of fuseg's part of it on the
+realistic families (bert-768: about 1.5 s of compilers in a 4.7 s first call, of which dynamo's
+trace alone took about 2.6 s; scratch timers). With the builds in the background that call
+returns once torch has run the waiting segments; perf.compiled records when the kernels are
+built as well (``fuseg_kernels_ready_s``) and times the first call with every build at once
+(``fuseg-foreground``) beside it. A program captured into a CUDA graph builds at once (the
+capture must hold its kernels).
 
 The compilers run only where a core would be idle: Linux's SCHED_IDLE policy, set in the
 compiler's process before it starts so that cc1plus, as and ld inherit it (``_idle_in_child`` in

@@ -51,8 +51,9 @@ class FusegCompiler:
                  dynamic: bool = True, cuda_graphs: bool = False, background_builds: bool | str | None = None,
                  ) -> None:
         self.mode = mode
-        #: Note [kernels built in the background] (runtime/background.py): a symbolic plan's new
-        #: kernels compile off the caller's thread while torch runs their segments: True for
+        #: Note [kernels built in the background] (runtime/background.py): a program's new
+        #: kernels (a symbolic plan's or one of fixed sizes; not one captured into a CUDA graph)
+        #: compile off the caller's thread while torch runs their segments: True for
         #: every graph, False for none, "inference" (the default) for inference graphs only (a
         #: training step's backward kernels are what its steps run; measured there). The
         #: environment's FUSEG_BACKGROUND_BUILDS=1 / 0 sets True / False.
@@ -117,7 +118,8 @@ class FusegCompiler:
                 if program is None:
                     with _disable_current_modes():  # Note [compiling outside the caller's modes]
                         graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes)
-                    program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend)
+                    program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend,
+                                              background=background and not self.cuda_graphs)
                     if self.cuda_graphs:
                         use_cuda_graphs(program)
                     cache[key] = program, sizes

@@ -109,6 +109,61 @@ def test_torch_runs_the_segments_until_the_kernels_are_built(name: str, gate) ->
 
 
 @pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_a_static_inference_program_runs_torch_until_its_kernels_are_built(name: str, gate, monkeypatch) -> None:
+    """By default (inference graphs in the background) a program of fixed sizes starts its build
+    at its first call and runs its kernel segments on torch meanwhile: two calls while the build
+    is held, then the build let go and two calls with its kernels, compiling nothing more. Each
+    call against eager: values, strides, aliasing, inputs afterwards."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    monkeypatch.delenv("FUSEG_BACKGROUND_BUILDS")
+    fn, make = DYNAMIC_PROGRAMS[name]
+    compiler = FusegCompiler()
+    compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=False)
+    for _ in range(2):
+        _check(compiled, fn, make, 9)
+    (program,) = compiler.compiled
+    assert program.sizes is None  # (a program of fixed sizes, not a symbolic plan)
+    waiting = [i for i, b in program.backend_of.items() if b == "torch" and any(
+        "background" in why for _, why in program.passed_over.get(i, ()))]
+    assert waiting and gate.reached(1) == 1, program.passed_over
+    assert not program.kernels.keys() & set(waiting)
+    gate.set()
+    compiler.wait_for_builds()
+    assert program._building is None
+    assert all(program.backend_of[i] == "cpp" for i in waiting), program.passed_over
+    before = build.compilations["cpu"]
+    for _ in range(2):
+        _check(compiled, fn, make, 9)
+    assert build.compilations["cpu"] == before
+    assert compiler.compiled == [program]
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+def test_a_static_training_graph_builds_at_once(monkeypatch, gate) -> None:
+    """The default leaves training graphs of fixed sizes as they were: their kernels are built
+    before the first step returns (gradients against eager)."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    monkeypatch.delenv("FUSEG_BACKGROUND_BUILDS")
+    gate.set()
+    compiler = FusegCompiler()
+    f = lambda x, w: torch.nn.functional.layer_norm(x @ w, (w.shape[1],)).relu()  # noqa: E731
+    compiled = torch.compile(f, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=False)
+    x, w = torch.randn(9, 16), torch.randn(16, 24)
+    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    compiled(xg, wg).sum().backward()
+    xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    f(xe, we).sum().backward()
+    torch.testing.assert_close(xg.grad, xe.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(wg.grad, we.grad, atol=1e-4, rtol=1e-4)
+    assert len(compiler.compiled) == 2 and all(p.sizes is None and p._building is None for p in compiler.compiled)
+    assert all("cpp" in p.backend_of.values() for p in compiler.compiled)
+    assert gate.started == 0
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
 def test_a_call_after_the_build_is_done_runs_the_kernels() -> None:
     """No one waits: the first call that finds the build done makes the program again with its
     kernels, and runs them."""
