@@ -101,32 +101,36 @@ def _max_diff(got: Any, want: Any) -> float:
 FIRST_CALL_BACKENDS = ("inductor", "fuseg", "fuseg-foreground")
 
 
-def _first_call(name: str, backend: str) -> tuple[float, float | None]:
-    """Seconds of the first call of ``torch.compile(model, backend=...)``, in a fresh process with
-    empty caches (Inductor's and ours), and for fuseg the seconds from that call's start until its
-    kernels built in the background are built (Note [kernels built in the background]; None for
-    Inductor). ``fuseg-foreground``: fuseg with every build on the caller's thread
+def _first_call(name: str, backend: str) -> dict[str, Any]:
+    """The first call of ``torch.compile(model, backend=...)`` in a fresh process with empty caches
+    (Inductor's and ours): ``first_s``, its seconds; for fuseg also ``kernels_ready_s``, the seconds
+    from that call's start until the kernels it started building in the background are built
+    (Note [kernels built in the background]), and ``built_in_background``, how many programs
+    did so. ``fuseg-foreground``: fuseg with every build on the caller's thread
     (FUSEG_BACKGROUND_BUILDS=0, as fuseg built programs of fixed sizes before 2026-11-27)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                    FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"))
+        env.pop("FUSEG_BACKGROUND_BUILDS", None)  # fuseg's default, whatever the caller's environment says
         if backend == "fuseg-foreground":
             env["FUSEG_BACKGROUND_BUILDS"] = "0"
         fuseg = backend.startswith("fuseg")
-        code = ("import sys, time, warnings, torch; warnings.filterwarnings('ignore');"
+        code = ("import json, sys, time, warnings, torch; warnings.filterwarnings('ignore');"
                 "from perf.compiled import MODELS;"
                 f"m, a = MODELS[{name!r}]();"
                 f"c = torch.compile(m, backend={'fuseg' if fuseg else backend!r});"
                 "t0 = time.perf_counter();"
                 "torch.no_grad().__enter__(); c(*a);"
-                "print(time.perf_counter() - t0);"
+                "r = {'first_s': time.perf_counter() - t0};"
                 + ("from runtime.codegen.build import wait_for_background_builds;"
-                   "wait_for_background_builds(); print(time.perf_counter() - t0)" if fuseg else ""))
+                   "from runtime.dynamo import STATS;"
+                   "wait_for_background_builds(); r['kernels_ready_s'] = time.perf_counter() - t0;"
+                   "r['built_in_background'] = STATS['built_in_background'];" if fuseg else "")
+                + "print(json.dumps(r))")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)
         if r.returncode != 0:
             raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
-        lines = r.stdout.strip().splitlines()
-        return (float(lines[-2]), float(lines[-1])) if fuseg else (float(lines[-1]), None)
+        return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _no_work_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -255,10 +259,11 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
                     if f"{backend}_first_call_error" in row:
                         continue
                     try:
-                        first, built = _first_call(name, backend)
-                        runs[backend].append(first)
-                        if built is not None:
-                            ready[backend].append(built)
+                        got = _first_call(name, backend)
+                        runs[backend].append(got["first_s"])
+                        if "kernels_ready_s" in got:
+                            ready[backend].append(got["kernels_ready_s"])
+                            row[f"{backend.replace('-', '_')}_built_in_background"] = got["built_in_background"]
                     except Exception as e:  # noqa: BLE001 - recorded
                         row[f"{backend}_first_call_error"] = str(e)[:300]
             for backend, ts in runs.items():

@@ -202,6 +202,18 @@ REALISTIC: dict[str, Factory] = {
                    num_hidden_layers=2, num_attention_heads=12, intermediate_size=3072),
     "t5-encoder-512": _hf("T5Config", "T5EncoderModel", batch=1, seq=128, vocab_size=128, d_model=512, d_kv=64,
                           d_ff=2048, num_layers=2, num_heads=8),
+    # families of our own, added after the five above were tuned on, at 4 layers (as issue 42's
+    # check ran): grouped-query attention with biased projections (Qwen2-0.5B's widths), ReLU
+    # MLPs with learned positions (OPT-125m's), and parallel attention and MLP with one
+    # key/value head (Falcon's original block)
+    "qwen2-896": _hf("Qwen2Config", "Qwen2Model", batch=1, seq=256, vocab_size=128, hidden_size=896,
+                     num_hidden_layers=4, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+                     max_position_embeddings=512),
+    "opt-768": _hf("OPTConfig", "OPTModel", batch=1, seq=128, vocab_size=128, hidden_size=768, num_hidden_layers=4,
+                   num_attention_heads=12, ffn_dim=3072, word_embed_proj_dim=768, max_position_embeddings=256),
+    "falcon-1024": _hf("FalconConfig", "FalconModel", batch=1, seq=256, vocab_size=128, hidden_size=1024,
+                       num_hidden_layers=4, num_attention_heads=16, multi_query=True, parallel_attn=True,
+                       new_decoder_architecture=False, max_position_embeddings=512),
 }
 #: every model the benches know, by name
 MODELS: dict[str, Factory] = {**DEFAULT, **UNSEEN, **REALISTIC}

@@ -125,6 +125,8 @@ class FusegCompiler:
                     cache[key] = program, sizes
                     self.compiled.append(program)
                     STATS["specialized_programs"] += 1
+                    if program._building is not None:
+                        STATS["built_in_background"] += 1
                 last[:] = [program]
                 tensors = [a for a in args if isinstance(a, torch.Tensor)]
                 del args

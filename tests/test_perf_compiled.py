@@ -66,3 +66,14 @@ def test_a_gpu_run_names_the_models_that_miss_issue_44s_targets() -> None:
     assert s["fuseg_graphs_above_1.1x_inductor_ro"] == ["b", "c"]
     assert s["median_fuseg_graphs_vs_inductor"] == 0.9
     assert "median_fuseg_graphs_vs_inductor" not in summary([{"model": "x", "held_out": False}])["all"]
+
+
+def test_first_call_records_when_background_kernels_are_ready() -> None:
+    """perf.compiled's first-call child: fuseg's first call returns before its kernels are built
+    in the background, and the child says when they were; fuseg-foreground builds at once."""
+    from perf.compiled import _first_call
+
+    back, fore = _first_call("mlp", "fuseg"), _first_call("mlp", "fuseg-foreground")
+    assert back["built_in_background"] >= 1 and fore["built_in_background"] == 0
+    assert 0 < back["first_s"] <= back["kernels_ready_s"]
+    assert 0 < fore["first_s"] <= fore["kernels_ready_s"]
