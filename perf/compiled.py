@@ -204,7 +204,8 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
                     c, inspect = _compile(fn, v)
                     row[f"{v}_max_abs_diff"] = _max_diff(c(*inputs), want)
                     if v.startswith("fuseg"):  # the steady state is the kernels' (Note [kernels built in the background])
-                        wait_for_background_builds()
+                        wait_for_background_builds()  # (the first call ran torch where a kernel was not built yet:
+                        row[f"{v}_max_abs_diff"] = max(row[f"{v}_max_abs_diff"], _max_diff(c(*inputs), want))  # its kernels too)
                     timed[v] = lambda c=c, a=inputs: c(*a)
                     graphs = inspect if v == "fuseg_graphs" else graphs
                 except Exception as e:  # noqa: BLE001 - recorded: a compiler that fails is a result
