@@ -1,6 +1,7 @@
-"""Note [kernels built in the background] (runtime/background.py): a symbolic plan's new kernels
-compile off the caller's thread; until they are built, torch runs their segments, then the
-program runs its kernels. Each program runs on sizes before and after its builds are let go,
+"""Note [kernels built in the background] (runtime/background.py): a program's new kernels (a
+symbolic plan's, or those of a program of fixed sizes of an inference graph) compile off the
+caller's thread; until they are built, torch runs their segments, then the program runs its
+kernels. Each program runs on sizes before and after its builds are let go,
 against eager (values, strides, aliasing, inputs afterwards)."""
 
 from __future__ import annotations

@@ -85,8 +85,8 @@ def test_torch_compile_options_choose_the_kernel_backend(monkeypatch: pytest.Mon
 
     made = []
 
-    def recording(plan, backend="auto"):
-        program = runtime.CompiledProgram(plan, backend)
+    def recording(plan, backend="auto", background=False):
+        program = runtime.CompiledProgram(plan, backend, background=background)
         made.append((plan.alias_mode, backend, set(program.backend_of.values())))
         return program
 
