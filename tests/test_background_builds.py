@@ -141,6 +141,16 @@ def test_a_static_inference_program_runs_torch_until_its_kernels_are_built(name:
     assert compiler.compiled == [program]
 
 
+def _step_against_eager(compiled, f, x: torch.Tensor, w: torch.Tensor) -> None:
+    """One backward through ``compiled(x, w).sum()``: the gradients of both against eager's."""
+    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    compiled(xg, wg).sum().backward()
+    xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    f(xe, we).sum().backward()
+    torch.testing.assert_close(xg.grad, xe.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(wg.grad, we.grad, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
 def test_a_static_training_graph_builds_at_once(monkeypatch, gate) -> None:
     """The default leaves training graphs of fixed sizes as they were: their kernels are built
@@ -152,13 +162,7 @@ def test_a_static_training_graph_builds_at_once(monkeypatch, gate) -> None:
     compiler = FusegCompiler()
     f = lambda x, w: torch.nn.functional.layer_norm(x @ w, (w.shape[1],)).relu()  # noqa: E731
     compiled = torch.compile(f, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=False)
-    x, w = torch.randn(9, 16), torch.randn(16, 24)
-    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    compiled(xg, wg).sum().backward()
-    xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    f(xe, we).sum().backward()
-    torch.testing.assert_close(xg.grad, xe.grad, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(wg.grad, we.grad, atol=1e-4, rtol=1e-4)
+    _step_against_eager(compiled, f, torch.randn(9, 16), torch.randn(16, 24))
     assert len(compiler.compiled) == 2 and all(p.sizes is None and p._building is None for p in compiler.compiled)
     assert all("cpp" in p.backend_of.values() for p in compiler.compiled)
     assert gate.started == 0
@@ -252,12 +256,7 @@ def test_by_default_inference_graphs_build_in_the_background_and_training_graphs
     for n in (5, 9, 13):
         x = torch.randn(n, 16)
         if training:
-            xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-            compiled(xg, wg).sum().backward()
-            xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-            f(xe, we).sum().backward()
-            torch.testing.assert_close(xg.grad, xe.grad, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(wg.grad, we.grad, atol=1e-4, rtol=1e-4)
+            _step_against_eager(compiled, f, x, w)
         else:
             with torch.no_grad():
                 torch.testing.assert_close(compiled(x, w), f(x, w), atol=1e-5, rtol=1e-5)
