@@ -76,6 +76,12 @@ def _planned(name: str):
     return compiler, compiled, fn, make, program
 
 
+def _waiting(program) -> list[int]:
+    """The segments ``program`` runs on torch until its background build is done."""
+    return [i for i, b in program.backend_of.items() if b == "torch" and any(
+        "background" in why for _, why in program.passed_over.get(i, ()))]
+
+
 #: programs of tests/test_dynamic.py with a segment a generated kernel takes
 PROGRAMS = ["softmax-view-sum", "rms-norm", "layer-norm", "matmul", "causal-attention", "masked-softmax",
             "mean-over-dynamic", "mutates-input", "views-of-input", "embedding"]
@@ -93,8 +99,7 @@ def test_torch_runs_the_segments_until_the_kernels_are_built(name: str, gate) ->
     for n in (9, 11):
         _check(compiled, fn, make, n)
     (program,) = [p for p in compiler.compiled if p.sizes is not None]
-    waiting = [i for i, b in program.backend_of.items() if b == "torch" and any(
-        "background" in why for _, why in program.passed_over.get(i, ()))]
+    waiting = _waiting(program)
     assert waiting and gate.reached(1) == 1 and build.background_builds_under_way() == 1, program.passed_over
     assert not program.kernels.keys() & set(waiting)
     gate.set()
@@ -126,8 +131,7 @@ def test_a_static_inference_program_runs_torch_until_its_kernels_are_built(name:
         _check(compiled, fn, make, 9)
     (program,) = compiler.compiled
     assert program.sizes is None  # (a program of fixed sizes, not a symbolic plan)
-    waiting = [i for i, b in program.backend_of.items() if b == "torch" and any(
-        "background" in why for _, why in program.passed_over.get(i, ()))]
+    waiting = _waiting(program)
     assert waiting and gate.reached(1) == 1, program.passed_over
     assert not program.kernels.keys() & set(waiting)
     gate.set()
@@ -139,6 +143,16 @@ def test_a_static_inference_program_runs_torch_until_its_kernels_are_built(name:
         _check(compiled, fn, make, 9)
     assert build.compilations["cpu"] == before
     assert compiler.compiled == [program]
+    # another size: a program of its own (dynamic=False), built in the background too, then its kernels
+    for _ in range(2):
+        _check(compiled, fn, make, 11)
+    assert len(compiler.compiled) == 2 and compiler.compiled[1].sizes is None
+    other = compiler.compiled[1]
+    waiting = _waiting(other)
+    assert waiting
+    compiler.wait_for_builds()
+    _check(compiled, fn, make, 11)
+    assert other._building is None and all(other.backend_of[i] == "cpp" for i in waiting), other.passed_over
 
 
 def _step_against_eager(compiled, f, x: torch.Tensor, w: torch.Tensor) -> None:
@@ -162,8 +176,10 @@ def test_a_static_training_graph_builds_at_once(monkeypatch, gate) -> None:
     compiler = FusegCompiler()
     f = lambda x, w: torch.nn.functional.layer_norm(x @ w, (w.shape[1],)).relu()  # noqa: E731
     compiled = torch.compile(f, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=False)
-    _step_against_eager(compiled, f, torch.randn(9, 16), torch.randn(16, 24))
-    assert len(compiler.compiled) == 2 and all(p.sizes is None and p._building is None for p in compiler.compiled)
+    w = torch.randn(16, 24)
+    for n in (9, 11):  # (a forward and a backward program per size: dynamic=False)
+        _step_against_eager(compiled, f, torch.randn(n, 16), w)
+    assert len(compiler.compiled) == 4 and all(p.sizes is None and p._building is None for p in compiler.compiled)
     assert all("cpp" in p.backend_of.values() for p in compiler.compiled)
     assert gate.started == 0
 
