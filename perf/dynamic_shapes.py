@@ -13,8 +13,9 @@ tokens are compared with eager's. Dynamo compiles the first length's graphs with
 re-traces them with symbolic sizes at the second (whatever the backend), and from the third on
 a backend that plans once for all sizes compiles nothing: ``new`` (the median over the third
 length on) against ``steady`` is what a new length costs. fuseg's kernel builds (C++ compiler
-runs) are counted per generate. fuseg builds an inference graph's symbolic plan's kernels in
-the background (its default, Note [kernels built in the background]): after the protocol it says how many builds were
+runs) are counted per generate. fuseg builds an inference graph's kernels in the background
+(its default, Note [kernels built in the background]; programs of fixed sizes too since
+2026-11-27): after the protocol it says how many builds were
 still under way, waits for them and times the seen length again (``steady_after_builds``).
 ``--backends ... fuseg-foreground`` adds fuseg building on the caller's thread
 (FUSEG_BACKGROUND_BUILDS=0) in a process of its own.

@@ -22,9 +22,9 @@ def _kernels_not_timings():
 @pytest.fixture(autouse=True)
 def _builds_at_once(monkeypatch):
     """Note [kernels built in the background] (runtime/background.py): by default an inference
-    graph's symbolic plan compiles its new kernels off the caller's thread and torch runs their
-    segments until they are built, so which launches a call runs depends on how fast the
-    compiler was. Tests that inspect a program's kernels must not depend on that: the suite
+    graph's programs (symbolic plans and programs of fixed sizes) compile their new kernels off
+    the caller's thread and torch runs their segments until they are built, so which launches a
+    call runs depends on how fast the compiler was. Tests that inspect a program's kernels must not depend on that: the suite
     builds at once (FUSEG_BACKGROUND_BUILDS=0, set here whatever the caller's environment says),
     and tests/test_background_builds.py turns it on, holding the builds back and letting them go
     where it checks."""
