@@ -777,26 +777,30 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
 # distinct loads (that depend on some other dim) do not depend on. Plain sizes only; a loop with
 # no such load keeps the block-apart elements. The H100 runs had RoPE at 1.55-1.94x a copy of
 # its bytes: each element read x, its rotated partner, cos and sin. FUSEG_BCAST_EPT=0 turns it off.
-# FUSEG_BCAST_WHOLE=1 (off: not yet run on a GPU) also takes a dim of at most 2 * ept that ept does
-# not divide, the whole of it a thread: Qwen2-7B's 7 query heads per KV group, along which the
-# copy of the expanded V is broadcast (run 4 had qwen2-7b at 1.62x the copy, the others 1.36-1.40x).
+# A dim of at most 2 * ept that ept does not divide is taken whole, all of it a thread: Qwen2-7B's
+# 7 query heads per KV group, along which the copy of the expanded V is broadcast. H100 run 5
+# (perf/results/gpu_issue44_h100_run5, one run): rope-qwen2-7b 1.68x -> 1.49x the copy (kernel
+# 0.067 -> 0.057 ms), the other blocks within 0.96-1.02x, the GPU tests of the cases it changes
+# passing; so it is on. FUSEG_BCAST_WHOLE=0 turns it off (the before of that measurement).
 def _broadcast_dim(lw: _Lowerer, loop: str, shape: tuple[int, ...], idx_vars: list[str],
                    ept: int) -> tuple[int, int] | None:
     """Note [elements along a broadcast dim]: the dim a CUDA thread's elements run along and how
     many it takes, or None."""
     if ept == 1 or os.environ.get("FUSEG_BCAST_EPT", "1") == "0" or not all(type(n) is int for n in shape):
         return None
-    whole = os.environ.get("FUSEG_BCAST_WHOLE", "0") == "1"
+    whole = os.environ.get("FUSEG_BCAST_WHOLE", "1") != "0"
     dims = [d for d, v in enumerate(idx_vars) if v != "0"]
     offsets = {off for _, off, lp in lw.loads if lp == loop}
     uses = {off: {d for d in dims if re.search(rf"\b{idx_vars[d]}\b", off)} for off in offsets}
     best = None
     for d in dims[:-1]:
-        per = ept if shape[d] % ept == 0 else shape[d] if whole and shape[d] <= 2 * ept else 0
+        per = ept if shape[d] % ept == 0 else shape[d] if whole and 1 < shape[d] <= 2 * ept else 0
         if not per:
             continue
         free = sum(1 for used in uses.values() if d not in used and used)
-        if free and (best is None or free > best[0]):
+        # (the most free loads; of those, the most elements: RoPE's [2, 4, ...] takes the 4 heads,
+        # not the batch of 2 taken whole)
+        if free and (best is None or (free, per) > (best[0], best[2])):
             best = (free, d, per)
     return None if best is None else best[1:]
 
