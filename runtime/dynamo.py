@@ -64,7 +64,10 @@ class FusegCompiler:
         self._inference_graph = False  # (set by ``infer`` around the graph it compiles)
         #: capture each program of static shapes into a CUDA graph (Note [CUDA graphs of a program])
         self.cuda_graphs = cuda_graphs
-        self.options = options or SegmenterOptions()
+        # FUSEG_BIAS_AFTER_MATMUL=0: Note [a matmul's bias after it] off where no options are given
+        # (the before of its measurement in perf/gpu_validate.sh)
+        self.options = options or SegmenterOptions(
+            bias_after_matmul=False if os.environ.get("FUSEG_BIAS_AFTER_MATMUL") == "0" else None)
         self.backend = backend
         #: plan graphs with symbolic sizes once for every size (Note [symbolic plans]); False:
         #: specialize every graph to each call's sizes, as before

@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .ir import FusionGraph
+from .matmul_bias import split_matmul_bias
 from .ops import OpKind
 from .options import SegmenterOptions
 from .rules import NodeTraits, Traits, combine, node_traits, too_big, traits_of
@@ -386,6 +387,8 @@ def segment(graph: FusionGraph, options: SegmenterOptions | None = None) -> Segm
 
 
 def _segment(graph: FusionGraph, options: SegmenterOptions) -> SegmentedFusion:
+    if options.bias_after_matmul is not False:  # Note [a matmul's bias after it]
+        graph = split_matmul_bias(graph, force=bool(options.bias_after_matmul))
     part = _Partition(graph, options)
     rounds = 0
     while rounds < part.options.max_rounds and not part.out_of_fuel():

@@ -168,3 +168,23 @@ def test_half_conversions_on_the_gpu_are_bit_exact() -> None:
 def test_half_conversions_in_software_on_the_gpu(monkeypatch) -> None:
     monkeypatch.setenv("FUSEG_CUDA_TUNING", "0")
     test_half_conversions_on_the_gpu_are_bit_exact()
+
+
+@pytest.mark.parametrize("rows", [6, 9])
+def test_a_float32_bias_is_added_after_the_product_on_cuda(rows: int) -> None:
+    """Note [a matmul's bias after it]: by default on CUDA in float32 each addmm is an mm, its bias
+    added in the CuPy kernel that reads the product; values and layouts match eager at two shapes."""
+    import torch.nn.functional as F
+
+    def mlp(x, w1, b1, w2, b2, g, beta):
+        h = F.gelu(F.linear(x, w1, b1))
+        return F.layer_norm(F.linear(h, w2, b2) + x, (x.shape[-1],), g, beta)
+
+    inputs = [t.cuda() for t in (torch.randn(rows, 16), torch.randn(32, 16), torch.randn(32), torch.randn(16, 32),
+                                 torch.randn(16), torch.randn(16), torch.randn(16))]
+    prog = _program(mlp, inputs)
+    ops = [n.op for n in prog.plan.graph.nodes]
+    assert "aten.addmm.default" not in ops and ops.count("aten.mm.default") == 2
+    adds = [s.index for s in prog.plan.segments if "aten.add.Tensor" in {n.op for n in s.nodes}]
+    assert adds and all(prog.backend_of[i] == "cupy" for i in adds)
+    assert_matches_eager(mlp, inputs, prog.graph, program=prog, atol=1e-4, rtol=1e-4)
