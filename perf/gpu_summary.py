@@ -91,6 +91,19 @@ def summarize(out: str, tag: str) -> str:
                      f"models asked {len(compiled.get('models_asked', []))}, done {len(compiled.get('rows', []))}")
     else:
         lines.append("compiled models: no record")
+    fused = _load(os.path.join(out, f"gpu_compiled_bias_fused_{tag}.json"))
+    if fused and compiled:
+        lines.append("A matmul's bias after it (Note [a matmul's bias after it]): fuseg's time in ms with "
+                     "FUSEG_BIAS_AFTER_MATMUL=0 (before, step bias) and on (after, step compiled), one run:")
+        now = {r["model"]: r for r in compiled.get("rows", [])}
+        for r in fused.get("rows", []):
+            a = now.get(r["model"], {})
+            parts = []
+            for v in ("fuseg", "fuseg_graphs"):
+                b_ms, a_ms = r.get(f"{v}_ms"), a.get(f"{v}_ms")
+                ratio = a_ms / b_ms if a_ms and b_ms else None
+                parts.append(f"{v} before {_fmt(b_ms, '{:.3f}')} after {_fmt(a_ms, '{:.3f}')} after/before {_fmt(ratio)}")
+            lines.append(f"  {r['model']:>13}  " + "  ".join(parts))
     bw = _load(os.path.join(out, f"gpu_bandwidth_{tag}.json"))
     if bw:
         lines.append("bandwidth (time / copy of the floor's bytes; the profiler's kernel time in brackets):")
@@ -115,9 +128,9 @@ def summarize(out: str, tag: str) -> str:
                   "Loads kept (Note [row registers] in runtime/codegen/rows.py, Note [elements along a broadcast "
                   "dim] in lower.py): fuseg's time with FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 (before) and on "
                   "(after), one run:")
-    _before_after(lines, _load(os.path.join(out, f"gpu_bandwidth_whole_{tag}.json")), bw,
-                  "FUSEG_BCAST_WHOLE=1 (Note [elements along a broadcast dim]; off by default): the bandwidth "
-                  "step's time (before, without it) and with it (after):")
+    _before_after(lines, bw, _load(os.path.join(out, f"gpu_bandwidth_whole_off_{tag}.json")),
+                  "A small dim taken whole (Note [elements along a broadcast dim]): fuseg's time with "
+                  "FUSEG_BCAST_WHOLE=0 (before) and on (after, the bandwidth step), one run:")
     gk = _load(os.path.join(out, f"gpu_kernels_{tag}.json"))
     for r in (gk or {}).get("rows", []):
         parts = [f"{v} {r[v]['kernels_per_call']:.0f} kernels {r[v]['us_per_call']:.1f} us" for v in r
@@ -128,6 +141,10 @@ def summarize(out: str, tag: str) -> str:
         lines.append("host time per call of a one-kernel program, us: "
                      + ", ".join(f"{k} {v:.1f}" for k, v in lo.get("us_per_call", {}).items())
                      + (f"; graphs refused: {lo['cuda_graph_refused']}" if lo.get("cuda_graph_refused") else ""))
+    rope = _load(os.path.join(out, f"gpu_launch_overhead_rope_{tag}.json"))
+    if rope:
+        lines.append("host time per call of the rope-seed program (medians of alternating rounds), us: "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in rope.get("us_per_call", {}).items()))
     return "\n".join(lines) + "\n"
 
 

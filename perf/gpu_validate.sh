@@ -4,6 +4,8 @@
 #   FUSEG_GIT_COMMIT=<sha> bash perf/gpu_validate.sh             the run (an H100: see README "On a GPU")
 #   OUT=/tmp/gpu_dry bash perf/gpu_validate.sh --dry-run           the same steps on this machine's CPU, at tiny
 #                                                                  sizes (checks the plumbing; no figure is a result)
+#   STEPS="install env tests compiled" bash perf/gpu_validate.sh    only the steps named (summary always runs), for a
+#                                                                  second run in what device time is left
 #
 # Every log and JSON record goes to $OUT (./gpu_out without it), named with the GPU's tag (h100, h200,
 # ...: cpu in a dry run), ready to be copied into perf/results/. Steps, in order, each under its own
@@ -14,6 +16,9 @@
 #   tests      the whole GPU test table (tests/test_gpu*.py) in SHARDS parallel pytest processes 120 s
 #   compiled   perf.compiled --device cuda --set gpu: eager / Inductor / Inductor reduce-overhead /
 #              fuseg / fuseg with CUDA graphs, six models, record written after each model      175 s
+#   bias       perf.compiled again on the four models with an addmm's bias (gpt2-tiny, bert-tiny,
+#              qwen2-tiny, vit) with FUSEG_BIAS_AFTER_MATMUL=0 (Note [a matmul's bias after it] off):
+#              fuseg and fuseg with CUDA graphs as before that change, on the same machine       60 s
 #   bandwidth  perf.gpu_bandwidth: softmax / layer norm / RMS norm 4096x4096 fp32 and five RoPE
 #              blocks against a device copy of the same bytes                                    80 s
 #   before     perf.gpu_bandwidth again with FUSEG_CUDA_TUNING=0 (Note [CUDA launch shapes]), no
@@ -21,13 +26,16 @@
 #   loads      perf.gpu_bandwidth again with FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 (Note [row registers]
 #              and Note [elements along a broadcast dim] off: the row and RoPE kernels as they were
 #              before them, on the same machine), no Inductor                                    30 s
-#   whole      FUSEG_BCAST_WHOLE=1 (Note [elements along a broadcast dim], off by default): the GPU
-#              tests of the cases it changes, and the RoPE blocks with it                        40 s
+#   whole      the RoPE blocks with FUSEG_BCAST_WHOLE=0 (Note [elements along a broadcast dim]: a
+#              small dim taken whole, on since run 5), no Inductor: the before of that change    40 s
 #   kernels    perf.gpu_kernels: per-kernel device time of vit and bert-tiny, fuseg with CUDA graphs
 #              against Inductor reduce-overhead (vit missed the 1.1x target in runs 3 and 4)   40 s
 #   overhead   perf.launch_overhead: host time per call of a one-kernel program, with a graph   20 s
+#   host       perf.launch_overhead --program rope-seed: host time per call of the RoPE seed block's
+#              one-kernel program, built as it is and with FUSEG_BCAST_EPT=0 / FUSEG_CUDA_TUNING=0
+#              (run 5: ~55 us against ~35 us with either off), each profiled                   20 s
 #   summary    perf.gpu_summary: what each step did, and what missed issue 44's targets          10 s
-# Budgets add up to 620 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
+# Budgets add up to 700 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
 set -u
 cd "$(dirname "$0")/.."
 DRY=0
@@ -62,6 +70,10 @@ step() {
   local name=$1 budget=$2 log=$3
   shift 3
   local now left t0 rc used
+  if [ -n "${STEPS:-}" ] && [ "$name" != summary ] && [[ " $STEPS " != *" $name "* ]]; then
+    echo "$name: not asked (STEPS=$STEPS)" | tee -a "$OUT/steps.txt"
+    return
+  fi
   now=$(date +%s)
   left=$((START + TOTAL_S - now))
   if [ "$left" -lt 5 ]; then
@@ -128,18 +140,8 @@ gpu_tests() {
   return $rc
 }
 
-# FUSEG_BCAST_WHOLE=1 (Note [elements along a broadcast dim], off by default until measured): the
-# GPU tests of the pointwise cases it changes, then the RoPE blocks with it (set beside the
-# bandwidth step's, which ran without it, in the summary)
-whole() {
-  local rc=0
-  FUSEG_BCAST_WHOLE=1 "$PY" -m pytest -q -p no:cacheprovider -rfE tests/test_gpu.py -k "bcast or rope or zoo" || rc=1
-  FUSEG_BCAST_WHOLE=1 "$PY" -m perf.gpu_bandwidth --device cuda --cases rope --rounds 5 --iters 10 --no-inductor \
-    --out "$OUT/gpu_bandwidth_whole_$TAG.json" || rc=1
-  return $rc
-}
 
-export -f install env_record gpu_tests whole
+export -f install env_record gpu_tests
 export OUT TAG SHARDS PY
 
 if [ $DRY = 1 ]; then
@@ -148,6 +150,8 @@ if [ $DRY = 1 ]; then
   step tests 120 "gpu_tests_$TAG.txt" gpu_tests
   step compiled 175 "gpu_compiled_$TAG.log" "$PY" -m perf.compiled mlp --device cpu \
     --variants fuseg,fuseg_graphs,floor --rounds 1 --calls 2 --no-first-call --out "$OUT/gpu_compiled_$TAG.json"
+  step bias 60 "gpu_compiled_bias_fused_$TAG.log" env FUSEG_BIAS_AFTER_MATMUL=0 "$PY" -m perf.compiled mlp --device cpu \
+    --variants fuseg,fuseg_graphs --rounds 1 --calls 2 --no-first-call --out "$OUT/gpu_compiled_bias_fused_$TAG.json"
   step bandwidth 80 "gpu_bandwidth_$TAG.log" "$PY" -m perf.gpu_bandwidth --device cpu --size 256 --rope rope-seed \
     --rounds 1 --iters 2 --no-inductor --out "$OUT/gpu_bandwidth_$TAG.json"
   step before 45 "gpu_bandwidth_before_$TAG.log" env FUSEG_CUDA_TUNING=0 "$PY" -m perf.gpu_bandwidth --device cpu \
@@ -156,23 +160,31 @@ if [ $DRY = 1 ]; then
     --calls 2 --out "$OUT/gpu_kernels_$TAG.json"
   step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.launch_overhead --device cpu --calls 20 \
     --out "$OUT/gpu_launch_overhead_$TAG.json"
+  step host 20 "gpu_launch_overhead_rope_$TAG.log" "$PY" -m perf.launch_overhead --device cpu --program rope-seed \
+    --calls 20 --rounds 2 --out "$OUT/gpu_launch_overhead_rope_$TAG.json"
 else
   step install 40 "gpu_install_$TAG.log" install
   step env 20 "gpu_env_$TAG.txt" env_record "$OUT/gpu_env_$TAG.json" cuda
   step tests 120 "gpu_tests_$TAG.txt" gpu_tests
   step compiled 175 "gpu_compiled_$TAG.log" "$PY" -m perf.compiled --device cuda --set gpu --rounds 5 --calls 20 \
     --out "$OUT/gpu_compiled_$TAG.json"
+  step bias 60 "gpu_compiled_bias_fused_$TAG.log" env FUSEG_BIAS_AFTER_MATMUL=0 "$PY" -m perf.compiled gpt2-tiny bert-tiny \
+    qwen2-tiny vit --device cuda --variants fuseg,fuseg_graphs --rounds 5 --calls 20 --no-first-call \
+    --out "$OUT/gpu_compiled_bias_fused_$TAG.json"
   step bandwidth 80 "gpu_bandwidth_$TAG.log" "$PY" -m perf.gpu_bandwidth --device cuda --rounds 5 --iters 10 \
     --out "$OUT/gpu_bandwidth_$TAG.json"
   step before 45 "gpu_bandwidth_before_$TAG.log" env FUSEG_CUDA_TUNING=0 "$PY" -m perf.gpu_bandwidth --device cuda \
     --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_before_$TAG.json"
   step loads 30 "gpu_bandwidth_loads_$TAG.log" env FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 "$PY" -m perf.gpu_bandwidth \
     --device cuda --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_loads_$TAG.json"
-  step whole 40 "gpu_whole_$TAG.log" whole
+  step whole 40 "gpu_whole_$TAG.log" env FUSEG_BCAST_WHOLE=0 "$PY" -m perf.gpu_bandwidth --device cuda --cases rope \
+    --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_whole_off_$TAG.json"
   step kernels 40 "gpu_kernels_$TAG.log" "$PY" -m perf.gpu_kernels vit bert-tiny --device cuda \
     --out "$OUT/gpu_kernels_$TAG.json"
   step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.launch_overhead --device cuda --calls 2000 \
     --out "$OUT/gpu_launch_overhead_$TAG.json"
+  step host 20 "gpu_launch_overhead_rope_$TAG.log" "$PY" -m perf.launch_overhead --device cuda --program rope-seed \
+    --calls 500 --rounds 3 --out "$OUT/gpu_launch_overhead_rope_$TAG.json"
 fi
 step summary 10 "gpu_summary_$TAG.log" "$PY" -m perf.gpu_summary "$OUT" --tag "$TAG"
 cat "$OUT/gpu_validate_summary_$TAG.txt" 2>/dev/null
