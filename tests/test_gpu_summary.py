@@ -75,3 +75,26 @@ def test_the_kernels_per_call_are_summed_per_variant(tmp_path) -> None:
          "us_per_call_fuseg_graphs_minus_inductor_ro": 40.5}]}))
     text = summarize(str(tmp_path), "h100")
     assert "kernels per call (perf.gpu_kernels), vit: fuseg_graphs 31 kernels 250.5 us, inductor_ro 22 kernels 210.0 us" in text
+
+
+def test_the_bias_before_and_after_sets_each_model_beside_the_compiled_step(tmp_path) -> None:
+    rows = [{"model": "vit", "fuseg_ms": 1.0, "fuseg_graphs_ms": 0.30}]
+    before = [{"model": "vit", "fuseg_ms": 1.25, "fuseg_graphs_ms": 0.40}, {"model": "bert-tiny", "fuseg_ms": 1.0}]
+    (tmp_path / "gpu_compiled_h100.json").write_text(json.dumps({"rows": rows, "summary": {}}))
+    (tmp_path / "gpu_compiled_bias_fused_h100.json").write_text(json.dumps({"rows": before}))
+    text = summarize(str(tmp_path), "h100")
+    assert "FUSEG_BIAS_AFTER_MATMUL=0 (before" in text
+    line = next(x for x in text.splitlines() if x.strip().startswith("vit  fuseg before"))
+    assert "after/before 0.80" in line and "after/before 0.75" in line
+    assert "bert-tiny  fuseg before 1.000 after - after/before -" in text  # not in the compiled step
+
+
+def test_the_whole_dims_before_is_the_off_record(tmp_path) -> None:
+    def record(ms: dict) -> str:
+        return json.dumps({"rows": [{"case": c, "fuseg_ms": v, "fuseg_device_ms": v, "fuseg_vs_copy": v / 0.05}
+                                    for c, v in ms.items()], "summary": {}})
+
+    (tmp_path / "gpu_bandwidth_h100.json").write_text(record({"rope-qwen2-7b": 0.072}))
+    (tmp_path / "gpu_bandwidth_whole_off_h100.json").write_text(record({"rope-qwen2-7b": 0.080}))
+    text = summarize(str(tmp_path), "h100")
+    assert "FUSEG_BCAST_WHOLE=0 (before)" in text and "after/before 0.90" in text
