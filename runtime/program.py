@@ -391,7 +391,7 @@ class CompiledProgram:
                        f"{code.const(self.written_in_place)})")
             views = views_of_outputs(graph, set(self.constants)) if fast else None
             if views:  # Note [outputs that are views of outputs] in runtime/outputs.py
-                returns = f"[{', '.join(outs)}] if {views_test(code, outs, views)} else {returns}"
+                returns = f"[{', '.join(outs)}] if {views_test(code, outs, tensors, views)} else {returns}"
         return code.program("fuseg_program", params, returns)
 
     def _finish_view(self, code: Code) -> str:

@@ -429,3 +429,47 @@ def test_outputs_that_are_views_of_outputs_skip_finish_where_they_lie_in_place(f
         assert_matches_eager(fn, inputs, program.graph, program=program)
         assert program.entry(*inputs) is not None
     assert (len(calls) > 0) == (mode == "off" and off_copies), calls
+
+
+def _returns_inputs(x, w):  # a training forward: the weight saved as it is, a view of it, a repeat
+    y = torch.softmax(x @ w, -1)
+    return y, w, w.t(), y, y.t()
+
+
+def _returns_an_input_twice(x):
+    return x * 2, x, x
+
+
+@pytest.mark.parametrize("mode", ["off", "post"])
+@pytest.mark.parametrize("fn,make", [
+    (_returns_inputs, lambda rows: [torch.randn(rows, 5), torch.randn(5, 8)]),
+    (_returns_an_input_twice, lambda rows: [torch.randn(rows, 3)]),
+], ids=["weight-and-repeat", "input-twice"])
+def test_outputs_that_are_inputs_or_repeats_skip_finish(fn, make, mode, monkeypatch) -> None:
+    """Note [outputs that are inputs] (runtime/outputs.py): inputs handed back (as they are or as
+    views) and outputs named twice take the fast return where they lie where the graph says, at
+    two shapes; eager's values, layouts and sharing either way. In "off" mode the views of the
+    inputs are copies the program made, so ``finish`` makes them again, as before."""
+    import runtime.program
+
+    calls = []
+    real = runtime.program.finish
+    monkeypatch.setattr(runtime.program, "finish", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for rows in (6, 9):
+        torch.manual_seed(rows)
+        inputs = make(rows)
+        program = _program(fn, inputs, mode=mode)
+        aliases = program.graph.output_aliases
+        assert any(a is not None and a.source == "input" for a in aliases)
+        calls.clear()
+        with torch.no_grad():
+            assert_matches_eager(fn, inputs, program.graph, program=program)
+            got = program.entry(*inputs)
+        assert got is not None
+        for k, a in enumerate(aliases):  # the entry's outputs share what eager's share
+            if a is not None and a.source == "input":
+                assert got[k].untyped_storage()._cdata == inputs[a.index].untyped_storage()._cdata
+        needs_finish = mode == "off" and any(
+            a is not None and a.source == "input" and program.graph.outputs[k] not in program.graph.input_names
+            for k, a in enumerate(aliases))
+        assert (len(calls) > 0) == needs_finish, (mode, calls)
