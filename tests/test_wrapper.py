@@ -3,6 +3,8 @@ its two variants, the backend registry, and the torch.compile backend's options.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -473,3 +475,25 @@ def test_outputs_that_are_inputs_or_repeats_skip_finish(fn, make, mode, monkeypa
             a is not None and a.source == "input" and program.graph.outputs[k] not in program.graph.input_names
             for k, a in enumerate(aliases))
         assert (len(calls) > 0) == needs_finish, (mode, calls)
+
+
+def _transposed_twice(x, w):
+    return torch.mm(x, w.t().t()), w.t().t(), x.reshape(x.shape).t()
+
+
+@pytest.mark.parametrize("rows", [6, 9])
+def test_a_view_that_changes_nothing_names_the_tensor_it_starts_from(rows: int) -> None:
+    """Note [a view that changes nothing] (runtime/metadata.py): ``t(t(w))`` is ``w`` itself in the
+    program (no tensor made), a view that does change the layout is still made; eager's values,
+    layouts and sharing, at two shapes."""
+    torch.manual_seed(rows)
+    inputs = [torch.randn(rows, 5), torch.randn(5, 7)]
+    program = _program(_transposed_twice, inputs)
+    lines = [ln.strip() for ln in program.source.splitlines()]
+    assert sum(bool(re.fullmatch(r"v\d+ = v\d+", ln)) for ln in lines) == 1, program.source  # t(t(w)): w
+    made = [ln for ln in lines if re.fullmatch(r"v\d+ = _c\d+\(v\d+, _c\d+, _c\d+, \d+\)", ln)]
+    assert len(made) == 1, program.source  # x's transpose is a view made (t(t(w)) for the mm is only read)
+    with torch.no_grad():
+        assert_matches_eager(_transposed_twice, inputs, program.graph, program=program)
+        got = program.entry(*inputs)
+    assert got is not None and got[1].untyped_storage()._cdata == inputs[1].untyped_storage()._cdata
