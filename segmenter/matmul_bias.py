@@ -48,12 +48,13 @@ def split_matmul_bias(graph: FusionGraph, force: bool = False) -> FusionGraph:
     """Note [a matmul's bias after it]: ``graph`` with each ``addmm`` the rule takes as an ``mm``
     and an ``add``; the add keeps the addmm's name and output, so nothing downstream changes."""
     metas = graph.metas
-    if not any(_splittable(n, metas, force) for n in graph.nodes):
+    split = [_splittable(n, metas, force) for n in graph.nodes]
+    if not any(split):
         return graph
     taken = set(metas) | {n.name for n in graph.nodes}
     nodes: list[Node] = []
-    for n in graph.nodes:
-        if not _splittable(n, metas, force):
+    for n, this in zip(graph.nodes, split):
+        if not this:
             nodes.append(n)
             continue
         product = f"{n.outputs[0]}_mm"
