@@ -21,23 +21,28 @@ def _ops(graph) -> list[str]:
     return [n.op for n in graph.nodes]
 
 
-# (name, fn, inputs, split with force=True)
+# (name, fn, inputs at a number of rows, split with force=True)
 CASES = [
-    ("linear", lambda x, w, b: F.linear(x, w, b), [torch.randn(6, 8), torch.randn(5, 8), torch.randn(5)], True),
-    ("beta 2", lambda b, x, w: torch.addmm(b, x, w, beta=2), [torch.randn(5), torch.randn(6, 8), torch.randn(8, 5)], False),
-    ("alpha 0.5", lambda b, x, w: torch.addmm(b, x, w, alpha=0.5), [torch.randn(5), torch.randn(6, 8), torch.randn(8, 5)],
+    ("linear", lambda x, w, b: F.linear(x, w, b), lambda r: [torch.randn(r, 8), torch.randn(5, 8), torch.randn(5)], True),
+    ("beta 2", lambda b, x, w: torch.addmm(b, x, w, beta=2), lambda r: [torch.randn(5), torch.randn(r, 8), torch.randn(8, 5)],
      False),
-    ("2-D bias", lambda b, x, w: torch.addmm(b, x, w), [torch.randn(6, 5), torch.randn(6, 8), torch.randn(8, 5)], False),
-    ("row of 1", lambda b, x, w: torch.addmm(b, x, w), [torch.randn(1, 5), torch.randn(6, 8), torch.randn(8, 5)], False),
+    ("alpha 0.5", lambda b, x, w: torch.addmm(b, x, w, alpha=0.5),
+     lambda r: [torch.randn(5), torch.randn(r, 8), torch.randn(8, 5)], False),
+    ("2-D bias", lambda b, x, w: torch.addmm(b, x, w), lambda r: [torch.randn(r, 5), torch.randn(r, 8), torch.randn(8, 5)],
+     False),
+    ("row of 1", lambda b, x, w: torch.addmm(b, x, w), lambda r: [torch.randn(1, 5), torch.randn(r, 8), torch.randn(8, 5)],
+     False),
     ("float64", lambda x, w, b: F.linear(x, w, b),
-     [torch.randn(6, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64), torch.randn(5, dtype=torch.float64)],
-     False),
-    ("no bias", lambda x, w: F.linear(x, w), [torch.randn(6, 8), torch.randn(5, 8)], False),
+     lambda r: [torch.randn(r, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64),
+                torch.randn(5, dtype=torch.float64)], False),
+    ("no bias", lambda x, w: F.linear(x, w), lambda r: [torch.randn(r, 8), torch.randn(5, 8)], False),
 ]
 
 
-@pytest.mark.parametrize("name,fn,inputs,split", CASES, ids=[c[0] for c in CASES])
-def test_which_addmm_is_split(name, fn, inputs, split) -> None:
+@pytest.mark.parametrize("rows", [6, 11])
+@pytest.mark.parametrize("name,fn,make,split", CASES, ids=[c[0] for c in CASES])
+def test_which_addmm_is_split(name, fn, make, split, rows) -> None:
+    inputs = make(rows)
     graph = capture(fn, inputs)
     after = split_matmul_bias(graph, force=True)
     if split:
@@ -48,6 +53,8 @@ def test_which_addmm_is_split(name, fn, inputs, split) -> None:
     else:
         assert after is graph, name
     assert_matches_eager(fn, inputs, after, atol=1e-5, rtol=1e-5)
+    prog = runtime.compile(apply_aliases(segment(capture(fn, inputs), FORCE), "post"), backend="auto")
+    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=1e-5, rtol=1e-5)
 
 
 def test_the_default_leaves_a_cpu_graph_alone() -> None:
