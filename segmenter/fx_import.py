@@ -27,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from .dynamo_values import translated
 from .ir import (
     Alias,
     Arg,
@@ -95,6 +96,8 @@ def _symbolic(what: str, values: Sequence[object]) -> str:
 
 
 def _meta_of(val: object, where: str, symbolic: bool = False) -> TensorMeta:
+    if isinstance(val, TensorMeta):  # a value of dynamo's, translated: Note [dynamo's values, translated]
+        return val
     if not isinstance(val, torch.Tensor):
         raise CaptureError(f"{where}: expected a tensor value, got {type(val).__name__}")
     sizes = (*val.shape, *val.stride(), val.storage_offset())
@@ -271,7 +274,7 @@ def _tuple_outputs(n: fx.Node, val: Sequence[object]) -> tuple[str | None, ...]:
         if user.target is operator.getitem and names[user.args[1]] is None:
             names[user.args[1]] = user.name
     return tuple(
-        None if name is None or not isinstance(v, torch.Tensor) else name for name, v in zip(names, val)
+        None if name is None or not isinstance(v, (torch.Tensor, TensorMeta)) else name for name, v in zip(names, val)
     )
 
 
@@ -372,7 +375,8 @@ def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.G
 # change is perf/results/second_length_parts_cpu.json, ``from_fx``). So such a graph is run by an
 # fx Interpreter on a copy of itself and each node keeps the value it computed in ``meta['val']``:
 # the same dispatch, under the same modes, so the same questions and conditions. A graph that
-# writes is retraced (functionalized) as before.
+# writes is retraced (functionalized) as before. Since 2026-11-27 the propagation is the fallback:
+# a graph whose values dynamo computed takes them translated (Note [dynamo's values, translated]).
 def _propagated(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     """A copy of ``gm`` (its graph; modules and attributes shared) whose nodes carry, in
     ``meta['val']``, the values they compute on ``example_inputs`` (FakeTensors of one mode)."""
@@ -404,6 +408,7 @@ def from_fx(
     name: str = "graph",
     number_outputs: dict[int, int] | None = None,
     symbolic: bool = False,
+    translate: bool = True,
 ) -> FusionGraph:
     """A FusionGraph from an ATen-level GraphModule (e.g. what AOTAutograd gives a backend).
 
@@ -417,15 +422,19 @@ def from_fx(
     ``symbolic``: where the placeholders' values have symbolic sizes (dynamo's), the graph keeps
     them symbolic, as SymInts of a ShapeEnv of our own hinted by ``example_inputs`` (real
     arguments); Note [symbolic plans] in segmenter/symbolic.py. Raises NotSymbolic where that
-    cannot be done (the caller specializes instead).
+    cannot be done (the caller specializes instead). ``translate``: a graph that writes nothing
+    takes its values from dynamo's, translated to our symbols (Note [dynamo's values, translated]
+    in segmenter/dynamo_values.py); False runs it on FakeTensors of ours instead.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
         raise CaptureError(f"graph has {len(placeholders)} placeholders but {len(example_inputs)} example inputs")
+    sizes = None
     if symbolic:
         from .symbolic import symbolic_inputs
 
-        _, example_inputs = symbolic_inputs([ph.meta.get("val") for ph in placeholders], example_inputs)
+        dynamo_values = [ph.meta.get("val") for ph in placeholders]
+        sizes, example_inputs = symbolic_inputs(dynamo_values, example_inputs)
     for i, t in enumerate(example_inputs):
         if not isinstance(t, (torch.Tensor, int, float, bool, torch.SymInt)):
             raise CaptureError(f"example_inputs[{i}]: expected a tensor or a number, got {type(t).__name__}")
@@ -439,6 +448,7 @@ def from_fx(
     # a symbolic graph that writes nothing is run once only: its retrace shows the aliasing too
     writes = any(n.op == "call_function" and op_info(op_name(n.target)).mutates for n in gm.graph.nodes)
     once = symbolic and not writes
+    done, meta_of = None, TensorMeta.from_tensor
     try:
         with quiet_fake_errors():
             fake_in, fake_out, changes = (list(example_inputs), [], []) if once else _run_on_fakes(gm, example_inputs)
@@ -459,14 +469,19 @@ def from_fx(
         if shared and (mutates_beyond_epilogue(gm) or (writes and has_symbolic_sizes(gm))):
             raise CaptureError("inputs share a storage and the graph mutates: not supported yet")
         try:
-            if once:  # nothing to functionalize: Note [symbolic graphs propagated, not retraced]
-                gm = _propagated(gm, example_inputs)
+            if once:  # nothing to functionalize: Note [dynamo's values, translated] where they
+                # all translate, else Note [symbolic graphs propagated, not retraced]
+                done = (translated(gm, sizes, dynamo_values, storage_ids(tensors))
+                        if sizes is not None and translate else None)
+                gm = done.gm if done is not None else _propagated(gm, example_inputs)
             else:
                 gm = _retrace(_aliased(gm, {c.index for c in changes}) if changes else gm, example_inputs)
         except Exception as e:  # noqa: BLE001 - torch's error from make_fx/functionalize, as ours
             raise CaptureError(f"functionalizing the graph failed: {type(e).__name__}: {_first_line(e)}") from e
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        if once:  # the values computed on the inputs' FakeTensors (views share their storages)
+        if once and done is not None:  # dynamo's own FakeTensors: their storages are the graph's
+            fake_in, fake_out, meta_of = done.inputs, done.outputs, done.meta
+        elif once:  # the values computed on the inputs' FakeTensors (views share their storages)
             out_node = next(n for n in gm.graph.nodes if n.op == "output")
             fake_out = [x.meta.get("val") if isinstance(x, fx.Node) else x for x in pytree.tree_leaves(out_node.args)]
     storage = storage_ids(tensors)
@@ -503,7 +518,7 @@ def from_fx(
             raise CaptureError(f"input_updates: output {pos} -> input {idx} is out of range")
         mutations.append(Mutation(idx, outputs[pos]))
     keep = [i for i in range(len(outputs)) if i not in updates]
-    aliases = observed_aliases([fake_in[i] for i in tensor_pos], [fake_out[i] for i in keep])
+    aliases = observed_aliases([fake_in[i] for i in tensor_pos], [fake_out[i] for i in keep], meta_of)
     live = set(outputs) | {m.value for m in mutations}
     kept = eliminate_dead_nodes(nodes, live)
     used = {v for n in kept for v in n.inputs} | live
@@ -606,8 +621,10 @@ def _value_name(a: Arg, renamed: Mapping[str, str], where: str) -> str:
     return renamed.get(a.name, a.name)
 
 
-def observed_aliases(inputs: Sequence[object], outputs: Sequence[object]) -> list[Alias | None]:
-    """Which outputs share a storage with an input (first such input) or an earlier output."""
+def observed_aliases(inputs: Sequence[object], outputs: Sequence[object],
+                     meta_of: Callable[[torch.Tensor], TensorMeta] = TensorMeta.from_tensor) -> list[Alias | None]:
+    """Which outputs share a storage with an input (first such input) or an earlier output;
+    ``meta_of`` gives an aliasing output's layout (Note [dynamo's values, translated])."""
     by_storage: dict[StorageWeakRef, Alias] = {}
     for i, t in enumerate(inputs):
         if isinstance(t, torch.Tensor):
@@ -621,6 +638,6 @@ def observed_aliases(inputs: Sequence[object], outputs: Sequence[object]) -> lis
             raise CaptureError(f"output {j}: a {t.layout} tensor; only strided (dense) tensors are supported")
         key = StorageWeakRef(t.untyped_storage())
         alias = by_storage.get(key)
-        result.append(None if alias is None else Alias(alias.source, alias.index, TensorMeta.from_tensor(t)))
+        result.append(None if alias is None else Alias(alias.source, alias.index, meta_of(t)))
         by_storage.setdefault(key, Alias("output", j))
     return result

@@ -186,6 +186,9 @@ class SymbolicSizes:
         #: what torch's meta kernels computed for a node, by its op and its inputs' symbolic
         #: layouts, for this plan only (Note [checking a plan's metas once] in runtime/codegen/checks.py)
         self.meta_checks: dict[object, list[object]] = {}
+        #: dynamo's symbols as ours, where the plan's inputs came from dynamo's placeholders
+        #: (``symbolic_inputs``; Note [dynamo's values, translated] in segmenter/dynamo_values.py)
+        self.from_dynamo: dict[sympy.Symbol, sympy.Expr] = {}
         self.env.fuseg_sizes = self  # type: ignore[attr-defined] - found again from any SymInt (sizes_of)
 
     # -- symbols -------------------------------------------------------------------------------
@@ -472,6 +475,7 @@ def symbolic_inputs(placeholders: Sequence[Any], args: Sequence[Any]) -> tuple[S
                 found[e] = (int(actual), SymbolSource(i, dim))
     for e, (actual, src) in found.items():
         ours[e] = sizes.symbol(actual, src, number=src.dim is None)
+    sizes.from_dynamo = ours
 
     def value(s: object, hint: int, what: str) -> int | torch.SymInt:
         e = expr_of(s)
