@@ -64,6 +64,7 @@ from .kernel import (
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, ROW_REGISTERS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
 from .symsizes import sizes_active, smax, smin
+from .tables import tabulate
 
 __all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
 
@@ -726,9 +727,13 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
                 f"{indent}for (int u_ = 0; u_ < {ept}; ++u_) if (i_ + (FUSEG_I)u_ * FUSEG_BLOCK_DIM < {n}) {{",
                 f"{b.indent}const FUSEG_I i = i_ + (FUSEG_I)u_ * FUSEG_BLOCK_DIM;", *unravel]
     loop_vars = [v for v in idx_vars if v != "0"]
-    levels = _hoist_levels(b.lines, b.indent, loop_vars)
+    # Note [tables of a small input's values] (tables.py): the CPU loop's own body where it reads
+    # tables, filled before the loop; the CUDA loop keeps ``b.lines``
+    inputs = {p.name: (p.dtype, p.shape, p.stride) for p in lw.params.values() if not p.output}
     threads = parallel_if(n, b.lines)  # Note [work of a loop]
-    inner = [line for line, lv in zip(b.lines, levels) if lv >= len(nest) - 1]
+    lines, fill = tabulate(b.lines, inputs, n, lambda: lw.fresh("fuseg_tab"), threads)
+    levels = _hoist_levels(lines, b.indent, loop_vars)
+    inner = [line for line, lv in zip(lines, levels) if lv >= len(nest) - 1]
     # Note [one loop per branch range] (fission.py): only below an outer loop, which OpenMP shares
     split = fission(nest[-1], inner, loop_vars[-1], shape[int(loop_vars[-1][2:])], indent) if len(nest) >= 2 else None
     if not any(lv < len(nest) - 1 for lv in levels):
@@ -737,13 +742,16 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
             cpu.insert(0, f"#pragma omp parallel for collapse({max(len(nest) - 1, 1)}) schedule(static){threads}")
         if split is not None:
             cpu[-1:] = [f"{indent}{{", *split, f"{indent}}}"]
-            return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *cpu, "#endif"]) + "\n"
+            return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *fill, *cpu, "#endif"]) + "\n"
+        if fill:
+            return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *fill, *cpu,
+                              f"{indent}{{", *lines, f"{indent}}}", "#endif"]) + "\n"
         cpu.append(f"{indent}{{")
         return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
     # Note [hoisted per-loop values]: a value that depends only on outer loop counters (batch
     # norm's per-channel scale, a broadcast row of weights) is computed in the loop of its
     # innermost counter, not per element; loops above such a value are the only ones collapsed.
-    cpu = [line for line, lv in zip(b.lines, levels) if lv == -1]
+    cpu = [*fill, *(line for line, lv in zip(lines, levels) if lv == -1)]
     first = min(lv for lv in levels if lv >= 0) if any(lv >= 0 for lv in levels) else len(nest) - 1
     if threads is not None and nest:
         cpu.append(f"#pragma omp parallel for collapse({max(min(first + 1, len(nest) - 1), 1)}) schedule(static){threads}")
@@ -753,7 +761,7 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
             cpu.extend(split)
             break
         cpu.append(header)
-        mine = [line for line, lv in zip(b.lines, levels) if lv == d and d < len(nest) - 1]
+        mine = [line for line, lv in zip(lines, levels) if lv == d and d < len(nest) - 1]
         # the loop right above a split encloses several loops: braces even with nothing of its own
         if mine or d == len(nest) - 1 or (split is not None and d == len(nest) - 2):
             cpu.append(f"{indent}{{")
