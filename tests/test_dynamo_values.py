@@ -14,7 +14,7 @@ import torch
 import runtime.dynamo as rd
 import segmenter.fx_import as fx_import
 
-from .test_dynamic import DYNAMIC_PROGRAMS, _run_dynamic, _tiny_llama
+from .test_dynamic import DYNAMIC_PROGRAMS, _run_dynamic
 
 
 @pytest.fixture(autouse=True)
@@ -69,23 +69,12 @@ def test_a_graph_that_writes_is_retraced_not_translated(both_ways) -> None:
 
 
 def test_training_graphs_translated(both_ways) -> None:
-    """A tiny Llama's forward and backward graphs at a second and third sequence length: the
-    forward returns SymInts saved for the backward, which takes them; loss and every gradient
-    match eager."""
-    model = _tiny_llama()
-    ours = copy.deepcopy(model)
-    compiled = torch.compile(ours, backend="fuseg")
-    for length in (8, 12, 16):
-        ids = torch.randint(0, 100, (2, length))
-        model.zero_grad()
-        ours.zero_grad()
-        expected = model(input_ids=ids, labels=ids).loss
-        got = compiled(input_ids=ids, labels=ids).loss
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-        expected.backward()
-        got.backward()
-        for (pname, a), b in zip(model.named_parameters(), ours.parameters()):
-            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=f"length {length}: {pname}")
+    """A tiny Llama's forward and backward graphs at a second and third sequence length (the
+    forward returns SymInts saved for the backward, which takes them): test_dynamic's training
+    test (loss and every gradient against eager), with every symbolic graph compared."""
+    from . import test_dynamic
+
+    test_dynamic.test_training_on_several_sequence_lengths()
     assert both_ways["graphs"] >= 2 and both_ways["fell_back"] == 0, both_ways
     assert both_ways["translated"] == both_ways["graphs"]
 
