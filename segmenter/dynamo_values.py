@@ -153,8 +153,6 @@ def translated(gm: fx.GraphModule, sizes: SymbolicSizes, placeholders: Sequence[
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         outputs = [x.meta.get("val") if isinstance(x, fx.Node) else x for x in pytree.tree_leaves(out_node.args)]
         for v in (*placeholders, *outputs):  # every layout ``meta`` will be asked for is translated now
-            if isinstance(v, torch.Tensor) and v.layout != torch.strided:
-                raise _Untranslatable(f"a {v.layout} tensor")
             ours.value(v)
     except _Untranslatable:
         return None

@@ -11,10 +11,14 @@ Here each such ``f(in[...])`` of the CPU loop reads ``table[...]`` instead, a st
 before the loop (and before OpenMP's threads start) with ``f`` of each element the input spans.
 The CUDA loop is left as it was (a GPU's sin is a few instructions).
 
-Only where it cannot be worse, and exact: a float32 input of plain sizes, spanning at most
-``TABLE_MAX`` elements, read by a loop of at least ``MIN_REUSE`` times as many elements; ``f``
-one of the unary functions below, on the loaded value itself (the same call on the same float,
-so the same bits). The table covers the input's whole span, so every index the loop computes
+Where the loop makes at least ``MIN_REUSE`` times as many calls as the table, and exact: a
+float32 input of plain sizes, spanning at most ``TABLE_MAX`` elements; ``f`` one of the unary
+functions below, on the loaded value itself (the same call on the same float, so the same bits).
+The bounds are counts of calls, not times measured on a CPU: none of the three constants was
+tuned. A table shorter than ``PARALLEL_FILL`` is filled by one thread while the loop's calls are
+shared by all of them, so on a machine with more than ``MIN_REUSE`` threads a short table can
+cost more than each thread's share of the calls it replaces (this 2-thread machine kind was
+the only one measured: tests/test_tables.py and the phi3/Llama kernels above). The table covers the input's whole span, so every index the loop computes
 into the input is one of the table's: a gap of a strided span is computed too, harmlessly.
 """
 
