@@ -16,9 +16,14 @@ length on) against ``steady`` is what a new length costs. fuseg's kernel builds 
 runs) are counted per generate. fuseg builds an inference graph's kernels in the background
 (its default, Note [kernels built in the background]; programs of fixed sizes too since
 2026-11-27): after the protocol it says how many builds were
-still under way, waits for them and times the seen length again (``steady_after_builds``).
+still under way, waits for them and times the seen length again (``steady_after_builds``),
+then prompts of ``LATER_LENGTHS``, never seen, each twice: ``new_after_builds`` (a new length
+once the kernels exist) against ``seen_after_builds`` (the same lengths again); their builds
+counted, their tokens checked.
 ``--backends ... fuseg-foreground`` adds fuseg building on the caller's thread
-(FUSEG_BACKGROUND_BUILDS=0) in a process of its own.
+(FUSEG_BACKGROUND_BUILDS=0) in a process of its own; ``fuseg-unpaused`` adds fuseg with its
+background compilers left running while dynamo traces (FUSEG_PAUSE_BUILDS=0: the before of
+Note [compilers paused while dynamo traces]).
 
 Training (``--train``). One SGD step (forward, backward, update) of a tiny causal LM with labels
 on batches whose sequence length changes every step (``TRAIN_LENGTHS``: what a data loader with
@@ -46,6 +51,8 @@ __all__ = ["GENERATE_MODELS", "LENGTHS", "TRAIN_LENGTHS", "main"]
 #: causal LMs for generation: qwen2 (the model of issue 41's figures) and three the project was never tuned on
 GENERATE_MODELS = ("qwen2", "phi3", "olmo", "starcoder2")
 LENGTHS = (5, 9, 13, 17, 21, 25)
+#: lengths first seen after fuseg's background builds are done (``new_after_builds``)
+LATER_LENGTHS = (29, 33, 37)
 TRAIN_LENGTHS = (16, 24, 32, 20, 28, 40, 16, 24, 32, 20, 28, 40)
 BACKENDS = ("eager", "aot_eager", "inductor", "fuseg")
 NEW_TOKENS = 24
@@ -128,6 +135,24 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
             again.append(time.perf_counter() - t)
         out["seconds_after_builds"] = again
         out["steady_after_builds"] = statistics.median(again[1:])
+        # lengths never seen, every build done: what a new length costs once the kernels exist,
+        # against the same length generated again right after it (seen)
+        fresh, seen, fresh_builds, fresh_equal = [], [], [], []
+        for n in LATER_LENGTHS:
+            ids = torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n))
+            for times_of in (fresh, seen):
+                before = _builds()
+                t = time.perf_counter()
+                with torch.no_grad():
+                    got = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+                times_of.append(time.perf_counter() - t)
+                fresh_builds.append(_builds() - before)
+            with torch.no_grad():
+                fresh_equal.append(bool(torch.equal(got, ref.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                                                      pad_token_id=0))))
+        out.update(later_lengths=list(LATER_LENGTHS), seconds_later_lengths_new=fresh, seconds_later_lengths_seen=seen,
+                   kernel_builds_later_lengths=fresh_builds, tokens_equal_eager_later_lengths=fresh_equal,
+                   new_after_builds=statistics.median(fresh), seen_after_builds=statistics.median(seen))
     return out
 
 
@@ -168,13 +193,16 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
 
 def _child(kind: str, name: str, backend: str, repeats: int) -> dict[str, Any]:
     """Run one (model, backend) in a fresh process with empty compiler caches. ``fuseg-foreground``
-    is fuseg with its kernels built on the caller's thread (FUSEG_BACKGROUND_BUILDS=0)."""
+    is fuseg with its kernels built on the caller's thread (FUSEG_BACKGROUND_BUILDS=0),
+    ``fuseg-unpaused`` fuseg with its background compilers never paused (FUSEG_PAUSE_BUILDS=0)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), PYTHONWARNINGS="ignore")
         if backend == "fuseg-foreground":
             env["FUSEG_BACKGROUND_BUILDS"] = "0"
-        run_as = "fuseg" if backend == "fuseg-foreground" else backend
+        if backend == "fuseg-unpaused":
+            env["FUSEG_PAUSE_BUILDS"] = "0"
+        run_as = "fuseg" if backend in ("fuseg-foreground", "fuseg-unpaused") else backend
         cmd = [sys.executable, "-m", "perf.dynamic_shapes", "--child", kind, name, run_as, str(repeats)]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
         if done.returncode != 0:
@@ -190,12 +218,18 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out["foreground_new_over_steady"] = fg["new"] / fg["steady"]
         if "aot_eager" in by:
             out["foreground_second_over_aot_eager_second"] = fg["second"] / by["aot_eager"]["second"]
+    unpaused = by.get("fuseg-unpaused")
+    if unpaused is not None and "aot_eager" in by:
+        out["unpaused_second_over_aot_eager_second"] = unpaused["second"] / by["aot_eager"]["second"]
     f = by.get("fuseg")
     if f is None:
         return out
     out["fuseg_new_over_steady"] = f["new"] / f["steady"]
     if f.get("steady_after_builds"):
         out["fuseg_steady_after_builds_over_steady"] = f["steady_after_builds"] / f["steady"]
+    if f.get("new_after_builds"):
+        out["fuseg_new_after_builds_over_seen"] = f["new_after_builds"] / f["seen_after_builds"]
+        out["fuseg_builds_at_later_lengths"] = sum(f["kernel_builds_later_lengths"])
     if "aot_eager" in by:
         out["fuseg_second_over_aot_eager_second"] = f["second"] / by["aot_eager"]["second"]
     if "inductor" in by:

@@ -49,6 +49,16 @@ idle, and the compilers run). A program is made again once, at the first call th
 builds done (0.05-0.35 s of Python for a tiny LM's graphs, the launches' source generated
 again: a timer around ``rebuild`` in scratch runs of that protocol).
 
+Idle cores are not enough at one point: while the caller's thread traces or plans (dynamo's
+compile of a frame, fuseg's making of a program), the background compilers are stopped and
+none starts (Note [compilers paused while dynamo traces] in codegen/pause.py; dynamo's re-trace
+at the second prompt length ran up to 1.75x slower beside them). And while they run, a caller
+that runs torch's parallel ops is slowed far more than their priority suggests: on this machine
+kind's two vCPUs, phi3-tiny's generates on the interim program took 0.15-0.48 s with the
+compilers running against 0.010-0.022 s with them held (scratch timers, 2026-11-27); stopping
+them during the interim program's calls too made those calls fast but the builds no sooner
+done, and the total of 300 generates the same (8.3 s against 8.1), so it was not kept.
+
 Why it is on for inference graphs only: a training step keeps every core busy, so idle-only
 compilers got no time and its steps ran the interim program (6.5-16.3 ms against 4.0-7.1 ms
 with the builds on the caller's thread, perf/results/train_background_builds_cpu.json); for

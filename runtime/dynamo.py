@@ -11,6 +11,7 @@ compiles again, never misreads.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from segmenter import SegmenterOptions, from_fx, segment
 from segmenter.fx_import import has_symbolic_sizes, storage_ids
 from segmenter.symbolic import symbolic_hashing
 
+from .codegen import pause
 from .cudagraphs import use_cuda_graphs
 from .program import CompiledProgram
 
@@ -43,6 +45,40 @@ def _signature(args: Sequence[Any]) -> tuple:
     ) + (tuple(storage_ids(tensors)),)
 
 
+_DYNAMO_HOLDS: list[bool] = []  # (a hold taken by dynamo's start callback, not yet released)
+_DYNAMO_LOCK = threading.Lock()
+
+
+def _hold(_args: Any) -> None:
+    with _DYNAMO_LOCK:
+        if not _DYNAMO_HOLDS:
+            _DYNAMO_HOLDS.append(True)
+            pause.hold()
+
+
+def _release(_args: Any) -> None:
+    """(only a hold the start callback took: the end of the compile during which the callbacks
+    were registered must not end somebody else's)"""
+    with _DYNAMO_LOCK:
+        if _DYNAMO_HOLDS:
+            _DYNAMO_HOLDS.clear()
+            pause.release()
+
+
+def _pause_during_dynamo_compiles() -> None:
+    """Note [compilers paused while dynamo traces] (runtime/codegen/pause.py): dynamo's
+    compile-start and compile-end callbacks hold and release the pause on background compilers;
+    registered by each compiler made where they are not (``torch._dynamo.reset()`` clears them;
+    a compile under way at the registration is not held: its end finds no hold to release)."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:  # pragma: no cover - a torch without dynamo's callbacks: nothing paused
+        return
+    if _hold not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_hold)
+        callback_handler.register_end_callback(_release)
+
+
 class FusegCompiler:
     """The compiler AOTAutograd calls for each graph; the returned callable compiles lazily.
     ``backend``: the kernel backend (``auto``: the registry's order; runtime/backends/)."""
@@ -51,6 +87,7 @@ class FusegCompiler:
                  dynamic: bool = True, cuda_graphs: bool = False, background_builds: bool | str | None = None,
                  ) -> None:
         self.mode = mode
+        _pause_during_dynamo_compiles()
         #: Note [kernels built in the background] (runtime/background.py): a program's new
         #: kernels (a symbolic plan's or one of fixed sizes; not one captured into a CUDA graph)
         #: compile off the caller's thread while torch runs their segments: True for
@@ -119,10 +156,13 @@ class FusegCompiler:
                 key = _signature(args)
                 program, sizes = cache.get(key) or (None, {})
                 if program is None:
-                    with _disable_current_modes():  # Note [compiling outside the caller's modes]
-                        graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes)
-                    program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend,
-                                              background=background and not self.cuda_graphs)
+                    # (Note [compilers paused while dynamo traces]: the background ones stop meanwhile)
+                    with pause.held():
+                        with _disable_current_modes():  # Note [compiling outside the caller's modes]
+                            graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}",
+                                            number_outputs=sizes)
+                        program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode),
+                                                  self.backend, background=background and not self.cuda_graphs)
                     if self.cuda_graphs:
                         use_cuda_graphs(program)
                     cache[key] = program, sizes
@@ -169,7 +209,8 @@ class FusegCompiler:
             return _with_sizes(results, sizes_fn, inputs)
         sizes: dict[int, Any] = {}
         try:
-            with _disable_current_modes(), symbolic_hashing():  # Note [compiling outside the caller's modes]
+            # (Note [compilers paused while dynamo traces]: the background ones stop meanwhile)
+            with _disable_current_modes(), symbolic_hashing(), pause.held():  # Note [compiling outside the caller's modes]
                 graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
                                 symbolic=True)
                 program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend,

@@ -35,7 +35,7 @@ from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
 from .background import interim_launches, rebuild
 from .chains import Chain, emit_chain, plan_chains
-from .codegen import Declined
+from .codegen import Declined, pause
 from .codegen.symsizes import c_sizes
 from .gather import affine_gather
 from .guards import LearnedGuard
@@ -217,6 +217,7 @@ class CompiledProgram:
         if not all(f.done() for f in self._building):
             if time.monotonic() - self._building_since < WAIT_AFTER_S:
                 return False
+            pause.release_all()  # (Note [compilers paused while dynamo traces])
             concurrent.futures.wait(self._building)
         self._rebuild()
         return True
@@ -224,6 +225,7 @@ class CompiledProgram:
     def wait_for_builds(self) -> None:
         """Wait for the builds started in the background, then run the kernels from now on."""
         if self._building is not None:
+            pause.release_all()
             concurrent.futures.wait(self._building)
             self._rebuild()
 

@@ -36,6 +36,7 @@ import time
 import warnings
 from collections.abc import Callable
 
+from . import pause
 from .ctypes_ import Declined
 from .kernel import translation_unit
 from .lower import Kernel
@@ -185,8 +186,11 @@ def _compile(cxx: str, src: str, what: str, tmp: str, low_priority: bool = False
     # core would be idle, so a thread of torch's that wakes takes the core at once. Set after
     # the start, a policy missed the compiler's children, and a tiny LM's decode step took
     # 15 ms instead of 0.7 while one ran: its CPU attention waited for its second thread.)
-    r = subprocess.run([cxx, *CPU_FLAGS, "-o", out, cpp], capture_output=True, text=True,
-                       preexec_fn=_idle_in_child if low_priority and os.name == "posix" else None)
+    # (Note [compilers paused while dynamo traces] in pause.py: a background one is also stopped
+    # while the caller's thread traces or plans)
+    cmd = [cxx, *CPU_FLAGS, "-o", out, cpp]
+    r = (pause.run_compiler(cmd, _idle_in_child if os.name == "posix" else None) if low_priority
+         else subprocess.run(cmd, capture_output=True, text=True))
     with _COUNTING:
         compilations["cpu"] += 1
     if r.returncode < 0:
@@ -272,7 +276,7 @@ def build_cpu(kernel: Kernel) -> Callable[..., None]:
     return _build_cpu(kernel, *_entry(kernel))
 
 
-def _build_cpu(kernel: Kernel, src: str, digest: str) -> Callable[..., None]:
+def _build_cpu(kernel: Kernel, src: str, digest: str, low_priority: bool = False) -> Callable[..., None]:
     fn = _CPU.get(digest)
     if fn is not None:
         return fn
@@ -282,10 +286,10 @@ def _build_cpu(kernel: Kernel, src: str, digest: str) -> Callable[..., None]:
     lib_path = _lib_path(kernel, digest)
     if not _sound(lib_path):
         try:
-            _compile_into(lib_path, cxx, src, kernel.name)
+            _compile_into(lib_path, cxx, src, kernel.name, low_priority)
         except OSError as e:  # the cache dir failed under us (removed, full, read-only): bypass it
             lib_path = os.path.join(_fall_back(_configured_dir(), e), os.path.basename(lib_path))
-            _compile_into(lib_path, cxx, src, kernel.name)
+            _compile_into(lib_path, cxx, src, kernel.name, low_priority)
     try:
         lib = ctypes.CDLL(lib_path)
     except OSError as e:  # sound by its record, yet not loadable: built again, once
@@ -373,6 +377,7 @@ def background_builds_under_way() -> int:
 def wait_for_background_builds() -> None:
     """Every build started by ``build_cpu_later`` done (each program runs its kernels from its
     next call on: Note [kernels built in the background])."""
+    pause.release_all()  # (a held pause would keep them from ending: Note [compilers paused while dynamo traces])
     with _LATER_LOCK:
         under_way = list(_UNDER_WAY)
     concurrent.futures.wait(under_way)
@@ -424,7 +429,7 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
         if digest in declined:
             return declined[digest]
         try:
-            return _build_cpu(k, src, digest)  # loads what the groups built (or builds what they could not)
+            return _build_cpu(k, src, digest, low_priority)  # loads what the groups built (or builds what they could not)
         except Declined as e:
             return e
         except CompileError as e:

@@ -1,0 +1,176 @@
+"""Note [compilers paused while dynamo traces] (runtime/codegen/pause.py): while dynamo compiles a
+frame, or fuseg makes a program, background compilers are stopped and none is started; at the
+release they go on and the builds finish; a hold never released, or a wait for the builds,
+cannot leave them stopped. The compiler here is the machine's own, behind a script that writes
+its process id and sleeps first, so that a test sees it start, stop and go on."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+import torch
+
+import runtime
+from alias import apply_aliases
+from runtime.codegen import build, pause
+from segmenter import capture, segment
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``T``: stopped), or ``gone``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _wait_for(cond, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture
+def slow_compiler(tmp_path, monkeypatch):
+    """A fresh kernel (its source names a fresh cache), the cache empty, and CXX a script that
+    appends its pid to ``pids`` and sleeps ``SLEEP`` seconds before it runs the real compiler."""
+    if not os.path.exists("/proc/self/stat") or build.cpu_compiler() is None:
+        pytest.skip("needs Linux's /proc and a C++ compiler")
+    prog = runtime.compile(apply_aliases(segment(capture(lambda x: (x * 3.5).sin(), [torch.randn(8, 4)])), "post"),
+                           backend="cpp")
+    (kernel,) = [k for k in prog.kernels.values() if k.kind == "pointwise"]
+    pids = tmp_path / "pids"
+    script = tmp_path / "cxx"
+    script.write_text(f'#!/bin/sh\necho $$ >> "{pids}"\nsleep 1\nexec "{build.cpu_compiler()}" "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CXX", str(script))
+    monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
+    monkeypatch.setattr(build, "_CPU", {})
+    yield kernel, pids
+    pause.release_all()
+    build.wait_for_background_builds()
+
+
+def _pid(pids) -> int | None:
+    return int(pids.read_text().split()[0]) if pids.exists() and pids.read_text().strip() else None
+
+
+def _built(future) -> None:
+    (fn,) = future.result(timeout=60)
+    assert callable(fn), fn  # a function, not a Declined
+
+
+def test_a_hold_stops_a_running_compiler_and_the_release_continues_it(slow_compiler):
+    kernel, pids = slow_compiler
+    before = build.compilations["cpu"]
+    future = build.build_cpu_later([kernel])
+    assert _wait_for(lambda: _pid(pids) is not None), "the compiler never started"
+    pid = _pid(pids)
+    with pause.held():
+        assert pause.holding()
+        assert _wait_for(lambda: _state(pid) == "T", 5), _state(pid)
+        time.sleep(1.5)  # longer than the script's sleep: stopped, it has not gone on
+        assert _state(pid) == "T" and not future.done()
+    assert not pause.holding()
+    assert _state(pid) != "T"
+    _built(future)
+    assert build.compilations["cpu"] == before + 1
+
+
+def test_no_compiler_starts_during_a_hold(slow_compiler):
+    kernel, pids = slow_compiler
+    pause.hold()
+    try:
+        future = build.build_cpu_later([kernel])
+        time.sleep(1.0)
+        assert _pid(pids) is None and not future.done()
+    finally:
+        pause.release()
+    _built(future)
+    assert _pid(pids) is not None
+
+
+def test_holds_nest_and_only_the_last_release_lets_go(slow_compiler):
+    kernel, pids = slow_compiler
+    pause.hold()
+    pause.hold()
+    future = build.build_cpu_later([kernel])
+    pause.release()
+    time.sleep(0.5)
+    assert pause.holding() and _pid(pids) is None
+    pause.release()
+    _built(future)
+
+
+def test_a_wait_for_the_builds_ends_every_hold(slow_compiler):
+    kernel, pids = slow_compiler
+    pause.hold()
+    future = build.build_cpu_later([kernel])
+    build.wait_for_background_builds()  # (would never return if the hold stood)
+    assert future.done() and not pause.holding()
+    _built(future)
+    pause.release()  # the hold it ended: nothing left to release, no error
+    assert not pause.holding()
+
+
+def test_a_hold_never_released_is_overridden(slow_compiler, monkeypatch):
+    kernel, pids = slow_compiler
+    monkeypatch.setattr(pause, "MAX_HOLD_S", 0.5)
+    pause.hold()
+    future = build.build_cpu_later([kernel])
+    _built(future)  # within the timeout, with no release
+    assert not pause.holding()
+
+
+def test_off_with_the_environment(slow_compiler, monkeypatch):
+    kernel, pids = slow_compiler
+    monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "0")
+    pause.hold()
+    assert not pause.holding()
+    future = build.build_cpu_later([kernel])
+    assert _wait_for(lambda: _pid(pids) is not None, 5)
+    _built(future)
+    pause.release()
+
+
+def test_dynamo_compiles_and_fusegs_planning_hold_the_pause(monkeypatch):
+    """Inside dynamo's compile of a frame (our backend is called there) and while fuseg makes a
+    program (at the graph's first call), a hold is in force; after the call, none."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
+    monkeypatch.setenv("FUSEG_BACKGROUND_BUILDS", "0")  # (the build on the caller's thread: seen while planning)
+    seen: dict[str, bool] = {}
+    torch._dynamo.reset()  # (which clears dynamo's callbacks: the compiler made next registers them)
+    compiler = FusegCompiler()
+    from runtime.backends import cpp
+
+    real = cpp.build_cpu_many
+
+    def watched(*args, **kwargs):  # (a foreground build: called while the program is made)
+        seen.setdefault("planning", pause.holding())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpp, "build_cpu_many", watched)
+    monkeypatch.setattr(build, "_CPU", {})
+
+    def backend(gm, example_inputs):
+        seen["dynamo"] = pause.holding()
+        return compile_with_aot(compiler, gm, example_inputs)
+
+    try:
+        fn = torch.compile(lambda x: (x * 1.25).cos() + 1, backend=backend)
+        x = torch.randn(5, 3)
+        torch.testing.assert_close(fn(x), (x * 1.25).cos() + 1)
+    finally:
+        torch._dynamo.reset()
+    assert seen == {"dynamo": True, "planning": True}
+    assert not pause.holding()
