@@ -32,3 +32,27 @@ def test_summary_names_the_models_slower_than_inductor() -> None:
     s = summary([row("a", 0.9), row("b", 1.2), row("c", 1.0), {"model": "d", "error": "x"}])
     assert s["slower_than_inductor"] == {"b": 1.2}
     assert s["median_fuseg_over_inductor"] == 1.0
+
+
+def test_several_processes_give_the_median_of_each(monkeypatch) -> None:
+    """``--processes N``: each variant's median step over the processes, the median of their
+    fuseg/Inductor ratios, every process kept; a failed process is the row's error."""
+    import perf.train_step as ts
+
+    steps = iter([(4.0, 2.6, 2.0), (4.4, 1.6, 1.8), (4.2, 2.6, 1.7)])
+
+    def child(name, rounds, steps_, variants):
+        e, i, f = next(steps)
+        return {"model": name, "shape": [2, 32], "step_ms": {"eager": e, "inductor": i, "fuseg": f},
+                "first_step_s": {"eager": 0.0, "inductor": 20.0, "fuseg": 4.0},
+                "check_against_eager": {"fuseg": {"max_grad_diff": f * 1e-8}},
+                "fuseg_over_eager": f / e, "fuseg_over_inductor": f / i, "inductor_over_eager": i / e}
+
+    monkeypatch.setattr(ts, "_child", child)
+    row = ts._processes("llama-tiny", 1, 1, 3)
+    assert row["step_ms"] == {"eager": 4.2, "inductor": 2.6, "fuseg": 1.8}
+    assert row["fuseg_over_inductor_per_process"] == [2.0 / 2.6, 1.8 / 1.6, 1.7 / 2.6]
+    assert row["fuseg_over_inductor"] == 2.0 / 2.6
+    assert len(row["processes"]) == 3 and row["check_against_eager"]["fuseg"]["max_grad_diff"] == 2.0e-8
+    monkeypatch.setattr(ts, "_child", lambda *a: {"model": "llama-tiny", "error": "boom"})
+    assert ts._processes("llama-tiny", 1, 1, 2)["error"] == "boom"

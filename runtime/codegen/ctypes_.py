@@ -228,8 +228,10 @@ using namespace fuseg_math;
 #define FUSEG_ON_CPU(cpu, cuda) (cpu)
 #if defined(__GNUC__) && !defined(__clang__)
 #define FUSEG_NO_IF_CONVERT __attribute__((optimize("no-tree-loop-if-convert")))
+#define FUSEG_NO_PRE __attribute__((optimize("no-tree-pre")))
 #else
 #define FUSEG_NO_IF_CONVERT
+#define FUSEG_NO_PRE
 #endif
 #define FUSEG_INF (__builtin_inff())
 #define FUSEG_NAN (__builtin_nanf(""))

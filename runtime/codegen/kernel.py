@@ -78,6 +78,8 @@ class Kernel:
         qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
         if target == "cpu" and branches_with_loads(self.body):
             qual += " FUSEG_NO_IF_CONVERT"
+        if target == "cpu" and calls_inlined_math(self.body):
+            qual += " FUSEG_NO_PRE"
         # Note [CUDA launch shapes]; a kernel of symbolic sizes keeps blockDim.x: its block comes from
         # the first call's sizes, and a plan made for other sizes must find the same source
         if target == "cuda" and isinstance(self.block, int) and not symbols and cuda_tuning():
@@ -130,6 +132,26 @@ def branches_with_loads(body: str) -> bool:
     """Whether a CPU build of a kernel body has an ``if`` statement (Note [no if-conversion of
     branches])."""
     return any(_BRANCH.search(line) for line in cpu_lines(body))
+
+
+# Note [no partial redundancy elimination around inlined math]: fuseg_exp, fuseg_erf and
+# fuseg_tanh (Note [vectorizable exp], ctypes_.py) are branch-free as written, ternaries that
+# if-conversion turns into vector selects. g++ 12.2's PRE (-ftree-pre, on at -O3) can move
+# their computations into the arms of those ternaries once several are inlined into one loop
+# with other values: the loop then has control flow that if-conversion leaves, and it is not
+# vectorized at all ("control flow in loop", -fopt-info-vec). Found in bert-tiny's backward: a
+# layer norm backward that recomputes GELU (two erf and an exp an element), whose last row
+# pass stayed scalar: 52.2 us a call, 8.2 us built without PRE, outputs bit for bit the same
+# (its source built both ways, called alternately; scratch). Dropping any one statement of that
+# pass, or PRE, let it vectorize. So a CPU kernel that calls them is built without PRE (a
+# function attribute, as Note [no if-conversion of branches]); other kernels keep it.
+_INLINED_MATH = re.compile(r"\bfuseg_(?:exp|erf|tanh)\(")
+
+
+def calls_inlined_math(body: str) -> bool:
+    """Whether a CPU build of a kernel body calls fuseg_exp, fuseg_erf or fuseg_tanh (Note [no
+    partial redundancy elimination around inlined math])."""
+    return any(_INLINED_MATH.search(line) for line in cpu_lines(body))
 
 
 # Note [CUDA launch shapes]: what a CUDA kernel is told of its launch. A kernel is always launched
