@@ -27,7 +27,7 @@ the tile is sized for its 16 (or 32) registers:
 Every size, stride and offset is a runtime argument (Note [kernel sizes as arguments] in
 symsizes.py: one binary for every size); only the tile shapes are compile-time. Edges need no
 scalar code: the last vector of a row is loaded and stored under a lane mask (vmaskmovps on AVX;
-a loop elsewhere), k past the last whole vector of a dot product is a masked load (zeros add
+AVX-512's masked moves; a loop elsewhere), k past the last whole vector of a dot product is a masked load (zeros add
 nothing), and rows or columns past a dot tile's edge read the last real one again and are not
 stored. tests/test_matmul_kernels.py reads the disassembly of a built kernel: no stack traffic in
 the inner loops.
@@ -162,6 +162,18 @@ static inline fuseg_v fuseg_ldm(const float* p, fuseg_vm m) {
   return (fuseg_v)__builtin_ia32_maskloadps256((const fuseg_v8a*)p, m);
 }
 static inline void fuseg_stm(float* p, fuseg_vm m, fuseg_v v) { __builtin_ia32_maskstoreps256((fuseg_v8a*)p, m, (fuseg_v8a)v); }
+#elif FUSEG_VW == 16 && defined(__AVX512F__) && defined(__AVX512DQ__) && !defined(__clang__)
+// AVX-512's own masked moves (the lanes' sign bits to a mask register): the loop over lanes below
+// compiled to 16 conditional broadcasts, and left a dot tile's sums in a stack buffer from the end
+// of its main loop on (g++ 12.2; tests/test_matmul_kernels.py reads the disassembly)
+typedef float fuseg_v16a __attribute__((vector_size(64)));
+typedef int fuseg_v16i __attribute__((vector_size(64)));
+static inline fuseg_v fuseg_ldm(const float* p, fuseg_vm m) {
+  return (fuseg_v)__builtin_ia32_loadups512_mask(p, (fuseg_v16a){}, __builtin_ia32_cvtd2mask512((fuseg_v16i)m));
+}
+static inline void fuseg_stm(float* p, fuseg_vm m, fuseg_v v) {
+  __builtin_ia32_storeups512_mask(p, (fuseg_v16a)v, __builtin_ia32_cvtd2mask512((fuseg_v16i)m));
+}
 #else
 static inline fuseg_v fuseg_ldm(const float* p, fuseg_vm m) {
   fuseg_v v = {};
