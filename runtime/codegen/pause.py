@@ -79,6 +79,8 @@ def hold() -> None:
     if not enabled():
         return
     with _COND:
+        if _STATE["holds"] and not _in_force():
+            _override()  # (an expired hold: this one starts its own clock)
         _STATE["holds"] += 1
         if _STATE["holds"] == 1:
             _STATE["since"] = time.monotonic()
@@ -100,9 +102,7 @@ def release_all() -> None:
     """End every hold at once: someone waits for the builds (or a hold outlived ``MAX_HOLD_S``)."""
     with _COND:
         if _STATE["holds"]:
-            _STATE["holds"] = 0
-            _signal_all(signal.SIGCONT)
-            _COND.notify_all()
+            _override()
 
 
 @contextlib.contextmanager
@@ -150,7 +150,7 @@ def run_compiler(cmd: list[str], preexec_fn: Callable[[], None] | None) -> subpr
 
 
 def _override() -> None:
-    """(under ``_COND``) a hold older than ``MAX_HOLD_S``: ended, the compilers continued."""
+    """(under ``_COND``) every hold ended, the compilers continued and those waiting started."""
     _STATE["holds"] = 0
     _signal_all(signal.SIGCONT)
     _COND.notify_all()
