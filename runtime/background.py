@@ -55,9 +55,17 @@ none starts (Note [compilers paused while dynamo traces] in codegen/pause.py; dy
 at the second prompt length ran up to 1.75x slower beside them). And while they run, a caller
 that runs torch's parallel ops is slowed far more than their priority suggests: on this machine
 kind's two vCPUs, phi3-tiny's generates on the interim program took 0.15-0.48 s with the
-compilers running against 0.010-0.022 s with them held (scratch timers, 2026-11-27); stopping
-them during the interim program's calls too made those calls fast but the builds no sooner
-done, and the total of 300 generates the same (8.3 s against 8.1), so it was not kept.
+compilers running against 0.010-0.022 s with them held (scratch timers, 2026-11-27).
+
+Note [interim calls hold the pause]: so each call of a program whose builds are under way (its
+``entry`` and ``run_checked`` on the interim program) holds the pause too: the compilers are
+stopped for the call and go on between calls. A first try (2026-11-27) left the builds no
+sooner done and 300 generates the same in total (8.3 s against 8.1), and was set aside; but what
+the caller waits for is each call: starcoder2-tiny's decode steps after the second prompt took
+8-33 ms each beside the compilers, 0.8-1.3 ms with them stopped (scratch timers around each
+forward), and its third generate 0.2-0.37 s against 0.02-0.03. The builds get the time between
+calls, and all of it once a program waits for them (``WAIT_AFTER_S``). Before and after in one
+run: perf/results/second_length_interim_hold_cpu.json.
 
 Why it is on for inference graphs only: a training step keeps every core busy, so idle-only
 compilers got no time and its steps ran the interim program (6.5-16.3 ms against 4.0-7.1 ms

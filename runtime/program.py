@@ -205,7 +205,8 @@ class CompiledProgram:
     def _entry_while_building(self, *inputs: Any) -> list[torch.Tensor] | None:
         if self._built():
             return self.entry(*inputs)
-        return self._entry_now(*inputs)
+        with pause.held():  # Note [interim calls hold the pause] (runtime/background.py)
+            return self._entry_now(*inputs)
 
     def _built(self) -> bool:
         """Whether the builds started are done; the first call that sees them done makes the
@@ -708,6 +709,9 @@ class CompiledProgram:
 
     def run_checked(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The program on inputs already known to match its signature (``accepts``)."""
+        if self._building is not None and not all(f.done() for f in self._building):
+            with pause.held():  # Note [interim calls hold the pause] (runtime/background.py)
+                return (self._fast if _plain_call(inputs) else self._safe)(*inputs)
         return (self._fast if _plain_call(inputs) else self._safe)(*inputs)
 
     def accepts(self, *inputs: Any) -> bool:

@@ -174,3 +174,37 @@ def test_dynamo_compiles_and_fusegs_planning_hold_the_pause(monkeypatch):
         torch._dynamo.reset()
     assert seen == {"dynamo": True, "planning": True}
     assert not pause.holding()
+
+
+def test_calls_of_an_interim_program_hold_the_pause(slow_compiler):
+    """Note [interim calls hold the pause] (runtime/background.py): while a program's kernels
+    are compiled in the background, each of its calls (the first, through ``run_checked``, and
+    the later ones, through ``entry``) runs with the compilers stopped; between calls, and once
+    the kernels are built, nothing is held."""
+    from runtime.program import CompiledProgram
+
+    _, pids = slow_compiler
+    fn = lambda x: (x * 3.5).sin()  # noqa: E731 - the fixture's program: its kernel is the fresh one
+    x = torch.randn(8, 4)
+    program = CompiledProgram(apply_aliases(segment(capture(fn, [x])), "post"), "cpp", background=True)
+    assert program._building is not None, "no build in the background"
+    assert _wait_for(lambda: _pid(pids) is not None), "the compiler never started"
+    pid = _pid(pids)
+    seen: list[tuple[bool, str]] = []
+    for name in ("_entry_now", "_fast"):
+        real = getattr(program, name)
+
+        def watched(*args, real=real):
+            # (a stop signal lands at once, but the state may read as running a moment longer)
+            seen.append((pause.holding(), "T" if _wait_for(lambda: _state(pid) == "T", 5) else _state(pid)))
+            return real(*args)
+
+        setattr(program, name, watched)
+    torch.testing.assert_close(program.run_checked(x), [fn(x)])
+    torch.testing.assert_close(program(x), [fn(x)])
+    assert len(seen) == 2 and all(held and state == "T" for held, state in seen), seen
+    assert not pause.holding() and _state(pid) != "T"
+    program.wait_for_builds()
+    seen.clear()
+    torch.testing.assert_close(program(x), [fn(x)])
+    assert program._building is None and not pause.holding() and seen == []

@@ -13,8 +13,9 @@ something ``hold``s the pause:
     cc1plus, as and ld), and continued (SIGCONT) at the release.
 What holds it: dynamo's compile of a frame (its compile-start and compile-end callbacks,
 registered by runtime/dynamo.py; dynamo counts nested compiles and calls them once around the
-outermost), and fuseg's own making of a program at a graph's first call (import, plan,
-program). Builds on the caller's thread (``low_priority=False``: the caller waits for them) are
+outermost), fuseg's own making of a program at a graph's first call (import, plan,
+program), and each call of a program whose kernels are still being built (Note [interim calls
+hold the pause] in runtime/background.py). Builds on the caller's thread (``low_priority=False``: the caller waits for them) are
 never paused. FUSEG_PAUSE_BUILDS=0 turns the pause off (perf.dynamic_shapes' ``fuseg-unpaused``
 runs that way, for the before/after in one record).
 
