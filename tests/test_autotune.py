@@ -58,8 +58,10 @@ def _matmul(prog) -> int:
 
 
 def _verdicts() -> dict:
+    """The verdict file's verdicts, as the dicts of its lines (Note [the verdict file is a log])."""
     with open(autotune.verdict_path(), encoding="utf-8") as f:
-        return json.load(f)["verdicts"]
+        lines = f.read().splitlines()
+    return {v["key"]: v for v in map(json.loads, lines[1:])}
 
 
 def test_a_measured_verdict_is_kept_and_later_choices_come_from_the_cache(cache, monkeypatch) -> None:
@@ -72,10 +74,8 @@ def test_a_measured_verdict_is_kept_and_later_choices_come_from_the_cache(cache,
     assert prog.kernels[i].name in key
     torch.testing.assert_close(prog(*inputs)[0], fn(*inputs), atol=1e-5, rtol=1e-5)
     # the cache says ATen (as another process could have measured it): nothing is measured again
-    data = json.load(open(autotune.verdict_path()))
-    data["verdicts"][key]["kernel"] = False
-    with open(autotune.verdict_path(), "w") as f:
-        json.dump(data, f)
+    with open(autotune.verdict_path(), "a") as f:
+        f.write(json.dumps({"key": key, "kernel": False, "kernel_us": 2.0, "aten_us": 1.0}) + "\n")
     monkeypatch.setattr(autotune, "_MEMORY", {})
     prog = _program(fn, inputs)
     assert prog.backend_of[i] == "torch" and "measured faster" in dict(prog.passed_over[i])["cpp"]
@@ -98,7 +98,7 @@ def test_a_kernel_that_loses_runs_on_aten_from_its_first_program(cache, monkeypa
 def test_the_verdict_file_names_the_machine(cache, monkeypatch) -> None:
     _given(monkeypatch, kernel=True)
     _program(*_linear())
-    machine = json.load(open(autotune.verdict_path()))["machine"]
+    machine = json.loads(open(autotune.verdict_path()).readline())["machine"]
     assert set(machine) >= {"cpu", "cpu_flags", "compiler", "compiler_flags", "torch"}
     assert machine["compiler"].startswith(cpu_compiler())
 
@@ -111,8 +111,8 @@ def test_a_damaged_verdict_file_reads_as_empty_and_is_rewritten(cache, monkeypat
     prog = _program(fn, inputs)
     assert prog.backend_of[_matmul(prog)] == "cpp" and len(calls) == 1
     assert [v["kernel"] for v in _verdicts().values()] == [True]
-    with open(autotune.verdict_path(), "w") as f:
-        json.dump({"verdicts": {"x": {"kernel": "yes"}}}, f)  # the right JSON, the wrong fields
+    with open(autotune.verdict_path(), "w") as f:  # the right JSON, the wrong fields
+        f.write(json.dumps({"machine": autotune.machine()}) + "\n" + json.dumps({"key": "x", "kernel": "yes"}) + "\n")
     monkeypatch.setattr(autotune, "_MEMORY", {})
     assert autotune.lookup("x") is None
 
@@ -169,24 +169,36 @@ def test_size_classes() -> None:
 
 
 def _varying(monkeypatch, verdicts: list[bool]) -> list:
-    """Measurements return these verdicts in turn (kernel or ATen); the list gets a call each."""
+    """A class chosen at the call is decided on its calls (Note [a class measured on its
+    calls]) with one timed call of each way (``SAMPLES``), and its verdict is these in turn (kernel
+    or ATen, round again past the end); the list gets the timings of each verdict."""
+    from runtime.backends import at_call
+
     calls: list = []
 
-    def fake(run_kernel, run_aten):
-        calls.append((run_kernel(), run_aten()))
-        kernel = verdicts[len(calls) - 1]
+    def fake(kernel_us, aten_us):
+        calls.append((list(kernel_us), list(aten_us)))
+        kernel = verdicts[(len(calls) - 1) % len(verdicts)]
         return autotune.Verdict(kernel, 1.0, 2.0) if kernel else autotune.Verdict(False, 2.0, 1.0)
 
-    monkeypatch.setattr(autotune, "measure", fake)
+    monkeypatch.setattr(autotune, "verdict_of", fake)
+    monkeypatch.setattr(at_call, "SAMPLES", 1)
+    monkeypatch.setattr(at_call, "_TRIALS", {})
     return calls
+
+
+#: calls of a size that decide its class with ``SAMPLES`` 1: the kernel and ATen untimed, then
+#: timed, and one more (the first call of a graph runs under a mode of AOTAutograd's own)
+_DECIDE = 5
 
 
 def test_a_symbolic_plans_verdict_is_one_per_size_class_chosen_at_the_call(cache, monkeypatch) -> None:
     """Note [choices at the call]: the kernel is one source for every size; its verdict holds for
-    the power-of-two class of the sizes it reads, measured at the first call in that class on the
-    call's own inputs, and no condition of the plan: 9 and 13 rows share a verdict (the kernel),
-    17 gets its own (ATen here), 5 its own (the kernel): one plan, no compiler run after the first
-    size, every value eager's."""
+    the power-of-two class of the sizes it reads, measured on the calls in that class (Note [a
+    class measured on its calls]: each way timed on its own calls), and no condition of the plan:
+    9 and 13 rows share a verdict (the kernel), 17 gets its own (ATen here), 5 its own (the
+    kernel): one plan, no compiler run after the first size, every value eager's, whichever way
+    ran."""
     from runtime.codegen import build
     from runtime.dynamo import FusegCompiler, compile_with_aot
 
@@ -198,14 +210,17 @@ def test_a_symbolic_plans_verdict_is_one_per_size_class_chosen_at_the_call(cache
     with torch.no_grad():
         for n in (9, 13):
             x = torch.randn(n, 32)
-            torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
+            for _ in range(_DECIDE):
+                torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
         assert len(compiler.compiled) == 1 and len(calls) == 1
+        assert [len(t) for t in calls[0]] == [1, 1]  # (one timed call each way)
         builds = build.compilations["cpu"]
         for n in (17, 5, 20, 12):
             x = torch.randn(n, 32)
-            got = fn(x, w)
-            torch.testing.assert_close(got, x @ w.t(), atol=1e-5, rtol=1e-5)
-            assert got.stride() == (x @ w.t()).stride()
+            for _ in range(_DECIDE):
+                got = fn(x, w)
+                torch.testing.assert_close(got, x @ w.t(), atol=1e-5, rtol=1e-5)
+                assert got.stride() == (x @ w.t()).stride()
     assert len(compiler.compiled) == 1 and len(calls) == 3 and build.compilations["cpu"] == builds
     verdicts = _verdicts()
     classes = {k.rsplit(" in ", 1)[-1]: v["kernel"] for k, v in verdicts.items()}  # (the rows' size is read last)
@@ -213,6 +228,7 @@ def test_a_symbolic_plans_verdict_is_one_per_size_class_chosen_at_the_call(cache
     (program,) = compiler.compiled
     (i,) = [s.index for s in program.plan.segments if s.kind == SegmentKind.MATMUL]
     assert program.backend_of[i] == "cpp" and program.chosen_at_call == {i}
+    assert sorted(program._chosen[i].measured) == [(5, 6, 3), (5, 6, 4), (5, 6, 5)]  # (24, 32 and the rows)
     # another process finds the verdicts in the cache: nothing is measured again
     torch._dynamo.reset()
     monkeypatch.setattr(autotune, "_MEMORY", {})
@@ -245,12 +261,13 @@ def test_a_choice_at_the_call_keeps_aliasing_and_runs_under_grad(cache, monkeypa
     with torch.no_grad():
         for n in (3, 9, 17):
             x = torch.randn(n, 32)
-            got, want = fn(x, w), f(x, w)
-            for g, e in zip(got, want):
-                torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
-                assert g.stride() == e.stride()
-            assert got[1].untyped_storage().data_ptr() == got[0].untyped_storage().data_ptr()
-    for n in (3, 9, 17):
+            for _ in range(_DECIDE):  # (the kernel and ATen each run: Note [a class measured on its calls])
+                got, want = fn(x, w), f(x, w)
+                for g, e in zip(got, want):
+                    torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+                    assert g.stride() == e.stride()
+                assert got[1].untyped_storage().data_ptr() == got[0].untyped_storage().data_ptr()
+    for n in (3, 9, 17) * _DECIDE:
         x = torch.randn(n, 32, requires_grad=True)
         wg = w.clone().requires_grad_(True)
         sum(t.sum() for t in fn(x, wg)).backward()
@@ -268,9 +285,9 @@ def test_measuring_gives_both_times() -> None:
 
 
 def test_a_choice_at_the_call_measures_nothing_under_a_callers_dispatch_mode(cache, monkeypatch) -> None:
-    """A call in a new class made under a dispatch mode of the caller's (a FLOP counter, a
-    tracer) runs the kernel, unmeasured and not kept, so the mode sees none of a measurement's
-    runs; a call in that class without the mode measures it."""
+    """A call in an undecided class made under a dispatch mode of the caller's (a FLOP counter, a
+    tracer) runs the kernel once, untimed, so the mode sees no more than one run; the class's
+    calls without the mode measure it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from runtime.dynamo import FusegCompiler, compile_with_aot
@@ -288,7 +305,7 @@ def test_a_choice_at_the_call_measures_nothing_under_a_callers_dispatch_mode(cac
     fn = torch.compile(lambda x, w: x @ w.t(), backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
     w = torch.randn(24, 32)
     with torch.no_grad():
-        for _ in range(2):  # (the first call runs under a mode of AOTAutograd's own: measured at the second)
+        for _ in range(_DECIDE):
             fn(torch.randn(9, 32), w)
     assert len(calls) == 1
     (program,) = compiler.compiled
@@ -297,9 +314,84 @@ def test_a_choice_at_the_call_measures_nothing_under_a_callers_dispatch_mode(cac
     ran: list[str] = []
     kernel, aten = (lambda *a: ran.append("kernel")), (lambda *a: ran.append("aten"))
     bits, x = (5, 6, 5), torch.randn(17, 32)
+    trial = launch._choose(kernel, aten, bits, x, w)
+    assert launch.table[bits] is trial and ran == []
     with Seen():
-        way = launch._choose(kernel, aten, bits, x, w)
-    assert way is kernel and bits not in launch.table and len(calls) == 1 and ran == [] and Seen.ops == []
-    way = launch._choose(kernel, aten, bits, x, w)
-    assert len(calls) == 2 and launch.table[bits] is way is aten  # (the second given verdict: ATen)
+        for _ in range(3):
+            launch.table[bits](x, w)
+    assert ran == ["kernel"] * 3 and len(calls) == 1 and Seen.ops == []
+    for _ in range(4):
+        launch.table[bits](x, w)
+    assert ran[3:] == ["kernel", "aten", "kernel", "aten"]  # one way a call, in turn
+    assert len(calls) == 2 and launch.table[bits] is aten  # (the second given verdict: ATen)
     torch._dynamo.reset()
+
+
+def test_launches_of_one_kernel_share_a_classs_trial(cache, monkeypatch) -> None:
+    """Two launches of one kernel source (a model's layers) measure a class together: their
+    calls take turns in one trial, and both take the verdict; a trial under way follows a fixed
+    policy (``autotune.fixed``) untimed."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    calls = _varying(monkeypatch, [False])
+    launches = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        compiler = FusegCompiler()
+        fn = torch.compile(lambda x, w: x @ w.t(), backend=lambda gm, ex, c=compiler: compile_with_aot(c, gm, ex), dynamic=True)
+        with torch.no_grad():
+            fn(torch.randn(9, 32), torch.randn(24, 32))  # (under AOTAutograd's mode: the kernel, untimed)
+        (program,) = compiler.compiled
+        (i,) = program.chosen_at_call
+        launches.append(program._chosen[i])
+    torch._dynamo.reset()
+    a, b = launches
+    assert a.kernel.name == b.kernel.name and a is not b
+    ran: list[str] = []
+    ways = {k: ((lambda *_, k=k: ran.append(f"{k} kernel")), (lambda *_, k=k: ran.append(f"{k} aten"))) for k in "ab"}
+    bits = (6, 6, 5)
+    ta, tb = a._choose(*ways["a"], bits), b._choose(*ways["b"], bits)
+    assert ta.func.__self__ is tb.func.__self__  # one trial
+    with autotune.fixed("aten"):
+        ta()
+    assert ran == ["a aten"]
+    ta(), tb(), ta(), tb()
+    assert ran[1:] == ["a kernel", "b aten", "a kernel", "b aten"] and len(calls) == 1
+    assert b.table[bits] is ways["b"][1] and a.table[bits] is ta  # (a hears of the verdict at its next call)
+    ta()
+    assert ran[-1] == "a aten" and a.table[bits] is ways["a"][1] and len(calls) == 1
+    assert b.measured == [bits] and a.measured == []
+
+
+def test_the_verdict_file_is_a_log_appended_a_line_a_verdict(cache) -> None:
+    """Note [the verdict file is a log]: the machine's line, then a line a verdict, appended; a
+    line another process appended meanwhile is kept, a line cut short is no verdict, a later line
+    for a key wins."""
+    path = autotune.verdict_path()
+    autotune.record("k1", autotune.Verdict(True, 1.0, 2.0))
+    lines = open(path).read().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0]) == {"machine": autotune.machine()}
+    with open(path, "a") as f:  # another process's verdict, then a write cut short
+        f.write(json.dumps({"key": "k2", "kernel": False, "kernel_us": 3.0, "aten_us": 1.0}) + "\n")
+        f.write('{"key": "k3", "kern')
+    autotune.record("k1", autotune.Verdict(False, 5.0, 2.0))
+    assert len(open(path).read().splitlines()) == 5  # appended on a line of its own: nothing written again
+    autotune._MEMORY.clear()
+    assert autotune.lookup("k1") == autotune.Verdict(False, 5.0, 2.0)
+    assert autotune.lookup("k2") == autotune.Verdict(False, 3.0, 1.0) and autotune.lookup("k3") is None
+
+
+def test_a_verdict_file_of_another_form_or_overgrown_is_written_again_whole(cache) -> None:
+    path = autotune.verdict_path()
+    with open(path, "w") as f:  # one JSON object with every verdict (how fuseg wrote it before)
+        json.dump({"machine": autotune.machine(), "verdicts": {"old": {"kernel": True, "kernel_us": 1, "aten_us": 2}}}, f)
+    autotune.record("new", autotune.Verdict(True, 1.0, 2.0))
+    lines = open(path).read().splitlines()
+    assert json.loads(lines[0]) == {"machine": autotune.machine()} and [json.loads(x)["key"] for x in lines[1:]] == ["new"]
+    with open(path, "a") as f:  # many processes recording one key
+        for _ in range(100):
+            f.write(json.dumps({"key": "new", "kernel": True, "kernel_us": 1.0, "aten_us": 2.0}) + "\n")
+    autotune._MEMORY.clear()
+    assert autotune.lookup("new") is not None
+    autotune.record("other", autotune.Verdict(False, 2.0, 1.0))
+    assert [json.loads(x)["key"] for x in open(path).read().splitlines()[1:]] == ["new", "other"]

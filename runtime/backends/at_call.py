@@ -16,21 +16,33 @@ chooses at the call:
 
 ``table`` maps a class to the function that won there; the first call in a class looks the verdict
 up in the machine's cache (``autotune.lookup``, the key written as before: the kernel's name,
-torch's threads, each size's class), and where there is none measures both on the call's own
-inputs (``autotune.measure``: about a millisecond; a slow op a few calls) and records it. Both
-functions take the segment's inputs and the symbols and return its outputs, so the rest of the
-program is the same whichever runs; the launch reads no pointer views and joins no chain (each
-takes made tensors). Only launches that write no input in place are chosen here (a measurement
-runs each way several times on the real inputs); the others keep the class as a condition.
+torch's threads, each size's class). Where there is none, the class is measured on its own calls
+(Note [a class measured on its calls], below) and recorded. Both functions take the segment's
+inputs and the symbols and return its outputs, so the rest of the program is the same whichever
+runs; the launch reads no pointer views and joins no chain (each takes made tensors). Only
+launches that write no input in place are chosen here (each way runs on the real inputs); the
+others keep the class as a condition.
 Under ``autotune.fixed`` or deterministic algorithms at the call, the fixed way runs (nothing
 measured, nothing kept in the table); under a dispatch mode of the caller's (a FLOP counter, a
-tracer), which would see every run of a measurement, an unmeasured class runs the kernel and is
-measured at a later call without one.
+tracer) an unmeasured class runs the kernel, untimed.
+
+Note [a class measured on its calls]: the first call in a class used to measure both ways there
+and then, on its own inputs (``autotune.measure``: about a millisecond a kernel, after each had
+run once untimed, and 0.8 ms for the verdict file): a prompt of a length never seen, after every
+kernel was built, cost 1.85-3.2x the same length seen (phi3-tiny, five kernels measured at its
+first call, issue 41's notes), where it compiled nothing. Now the class's calls are the
+measurement: each runs one way, the kernel and ATen in turn, the first of each untimed (first
+calls allocate and set up), the next ``SAMPLES`` of each timed; then the medians decide
+(``autotune.verdict_of``), the verdict is recorded and every program's table holding the trial
+(launches of one kernel source share it: a model's layers) takes the winner. No call runs twice,
+so a class's first calls cost what the slower way costs, at most, and nothing more. The calls are
+timed where they run, between the program's other launches, which is what the verdict is for.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +56,10 @@ from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
 
-__all__ = ["ChosenAtCall", "at_call_eligible", "wrap_at_call"]
+__all__ = ["SAMPLES", "ChosenAtCall", "at_call_eligible", "wrap_at_call"]
+
+#: timed calls of each way before a class's verdict (Note [a class measured on its calls])
+SAMPLES = 3
 
 
 def at_call_eligible(ctx: BuildContext, launch: Any) -> bool:
@@ -107,22 +122,59 @@ class ChosenAtCall(SegmentLaunch):
             code.dels(dead)
 
     def _choose(self, kernel: Callable, aten: Callable, bits: tuple[int, ...], *args: Any) -> Callable:
-        """The way for this class: the cached verdict, else measured on these arguments."""
+        """The way for this class: the cached verdict, else the trial that measures it on the
+        class's calls (Note [a class measured on its calls])."""
         policy = autotune.policy()
         if policy != "measure" or torch.are_deterministic_algorithms_enabled():
             return kernel if policy == "kernel" else aten  # (Note [no choice by timing]: ATen's op)
         key = autotune.class_key(self.kernel.name, {k: autotune.class_of_bits(b) for k, b in zip(self.kernel.symbols, bits)})
         verdict = autotune.lookup(key)
-        if verdict is None and _get_current_dispatch_mode() is not None:
-            return kernel  # a mode of the caller's would see (and count) the runs: measured later
         if verdict is None:
-            try:
-                with torch.no_grad():
-                    verdict = autotune.measure(lambda: kernel(*args), lambda: aten(*args))
-            except Exception:  # noqa: BLE001 - nothing learned: the kernel runs, as where unmeasured
-                return kernel
-            autotune.record(key, verdict)
-            self.measured.append(bits)
-        way = kernel if verdict.kernel else aten
+            trial = _TRIALS.get(key)
+            if trial is None:
+                trial = _TRIALS[key] = _Trial(key)
+            way = functools.partial(trial.run, self, kernel, aten, bits)
+        else:
+            way = kernel if verdict.kernel else aten
         self.table[bits] = way
         return way
+
+
+#: key -> the trial under way for it, in this process (shared by every launch of the key)
+_TRIALS: dict[str, _Trial] = {}
+
+
+class _Trial:
+    """One class of one kernel measured on its calls (Note [a class measured on its calls])."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.times: dict[bool, list[float]] = {True: [], False: []}  # kernel? -> microseconds a call
+        self.warm: set[bool] = set()
+        self.turn = True  # the kernel first
+        self.verdict: autotune.Verdict | None = None
+
+    def run(self, owner: ChosenAtCall, kernel: Callable, aten: Callable, bits: tuple[int, ...], *args: Any) -> Any:
+        if self.verdict is not None:  # (decided at another launch's call)
+            way = owner.table[bits] = kernel if self.verdict.kernel else aten
+            return way(*args)
+        policy = autotune.policy()
+        if policy != "measure" or torch.are_deterministic_algorithms_enabled():
+            return (kernel if policy == "kernel" else aten)(*args)  # (as ``_choose``: untimed, not kept)
+        if _get_current_dispatch_mode() is not None:
+            return kernel(*args)  # a mode of the caller's sees one run, as without a choice; untimed
+        side, self.turn = self.turn, not self.turn
+        way = kernel if side else aten
+        if side not in self.warm:
+            self.warm.add(side)
+            return way(*args)
+        t = time.perf_counter()
+        out = way(*args)
+        self.times[side].append((time.perf_counter() - t) * 1e6)
+        if len(self.times[True]) >= SAMPLES and len(self.times[False]) >= SAMPLES:
+            self.verdict = autotune.verdict_of(self.times[True], self.times[False])
+            autotune.record(self.key, self.verdict)
+            _TRIALS.pop(self.key, None)
+            owner.measured.append(bits)
+            owner.table[bits] = kernel if self.verdict.kernel else aten
+        return out
