@@ -2,7 +2,8 @@
 varying sequence lengths, under eager, ``aot_eager``, Inductor and fuseg (issue 41).
 
     python -m perf.dynamic_shapes [--models qwen2 phi3 ...] [--backends eager aot_eager inductor fuseg]
-                                  [--repeats 5] [--rounds 1] [--train] [--out perf/results/dynamic_shapes_cpu.json]
+                                  [--repeats 5] [--rounds 1] [--train] [--before DIR]
+                                  [--out perf/results/dynamic_shapes_cpu.json]
 
 Generation. Per model (a tiny config from ``transformers``, random weights, no download) and
 backend, one fresh process with empty Inductor and fuseg caches compiles ``model.forward`` and
@@ -23,7 +24,9 @@ counted, their tokens checked.
 ``--backends ... fuseg-foreground`` adds fuseg building on the caller's thread
 (FUSEG_BACKGROUND_BUILDS=0) in a process of its own; ``fuseg-unpaused`` adds fuseg with its
 background compilers left running while dynamo traces (FUSEG_PAUSE_BUILDS=0: the before of
-Note [compilers paused while dynamo traces]).
+Note [compilers paused while dynamo traces]). ``--before DIR --backends ... fuseg-before`` adds
+fuseg as a checkout of older code has it (its own protocol, on ``PYTHONPATH``), so a change is
+timed against the code it changed in one run.
 
 Training (``--train``). One SGD step (forward, backward, update) of a tiny causal LM with labels
 on batches whose sequence length changes every step (``TRAIN_LENGTHS``: what a data loader with
@@ -191,10 +194,11 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
             "new": statistics.median(times[2:seen]), "steady": statistics.median(times[seen:])}
 
 
-def _child(kind: str, name: str, backend: str, repeats: int) -> dict[str, Any]:
+def _child(kind: str, name: str, backend: str, repeats: int, before: str | None = None) -> dict[str, Any]:
     """Run one (model, backend) in a fresh process with empty compiler caches. ``fuseg-foreground``
     is fuseg with its kernels built on the caller's thread (FUSEG_BACKGROUND_BUILDS=0),
-    ``fuseg-unpaused`` fuseg with its background compilers never paused (FUSEG_PAUSE_BUILDS=0)."""
+    ``fuseg-unpaused`` fuseg with its background compilers never paused (FUSEG_PAUSE_BUILDS=0),
+    ``fuseg-before`` fuseg and this protocol as another checkout has them (``--before DIR``)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), PYTHONWARNINGS="ignore")
@@ -202,9 +206,14 @@ def _child(kind: str, name: str, backend: str, repeats: int) -> dict[str, Any]:
             env["FUSEG_BACKGROUND_BUILDS"] = "0"
         if backend == "fuseg-unpaused":
             env["FUSEG_PAUSE_BUILDS"] = "0"
-        run_as = "fuseg" if backend in ("fuseg-foreground", "fuseg-unpaused") else backend
+        cwd = None
+        if backend == "fuseg-before":
+            if before is None:
+                raise ValueError("the backend fuseg-before needs --before DIR (a checkout of the code to compare with)")
+            cwd = env["PYTHONPATH"] = os.path.abspath(before)
+        run_as = "fuseg" if backend in ("fuseg-foreground", "fuseg-unpaused", "fuseg-before") else backend
         cmd = [sys.executable, "-m", "perf.dynamic_shapes", "--child", kind, name, run_as, str(repeats)]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, cwd=cwd)
         if done.returncode != 0:
             return {"model": name, "backend": backend, "error": done.stderr.strip().splitlines()[-1:] or ["?"]}
         return {**json.loads(done.stdout.strip().splitlines()[-1]), "backend": backend}
@@ -221,6 +230,12 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     unpaused = by.get("fuseg-unpaused")
     if unpaused is not None and "aot_eager" in by:
         out["unpaused_second_over_aot_eager_second"] = unpaused["second"] / by["aot_eager"]["second"]
+    before = by.get("fuseg-before")
+    if before is not None:
+        if "aot_eager" in by:
+            out["before_second_over_aot_eager_second"] = before["second"] / by["aot_eager"]["second"]
+        if before.get("new_after_builds"):
+            out["before_new_after_builds_over_seen"] = before["new_after_builds"] / before["seen_after_builds"]
     f = by.get("fuseg")
     if f is None:
         return out
@@ -254,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1, help="the backends one after another, this many times per model")
     p.add_argument("--train", action="store_true", help="the training protocol instead of generation")
+    p.add_argument("--before", default=None, help="a checkout of the code to compare with: the backend fuseg-before")
     p.add_argument("--out", default=None)
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -273,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for backend in args.backends:
                 print(f"{kind} {name} {backend} (round {r + 1}) ...", file=sys.stderr, flush=True)
-                row = _child(kind, name, backend, args.repeats)
+                row = _child(kind, name, backend, args.repeats, args.before)
                 print(f"  {json.dumps({k: v for k, v in row.items() if k in ('first', 'second', 'new', 'steady', 'error')})}",
                       file=sys.stderr, flush=True)
                 rows.append(row)
