@@ -65,7 +65,8 @@ the caller waits for is each call: starcoder2-tiny's decode steps after the seco
 8-33 ms each beside the compilers, 0.8-1.3 ms with them stopped (scratch timers around each
 forward), and its third generate 0.2-0.37 s against 0.02-0.03. The builds get the time between
 calls, and all of it once a program waits for them (``WAIT_AFTER_S``). Before and after in one
-run: perf/results/second_length_interim_hold_cpu.json.
+run: perf/results/dynamic_shapes_generate_trials_cpu.json ("new" and "steady", the generates
+during the builds: 24-74 / 43-86 ms against 88-333 / 58-239 before).
 
 Why it is on for inference graphs only: a training step keeps every core busy, so idle-only
 compilers got no time and its steps ran the interim program (6.5-16.3 ms against 4.0-7.1 ms
