@@ -7,6 +7,7 @@ here returns the input's index for an output index, or raises Declined.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -50,8 +51,82 @@ def _plain_ints(*groups: tuple[int, ...]) -> None:
 
 def linear(idx: list[str], shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
     _plain_ints(shape, stride)
-    terms = [f"{i} * {s}" if s != 1 else i for i, n, s in zip(idx, shape, stride) if n != 1 and s != 0]
+    pairs = _merged([(i, s) for i, n, s in zip(idx, shape, stride) if n != 1 and s != 0])
+    terms = [f"{i} * {s}" if s != 1 else i for i, s in pairs]
     return " + ".join(terms) if terms else "0"
+
+
+# Note [split indices merged]: a reshape read through splits one index into a quotient and a
+# remainder (``unravel_terms``: a (2, 32, 64) output read from heads of (2, 32, 4, 16) gives
+# ``((i) / 16)`` and ``((i) % 16)``); where the input's strides put the two back together
+# (stride of the quotient = divisor x stride of the remainder: the heads are contiguous in
+# memory), their terms are one: ``i * s``. g++ vectorizes a loop over ``i`` that reads
+# ``in[... + i]``, not one that computes a quotient and a remainder per element (gpt2-tiny's
+# backward: the kernel that gathers q, k and v's gradients from the attention's layout into
+# the qkv projection's, and sums them over the rows). The rules are C's own identities for
+# truncating division by a positive divisor, exact for any sign of ``L``:
+#   (L / c) * c + L % c                     == L
+#   ((L / c) % n) * c + L % c              == L % (n * c)
+#   (L / (c * n)) * n + (L / c) % n        == L / c
+# applied to pairs of terms whose strides stand in that ratio, until none applies. Only integer
+# divisors and strides (a symbolic size is left as it is).
+_D = re.compile(r"^\(\((?P<L>.+)\) / (?P<c>\d+)\)$")
+_M = re.compile(r"^\(\((?P<L>.+)\) % (?P<c>\d+)\)$")
+_DM = re.compile(r"^\(\(\((?P<L>.+)\) / (?P<c>\d+)\) % (?P<n>\d+)\)$")
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _split(term: str) -> tuple[str, str, int, int] | None:
+    """("D", L, c, 0) for ``((L) / c)``, ("M", L, c, 0) for ``((L) % c)``, ("DM", L, c, n) for
+    ``(((L) / c) % n)``; None for anything else."""
+    for kind, pat in (("DM", _DM), ("D", _D), ("M", _M)):
+        m = pat.match(term)
+        if m and _balanced(m["L"]):
+            return kind, m["L"], int(m["c"]), int(m["n"]) if kind == "DM" else 0
+    return None
+
+
+def _merged(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """Note [split indices merged]: (index, stride) terms with each quotient and remainder of one
+    index that the strides put back together replaced by one term."""
+    pairs = list(pairs)
+    changed = True
+    while changed:
+        changed = False
+        for a in range(len(pairs)):
+            for b in range(len(pairs)):
+                if a == b or type(pairs[a][1]) is not int or type(pairs[b][1]) is not int:
+                    continue
+                ta, tb = _split(pairs[a][0]), _split(pairs[b][0])
+                if ta is None or tb is None or ta[1] != tb[1]:
+                    continue
+                sa, sb = pairs[a][1], pairs[b][1]
+                kind_a, L, ca, na = ta
+                kind_b, _, cb, nb = tb
+                new = None
+                if tb[0] == "M" and kind_a == "D" and ca == cb and sa == ca * sb:
+                    new = (f"({L})", sb)
+                elif tb[0] == "M" and kind_a == "DM" and ca == cb and sa == ca * sb:
+                    new = (f"(({L}) % {na * ca})", sb)
+                elif kind_b == "DM" and kind_a == "D" and ca == cb * nb and sa == nb * sb:
+                    new = (f"(({L}) / {cb})", sb)
+                if new is not None:
+                    pairs[min(a, b)] = new
+                    del pairs[max(a, b)]
+                    changed = True
+                    break
+            if changed:
+                break
+    return pairs
 
 
 def unravel_terms(lin: str, shape: tuple[int, ...]) -> list[str]:
