@@ -15,85 +15,34 @@ moves by tens of percent between rounds on this machine kind: compare the change
 
 from __future__ import annotations
 
-import argparse
-import copy
-import statistics
 import sys
 from typing import Any
+
+from .sides import built_both_ways, experiment_main, summarized, timed_sides
 
 __all__ = ["main", "run_model"]
 
 
 def run_model(name: str, rounds: int) -> dict[str, Any]:
-    import torch
-
     import runtime.codegen.kernel as kernel
-    from perf.train_step import _model
-    from runtime.dynamo import FusegCompiler, compile_with_aot
-    from runtime.program import CompiledProgram
 
-    torch._dynamo.reset()  # (a model seen before would be traced with symbolic sizes: automatic dynamic shapes)
-    base, ids = _model(name)
     rule = kernel.calls_inlined_math
-    first_inputs: dict[int, tuple] = {}
-    call = CompiledProgram.__call__
 
-    def recording(self, *inputs):
-        first_inputs.setdefault(id(self), inputs)
-        return call(self, *inputs)
+    def use_rule(on: bool) -> None:
+        kernel.calls_inlined_math = rule if on else (lambda body: False)
 
-    compilers = {}
-    CompiledProgram.__call__ = recording  # type: ignore[method-assign]
-    try:
-        for side in ("before", "after"):
-            kernel.calls_inlined_math = (lambda body: False) if side == "before" else rule
-            compiler = FusegCompiler()
-            model = copy.deepcopy(base)
-            fn = torch.compile(model, backend=lambda gm, ex, c=compiler: compile_with_aot(c, gm, ex))
-            fn(input_ids=ids, labels=ids).loss.backward()
-            compilers[side] = compiler
-    finally:
-        kernel.calls_inlined_math = rule
-        CompiledProgram.__call__ = call  # type: ignore[method-assign]
-    programs = {s: [(p, first_inputs[id(p)]) for p in c.compiled if id(p) in first_inputs] for s, c in compilers.items()}
-    runs: dict[str, list[list[list[float]]]] = {s: [[] for _ in ps] for s, ps in programs.items()}
-    for r in range(rounds):
-        for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            for i, (prog, inputs) in enumerate(programs[side]):
-                runs[side][i].append([la["us"] for la in prog.profile_launches(*inputs, calls=10)])
-    out = []
-    for i, (prog, _) in enumerate(programs["after"]):
-        changed = [j for j in range(len(prog.launches))
-                   if "FUSEG_NO_PRE" in (getattr(getattr(prog._chosen.get(j), "kernel", None), "function", lambda t: "")("cpu"))]
-        med = {s: [statistics.median(r[j] for r in runs[s][i]) for j in range(len(runs[s][i][0]))] for s in runs}
-        out.append({"program": prog.graph.name, "launches": len(prog.launches), "kernels_without_pre": changed,
-                    "launch_us": med, "total_us": {s: sum(v) for s, v in med.items()},
-                    "changed_us": {s: sum(v[j] for j in changed) for s, v in med.items()},
-                    "changed_ops": {j: [n.op for n in prog.plan.segments[j].nodes] for j in changed}})
-    return {"model": name, "rounds": rounds, "programs": out}
+    programs = built_both_ways(name, use_rule)
+    runs = timed_sides(programs, rounds)
+
+    def without_pre(prog, old, j) -> bool:
+        built = getattr(prog._chosen.get(j), "kernel", None)
+        return built is not None and "FUSEG_NO_PRE" in built.function("cpu")
+
+    return summarized(name, rounds, programs, runs, "kernels_without_pre", without_pre)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from perf.bench import environment, write_record
-
-    p = argparse.ArgumentParser(prog="python -m perf.experiments.no_pre", description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="*", default=["bert-tiny", "bert-256", "llama-256"])
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--out")
-    args = p.parse_args(argv)
-    rows = []
-    for name in args.models:
-        row = run_model(name, args.rounds)
-        for prog in row["programs"]:
-            c, t = prog["changed_us"], prog["total_us"]
-            print(f"{name} {prog['program']}: {len(prog['kernels_without_pre'])} kernels without PRE, "
-                  f"{c['before']:.0f} -> {c['after']:.0f} us (all launches {t['before']:.0f} -> {t['after']:.0f})",
-                  file=sys.stderr, flush=True)
-        rows.append(row)
-    write_record({"benchmark": "no_pre", "environment": environment("cpu"), "method": __doc__,
-                  "command": " ".join(["python -m perf.experiments.no_pre", *(argv if argv is not None else sys.argv[1:])]),
-                  "results": rows}, args.out)
-    return 0
+    return experiment_main(argv, "no_pre", __doc__, ["bert-tiny", "bert-256", "llama-256"], run_model, "kernels_without_pre", "kernels without PRE")
 
 
 if __name__ == "__main__":
