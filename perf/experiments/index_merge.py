@@ -9,7 +9,10 @@ process compiles the model twice through ``torch.compile`` and runs one training
 as the code builds kernels now. Each forward and backward program of both is then timed launch
 by launch (``CompiledProgram.profile_launches`` on the inputs of its first call, 10 calls a
 round), the sides alternating for ``--rounds`` rounds; the record keeps each launch's median and,
-per program, the sums over all launches and over the kernels whose source the rule changed.
+per program, the sums over all launches and over the kernels whose source the rule changed
+(launches that run a generated kernel on both sides: each side measures its own kernels against
+ATen, Note [choices by measurement], and may choose ATen for a matmul the other runs as a
+kernel; such a launch counts in the sums over all launches only).
 A launch's time moves by tens of percent between rounds on this machine kind: compare the
 changed kernels' sums.
 """
@@ -40,8 +43,11 @@ def run_model(name: str, rounds: int) -> dict[str, Any]:
 
     programs = built_both_ways(name, use_rule)
     runs = timed_sides(programs, rounds)
-    return summarized(name, rounds, programs, runs, "kernels_changed",
-                      lambda prog, old, j: _source(prog, j) != _source(old, j))
+    def changed(prog, old, j) -> bool:  # (a kernel on both sides: the measured choice against ATen may differ)
+        after, before = _source(prog, j), _source(old, j)
+        return bool(after) and bool(before) and after != before
+
+    return summarized(name, rounds, programs, runs, "kernels_changed", changed)
 
 
 def main(argv: list[str] | None = None) -> int:
