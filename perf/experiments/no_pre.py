@@ -34,9 +34,9 @@ def run_model(name: str, rounds: int) -> dict[str, Any]:
     programs = built_both_ways(name, use_rule)
     runs = timed_sides(programs, rounds)
 
-    def without_pre(prog, old, j) -> bool:
-        built = getattr(prog._chosen.get(j), "kernel", None)
-        return built is not None and "FUSEG_NO_PRE" in built.function("cpu")
+    def without_pre(prog, old, j) -> bool:  # (a kernel on both sides: a lone softmax is measured against ATen)
+        built, before = (getattr(p._chosen.get(j), "kernel", None) for p in (prog, old))
+        return built is not None and before is not None and "FUSEG_NO_PRE" in built.function("cpu")
 
     return summarized(name, rounds, programs, runs, "kernels_without_pre", without_pre)
 
