@@ -61,9 +61,10 @@ Note [interim calls hold the pause]: so each call of a program whose builds are 
 ``entry`` and ``run_checked`` on the interim program) holds the pause too: the compilers are
 stopped for the call and go on between calls. A first try (2026-11-27) left the builds no
 sooner done and 300 generates the same in total (8.3 s against 8.1), and was set aside; but what
-the caller waits for is each call: starcoder2-tiny's decode steps after the second prompt took
-8-33 ms each beside the compilers, 0.8-1.3 ms with them stopped (scratch timers around each
-forward), and its third generate 0.2-0.37 s against 0.02-0.03. The builds get the time between
+the caller waits for is each call: in starcoder2-tiny's second generate, 14 of its 23 decode
+steps took 8-33 ms beside the compilers, and every one 0.8-2.6 ms with them stopped (one process
+each, scratch timers around each forward); its third generate took 0.20-0.37 s against
+0.02-0.11 s (four scratch processes before, three after). The builds get the time between
 calls, and all of it once a program waits for them (``WAIT_AFTER_S``). Before and after in one
 run: perf/results/dynamic_shapes_generate_trials_cpu.json ("new" and "steady", the generates
 during the builds: 24-74 / 43-86 ms against 88-333 / 58-239 before).

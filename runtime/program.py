@@ -709,10 +709,11 @@ class CompiledProgram:
 
     def run_checked(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The program on inputs already known to match its signature (``accepts``)."""
-        if self._building is not None and not all(f.done() for f in self._building):
-            with pause.held():  # Note [interim calls hold the pause] (runtime/background.py)
-                return (self._fast if _plain_call(inputs) else self._safe)(*inputs)
-        return (self._fast if _plain_call(inputs) else self._safe)(*inputs)
+        run = self._fast if _plain_call(inputs) else self._safe
+        if self._building is None or all(f.done() for f in self._building):
+            return run(*inputs)
+        with pause.held():  # Note [interim calls hold the pause] (runtime/background.py)
+            return run(*inputs)
 
     def accepts(self, *inputs: Any) -> bool:
         """Whether ``inputs`` match the signature exactly (cheap: one generated comparison)."""

@@ -124,9 +124,9 @@ class ChosenAtCall(SegmentLaunch):
     def _choose(self, kernel: Callable, aten: Callable, bits: tuple[int, ...], *args: Any) -> Callable:
         """The way for this class: the cached verdict, else the trial that measures it on the
         class's calls (Note [a class measured on its calls])."""
-        policy = autotune.policy()
-        if policy != "measure" or torch.are_deterministic_algorithms_enabled():
-            return kernel if policy == "kernel" else aten  # (Note [no choice by timing]: ATen's op)
+        fixed = _fixed_way(kernel, aten)
+        if fixed is not None:
+            return fixed
         key = autotune.class_key(self.kernel.name, {k: autotune.class_of_bits(b) for k, b in zip(self.kernel.symbols, bits)})
         verdict = autotune.lookup(key)
         if verdict is None:
@@ -138,6 +138,15 @@ class ChosenAtCall(SegmentLaunch):
             way = kernel if verdict.kernel else aten
         self.table[bits] = way
         return way
+
+
+def _fixed_way(kernel: Callable, aten: Callable) -> Callable | None:
+    """The way ``autotune.fixed`` or deterministic algorithms impose now (Note [no choice by
+    timing]: ATen's op), or None: measured."""
+    policy = autotune.policy()
+    if policy != "measure" or torch.are_deterministic_algorithms_enabled():
+        return kernel if policy == "kernel" else aten
+    return None
 
 
 #: key -> the trial under way for it, in this process (shared by every launch of the key)
@@ -158,9 +167,9 @@ class _Trial:
         if self.verdict is not None:  # (decided at another launch's call)
             way = owner.table[bits] = kernel if self.verdict.kernel else aten
             return way(*args)
-        policy = autotune.policy()
-        if policy != "measure" or torch.are_deterministic_algorithms_enabled():
-            return (kernel if policy == "kernel" else aten)(*args)  # (as ``_choose``: untimed, not kept)
+        fixed = _fixed_way(kernel, aten)
+        if fixed is not None:
+            return fixed(*args)  # (as ``_choose``: untimed, not kept)
         if _get_current_dispatch_mode() is not None:
             return kernel(*args)  # a mode of the caller's sees one run, as without a choice; untimed
         side, self.turn = self.turn, not self.turn

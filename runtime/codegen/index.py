@@ -95,38 +95,40 @@ def _split(term: str) -> tuple[str, str, int, int] | None:
     return None
 
 
+def _joined(a: tuple[str, str, int, int], sa: int, b: tuple[str, str, int, int], sb: int) -> str | None:
+    """The one term of ``a * sa + b * sb`` (split terms of one index, ``b`` the inner), or None."""
+    (kind_a, index, ca, na), (kind_b, _, cb, nb) = a, b
+    if kind_b == "M" and ca == cb and sa == ca * sb:
+        if kind_a == "D":
+            return f"({index})"
+        if kind_a == "DM":
+            return f"(({index}) % {na * ca})"
+    if kind_a == "D" and kind_b == "DM" and ca == cb * nb and sa == nb * sb:
+        return f"(({index}) / {cb})"
+    return None
+
+
 def _merged(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
     """Note [split indices merged]: (index, stride) terms with each quotient and remainder of one
     index that the strides put back together replaced by one term."""
     pairs = list(pairs)
-    changed = True
-    while changed:
-        changed = False
-        for a in range(len(pairs)):
-            for b in range(len(pairs)):
-                if a == b or type(pairs[a][1]) is not int or type(pairs[b][1]) is not int:
-                    continue
-                ta, tb = _split(pairs[a][0]), _split(pairs[b][0])
-                if ta is None or tb is None or ta[1] != tb[1]:
-                    continue
-                sa, sb = pairs[a][1], pairs[b][1]
-                kind_a, L, ca, na = ta
-                kind_b, _, cb, nb = tb
-                new = None
-                if tb[0] == "M" and kind_a == "D" and ca == cb and sa == ca * sb:
-                    new = (f"({L})", sb)
-                elif tb[0] == "M" and kind_a == "DM" and ca == cb and sa == ca * sb:
-                    new = (f"(({L}) % {na * ca})", sb)
-                elif kind_b == "DM" and kind_a == "D" and ca == cb * nb and sa == nb * sb:
-                    new = (f"(({L}) / {cb})", sb)
-                if new is not None:
-                    pairs[min(a, b)] = new
-                    del pairs[max(a, b)]
-                    changed = True
-                    break
-            if changed:
-                break
+    while (join := _first_join(pairs)) is not None:
+        a, b, term = join
+        pairs[min(a, b)] = (term, pairs[b][1])
+        del pairs[max(a, b)]
     return pairs
+
+
+def _first_join(pairs: list[tuple[str, object]]) -> tuple[int, int, str] | None:
+    splits = [_split(t) if type(s) is int else None for t, s in pairs]
+    for a, ta in enumerate(splits):
+        for b, tb in enumerate(splits):
+            if ta is None or tb is None or a == b or ta[1] != tb[1]:
+                continue
+            term = _joined(ta, pairs[a][1], tb, pairs[b][1])  # type: ignore[arg-type]
+            if term is not None:
+                return a, b, term
+    return None
 
 
 def unravel_terms(lin: str, shape: tuple[int, ...]) -> list[str]:
