@@ -372,7 +372,17 @@ class SymbolicSizes:
 def _print(e: sympy.Basic, names: dict[sympy.Symbol, str], lang: str) -> str:
     """``e`` as Python or C source. Only integer arithmetic, comparisons and logic that our sizes
     are made of are printed; anything else raises NotSymbolic (never guessed)."""
-    from torch.utils._sympy.functions import CeilToInt, CleanDiv, FloorDiv, FloorToInt, Max, Min, Mod, PythonMod
+    from torch.utils._sympy.functions import (
+        CeilToInt,
+        CleanDiv,
+        FloorDiv,
+        FloorToInt,
+        IntTrueDiv,
+        Max,
+        Min,
+        Mod,
+        PythonMod,
+    )
 
     def p(x: sympy.Basic) -> str:
         if isinstance(x, sympy.Symbol):
@@ -411,6 +421,14 @@ def _print(e: sympy.Basic, names: dict[sympy.Symbol, str], lang: str) -> str:
             return out
         if isinstance(x, sympy.Abs):
             return f"abs({p(x.args[0])})" if lang == "py" else f"llabs({p(x.args[0])})"
+        if isinstance(x, (CeilToInt, FloorToInt)) and isinstance(x.args[0], IntTrueDiv):
+            # Note [rounded divisions]: math.ceil / math.floor of ``a / b`` for integers, as a floor
+            # division, exact where a float is not (ceil(a / b) == -((-a) // b)). CUDA's efficient
+            # attention sizes its logsumexp so: ceil(L / 32) * 32.
+            a, b = (p(v) for v in x.args[0].args)
+            if isinstance(x, FloorToInt):
+                return f"({a} // {b})" if lang == "py" else f"fuseg_fdiv({a}, {b})"
+            return f"(-((-{a}) // {b}))" if lang == "py" else f"(-fuseg_fdiv(-{a}, {b}))"
         if isinstance(x, (CeilToInt, FloorToInt)):
             raise NotSymbolic(f"a float size {x}")
         rel = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}

@@ -228,3 +228,38 @@ def test_matmul_and_attention_kernels_take_symbolic_sizes(name: str) -> None:
         torch._dynamo.reset()
         other = _run_dynamic(fn, make, (17, 22), tol=1e-5)
         assert [k.source("cpu") for k in _symbolic_kernels(other, kind)] == [k.source("cpu") for k in kernels]
+
+
+# -- sizes rounded by a division (CUDA's efficient attention: its logsumexp has ceil(L / 32) * 32 rows) --
+
+@torch.library.custom_op("fuseg_test::pad_rows32", mutates_args=())
+def _pad_rows32(x: torch.Tensor) -> torch.Tensor:
+    import math
+
+    out = x.new_zeros(math.ceil(x.shape[0] / 32) * 32, *x.shape[1:])
+    out[: x.shape[0]] = x
+    return out
+
+
+@_pad_rows32.register_fake
+def _(x):
+    import math
+
+    return x.new_empty(math.ceil(x.shape[0] / 32) * 32, *x.shape[1:])
+
+
+def _padded(x):
+    p = torch.ops.fuseg_test.pad_rows32(x.exp())
+    return p * 2 + 1, p.sum(0), p[: x.shape[0] // 2].relu()
+
+
+def test_a_size_rounded_up_by_a_division_is_planned_once() -> None:
+    """A graph whose sizes are ``CeilToInt(IntTrueDiv(s, 32)) * 32`` (what CUDA's efficient
+    attention gives AOTAutograd: qwen2's training on varying lengths on the H100 was specialized
+    per length, 'a float size'): one symbolic plan for sizes on both sides of a multiple of 32
+    (40 and 70 padded, 64 not; all in one size class of the column sum, whose kernel choice
+    splits at 32 padded rows), against eager."""
+    with pytest.warns(UserWarning, match="pad_rows32"):  # (the custom op runs on torch, reported)
+        compiler = _run_dynamic(_padded, lambda n: [torch.randn(n, 5)], (40, 64, 70, 100))
+    assert compiler.symbolic_refused == []
+    assert len(compiler.compiled) == 1 and compiler.compiled[0].sizes is not None

@@ -86,3 +86,47 @@ def test_a_number_input_may_be_negative_or_one() -> None:
         s = sizes.symbol(v, SymbolSource(len(sizes.sources), None), number=True)
         assert isinstance(s, sympy.Symbol)
     assert sorted(sizes.number_inputs()) == [0, 1, 2]
+
+
+def test_a_rounded_division_prints_as_integer_arithmetic() -> None:
+    """``math.ceil(n / 32)`` of a size (CUDA's efficient attention pads its logsumexp so:
+    CeilToInt(IntTrueDiv(s, 32))) and ``math.floor`` of one print as floor divisions, exact for
+    every integer (a number input may be negative); C's form is checked against Python's by g++.
+    Both were refused as 'a float size' (the H100's training on varying lengths, 2026-11-27)."""
+    import math
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    import pytest
+
+    from runtime.codegen.ctypes_ import _COMMON
+
+    fdiv = re.search(r"^FUSEG_FN long long fuseg_fdiv.*$", _COMMON, re.M).group(0)  # the kernels' own helper
+
+    sizes = SymbolicSizes()
+    s = sizes.symbol(40, SymbolSource(0, None), number=True)
+    n = sizes.env.create_symintnode(s, hint=40)
+    name = sizes.names[s]
+    exprs = [math.ceil(n / 32) * 32, math.floor(n / 7), math.ceil(n / 5) + math.floor(n / 3)]
+    values = list(range(-70, 71))
+    want = [[math.ceil(v / 32) * 32, math.floor(v / 7), math.ceil(v / 5) + math.floor(v / 3)] for v in values]
+    py = [sizes.python_expr(e) for e in exprs]
+    assert [[eval(p, {}, {name: v}) for p in py] for v in values] == want  # noqa: S307 - our own text
+    c = [sizes.c_expr(e) for e in exprs]
+    assert all("/" not in x.replace("fuseg_fdiv", "") for x in c), c  # no float, no truncating division
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    body = "\n".join(f'  printf("%lld ", (long long)({x}));' for x in c)
+    src = (f"#include <cstdio>\n#include <cstdlib>\n#define FUSEG_FN static\n{fdiv}\n"
+           f"int main(int argc, char** argv) {{ for (int i = 1; i < argc; ++i) {{ long long fuseg_s0 = atoll(argv[i]);\n"
+           f"{body}\n  printf(\"\\n\"); }} return 0; }}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/t.cpp", "w") as f:
+            f.write(src)
+        built = subprocess.run([cxx, "-O1", "-o", f"{tmp}/t", f"{tmp}/t.cpp"], capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr
+        out = subprocess.run([f"{tmp}/t", *map(str, values)], check=True, capture_output=True, text=True).stdout
+    assert [[int(x) for x in line.split()] for line in out.splitlines()] == want
