@@ -117,7 +117,8 @@ def _first_call(name: str, backend: str) -> dict[str, Any]:
         fuseg = backend.startswith("fuseg")
         code = ("import json, sys, time, warnings, torch; warnings.filterwarnings('ignore');"
                 "from perf.compiled import MODELS;"
-                f"m, a = MODELS[{name!r}]();"
+                + ("from runtime.dynamo import registered_by_name; registered_by_name();" if fuseg else "")
+                + f"m, a = MODELS[{name!r}]();"
                 f"c = torch.compile(m, backend={'fuseg' if fuseg else backend!r});"
                 "t0 = time.perf_counter();"
                 "torch.no_grad().__enter__(); c(*a);"

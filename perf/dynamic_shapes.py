@@ -2,7 +2,7 @@
 varying sequence lengths, under eager, ``aot_eager``, Inductor and fuseg (issue 41).
 
     python -m perf.dynamic_shapes [--models qwen2 phi3 ...] [--backends eager aot_eager inductor fuseg]
-                                  [--repeats 5] [--rounds 1] [--train] [--before DIR]
+                                  [--repeats 5] [--rounds 1] [--train] [--before DIR] [--device cuda]
                                   [--out perf/results/dynamic_shapes_cpu.json]
 
 Generation. Per model (a tiny config from ``transformers``, random weights, no download) and
@@ -34,6 +34,10 @@ dynamic padding does), per backend in a fresh process; each step's loss and ever
 compared with an eager copy of the model stepped on the same batches. Steps after every length
 was seen once give ``steady``.
 
+``--device cuda`` runs the same protocols on the GPU (models, prompts and batches on CUDA; a
+generate is timed to a ``torch.cuda.synchronize``); fuseg's builds counted there are NVRTC compiles
+of its CUDA kernels.
+
 Each backend runs in its own process, one after the other: compare ratios within one record.
 """
 
@@ -59,6 +63,9 @@ LATER_LENGTHS = (29, 33, 37)
 TRAIN_LENGTHS = (16, 24, 32, 20, 28, 40, 16, 24, 32, 20, 28, 40)
 BACKENDS = ("eager", "aot_eager", "inductor", "fuseg")
 NEW_TOKENS = 24
+#: where a child process runs its protocol (``--device``; set once in the child)
+_DEVICE = "cpu"
+_ENTRY_POINT_FOUND: bool | None = None
 
 _CONFIGS = {
     "qwen2": "Qwen2Config", "phi3": "Phi3Config", "olmo": "OlmoConfig", "starcoder2": "Starcoder2Config",
@@ -74,29 +81,55 @@ def _model(name: str) -> Any:
     cfg = getattr(transformers, _CONFIGS[name])(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=128, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval().to(_DEVICE)
+
+
+def _ids(shape: tuple[int, int], seed: int) -> Any:
+    """Token ids drawn on the CPU (the same on every device), then moved to ``_DEVICE``."""
+    import torch
+
+    return torch.randint(3, 128, shape, generator=torch.Generator().manual_seed(seed)).to(_DEVICE)
+
+
+def _synchronized() -> None:
+    import torch
+
+    if _DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
+def _named(backend: str) -> str:
+    """``backend`` for ``torch.compile``: fuseg by its name, as a user writes it, registered here
+    where dynamo does not find setup.py's entry point (``runtime.dynamo.registered_by_name``)."""
+    global _ENTRY_POINT_FOUND
+    if backend == "fuseg":
+        from runtime.dynamo import registered_by_name
+
+        _ENTRY_POINT_FOUND = registered_by_name()
+    return backend
 
 
 def _compiled_forward(model: Any, backend: str) -> None:
     import torch
 
     if backend != "eager":
-        model.forward = torch.compile(model.forward, backend=backend)
+        model.forward = torch.compile(model.forward, backend=_named(backend))
 
 
 def _plans(backend: str) -> dict[str, Any]:
-    """fuseg's programs in this process: symbolic plans, specialized programs, and refusals."""
+    """fuseg's programs in this process: symbolic plans, specialized programs, and refusals;
+    whether dynamo found the name "fuseg" by the entry point."""
     if backend != "fuseg":
         return {}
     from runtime.dynamo import STATS
 
-    return {"fuseg_programs": dict(STATS)}
+    return {"fuseg_programs": dict(STATS), "fuseg_entry_point_found": _ENTRY_POINT_FOUND}
 
 
 def _builds() -> int:
     from runtime.codegen.build import compilations
 
-    return compilations["cpu"]
+    return compilations["cpu" if _DEVICE == "cpu" else "cuda"]
 
 
 def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
@@ -105,7 +138,7 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
 
     model, ref = _model(name), _model(name)
     _compiled_forward(model, backend)
-    prompts = [torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)) for n in LENGTHS]
+    prompts = [_ids((1, n), n) for n in LENGTHS]
     order = list(range(len(LENGTHS))) + [2] * repeats
     times, builds, equal = [], [], []
     for k in order:
@@ -113,6 +146,7 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         t = time.perf_counter()
         with torch.no_grad():
             out = model.generate(prompts[k], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        _synchronized()
         times.append(time.perf_counter() - t)
         builds.append(_builds() - before)
         with torch.no_grad():
@@ -135,6 +169,7 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
             t = time.perf_counter()
             with torch.no_grad():
                 model.generate(prompts[2], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+            _synchronized()
             again.append(time.perf_counter() - t)
         out["seconds_after_builds"] = again
         out["steady_after_builds"] = statistics.median(again[1:])
@@ -142,12 +177,13 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         # against the same length generated again right after it (seen)
         fresh, seen, fresh_builds, fresh_equal = [], [], [], []
         for n in LATER_LENGTHS:
-            ids = torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n))
+            ids = _ids((1, n), n)
             for times_of in (fresh, seen):
                 before = _builds()
                 t = time.perf_counter()
                 with torch.no_grad():
                     got = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+                _synchronized()
                 times_of.append(time.perf_counter() - t)
                 fresh_builds.append(_builds() - before)
             with torch.no_grad():
@@ -167,17 +203,18 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
 
     model = _model(name).train()
     ref = copy.deepcopy(model)
-    step = model if backend == "eager" else torch.compile(model, backend=backend)
+    step = model if backend == "eager" else torch.compile(model, backend=_named(backend))
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.01), torch.optim.SGD(ref.parameters(), lr=0.01)
     times, loss_diff, grad_diff, builds = [], [], [], []
     for n in TRAIN_LENGTHS:
-        ids = torch.randint(3, 128, (2, n), generator=torch.Generator().manual_seed(n))
+        ids = _ids((2, n), n)
         before = _builds()
         t = time.perf_counter()
         opt.zero_grad()
         loss = step(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
+        _synchronized()
         times.append(time.perf_counter() - t)
         builds.append(_builds() - before)
         ref_opt.zero_grad()
@@ -194,7 +231,8 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
             "new": statistics.median(times[2:seen]), "steady": statistics.median(times[seen:])}
 
 
-def _child(kind: str, name: str, backend: str, repeats: int, before: str | None = None) -> dict[str, Any]:
+def _child(kind: str, name: str, backend: str, repeats: int, before: str | None = None,
+           device: str = "cpu") -> dict[str, Any]:
     """Run one (model, backend) in a fresh process with empty compiler caches. ``fuseg-foreground``
     is fuseg with its kernels built on the caller's thread (FUSEG_BACKGROUND_BUILDS=0),
     ``fuseg-unpaused`` fuseg with its background compilers never paused (FUSEG_PAUSE_BUILDS=0),
@@ -213,6 +251,8 @@ def _child(kind: str, name: str, backend: str, repeats: int, before: str | None 
             cwd = env["PYTHONPATH"] = os.path.abspath(before)
         run_as = "fuseg" if backend in ("fuseg-foreground", "fuseg-unpaused", "fuseg-before") else backend
         cmd = [sys.executable, "-m", "perf.dynamic_shapes", "--child", kind, name, run_as, str(repeats)]
+        if device != "cpu":  # (not passed on the CPU: an older checkout's --child takes four values)
+            cmd.append(device)
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, cwd=cwd)
         if done.returncode != 0:
             return {"model": name, "backend": backend, "error": done.stderr.strip().splitlines()[-1:] or ["?"]}
@@ -270,18 +310,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="the backends one after another, this many times per model")
     p.add_argument("--train", action="store_true", help="the training protocol instead of generation")
     p.add_argument("--before", default=None, help="a checkout of the code to compare with: the backend fuseg-before")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the models run")
     p.add_argument("--out", default=None)
-    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        kind, name, backend, repeats = args.child
+        global _DEVICE
+        kind, name, backend, repeats = args.child[:4]
+        _DEVICE = args.child[4] if len(args.child) > 4 else "cpu"
         result = run_train(name, backend) if kind == "train" else run_generate(name, backend, int(repeats))
         print(json.dumps(result))
         return 0
     from .bench import environment, write_record
 
     kind = "train" if args.train else "generate"
-    record: dict[str, Any] = {"benchmark": f"dynamic_shapes/{kind}", "environment": environment("cpu"),
+    if args.device != "cpu" and args.before:
+        raise SystemExit("--before runs on the CPU only (an older checkout's protocol knows no device)")
+    record: dict[str, Any] = {"benchmark": f"dynamic_shapes/{kind}", "environment": environment(args.device),
                               "lengths": list(TRAIN_LENGTHS if args.train else LENGTHS), "results": {}}
     for name in args.models:
         rounds = []
@@ -289,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for backend in args.backends:
                 print(f"{kind} {name} {backend} (round {r + 1}) ...", file=sys.stderr, flush=True)
-                row = _child(kind, name, backend, args.repeats, args.before)
+                row = _child(kind, name, backend, args.repeats, args.before, args.device)
                 print(f"  {json.dumps({k: v for k, v in row.items() if k in ('first', 'second', 'new', 'steady', 'error')})}",
                       file=sys.stderr, flush=True)
                 rows.append(row)
@@ -298,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
             record["results"][name] = {"runs": rounds[0], "ratios": _ratios(rounds[0])}
         else:
             record["results"][name] = {"rounds": [{"runs": rows, "ratios": _ratios(rows)} for rows in rounds]}
-        print(json.dumps({name: record["results"][name].get("ratios")
-                          or [x["ratios"] for x in record["results"][name]["rounds"]]}, indent=1), file=sys.stderr, flush=True)
+        done = record["results"][name]
+        print(json.dumps({name: done["ratios"] if "ratios" in done else [x["ratios"] for x in done["rounds"]]}, indent=1),
+              file=sys.stderr, flush=True)
     write_record(record, args.out)
     return 0
 

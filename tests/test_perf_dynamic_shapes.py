@@ -25,3 +25,59 @@ def test_ratios_compare_fuseg_and_the_code_before_with_aot_eager() -> None:
 def test_the_code_before_needs_a_checkout() -> None:
     with pytest.raises(ValueError, match="--before DIR"):
         ds._child("generate", "qwen2", "fuseg-before", 1, None)
+
+
+def test_a_round_whose_fuseg_failed_is_still_recorded(monkeypatch, tmp_path) -> None:
+    """A round with no ratio (fuseg failed in its child) is written with its error; the summary
+    printed after each model raised KeyError there (the H100's run, 2026-11-27)."""
+    import json
+
+    def child(kind, name, backend, repeats, before=None, device="cpu"):
+        if backend == "fuseg":
+            return {"model": name, "backend": backend, "error": ["InvalidBackend: 'fuseg'"]}
+        return {"model": name, "backend": backend, "first": 1.0, "second": 0.5, "new": 0.1, "steady": 0.1}
+
+    monkeypatch.setattr(ds, "_child", child)
+    out = tmp_path / "r.json"
+    assert ds.main(["--models", "qwen2", "--backends", "aot_eager", "fuseg", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["results"]["qwen2"]["runs"]
+    assert [r.get("error") for r in runs] == [None, ["InvalidBackend: 'fuseg'"]]
+
+
+def test_the_child_passes_its_device_only_off_the_cpu(monkeypatch) -> None:
+    """``--device cuda`` reaches the child as a fifth value; on the CPU the child's command is
+    what an older checkout's protocol takes (four values)."""
+    import subprocess
+
+    seen = []
+
+    def run(cmd, **kw):
+        seen.append(cmd[cmd.index("--child") + 1:])
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"first": 1}\n', stderr="")
+
+    monkeypatch.setattr(ds.subprocess, "run", run)
+    ds._child("generate", "qwen2", "fuseg", 2)
+    ds._child("train", "qwen2", "fuseg", 2, device="cuda")
+    assert seen == [["generate", "qwen2", "fuseg", "2"], ["train", "qwen2", "fuseg", "2", "cuda"]]
+
+
+def test_fuseg_is_found_by_name_or_registered(monkeypatch) -> None:
+    """``registered_by_name``: True where dynamo finds "fuseg" (the entry point of the installed
+    project); where it does not (a registry without it), the backend is registered under the
+    name, False is returned, and ``torch.compile(backend="fuseg")`` works."""
+    import torch
+    from torch._dynamo.backends import registry
+
+    from runtime.dynamo import registered_by_name
+
+    assert registered_by_name() is True
+    monkeypatch.setattr(registry, "_BACKENDS", {k: v for k, v in registry._BACKENDS.items() if k != "fuseg"})
+    monkeypatch.setattr(registry, "_COMPILER_FNS", {k: v for k, v in registry._COMPILER_FNS.items() if k != "fuseg"})
+    monkeypatch.setattr(registry, "_lazy_import", lambda: None)  # (no entry point to discover)
+    assert registered_by_name() is False
+    assert registered_by_name() is True  # (registered now)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: (x * 2).sin(), backend="fuseg")
+    x = torch.randn(5)
+    torch.testing.assert_close(fn(x), (x * 2).sin())
+    torch._dynamo.reset()
