@@ -188,4 +188,9 @@ else
 fi
 step summary 10 "gpu_summary_$TAG.log" "$PY" -m perf.gpu_summary "$OUT" --tag "$TAG"
 cat "$OUT/gpu_validate_summary_$TAG.txt" 2>/dev/null
+# the shards' files in one archive (the device tool brings back a limited number of files: run 7
+# lost them), after the summary has read them (untar it beside them to run perf.gpu_summary again)
+if ls "$OUT"/gpu_tests_"${TAG}"_shard* > /dev/null 2>&1; then
+  (cd "$OUT" && tar czf "gpu_tests_${TAG}_all_shards.tgz" gpu_tests_"${TAG}"_shard* && rm -f gpu_tests_"${TAG}"_shard*)
+fi
 echo "gpu_validate: $(( $(date +%s) - START ))s in all"
