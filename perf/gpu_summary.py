@@ -3,8 +3,8 @@
     python -m perf.gpu_summary OUT_DIR [--tag h100]
 
 Reads what the script left in ``OUT_DIR``: ``steps.txt`` (one line a step: name, exit status,
-seconds, budget), the test shards' JUnit files, the compiled-model record and the bandwidth
-record; prints the summary and writes it to ``gpu_validate_summary_<tag>.txt`` beside them.
+seconds, budget), the test shards' JUnit files, the dynamic-shapes records, the compiled-model
+record and the bandwidth record; prints the summary and writes it to ``gpu_validate_summary_<tag>.txt`` beside them.
 Every figure comes from those files; a step that left none is reported as missing.
 """
 
@@ -104,6 +104,7 @@ def summarize(out: str, tag: str) -> str:
                 ratio = a_ms / b_ms if a_ms and b_ms else None
                 parts.append(f"{v} before {_fmt(b_ms, '{:.3f}')} after {_fmt(a_ms, '{:.3f}')} after/before {_fmt(ratio)}")
             lines.append(f"  {r['model']:>13}  " + "  ".join(parts))
+    _dynamic(lines, out, tag)
     bw = _load(os.path.join(out, f"gpu_bandwidth_{tag}.json"))
     if bw:
         lines.append("bandwidth (time / copy of the floor's bytes; the profiler's kernel time in brackets):")
@@ -146,6 +147,42 @@ def summarize(out: str, tag: str) -> str:
         lines.append("host time per call of the rope-seed program (medians of alternating rounds), us: "
                      + ", ".join(f"{k} {v:.1f}" for k, v in rope.get("us_per_call", {}).items()))
     return "\n".join(lines) + "\n"
+
+
+def _dynamic(lines: list[str], out: str, tag: str) -> None:
+    """perf.dynamic_shapes' records of the step ``dynamic`` (issue 41): per backend, the seconds of
+    the first two lengths and the steady state; for fuseg its builds (NVRTC compiles) per length,
+    whether its tokens (generation) or its loss and gradients (training) matched eager's, and its
+    symbolic plans or why a graph got none."""
+    for kind in ("generate", "train"):
+        rec = _load(os.path.join(out, f"gpu_dynamic_{kind}_{tag}.json"))
+        if rec is None:
+            lines.append(f"dynamic shapes ({kind}): no record")
+            continue
+        for model, res in rec.get("results", {}).items():
+            for r in res.get("runs", []):
+                head = f"dynamic shapes ({kind}), {model}, {r.get('backend')}:"
+                if "error" in r:
+                    lines.append(f"{head} ERROR {' '.join(r['error'])[:200]}")
+                    continue
+                parts = [f"first {_fmt(r.get('first'))} s, second {_fmt(r.get('second'))} s, "
+                         f"new {_fmt(r.get('new', 0) * 1e3, '{:.1f}')} ms, steady {_fmt(r.get('steady', 0) * 1e3, '{:.1f}')} ms"]
+                if r.get("kernel_builds") is not None:
+                    parts.append(f"builds per length {r['kernel_builds']}")
+                if "tokens_equal_eager" in r:
+                    eq = r["tokens_equal_eager"] + r.get("tokens_equal_eager_later_lengths", [])
+                    parts.append(f"tokens equal eager's {sum(eq)} of {len(eq)}")
+                if "max_grad_diff" in r:
+                    parts.append(f"loss / gradient max diff {r['max_loss_diff']:.1e} / {r['max_grad_diff']:.1e}")
+                plans = r.get("fuseg_programs")
+                if plans:
+                    parts.append(f"symbolic plans {plans.get('symbolic_plans')}, specialized "
+                                 f"{plans.get('specialized_programs')}, refused {plans.get('symbolic_refused')}")
+                lines.append(f"{head} " + "; ".join(parts))
+            ratios = res.get("ratios") or {}
+            if "fuseg_second_over_aot_eager_second" in ratios:
+                lines.append(f"  fuseg second / aot_eager second {ratios['fuseg_second_over_aot_eager_second']:.2f}; "
+                             f"new / steady {_fmt(ratios.get('fuseg_new_over_steady'))}")
 
 
 def _before_after(lines: list[str], bw: dict[str, Any] | None, before: dict[str, Any] | None, heading: str) -> None:

@@ -98,3 +98,23 @@ def test_the_whole_dims_before_is_the_off_record(tmp_path) -> None:
     (tmp_path / "gpu_bandwidth_whole_off_h100.json").write_text(record({"rope-qwen2-7b": 0.080}))
     text = summarize(str(tmp_path), "h100")
     assert "FUSEG_BCAST_WHOLE=0 (before)" in text and "after/before 0.90" in text
+
+
+def test_the_dynamic_shapes_records_are_summed_up(tmp_path) -> None:
+    """The step ``dynamic``: builds per length, tokens or gradients against eager, plans and
+    refusals, a failed backend's error; a missing record said so."""
+    gen = {"results": {"qwen2": {"runs": [
+        {"backend": "aot_eager", "first": 7.4, "second": 3.4, "new": 0.09, "steady": 0.1},
+        {"backend": "fuseg", "first": 9.8, "second": 4.7, "new": 0.061, "steady": 0.065, "kernel_builds": [31, 12, 0, 0],
+         "tokens_equal_eager": [True, True, False, True], "tokens_equal_eager_later_lengths": [True, True],
+         "fuseg_programs": {"symbolic_plans": 2, "specialized_programs": 2, "symbolic_refused": []}}],
+        "ratios": {"fuseg_second_over_aot_eager_second": 1.37, "fuseg_new_over_steady": 0.94}}}}
+    (tmp_path / "gpu_dynamic_generate_h100.json").write_text(json.dumps(gen))
+    text = summarize(str(tmp_path), "h100")
+    assert "builds per length [31, 12, 0, 0]" in text and "tokens equal eager's 5 of 6" in text
+    assert "symbolic plans 2, specialized 2, refused []" in text and "new 61.0 ms, steady 65.0 ms" in text
+    assert "fuseg second / aot_eager second 1.37" in text
+    assert "dynamic shapes (train): no record" in text
+    train = {"results": {"qwen2": {"runs": [{"backend": "fuseg", "error": ["InvalidBackend: 'fuseg'"]}], "ratios": {}}}}
+    (tmp_path / "gpu_dynamic_train_h100.json").write_text(json.dumps(train))
+    assert "dynamic shapes (train), qwen2, fuseg: ERROR InvalidBackend: 'fuseg'" in summarize(str(tmp_path), "h100")
