@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import torch
+
 from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
+from segmenter.symbolic import size_key
 
 from .layout import Layout, NeedsCopy, apply_view_op
 
@@ -38,11 +41,15 @@ def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
         metas = graph.metas
         key = None
         if node.inputs and _plain(node.args[1:]) and _plain(v for _, v in node.kwargs):
-            key = (node.op, metas[node.inputs[0]], node.args[1:], node.kwargs,
-                   tuple(o is not None and metas[o] for o in node.outputs))
+            # every size by its expression (size_key): a symbolic plan's layers key alike where
+            # their sizes are equal for every value of the symbols, and a lookup compares no
+            # SymInt (a comparison would record a condition: Note [hashing symbolic sizes])
+            key = (node.op, _layout_key(metas[node.inputs[0]]), size_key(node.args[1:]),
+                   tuple((k, size_key(v)) for k, v in node.kwargs),
+                   tuple(o is not None and _layout_key(metas[o]) for o in node.outputs))
             try:
                 found = by_layout.get(key)
-            except TypeError:  # a symbolic size does not hash (Note [symbolic plans]): no memo
+            except TypeError:  # (an argument that does not hash): no memo
                 key = None
         if found is None:
             found = _is_true_view(graph, node)
@@ -53,9 +60,17 @@ def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
 
 
 def _plain(args: Iterable[object]) -> bool:
-    """Only ints (not bools), None and tuples of ints: arguments equal as keys only when they
-    are the same value (1, 1.0 and True are equal keys in a dict)."""
-    return all(a is None or type(a) is int or (type(a) is tuple and all(type(x) is int for x in a)) for a in args)
+    """Only ints (not bools), sizes (SymInts), None and tuples of those: arguments equal as keys
+    only when they are the same value (1, 1.0 and True are equal keys in a dict)."""
+    def size(x: object) -> bool:
+        return type(x) is int or isinstance(x, torch.SymInt)
+
+    return all(a is None or size(a) or (type(a) is tuple and all(size(x) for x in a)) for a in args)
+
+
+def _layout_key(m: TensorMeta) -> tuple:
+    """A TensorMeta as a key, its sizes by their expressions (``size_key``)."""
+    return (size_key(m.shape), size_key(m.stride), size_key(m.storage_offset), m.dtype, m.device, m.conj, m.neg)
 
 
 def _is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
