@@ -7,7 +7,9 @@ has ``ceil(L / 32) * 32`` columns, a size fuseg refused ('a float size CeilToInt
 32))'), so every length was planned and compiled again. The op has no CPU kernel; this module
 gives it and its backward one (the math, in float64) for its tests only, so the graph's shape, the
 padded logsumexp going from the forward to the backward, runs here. Note [rounded divisions] in
-segmenter/symbolic.py."""
+segmenter/symbolic.py. CUDA's flash attention (half-precision training) gets the same treatment:
+its forward returns the sequence lengths as SymInts and its random-number state as tensors on
+the meta device, and its backward takes them."""
 
 from __future__ import annotations
 
@@ -59,6 +61,34 @@ def _backward(grad_out, q, k, v, attn_bias, out, logsumexp, seed, offset, dropou
     return like(ds @ kd * s, q), like(ds.transpose(-1, -2) @ qd * s, k), like(probs.transpose(-1, -2) @ do, v), None
 
 
+def _flash_forward(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    assert dropout_p == 0.0 and not return_debug_mask, "the test kernel has no dropout and no debug mask"
+    scores = _reference(q, k, v, is_causal, scale)
+    lse = scores.logsumexp(-1)
+    out = torch.empty_like(q).copy_((scores - lse[..., None]).exp() @ v.double())
+    return (out, lse.float(), None, None, q.shape[2], k.shape[2], torch.zeros(2, dtype=torch.uint64),
+            torch.zeros((), dtype=torch.uint64), torch.empty(0, dtype=q.dtype))
+
+
+def _flash_backward(grad_out, q, k, v, out, logsumexp, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, seed,
+                    offset, *, scale=None):
+    assert (max_q, max_k) == (q.shape[2], k.shape[2]), "the lengths the forward returned"
+    padded = logsumexp.new_zeros(*logsumexp.shape[:-1], logsumexp.shape[-1] + 3)
+    padded[..., : logsumexp.shape[-1]] = logsumexp
+    dq, dk, dv, _ = _backward(grad_out, q, k, v, None, out, padded, seed, offset, dropout_p, [True] * 4, is_causal,
+                              scale=scale)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@pytest.fixture(scope="module")
+def flash_attention_on_cpu():
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_scaled_dot_product_flash_attention", _flash_forward, "CPU")
+    lib.impl("_scaled_dot_product_flash_attention_backward", _flash_backward, "CPU")
+    yield
+    lib._destroy()
+
+
 @pytest.fixture(scope="module")
 def efficient_attention_on_cpu():
     lib = torch.library.Library("aten", "IMPL")
@@ -69,16 +99,20 @@ def efficient_attention_on_cpu():
 
 
 class _Attention(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, flash: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
+        self.flash = flash
         self.qkv = torch.nn.Linear(16, 48)
         self.out = torch.nn.Linear(16, 16)
 
     def forward(self, x):
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, 2, 8).permute(2, 0, 3, 1, 4)
-        o = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)[0]
+        if self.flash:
+            o = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+        else:
+            o = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)[0]
         return self.out(o.transpose(1, 2).reshape(b, n, 16)).pow(2).mean()
 
 
@@ -100,10 +134,19 @@ def test_training_with_a_padded_logsumexp_is_planned_once(efficient_attention_on
     """Forward and backward graphs with the padded logsumexp between them, on lengths on both
     sides of a multiple of 32: loss and every gradient against eager, and symbolic plans (none
     refused) from the second length on, the third length planning nothing new."""
+    _train_on_four_lengths(_Attention())
+
+
+def test_training_with_flash_attention_is_planned_once(flash_attention_on_cpu) -> None:
+    """The same with CUDA's flash attention: SymInt outputs (the lengths) and meta-device
+    random-number state between the forward and the backward graphs."""
+    _train_on_four_lengths(_Attention(flash=True))
+
+
+def _train_on_four_lengths(model: torch.nn.Module) -> None:
     from runtime.dynamo import STATS, FusegCompiler, compile_with_aot
 
     torch._dynamo.reset()
-    model = _Attention()
     ours = copy.deepcopy(model)
     compiler = FusegCompiler()
     compiled = torch.compile(ours, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex))
