@@ -80,22 +80,23 @@ def _flash_backward(grad_out, q, k, v, out, logsumexp, cum_q, cum_k, max_q, max_
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
-@pytest.fixture(scope="module")
-def flash_attention_on_cpu():
+def _cpu_kernels(op: str, forward, backward):
+    """CPU kernels for ``op`` and its backward while a test of this module runs."""
     lib = torch.library.Library("aten", "IMPL")
-    lib.impl("_scaled_dot_product_flash_attention", _flash_forward, "CPU")
-    lib.impl("_scaled_dot_product_flash_attention_backward", _flash_backward, "CPU")
+    lib.impl(op, forward, "CPU")
+    lib.impl(f"{op}_backward", backward, "CPU")
     yield
     lib._destroy()
+
+
+@pytest.fixture(scope="module")
+def flash_attention_on_cpu():
+    yield from _cpu_kernels("_scaled_dot_product_flash_attention", _flash_forward, _flash_backward)
 
 
 @pytest.fixture(scope="module")
 def efficient_attention_on_cpu():
-    lib = torch.library.Library("aten", "IMPL")
-    lib.impl("_scaled_dot_product_efficient_attention", _forward, "CPU")
-    lib.impl("_scaled_dot_product_efficient_attention_backward", _backward, "CPU")
-    yield
-    lib._destroy()
+    yield from _cpu_kernels("_scaled_dot_product_efficient_attention", _forward, _backward)
 
 
 class _Attention(torch.nn.Module):
