@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
-from segmenter.symbolic import size_key
+from segmenter.symbolic import is_symbolic, size_key
 
 from .layout import Layout, NeedsCopy, apply_view_op
 
@@ -35,18 +35,23 @@ def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
     if memo is None:
         memo = graph.__dict__.setdefault("_true_views", {})
         graph.__dict__.setdefault("_true_views_by_layout", {})
+        # (a graph's symbols are its inputs' sizes: Note [symbolic plans])
+        graph.__dict__.setdefault("_true_views_symbolic", any(is_symbolic(i.meta) for i in graph.inputs))
     found = memo.get(node.name)
     if found is None:
         by_layout = graph.__dict__["_true_views_by_layout"]
         metas = graph.metas
         key = None
         if node.inputs and _plain(node.args[1:]) and _plain(v for _, v in node.kwargs):
-            # every size by its expression (size_key): a symbolic plan's layers key alike where
-            # their sizes are equal for every value of the symbols, and a lookup compares no
-            # SymInt (a comparison would record a condition: Note [hashing symbolic sizes])
-            key = (node.op, _layout_key(metas[node.inputs[0]]), size_key(node.args[1:]),
-                   tuple((k, size_key(v)) for k, v in node.kwargs),
-                   tuple(o is not None and _layout_key(metas[o]) for o in node.outputs))
+            key = (node.op, metas[node.inputs[0]], node.args[1:], node.kwargs,
+                   tuple(o is not None and metas[o] for o in node.outputs))
+            if graph.__dict__["_true_views_symbolic"]:
+                # every size by its expression (size_key): a symbolic plan's layers key alike
+                # where their sizes are equal for every value of the symbols, and a lookup
+                # compares no SymInt (a comparison would record a condition: Note [hashing
+                # symbolic sizes]); plain sizes key as they are (a cheaper key)
+                key = (node.op, _layout_key(key[1]), size_key(key[2]), tuple((k, size_key(v)) for k, v in key[3]),
+                       tuple(m is not False and _layout_key(m) for m in key[4]))
             try:
                 found = by_layout.get(key)
             except TypeError:  # (an argument that does not hash): no memo
