@@ -165,8 +165,9 @@ def _dynamic(lines: list[str], out: str, tag: str) -> None:
                 if "error" in r:
                     lines.append(f"{head} ERROR {' '.join(r['error'])[:200]}")
                     continue
+                ms = {k: r[k] * 1e3 if isinstance(r.get(k), (int, float)) else None for k in ("new", "steady")}
                 parts = [f"first {_fmt(r.get('first'))} s, second {_fmt(r.get('second'))} s, "
-                         f"new {_fmt(r.get('new', 0) * 1e3, '{:.1f}')} ms, steady {_fmt(r.get('steady', 0) * 1e3, '{:.1f}')} ms"]
+                         f"new {_fmt(ms['new'], '{:.1f}')} ms, steady {_fmt(ms['steady'], '{:.1f}')} ms"]
                 if r.get("kernel_builds") is not None:
                     parts.append(f"builds per length {r['kernel_builds']}")
                 if "tokens_equal_eager" in r:

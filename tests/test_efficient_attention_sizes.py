@@ -73,10 +73,8 @@ def _flash_forward(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=Fa
 def _flash_backward(grad_out, q, k, v, out, logsumexp, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, seed,
                     offset, *, scale=None):
     assert (max_q, max_k) == (q.shape[2], k.shape[2]), "the lengths the forward returned"
-    padded = logsumexp.new_zeros(*logsumexp.shape[:-1], logsumexp.shape[-1] + 3)
-    padded[..., : logsumexp.shape[-1]] = logsumexp
-    dq, dk, dv, _ = _backward(grad_out, q, k, v, None, out, padded, seed, offset, dropout_p, [True] * 4, is_causal,
-                              scale=scale)
+    dq, dk, dv, _ = _backward(grad_out, q, k, v, None, out, logsumexp, seed, offset, dropout_p, [True] * 4,
+                              is_causal, scale=scale)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
