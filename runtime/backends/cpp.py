@@ -14,7 +14,7 @@ from ..codegen import Declined
 from ..codegen.attention import ATTENTION, attention_kernel
 from ..codegen.build import build_cpu_later, build_cpu_many, cpu_compiler, unbuilt_cpu
 from ..codegen.conv import CONVOLUTION, depthwise_kernel
-from ..codegen.embedding import EMBEDDING, embedding_kernel, index_error
+from ..codegen.embedding import EMBEDDING, EMBEDDING_BACKWARD, embedding_backward_kernel, embedding_kernel, index_error
 from ..codegen.gemm import matmul_kernel
 from ..codegen.kernel import Kernel
 from ..codegen.onetap import onetap_kernel
@@ -122,14 +122,14 @@ def convolution_kernel(graph: FusionGraph, node: Node) -> Kernel:
     raise Declined("; ".join(why))
 
 
-_LONE_OPS = {CONVOLUTION: convolution_kernel, EMBEDDING: embedding_kernel, CUMSUM: cumsum_kernel,
-             ATTENTION: attention_kernel}
+_LONE_OPS = {CONVOLUTION: convolution_kernel, EMBEDDING: embedding_kernel, EMBEDDING_BACKWARD: embedding_backward_kernel,
+             CUMSUM: cumsum_kernel, ATTENTION: attention_kernel}
 
 
 class CppBackend(Backend):
     name = "cpp"
     device = "cpu"
-    opaque_ops = frozenset(_LONE_OPS)  # depthwise and one-tap convolutions, embeddings, cumsums, attention
+    opaque_ops = frozenset(_LONE_OPS)  # depthwise and one-tap convolutions, embeddings and their backward, cumsums, attention
 
     def unavailable(self, device_type: str) -> str | None:
         why = super().unavailable(device_type)

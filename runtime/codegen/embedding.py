@@ -10,7 +10,7 @@ the weight's row count before its row is read: an index outside ``[0, rows)`` re
 is counted, the kernel returns the count (``Kernel.returns``), and the launch raises eager's
 ``IndexError`` ("index out of range in self") when it is not zero. ATen does not wrap negative
 indices here either. ``padding_idx``, ``scale_grad_by_freq`` and ``sparse`` change only the
-backward, which stays ATen's.
+backward (Note [embedding backward kernels] below).
 
 Taken: one ``aten.embedding`` of a 2-D weight whose rows hold at least one element, of a dtype
 the generator stores (complex is not), by int64 or int32 indices of any layout, the output in
@@ -35,9 +35,10 @@ from .checks import check_layout, check_segment_metas, lone
 from .ctypes_ import Declined, storage_type
 from .kernel import Kernel, Param, bind, parallel_if
 
-__all__ = ["EMBEDDING", "embedding_kernel"]
+__all__ = ["EMBEDDING", "EMBEDDING_BACKWARD", "embedding_backward_kernel", "embedding_kernel"]
 
 EMBEDDING = "aten.embedding.default"
+EMBEDDING_BACKWARD = "aten.embedding_dense_backward.default"
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
 
@@ -94,6 +95,91 @@ def embedding_kernel(graph: FusionGraph, node: Node) -> Kernel:
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
     return Kernel(f"fuseg_embedding_{digest}", params, body, 1, 1, "embedding", "long long", returns="long long")
+
+
+# Note [embedding backward kernels]: ``aten.embedding_dense_backward`` is the weight's gradient of
+# a lookup: rows of zeros, and each index's row of the incoming gradient added into the row it
+# names. ATen's CPU kernel makes the zeros, then adds one row at a time through a TensorIterator
+# (its add kernel with alpha 1), 7-8 us a call for a tiny transformer's 64 tokens here, where
+# the work is a few thousand additions; training a tiny LM calls it once per embedding table
+# (GPT-2: two, BERT: three). The kernel here is that loop. Its sums are ATen's to the bit:
+# ATen adds the indices' rows in index order into each row, in the gradient's dtype (alpha 1 is
+# exact, fused or not), and so does the kernel, starting from zero; it shares the columns among
+# threads (each thread all indices, in order, for its columns), never the indices. Indices
+# outside ``[0, num_weights)`` add nothing, as in ATen (it finds no row for them), nor does
+# ``padding_idx``. Taken: float32 and float64 gradients of any layout with the indices' shape
+# and one more dim, int64 or int32 indices of any layout, ``scale_grad_by_freq`` false; half and
+# bfloat16 (whose sums ATen rounds after each add), and counting indices for
+# ``scale_grad_by_freq``, are declined and run on ATen. Not chosen by measurement (Note [choices
+# by measurement] in runtime/autotune.py measures kernels on made-up floats, which would be no
+# indices): ATen's per-row iterator is not a close call; ``perf.train_step`` times it in place.
+
+_GRAD_DTYPES = {torch.float32: "float", torch.float64: "double"}
+_COLUMNS = 64  # columns a thread takes at a time
+
+
+def embedding_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
+    """The kernel of ``node``, a lone ``aten.embedding_dense_backward`` (Note [embedding backward
+    kernels])."""
+    if node.op != EMBEDDING_BACKWARD:
+        raise Declined("not an embedding backward")
+    a = bind(node)
+    g, ids = a.get("grad_output"), a.get("indices")
+    if not (isinstance(g, ValueRef) and isinstance(ids, ValueRef)) or len(node.outputs) != 1 or node.outputs[0] is None:
+        raise Declined("an embedding backward of something other than tensor values")
+    if a.get("scale_grad_by_freq") is not False:
+        raise Declined("scale_grad_by_freq (the kernel does not count indices)")
+    rows, pad = a.get("num_weights"), a.get("padding_idx")
+    if not isinstance(rows, (int, torch.SymInt)) or isinstance(rows, bool) or not isinstance(pad, int) or isinstance(pad, bool):
+        raise Declined("num_weights and padding_idx that are not integers")
+    gm, im, ym = graph.metas[g.name], graph.metas[ids.name], node.metas[0]
+    if gm.dtype not in _GRAD_DTYPES:
+        raise Declined(f"a {str(gm.dtype).removeprefix('torch.')} gradient (float32 and float64 are taken)")
+    if im.dtype not in _INDEX_DTYPES:
+        raise Declined(f"{str(im.dtype).removeprefix('torch.')} indices (int64 and int32 are taken)")
+    gshape, gstride = check_layout(gm.shape, gm.stride, "gradient")
+    ishape, istride = check_layout(im.shape, im.stride, "indices")
+    # the recorded output is what torch's meta kernel computes from these layouts, or not believed
+    check_segment_metas(graph, lone(node, tuple(dict.fromkeys((g.name, ids.name)))), {})
+    yshape, ystride = check_layout(ym.shape, ym.stride, "output")
+    if len(gshape) != len(ishape) + 1 or tuple(gshape[:-1]) != tuple(ishape):
+        raise Declined(f"a gradient of {list(gshape)} for indices of {list(ishape)} (their shape and one more dim are taken)")
+    width = gshape[-1]
+    if yshape != (rows, width) or ym.dtype != gm.dtype or (ym.numel and not ym.is_contiguous()):
+        raise Declined(f"an output of {list(yshape)} strides {list(ystride)} {ym.dtype}: "
+                       f"a contiguous [{rows}, {width}] {gm.dtype} is written")
+    ct = _GRAD_DTYPES[gm.dtype]
+    count = math.prod(ishape)
+    lead = ix.unravel_terms("i", ishape)
+    at = "i" if im.is_contiguous() else ix.linear(lead, ishape, istride)
+    src = ix.linear(lead, ishape, tuple(gstride[:-1]))
+    gs = gstride[-1]
+    lines = [
+        f"  const FUSEG_I blocks = ((FUSEG_I)({width}) + {_COLUMNS - 1}) / {_COLUMNS};",
+        "// loops",
+        "  for (FUSEG_I b = 0; b < blocks; ++b) {",
+        f"    const FUSEG_I j0 = b * {_COLUMNS};",
+        f"    const FUSEG_I j1 = j0 + {_COLUMNS} < (FUSEG_I)({width}) ? j0 + {_COLUMNS} : (FUSEG_I)({width});",
+        f"    for (FUSEG_I r = 0; r < (FUSEG_I)({rows}); ++r)",
+        f"      for (FUSEG_I j = j0; j < j1; ++j) y_[r * {width} + j] = ({ct})0;",
+        f"    for (FUSEG_I i = 0; i < {count}; ++i) {{",
+        f"      const long long r = (long long)i_[{at}];",
+        f"      if (r < 0 || r >= (long long)({rows}) || r == {pad}LL) continue;",
+        f"      {ct}* dst = y_ + r * {width};",
+        f"      const {ct}* src = g_ + {src};",
+        f"      for (FUSEG_I j = j0; j < j1; ++j) dst[j] += src[{'j' if gs == 1 else f'j * {gs}'}];",
+        "    }",
+        "  }",
+    ]
+    threads = parallel_if(count * width, [])
+    if threads is not None:
+        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for schedule(static){threads}")
+    params = (Param("g_", g.name, gm.dtype, gshape, gstride, False),
+              Param("i_", ids.name, im.dtype, ishape, istride, False),
+              Param("y_", node.outputs[0], ym.dtype, yshape, ystride, True))
+    body = "\n".join(lines) + "\n"
+    digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
+    return Kernel(f"fuseg_embedding_backward_{digest}", params, body, 1, 1, "embedding")
 
 
 def index_error(count: int, rows: int, value: str) -> None:
