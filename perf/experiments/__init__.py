@@ -14,6 +14,13 @@ One line each: what it measured, and its record in perf/results/.
   compile_parts     Python's compile() of a 100k-node program, whole and in parts: compile_parts_100k.json
   pipeline_ab       the pipeline at 100k nodes against b30ce78: pipeline_before_after_100k_session21.json
   kernel_choice     the generated matmul and attention kernels against ATen's ops per shape: kernel_choice_cpu.json
+  class_crossing    a prompt crossing a power of two under backend="fuseg", against a checkout: class_crossing_cpu.json
+  second_length_parts  where the second prompt length's time goes (issue 41): second_length_*_cpu.json
+  half_round_trips  fp16/bf16 blocks with and without the round trips of rounded values: half_round_trips_cpu.json
+  index_merge       kernels built with and without merged split indices, in one process: index_merge_cpu.json
+  no_pre            kernels built with and without g++'s PRE, in one process: no_pre_cpu.json
+  sides             (no record) the shared part of index_merge and no_pre: programs built two ways, timed
+  embedding_backward  training steps with the embedding backward kernel against ATen's op: embedding_backward_cpu.json
 
 The size caps the first three chose (``conv.MAX_MACS``, ``onetap.MAX_WORK``, ``patches.MAX_WORK``) are
 gone: kernel or ATen is measured on each machine (Note [choices by measurement] in runtime/autotune.py).
