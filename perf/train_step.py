@@ -11,8 +11,11 @@ ones (hidden 256, 4 layers, batch 2, 128 tokens) and encoders with a masked-LM h
 
 Method. Each model runs in a fresh process with empty Inductor and fuseg caches. There each
 variant gets its own copy of the same weights and ``torch.compile``s it (default options); the
-first step of each is timed (the compile, with Inductor first: the process's own warm-up lands
-on it). Then one step of each on the same batch from the same weights is checked against eager:
+first step of each is timed (the compile). Eager comes first; Inductor and fuseg swap places
+from one process to the next (Inductor first in the first process; the process's own warm-up
+lands on the first), because in one process two identical variants differed by 3-6% with the
+order they were made in (an A/A trial of ``perf.experiments.embedding_backward``): with
+``--processes`` even, each order runs as often. Then one step of each on the same batch from the same weights is checked against eager:
 the loss and every parameter's gradient. Then the variants' steps are timed in ``--rounds``
 interleaved blocks of ``--steps`` steps each (``opt.zero_grad(); loss = model(...).loss;
 loss.backward(); opt.step()``, ``perf_counter`` per step); the record keeps each variant's median
@@ -90,8 +93,8 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
     from runtime.dynamo import fuseg_backend
 
     base, ids = _model(name)
-    backends = {v: b for v, b in {"eager": None, "inductor": "inductor", "fuseg": fuseg_backend}.items()
-                if v in variants_wanted}
+    known = {"eager": None, "inductor": "inductor", "fuseg": fuseg_backend}
+    backends = {v: known[v] for v in variants_wanted}  # made (compiled, first step) in this order
     variants: dict[str, tuple[Any, Any, Any]] = {}
     first: dict[str, float] = {}
     for v, backend in backends.items():
@@ -142,7 +145,7 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
                 opt.step()
                 times[v].append(time.perf_counter() - t0)
     ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
-    row: dict[str, Any] = {"model": name, "shape": list(ids.shape), "step_ms": ms, "first_step_s": first,
+    row: dict[str, Any] = {"model": name, "order": list(variants), "shape": list(ids.shape), "step_ms": ms, "first_step_s": first,
                            "check_against_eager": check, "fuseg_over_eager": ms["fuseg"] / ms["eager"]}
     if "inductor" in ms:
         row.update(fuseg_over_inductor=ms["fuseg"] / ms["inductor"], inductor_over_eager=ms["inductor"] / ms["eager"])
@@ -179,7 +182,10 @@ def _processes(name: str, rounds: int, steps: int, processes: int) -> dict[str, 
     row holds each (``processes``), each variant's median step over them and the median of their
     ratios (the step of a tiny model moved by a third between processes doing the same work:
     Inductor's llama-tiny step took 1.64 ms in one and 2.61-2.62 in two others, 2026-11-27)."""
-    runs = [_child(name, rounds, steps, ["eager", "inductor", "fuseg"]) for _ in range(processes)]
+    # Inductor and fuseg swap places from one process to the next (the one made first ran slower
+    # in an A/A trial: perf.experiments.embedding_backward); eager, the yardstick, always first
+    orders = (["eager", "inductor", "fuseg"], ["eager", "fuseg", "inductor"])
+    runs = [_child(name, rounds, steps, orders[j % 2]) for j in range(processes)]
     ok = [r for r in runs if "error" not in r]
     if processes == 1 or len(ok) < len(runs):
         return runs[0] if processes == 1 else next(r for r in runs if "error" in r)

@@ -56,3 +56,40 @@ def test_several_processes_give_the_median_of_each(monkeypatch) -> None:
     assert len(row["processes"]) == 3 and row["check_against_eager"]["fuseg"]["max_grad_diff"] == 2.0e-8
     monkeypatch.setattr(ts, "_child", lambda *a: {"model": "llama-tiny", "error": "boom"})
     assert ts._processes("llama-tiny", 1, 1, 2)["error"] == "boom"
+
+
+def test_processes_alternate_which_compiled_variant_is_made_first(monkeypatch) -> None:
+    """Two identical variants in one process differed by 3-6% with the order they were made in
+    (perf.experiments.embedding_backward's A/A trial): Inductor and fuseg swap places from one
+    process to the next, eager (the yardstick) first in all."""
+    import perf.train_step as ts
+
+    seen = []
+
+    def child(name, rounds, steps_, variants):
+        seen.append(list(variants))
+        return {"model": name, "error": "stop"} if len(seen) > 3 else {
+            "model": name, "shape": [2, 32], "step_ms": {"eager": 4.0, "inductor": 2.0, "fuseg": 2.0},
+            "first_step_s": {"eager": 0.0, "inductor": 20.0, "fuseg": 4.0},
+            "check_against_eager": {"fuseg": {"max_grad_diff": 0.0}},
+            "fuseg_over_eager": 0.5, "fuseg_over_inductor": 1.0, "inductor_over_eager": 0.5}
+
+    monkeypatch.setattr(ts, "_child", child)
+    ts._processes("llama-tiny", 1, 1, 3)
+    assert seen == [["eager", "inductor", "fuseg"], ["eager", "fuseg", "inductor"], ["eager", "inductor", "fuseg"]]
+
+
+def test_variants_are_made_in_the_order_asked(monkeypatch) -> None:
+    import torch
+
+    made = []
+    real = torch.compile
+
+    def compile_(model, backend=None, **kw):  # (Inductor's compile is left out: the order is the point)
+        made.append("inductor" if backend == "inductor" else "fuseg")
+        return real(model, backend="eager" if backend == "inductor" else backend, **kw)
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    row = run_model("llama-tiny", rounds=1, steps=1, variants_wanted=["eager", "fuseg", "inductor"])
+    assert made == ["fuseg", "inductor"]
+    assert row["order"] == ["eager", "fuseg", "inductor"]
