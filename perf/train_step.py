@@ -39,7 +39,7 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["TRAIN_MODELS", "main", "run_model"]
+__all__ = ["TRAIN_MODELS", "main", "run_model", "timed_rounds"]
 
 #: name: (transformers config class, model class, hidden, layers, tokens)
 TRAIN_MODELS: dict[str, tuple[str, str, int, int, int]] = {
@@ -128,12 +128,26 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
         missing = sum((a is None) != (b is None) for a, b in zip(grads[v], grads["eager"]))
         check[v] = {"loss_diff": abs(losses[v] - losses["eager"]), "max_grad_diff": max(diffs, default=0.0),
                     "max_grad": scale, "gradients_missing_or_extra": missing}
-    times: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(2):  # warm-up
         for _m, fn, opt in variants.values():
             opt.zero_grad()
             fn(input_ids=ids, labels=ids).loss.backward()
             opt.step()
+    times = timed_rounds(variants, ids, rounds, steps)
+    ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
+    row: dict[str, Any] = {"model": name, "order": list(variants), "shape": list(ids.shape), "step_ms": ms, "first_step_s": first,
+                           "check_against_eager": check, "fuseg_over_eager": ms["fuseg"] / ms["eager"]}
+    if "inductor" in ms:
+        row.update(fuseg_over_inductor=ms["fuseg"] / ms["inductor"], inductor_over_eager=ms["inductor"] / ms["eager"])
+    return row
+
+
+def timed_rounds(variants: dict[str, tuple[Any, Any, Any]], ids: Any, rounds: int, steps: int,
+                 after_round: Any = None) -> dict[str, list[float]]:
+    """Each variant's (model, compiled, optimizer) steps on ``ids``: ``rounds`` blocks of
+    ``steps`` each, the variants' order reversed every other round; the seconds of each step.
+    ``after_round(r, times)``, where given, runs after each round (it may clear what was timed)."""
+    times: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(rounds):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for v in order:
@@ -144,12 +158,9 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
                 fn(input_ids=ids, labels=ids).loss.backward()
                 opt.step()
                 times[v].append(time.perf_counter() - t0)
-    ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
-    row: dict[str, Any] = {"model": name, "order": list(variants), "shape": list(ids.shape), "step_ms": ms, "first_step_s": first,
-                           "check_against_eager": check, "fuseg_over_eager": ms["fuseg"] / ms["eager"]}
-    if "inductor" in ms:
-        row.update(fuseg_over_inductor=ms["fuseg"] / ms["inductor"], inductor_over_eager=ms["inductor"] / ms["eager"])
-    return row
+        if after_round is not None:
+            after_round(r, times)
+    return times
 
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

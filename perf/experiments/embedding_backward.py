@@ -41,7 +41,7 @@ def run(name: str, rounds: int, steps: int, swap: bool = False) -> dict[str, Any
     import torch
 
     warnings.filterwarnings("ignore")
-    from perf.train_step import _model
+    from perf.train_step import _model, timed_rounds
     from runtime.backends import cpp
     from runtime.codegen.embedding import EMBEDDING_BACKWARD
     from runtime.dynamo import FusegCompiler, compile_with_aot
@@ -86,22 +86,13 @@ def run(name: str, rounds: int, steps: int, swap: bool = False) -> dict[str, Any
                 into.append(time.perf_counter() - t0)
                 return out
             prog.entry = timed
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    for r in range(rounds + 1):
-        order = list(variants) if r % 2 == 0 else list(reversed(variants))
-        for v in order:
-            _m, fn, opt = variants[v]
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                opt.zero_grad()
-                fn(input_ids=ids, labels=ids).loss.backward()
-                opt.step()
-                if r:  # round 0 warms up
-                    times[v].append(time.perf_counter() - t0)
-            if not r:
-                for c in calls.values():
-                    for t in c.values():
-                        t.clear()
+
+    def warmed_up(r: int, times: dict[str, list[float]]) -> None:  # round 0 warms up: dropped
+        if r == 0:
+            for t in (*times.values(), *(t for c in calls.values() for t in c.values())):
+                t.clear()
+
+    times = timed_rounds(variants, ids, rounds + 1, steps, after_round=warmed_up)
     ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
     in_place = {v: {g: 1e6 * statistics.median(t) for g, t in c.items() if t} for v, c in calls.items()}
     return {"model": name, "order": list(variants), "step_ms": ms, "embedding_backward_kernels": kernels, "program_us_in_place": in_place,

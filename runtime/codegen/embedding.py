@@ -86,15 +86,22 @@ def embedding_kernel(graph: FusionGraph, node: Node) -> Kernel:
         "  }",
         "  return bad;",
     ]
-    threads = parallel_if(count * width, [])
-    if threads is not None:
-        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for reduction(+:bad) schedule(static){threads}")
     params = (Param("w_", w.name, wm.dtype, wshape, wstride, False),
               Param("i_", ids.name, im.dtype, ishape, istride, False),
               Param("y_", node.outputs[0], ym.dtype, yshape, ystride, True))
+    return _kernel("fuseg_embedding", lines, count * width, " reduction(+:bad)", params, "long long")
+
+
+def _kernel(prefix: str, lines: list[str], work: object, clause: str, params: tuple[Param, ...],
+            returns: str = "void") -> Kernel:
+    """The kernel of ``lines``, its loop after the ``// loops`` mark shared among threads where
+    ``work`` is worth it (``clause``: the pragma's own additions), named by its body."""
+    threads = parallel_if(work, [])
+    if threads is not None:
+        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for{clause} schedule(static){threads}")
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"fuseg_embedding_{digest}", params, body, 1, 1, "embedding", "long long", returns="long long")
+    return Kernel(f"{prefix}_{digest}", params, body, 1, 1, "embedding", "long long", returns=returns)
 
 
 # Note [embedding backward kernels]: ``aten.embedding_dense_backward`` is the weight's gradient of
@@ -171,15 +178,10 @@ def embedding_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
         "    }",
         "  }",
     ]
-    threads = parallel_if(count * width, [])
-    if threads is not None:
-        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for schedule(static){threads}")
     params = (Param("g_", g.name, gm.dtype, gshape, gstride, False),
               Param("i_", ids.name, im.dtype, ishape, istride, False),
               Param("y_", node.outputs[0], ym.dtype, yshape, ystride, True))
-    body = "\n".join(lines) + "\n"
-    digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"fuseg_embedding_backward_{digest}", params, body, 1, 1, "embedding")
+    return _kernel("fuseg_embedding_backward", lines, count * width, "", params)
 
 
 def index_error(count: int, rows: int, value: str) -> None:
