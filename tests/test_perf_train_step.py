@@ -93,3 +93,34 @@ def test_variants_are_made_in_the_order_asked(monkeypatch) -> None:
     row = run_model("llama-tiny", rounds=1, steps=1, variants_wanted=["eager", "fuseg", "inductor"])
     assert made == ["fuseg", "inductor"]
     assert row["order"] == ["eager", "fuseg", "inductor"]
+
+
+def test_separate_processes_time_each_compiled_variant_alone_against_eager(monkeypatch) -> None:
+    """``--separate N``: Inductor and fuseg each in processes of their own (eager first in every
+    one, the yardstick), N of each, alternated; fuseg/Inductor is the ratio of their median
+    ratios to eager."""
+    import perf.train_step as ts
+
+    seen = []
+    ratios = iter([0.5, 0.6, 0.55, 0.45])  # inductor, fuseg, fuseg, inductor (the second pair swapped)
+
+    def child(name, rounds, steps_, variants):
+        seen.append(list(variants))
+        r = next(ratios)
+        v = variants[1]
+        row = {"model": name, "order": list(variants), "step_ms": {"eager": 4.0, v: 4.0 * r}}
+        if v == "fuseg":
+            row["check_against_eager"] = {"fuseg": {"max_grad_diff": 1e-8}}
+        return row
+
+    monkeypatch.setattr(ts, "_child", child)
+    row = ts.separate("llama-tiny", 1, 1, 2)
+    assert seen == [["eager", "inductor"], ["eager", "fuseg"], ["eager", "fuseg"], ["eager", "inductor"]]
+    assert row["inductor_over_eager"] == pytest.approx(0.475) and row["fuseg_over_eager"] == pytest.approx(0.575)
+    assert row["fuseg_over_inductor"] == pytest.approx(0.575 / 0.475)
+    assert len(row["runs"]["fuseg"]) == 2 and row["check_against_eager"]["fuseg"]["max_grad_diff"] == 1e-8
+
+
+def test_a_step_without_fuseg_has_no_fuseg_ratio() -> None:
+    row = run_model("llama-tiny", rounds=1, steps=1, variants_wanted=["eager"])
+    assert set(row["step_ms"]) == {"eager"} and "fuseg_over_eager" not in row
