@@ -59,6 +59,8 @@ BACKWARDS = [
     ("double", _backward(12), [torch.randn(2, 3, 5, dtype=torch.float64), _repeats(12, 2, 3)]),
     ("padding-idx", _backward(10, padding_idx=0), [torch.randn(1, 6, 4), torch.tensor([[0, 3, 0, 9, 3, 0]])]),
     ("out-of-range", _backward(10), [torch.randn(1, 5, 4), torch.tensor([[-1, 3, 10, 2**40, 3]])]),
+    ("padding-idx-outside-rows", _backward(10, padding_idx=2**62), [torch.randn(1, 4, 4), torch.tensor([[1, 3, 1, 9]])]),
+    ("padding-idx-int64-min", _backward(10, padding_idx=-(2**63)), [torch.randn(1, 4, 4), torch.tensor([[1, 3, 1, 9]])]),
     ("wide", _backward(40), [torch.randn(2, 5, 200), _ids(40, 2, 5)]),
     ("threaded", _backward(300), [torch.randn(4, 64, 256), _repeats(300, 4, 64)]),
 ]
@@ -149,3 +151,16 @@ def test_training_at_two_lengths_takes_the_kernel_and_matches_eager() -> None:
     assert sum(name.startswith("fuseg_embedding_backward_") for name in kernels) >= 4, kernels  # two tables, two plans
     assert any(prog.sizes is not None for prog in compiler.compiled if any(
         k.name.startswith("fuseg_embedding_backward_") for k in prog.kernels.values())), "no symbolic plan took it"
+
+
+def test_a_symbolic_program_runs_at_several_token_counts() -> None:
+    """One program of symbolic sizes (the token count a symbol), called at three counts."""
+    fn = _backward(30)
+    inputs = [torch.randn(2, 7, 8), _ids(30, 2, 7)]
+    gm = make_fx(fn, tracing_mode="symbolic")(*inputs)
+    prog = runtime.compile(apply_aliases(segment(from_fx(gm, list(inputs), symbolic=True)), "post"))
+    i = _segment_of(prog)
+    assert prog.sizes is not None and prog.backend_of[i] == "cpp", prog.passed_over.get(i)
+    for n in (7, 12, 3):
+        args = [torch.randn(2, n, 8), _ids(30, 2, n)]
+        assert torch.equal(prog(*args)[0], fn(*args))

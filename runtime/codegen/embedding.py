@@ -31,7 +31,7 @@ from segmenter import FusionGraph, Node
 from segmenter.ir import ValueRef
 
 from . import index as ix
-from .checks import check_layout, check_segment_metas, lone
+from .checks import check_layout, check_segment_metas, int_arg, lone
 from .ctypes_ import Declined, storage_type
 from .kernel import Kernel, Param, bind, parallel_if
 
@@ -136,9 +136,9 @@ def embedding_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
         raise Declined("an embedding backward of something other than tensor values")
     if a.get("scale_grad_by_freq") is not False:
         raise Declined("scale_grad_by_freq (the kernel does not count indices)")
-    rows, pad = a.get("num_weights"), a.get("padding_idx")
-    if not isinstance(rows, (int, torch.SymInt)) or isinstance(rows, bool) or not isinstance(pad, int) or isinstance(pad, bool):
-        raise Declined("num_weights and padding_idx that are not integers")
+    # values that reach the source: plain ints in range (Note [checked source values])
+    rows = int_arg(a.get("num_weights"), "num_weights", 0)
+    pad = int_arg(a.get("padding_idx"), "padding_idx", -(2**63), 2**63 - 1)
     gm, im, ym = graph.metas[g.name], graph.metas[ids.name], node.metas[0]
     if gm.dtype not in _GRAD_DTYPES:
         raise Declined(f"a {str(gm.dtype).removeprefix('torch.')} gradient (float32 and float64 are taken)")
@@ -171,7 +171,7 @@ def embedding_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
         f"      for (FUSEG_I j = j0; j < j1; ++j) y_[r * {width} + j] = ({ct})0;",
         f"    for (FUSEG_I i = 0; i < {count}; ++i) {{",
         f"      const long long r = (long long)i_[{at}];",
-        f"      if (r < 0 || r >= (long long)({rows}) || r == {pad}LL) continue;",
+        f"      if (r < 0 || r >= (long long)({rows}){f' || r == {pad}LL' if 0 <= pad < rows else ''}) continue;",
         f"      {ct}* dst = y_ + r * {width};",
         f"      const {ct}* src = g_ + {src};",
         f"      for (FUSEG_I j = j0; j < j1; ++j) dst[j] += src[{'j' if gs == 1 else f'j * {gs}'}];",
