@@ -115,8 +115,10 @@ def test_deterministic_algorithms_make_no_choice_by_timing(im2col_faster, determ
 
 
 def test_a_shape_is_measured_once(im2col_faster) -> None:
+    """In float64: two stacked float32 convolutions summed in another order than oneDNN's (thnn's
+    GEMM) differed from eager by more than 1e-5 in one CI run (not reproduced here in 200 seeds)."""
     fn = lambda x, w: F.conv2d(F.conv2d(x, w, padding=1).relu(), w, padding=1)  # noqa: E731 - two equal convs
-    inputs = [torch.randn(2, 4, 6, 6), _weights(4, 4, 3, 3)]
+    inputs = [torch.randn(2, 4, 6, 6, dtype=torch.float64), torch.randn(4, 4, 3, 3, dtype=torch.float64)]
     prog = _program(fn, inputs)
     assert len(_conv_segments(prog)) == 2
     assert len(im2col_faster.asked) == 1
