@@ -7,7 +7,8 @@ varying sequence lengths, under eager, ``aot_eager``, Inductor and fuseg (issue 
 
 Generation. Per model (a tiny config from ``transformers``, random weights, no download) and
 backend, one fresh process with empty Inductor and fuseg caches compiles ``model.forward`` and
-calls ``model.generate(ids, max_new_tokens=24)`` (the library's default cache, greedy) with
+calls ``model.generate(ids, max_new_tokens=24, min_new_tokens=24)`` (the library's default cache, greedy;
+exactly 24 new tokens, so every generate does the same work) with
 prompts of ``LENGTHS`` tokens, each length new, then the third length again ``--repeats`` times
 (every length seen: the steady state). Each generate is timed whole (``perf_counter``); its
 tokens are compared with eager's. Dynamo compiles the first length's graphs with static sizes,
@@ -132,6 +133,14 @@ def _builds() -> int:
     return compilations["cpu" if _DEVICE == "cpu" else "cuda"]
 
 
+def _generate(model: Any, ids: Any) -> Any:
+    """Greedy, exactly ``NEW_TOKENS`` new tokens: with random weights a model may emit its end
+    token early, and a generate that stops early does less work than one that does not (phi3's
+    seen prompt made 11 tokens where its new ones made 20-24, olmo's second prompt 7), so every
+    generate is held to the same count and new and seen lengths are compared on equal work."""
+    return model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+
+
 def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
     """In this process: every generate of the protocol, timed, with its tokens checked."""
     import torch
@@ -145,12 +154,12 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         before = _builds()
         t = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(prompts[k], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+            out = _generate(model, prompts[k])
         _synchronized()
         times.append(time.perf_counter() - t)
         builds.append(_builds() - before)
         with torch.no_grad():
-            want = ref.generate(prompts[k], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+            want = _generate(ref, prompts[k])
         equal.append(bool(torch.equal(out, want)))
     n = len(LENGTHS)
     out = {"model": name, "backend": backend, "lengths": [LENGTHS[k] for k in order], "seconds": times,
@@ -168,7 +177,7 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         for _ in range(repeats + 1):  # (the first call after the builds makes each program again)
             t = time.perf_counter()
             with torch.no_grad():
-                model.generate(prompts[2], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+                _generate(model, prompts[2])
             _synchronized()
             again.append(time.perf_counter() - t)
         out["seconds_after_builds"] = again
@@ -182,13 +191,12 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
                 before = _builds()
                 t = time.perf_counter()
                 with torch.no_grad():
-                    got = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+                    got = _generate(model, ids)
                 _synchronized()
                 times_of.append(time.perf_counter() - t)
                 fresh_builds.append(_builds() - before)
             with torch.no_grad():
-                fresh_equal.append(bool(torch.equal(got, ref.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                                                      pad_token_id=0))))
+                fresh_equal.append(bool(torch.equal(got, _generate(ref, ids))))
         out.update(later_lengths=list(LATER_LENGTHS), seconds_later_lengths_new=fresh, seconds_later_lengths_seen=seen,
                    kernel_builds_later_lengths=fresh_builds, tokens_equal_eager_later_lengths=fresh_equal,
                    new_after_builds=statistics.median(fresh), seen_after_builds=statistics.median(seen))

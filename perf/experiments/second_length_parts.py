@@ -57,7 +57,7 @@ with torch.no_grad():
     for k in range(3):
         acc.clear()
         t = time.perf_counter()
-        model.generate(prompts[k], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        model.generate(prompts[k], max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
         out.append({"length": LENGTHS[k], "seconds": time.perf_counter() - t, **dict(acc)})
         if hasattr(d, "STATS"):
             out[-1]["built_in_background"] = d.STATS.get("built_in_background", 0)
