@@ -91,6 +91,8 @@ OPAQUE_OPS: dict[str, str] = {
     "aten.scatter_reduce.two": "scatter by index",
     "aten.index_add.default": "scatter by index",
     "aten.embedding_dense_backward.default": "scatter by index",
+    "aten.nll_loss_forward.default": "gather by index",
+    "aten.nll_loss_backward.default": "scatter by index",
     "aten.as_strided_scatter.default": "overlapping scatter",
     "aten.nonzero.default": "data-dependent shape",
     "aten.masked_select.default": "data-dependent shape",

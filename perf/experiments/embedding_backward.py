@@ -1,11 +1,13 @@
-"""The embedding backward kernel (Note [embedding backward kernels] in runtime/codegen/embedding.py)
-against ATen's op in training steps, alternated in one process.
+"""A lone-op kernel against ATen's op in training steps, alternated in one process: the embedding
+backward kernel (Note [embedding backward kernels] in runtime/codegen/embedding.py), or with
+``--kernels nll_loss`` the loss's (Note [nll loss kernels] in runtime/codegen/nll_loss.py).
 
-Usage: python -m perf.experiments.embedding_backward [--processes 4] [--rounds 8] [--steps 10]
+Usage: python -m perf.experiments.embedding_backward [--kernels embedding_backward|nll_loss]
+                                                     [--processes 4] [--rounds 8] [--steps 10]
                                                      [--out FILE] [models ...]
 
 Three variants of each model of ``perf.train_step`` (default: gpt2-tiny, bert-tiny, gpt2-256,
-bert-256): Inductor, fuseg, and fuseg with the embedding backward left to ATen (the kernel
+bert-256): Inductor, fuseg, and fuseg with the op(s) left to ATen (the kernels
 declined while that variant's graphs are compiled: everything else is the same plan). One
 training step each (forward, backward, SGD), their rounds alternated; each process is fresh, with
 empty caches. The two fuseg variants swap places from one process to the next (which is compiled
@@ -29,9 +31,12 @@ import time
 from typing import Any
 
 MODELS = ["gpt2-tiny", "bert-tiny", "gpt2-256", "bert-256"]
+#: --kernels: the ops the "fuseg-aten" variant leaves to ATen, and the prefix of their kernels' names
+KERNELS = {"embedding_backward": (("aten.embedding_dense_backward.default",), "fuseg_embedding_backward_"),
+           "nll_loss": (("aten.nll_loss_forward.default", "aten.nll_loss_backward.default"), "fuseg_nll_loss_")}
 
 
-def run(name: str, rounds: int, steps: int, swap: bool = False) -> dict[str, Any]:
+def run(name: str, rounds: int, steps: int, swap: bool = False, kernels: str = "embedding_backward") -> dict[str, Any]:
     """In this process: the three variants' steps of ``name``, alternated; ``swap`` makes the
     variant with ATen's op the second one, before the kernel's."""
     import contextlib
@@ -43,14 +48,16 @@ def run(name: str, rounds: int, steps: int, swap: bool = False) -> dict[str, Any
     warnings.filterwarnings("ignore")
     from perf.train_step import _model, timed_rounds
     from runtime.backends import cpp
-    from runtime.codegen.embedding import EMBEDDING_BACKWARD
     from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    ops, prefix = KERNELS[kernels]
 
     @contextlib.contextmanager
     def kernel_declined(on: bool):
         kept = dict(cpp._LONE_OPS)
         if on:
-            del cpp._LONE_OPS[EMBEDDING_BACKWARD]
+            for op in ops:
+                del cpp._LONE_OPS[op]
         try:
             yield
         finally:
@@ -72,8 +79,8 @@ def run(name: str, rounds: int, steps: int, swap: bool = False) -> dict[str, Any
             opt.zero_grad()
             fn(input_ids=ids, labels=ids).loss.backward()
         variants[v] = (model, fn, opt)
-    kernels = {v: sum(k.name.startswith("fuseg_embedding_backward_") for p in c.compiled for k in p.kernels.values())
-               for v, c in compilers.items()}
+    taken = {v: sum(k.name.startswith(prefix) for p in c.compiled for k in p.kernels.values() if k is not None)
+             for v, c in compilers.items()}
     # each fuseg program's own calls timed in place (the backward program is where the variants differ)
     calls: dict[str, dict[str, list[float]]] = {v: {} for v in compilers}
     for v, c in compilers.items():
@@ -95,22 +102,22 @@ def run(name: str, rounds: int, steps: int, swap: bool = False) -> dict[str, Any
     times = timed_rounds(variants, ids, rounds + 1, steps, after_round=warmed_up)
     ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
     in_place = {v: {g: 1e6 * statistics.median(t) for g, t in c.items() if t} for v, c in calls.items()}
-    return {"model": name, "order": list(variants), "step_ms": ms, "embedding_backward_kernels": kernels, "program_us_in_place": in_place,
+    return {"model": name, "order": list(variants), "step_ms": ms, "kernels": kernels, "kernels_taken": taken, "program_us_in_place": in_place,
             "programs_kernel_over_aten": sum(in_place["fuseg"].values()) / sum(in_place["fuseg-aten"].values()),
             "kernel_over_aten": ms["fuseg"] / ms["fuseg-aten"],
             "fuseg_over_inductor": ms["fuseg"] / ms["inductor"],
             "fuseg_aten_over_inductor": ms["fuseg-aten"] / ms["inductor"]}
 
 
-def _child(name: str, rounds: int, steps: int, swap: bool) -> dict[str, Any]:
+def _child(name: str, rounds: int, steps: int, swap: bool, kernels: str) -> dict[str, Any]:
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), PYTHONWARNINGS="ignore",
                    PYTHONPATH=here)
         code = ("import json, sys; from perf.experiments.embedding_backward import run;"
-                "print(json.dumps(run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == '1')))")
-        done = subprocess.run([sys.executable, "-c", code, name, str(rounds), str(steps), str(int(swap))], capture_output=True,
+                "print(json.dumps(run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == '1', sys.argv[5])))")
+        done = subprocess.run([sys.executable, "-c", code, name, str(rounds), str(steps), str(int(swap)), kernels], capture_output=True,
                               text=True, env=env, timeout=3600, cwd=tmp)
         if done.returncode != 0:
             return {"model": name, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
@@ -123,6 +130,7 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=4, help="an even number: the order swaps between processes")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--kernels", choices=sorted(KERNELS), default="embedding_backward")
     p.add_argument("--out")
     args = p.parse_args()
     from perf.bench import environment
@@ -132,7 +140,7 @@ def main() -> None:
         runs = []
         for j in range(args.processes):
             print(f"[{k + 1}/{len(args.models)}] {name}, process {j + 1}/{args.processes} ...", file=sys.stderr, flush=True)
-            runs.append(_child(name, args.rounds, args.steps, swap=j % 2 == 1))
+            runs.append(_child(name, args.rounds, args.steps, swap=j % 2 == 1, kernels=args.kernels))
         ok = [r for r in runs if "error" not in r]
         row: dict[str, Any] = {"model": name, "processes": runs}
         if ok:

@@ -17,6 +17,13 @@ from ..codegen.conv import CONVOLUTION, depthwise_kernel
 from ..codegen.embedding import EMBEDDING, EMBEDDING_BACKWARD, embedding_backward_kernel, embedding_kernel, index_error
 from ..codegen.gemm import matmul_kernel
 from ..codegen.kernel import Kernel
+from ..codegen.nll_loss import (
+    NLL_LOSS_BACKWARD,
+    NLL_LOSS_FORWARD,
+    nll_loss_backward_kernel,
+    nll_loss_forward_kernel,
+    target_error,
+)
 from ..codegen.onetap import onetap_kernel
 from ..codegen.patches import patches_kernel
 from ..codegen.runner import runner_kernel
@@ -48,8 +55,8 @@ class CppLaunch(KernelLaunch):
 class LoneOpLaunch(CppLaunch):
     """A lone OPAQUE op as its generated kernel: a depthwise or one-tap convolution (Note [depthwise
     convolutions] in runtime/codegen/conv.py, Note [one-tap convolutions]), an embedding (Note [embedding kernels]), a
-    cumsum (Note [cumsum kernels]) or an attention (Note [attention kernels]); launched, guarded
-    and freed as any kernel."""
+    cumsum (Note [cumsum kernels]), an attention (Note [attention kernels]) or a negative
+    log-likelihood loss (Note [nll loss kernels]); launched, guarded and freed as any kernel."""
 
     def __init__(self, backend: str, ctx: BuildContext, seg: Segment) -> None:  # noqa: D107 - see the class
         self.backend, self.ctx, self.segment = backend, ctx, seg
@@ -75,7 +82,10 @@ class LoneOpLaunch(CppLaunch):
             code.line(f"{code.const(self.raise_count)}(_bad)")
 
     def raise_count(self, count: int) -> None:
-        """An embedding's count of indices out of range, raised as eager raises (Note [embedding kernels])."""
+        """A kernel's count of indices out of range, raised as eager raises (Note [embedding
+        kernels], Note [nll loss kernels])."""
+        if self.segment.nodes[0].op in (NLL_LOSS_FORWARD, NLL_LOSS_BACKWARD):
+            target_error(count, self.kernel.params[0].shape[-1])
         weight, ids = self.kernel.params[0], self.kernel.params[1]
         index_error(count, weight.shape[0], ids.value)
 
@@ -123,13 +133,14 @@ def convolution_kernel(graph: FusionGraph, node: Node) -> Kernel:
 
 
 _LONE_OPS = {CONVOLUTION: convolution_kernel, EMBEDDING: embedding_kernel, EMBEDDING_BACKWARD: embedding_backward_kernel,
-             CUMSUM: cumsum_kernel, ATTENTION: attention_kernel}
+             CUMSUM: cumsum_kernel, ATTENTION: attention_kernel, NLL_LOSS_FORWARD: nll_loss_forward_kernel,
+             NLL_LOSS_BACKWARD: nll_loss_backward_kernel}
 
 
 class CppBackend(Backend):
     name = "cpp"
     device = "cpu"
-    opaque_ops = frozenset(_LONE_OPS)  # depthwise and one-tap convolutions, embeddings and their backward, cumsums, attention
+    opaque_ops = frozenset(_LONE_OPS)  # depthwise and one-tap convolutions, embeddings and their backward, cumsums, attention, nll losses
 
     def unavailable(self, device_type: str) -> str | None:
         why = super().unavailable(device_type)
