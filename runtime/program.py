@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import concurrent.futures
+import contextlib
 import functools
 import gc
 import time
@@ -29,6 +30,7 @@ from segmenter.ir import Alias, view_roots
 from segmenter.reference import FinishView, InputView, check_inputs, finish
 from segmenter.symbolic import NotSymbolic, is_symbolic, sizes_of
 
+from . import threads
 from .backends import BuildContext, SegmentLaunch, backends_for
 from .backends.at_call import ChosenAtCall, wrap_at_call
 from .backends.kernels import check_storage, span_bytes
@@ -75,6 +77,14 @@ class Launch:
 
     def __repr__(self) -> str:
         return f"Launch(segment={self.segment}, kind={self.kind.value}, backend={self.backend!r})"
+
+
+def _interim_call() -> contextlib.AbstractContextManager:
+    """What a call of a program whose kernels are being built runs under: nothing, where the
+    compilers have cores of their own (Note [torch's threads beside background compilers] in
+    runtime/threads.py); else the compilers stopped for the call (Note [interim calls hold the
+    pause] in runtime/background.py, FUSEG_BUILD_THREADS=0)."""
+    return contextlib.nullcontext() if threads.reserving() else pause.held()
 
 
 def _without_cyclic_gc(fn: Callable) -> Callable:
@@ -199,13 +209,14 @@ class CompiledProgram:
         if self._building is not None:
             self._entry_now = self.entry
             self.entry = self._entry_while_building
+        threads.register(self)  # Note [torch's threads beside background compilers] (runtime/threads.py)
 
     # --- Note [kernels built in the background] ---------------------------------------------
 
     def _entry_while_building(self, *inputs: Any) -> list[torch.Tensor] | None:
         if self._built():
             return self.entry(*inputs)
-        with pause.held():  # Note [interim calls hold the pause] (runtime/background.py)
+        with _interim_call():
             return self._entry_now(*inputs)
 
     def _built(self) -> bool:
@@ -710,10 +721,11 @@ class CompiledProgram:
     def run_checked(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The program on inputs already known to match its signature (``accepts``)."""
         run = self._fast if _plain_call(inputs) else self._safe
-        if self._building is None or all(f.done() for f in self._building):
-            return run(*inputs)
-        with pause.held():  # Note [interim calls hold the pause] (runtime/background.py)
-            return run(*inputs)
+        with threads.beside_builds():  # Note [torch's threads beside background compilers]
+            if self._building is None or all(f.done() for f in self._building):
+                return run(*inputs)
+            with _interim_call():
+                return run(*inputs)
 
     def accepts(self, *inputs: Any) -> bool:
         """Whether ``inputs`` match the signature exactly (cheap: one generated comparison)."""

@@ -176,12 +176,15 @@ def test_dynamo_compiles_and_fusegs_planning_hold_the_pause(monkeypatch):
     assert not pause.holding()
 
 
-def test_calls_of_an_interim_program_hold_the_pause(slow_compiler):
-    """Note [interim calls hold the pause] (runtime/background.py): while a program's kernels
-    are compiled in the background, each of its calls (the first, through ``run_checked``, and
-    the later ones, through ``entry``) runs with the compilers stopped; between calls, and once
-    the kernels are built, nothing is held."""
+def test_calls_of_an_interim_program_hold_the_pause(slow_compiler, monkeypatch):
+    """Note [interim calls hold the pause] (runtime/background.py), with FUSEG_BUILD_THREADS=0
+    (the compilers on every core, as before Note [torch's threads beside background compilers]):
+    while a program's kernels are compiled in the background, each of its calls (the first,
+    through ``run_checked``, and the later ones, through ``entry``) runs with the compilers
+    stopped; between calls, and once the kernels are built, nothing is held."""
     from runtime.program import CompiledProgram
+
+    monkeypatch.setenv("FUSEG_BUILD_THREADS", "0")
 
     _, pids = slow_compiler
     fn = lambda x: (x * 3.5).sin()  # noqa: E731 - the fixture's program: its kernel is the fresh one
@@ -208,3 +211,79 @@ def test_calls_of_an_interim_program_hold_the_pause(slow_compiler):
     seen.clear()
     torch.testing.assert_close(program(x), [fn(x)])
     assert program._building is None and not pause.holding() and seen == []
+
+
+@pytest.fixture
+def two_threads_or_more():
+    """torch with one thread more than a background build's compilers, so that a call beside
+    them keeps exactly one (Note [torch's threads beside background compilers])."""
+    from runtime import threads
+
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads.background_jobs() + 1)
+    yield threads.background_jobs() + 1
+    torch.set_num_threads(was)
+
+
+def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, two_threads_or_more):
+    """Note [torch's threads beside background compilers] (runtime/threads.py): while a build
+    runs in the background, every call of a program (one made before the build started, and the
+    one waiting for it; through ``entry`` and through ``run_checked``) runs torch with the cores
+    the compilers leave it, the compilers running on (not stopped); after each call, and once
+    every build is done, torch's own thread count again, and the entries unwrapped."""
+    from runtime import threads
+    from runtime.program import CompiledProgram
+
+    full = two_threads_or_more
+    y = torch.randn(6, 5)
+    earlier = runtime.compile(apply_aliases(segment(capture(lambda y: y.exp() + 2, [y])), "post"), backend="cpp")
+    fn = lambda x: (x * 3.5).sin()  # noqa: E731 - the fixture's program: its kernel is the fresh one
+    x = torch.randn(8, 4)
+    program = CompiledProgram(apply_aliases(segment(capture(fn, [x])), "post"), "cpp", background=True)
+    assert program._building is not None, "no build in the background"
+    assert hasattr(program.entry, "unwrapped") and hasattr(earlier.entry, "unwrapped")
+    _, pids = slow_compiler
+    assert _wait_for(lambda: _pid(pids) is not None), "the compiler never started"
+    pid = _pid(pids)
+    seen: list[tuple[int, bool, str]] = []
+
+    def watch(prog, name):
+        real = getattr(prog, name)
+
+        def watched(*args):
+            seen.append((torch.get_num_threads(), pause.holding(), _state(pid)))
+            return real(*args)
+        setattr(prog, name, watched)
+
+    watch(program, "_entry_now")
+    watch(program, "_fast")
+    torch.testing.assert_close(program.run_checked(x), [fn(x)])  # (the checked path: _fast)
+    torch.testing.assert_close(program(x), [fn(x)])  # (entry: the interim program's)
+    # the earlier program's generated entry, wrapped when the build started, observed inside the wrapper
+    inner = earlier.entry.unwrapped
+    earlier.entry = threads._wrapped(
+        lambda *a: (seen.append((torch.get_num_threads(), pause.holding(), _state(pid))), inner(*a))[1])
+    torch.testing.assert_close(earlier(y), [y.exp() + 2])
+    assert len(seen) == 3, seen
+    assert all(n == 1 and not held and state != "T" for n, held, state in seen), seen
+    assert torch.get_num_threads() == full
+    program.wait_for_builds()
+    build.wait_for_background_builds()
+    assert _wait_for(lambda: not threads._STATE["busy"], 5)
+    assert not hasattr(program.entry, "unwrapped") and not hasattr(earlier.entry, "unwrapped")
+    seen.clear()
+    program._fast = lambda *a, real=program._fast: (seen.append(torch.get_num_threads()), real(*a))[1]
+    torch.testing.assert_close(program.run_checked(x), [fn(x)])
+    assert seen == [full]
+
+
+def test_with_build_threads_off_nothing_is_wrapped(slow_compiler, two_threads_or_more, monkeypatch):
+    from runtime.program import CompiledProgram
+
+    monkeypatch.setenv("FUSEG_BUILD_THREADS", "0")
+    x = torch.randn(8, 4)
+    program = CompiledProgram(apply_aliases(segment(capture(lambda x: (x * 3.5).sin(), [x])), "post"), "cpp",
+                              background=True)
+    assert program._building is not None
+    assert not hasattr(program.entry, "unwrapped")
+    program.wait_for_builds()

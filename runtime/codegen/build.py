@@ -36,6 +36,7 @@ import time
 import warnings
 from collections.abc import Callable
 
+from .. import threads
 from . import pause
 from .ctypes_ import Declined
 from .kernel import translation_unit
@@ -353,9 +354,11 @@ def build_cpu_later(kernels: list[Kernel]) -> concurrent.futures.Future:
             _LATER.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuseg-build"))
         pool = _LATER[0]
     # (in the caller's context: the contextvars that say how symbolic sizes hash and print)
-    future = pool.submit(contextvars.copy_context().run, build_cpu_many, list(kernels), os.cpu_count() or 1, True)
+    # (Note [torch's threads beside background compilers] in runtime/threads.py: cores of their own)
+    future = pool.submit(contextvars.copy_context().run, build_cpu_many, list(kernels), threads.background_jobs(), True)
     with _LATER_LOCK:
         _UNDER_WAY.add(future)
+        threads.builds_started()
     future.add_done_callback(_finished)
     return future
 
@@ -366,6 +369,8 @@ _UNDER_WAY: set[concurrent.futures.Future] = set()
 def _finished(future: concurrent.futures.Future) -> None:
     with _LATER_LOCK:
         _UNDER_WAY.discard(future)
+        if not _UNDER_WAY:
+            threads.builds_ended()
 
 
 def background_builds_under_way() -> int:

@@ -1,0 +1,127 @@
+"""torch's threads while kernels compile in the background (issue 41).
+
+Note [torch's threads beside background compilers]: background compilers run under SCHED_IDLE
+(Note [kernels built in the background] in runtime/background.py) so that the caller's threads
+take their cores first. On this machine kind (a Firecracker VM of two vCPUs) that protects a
+single thread, not torch's OpenMP team: with anything busy in memory or in the kernel on the
+other vCPU at SCHED_IDLE, a tiny LM's eager generate of 24 tokens took 0.11-0.57 s instead of
+26 ms with torch's two threads, and 27 ms with one (a loop of g++ runs, a loop of ``/bin/true``,
+numpy writing 8 MB or allocating 50 MB: each 5-20x; a pure Python spinner at SCHED_IDLE: no
+change; scratch runs, 2026-11-28). Each parallel region waits for the thread whose vCPU the
+compiler holds. The earlier remedy stopped the compilers for each call of a program still
+waiting for its kernels (Note [interim calls hold the pause]): calls ran at 24-81 ms, but the
+builds got only the gaps between calls, and in a generate loop with no gaps none finished (four
+still under way after sixteen generates).
+
+So the compilers get cores of their own instead: a background build runs at most
+``background_jobs()`` compilers (half the cores, at least one), and while any background build
+is under way every program's ``entry`` runs torch with the cores left to it (its thread count
+less those jobs, at least one), restored when the call returns. The count is per calling
+thread in torch's OpenMP backend, so it is set and restored around each call on the thread
+that makes it, never from the build thread. Programs register when made; when the first build
+starts their entries are wrapped, when the last one ends they are unwrapped (an attribute swap:
+a call under way finishes as it began). Calls outside fuseg's programs (the caller's own ops)
+keep their threads. ``FUSEG_BUILD_THREADS=0`` leaves the thread count alone (and the compilers
+on every core, as before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["background_jobs", "beside_builds", "builds_ended", "builds_started", "register", "reserving"]
+
+_LOCK = threading.Lock()
+_PROGRAMS: weakref.WeakSet = weakref.WeakSet()
+_STATE = {"busy": False}
+
+
+def reserving() -> bool:
+    """Whether background builds get cores of their own (unless FUSEG_BUILD_THREADS=0)."""
+    return os.environ.get("FUSEG_BUILD_THREADS", "1") != "0"
+
+
+def background_jobs() -> int:
+    """How many compilers a background build runs side by side."""
+    cores = os.cpu_count() or 1
+    return max(1, cores // 2) if reserving() else cores
+
+
+def _wrapped(entry: Callable[..., Any]) -> Callable[..., Any]:
+    jobs = background_jobs()
+    get, set_ = torch.get_num_threads, torch.set_num_threads
+
+    def entry_beside_builds(*inputs: Any) -> Any:
+        n = get()
+        keep = max(1, n - jobs)
+        if keep == n:
+            return entry(*inputs)
+        set_(keep)
+        try:
+            return entry(*inputs)
+        finally:
+            set_(n)
+
+    entry_beside_builds.unwrapped = entry  # type: ignore[attr-defined]
+    return entry_beside_builds
+
+
+@contextlib.contextmanager
+def beside_builds() -> Iterator[None]:
+    """The block on this thread with the cores a background build leaves (the checked path of a
+    call, which does not go through ``entry``); nothing where no build is under way."""
+    if not _STATE["busy"]:
+        yield
+        return
+    n = torch.get_num_threads()
+    keep = max(1, n - background_jobs())
+    if keep == n:
+        yield
+        return
+    torch.set_num_threads(keep)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def register(program: Any) -> None:
+    """``program`` (its ``entry`` just made) is wrapped while background builds are under way."""
+    if not reserving():
+        return
+    with _LOCK:
+        _PROGRAMS.add(program)
+        if _STATE["busy"]:
+            program.entry = _wrapped(program.entry)
+
+
+def builds_started() -> None:
+    """A background build is under way: every program's entry leaves its cores to it."""
+    if not reserving():
+        return
+    with _LOCK:
+        if _STATE["busy"]:
+            return
+        _STATE["busy"] = True
+        for p in list(_PROGRAMS):
+            p.entry = _wrapped(p.entry)
+
+
+def builds_ended() -> None:
+    """The last background build is done: entries run with torch's own thread count again."""
+    with _LOCK:
+        if not _STATE["busy"]:
+            return
+        _STATE["busy"] = False
+        for p in list(_PROGRAMS):
+            entry = p.entry
+            while hasattr(entry, "unwrapped"):
+                entry = entry.unwrapped
+            p.entry = entry
