@@ -455,18 +455,15 @@ class CompiledProgram:
         distinct = len({i.storage for i in g.inputs}) == len(g.inputs) > 1
         tests = [f"{v}.storage_offset() == {code.value(inp.meta.storage_offset)}" for v, inp in zip(params, g.inputs)]
         storages = [f"{v}.untyped_storage()" for v in params]
-        for i, need in needs.items():
-            if distinct:  # the storage is read again below: fetched once
-                tests.append(f"(_s{i} := {storages[i]}).nbytes() >= {code.value(need)}")
-                storages[i] = f"_s{i}"
-            else:
-                tests.append(f"{storages[i]}.nbytes() >= {code.value(need)}")
+        for i, need in needs.items():  # (each storage fetched once: the tests below read it again)
+            tests.append(f"(_s{i} := {storages[i]}).nbytes() >= {code.value(need)}")
+            storages[i] = f"_s{i}"
         if distinct:
             tests.append(f"len({{{', '.join(f'{s}._cdata' for s in storages)}}}) == {len(params)}")
         elif g.storage_groups() and (self.sizes is not None or all(inp.meta.numel for inp in g.inputs)):
             # inputs that share a storage as the graph says, and no others (what check_inputs tests;
             # it leaves empty tensors free, so a fixed plan with one leaves the test to it)
-            keys = [f"{v}.untyped_storage()._cdata" for v in params]
+            keys = [f"{st}._cdata" for st in storages]
             first: dict[int, int] = {}
             for i, inp in enumerate(g.inputs):
                 j = first.setdefault(inp.storage, i)

@@ -20,7 +20,9 @@ One line each: what it measured, and its record in perf/results/.
   index_merge       kernels built with and without merged split indices, in one process: index_merge_cpu.json
   no_pre            kernels built with and without g++'s PRE, in one process: no_pre_cpu.json
   sides             (no record) the shared part of index_merge and no_pre: programs built two ways, timed
-  embedding_backward  training steps with the embedding backward kernel against ATen's op: embedding_backward_cpu.json
+  embedding_backward  training steps with the embedding backward (or, --kernels nll_loss, the loss) kernels against
+                    ATen's ops: embedding_backward_cpu.json, nll_loss_kernels_cpu.json
+  entry_storage_tests  a program entry's storage tests, storages fetched once against per test: entry_storage_tests_cpu.json
 
 The size caps the first three chose (``conv.MAX_MACS``, ``onetap.MAX_WORK``, ``patches.MAX_WORK``) are
 gone: kernel or ATen is measured on each machine (Note [choices by measurement] in runtime/autotune.py).
