@@ -133,7 +133,7 @@ def main() -> None:
     p.add_argument("--kernels", choices=sorted(KERNELS), default="embedding_backward")
     p.add_argument("--out")
     args = p.parse_args()
-    from perf.bench import environment
+    from perf.bench import environment, write_record
 
     rows = []
     for k, name in enumerate(args.models):
@@ -154,11 +154,7 @@ def main() -> None:
         rows.append(row)
     record = {"environment": environment("cpu"), "command": " ".join(["python -m perf.experiments.embedding_backward", *sys.argv[1:]]),
               "method": __doc__, "results": rows}
-    text = json.dumps(record, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ the rounds). Both must pass on these inputs.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import timeit
@@ -71,17 +70,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--out")
     args = p.parse_args()
-    from perf.bench import environment
+    from perf.bench import environment, write_record
 
     row = run(args.model, args.rounds)
     record = {"environment": environment("cpu"), "method": __doc__,
               "command": f"python -m perf.experiments.entry_storage_tests --model {args.model} --rounds {args.rounds}",
               "results": [row]}
-    text = json.dumps(record, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,22 @@ def _common(graph: FusionGraph, node: Node, a: dict, ops: dict) -> tuple[str, st
     return _TYPES[xm.dtype], reduction, ignore, rows, xshape[-1]
 
 
+def _lone(graph: FusionGraph, node: Node, op: str, outputs: int, names: tuple[str, ...]) -> tuple:
+    """The checks of both kernels up to their own: the op, its outputs (the first a value), its
+    operands ``names``, ``_common``'s, and the recorded outputs against torch's meta kernel.
+    Returns (operands, C type, reduction, ignore_index, rows, classes)."""
+    if node.op != op:
+        raise Declined(f"not an {op.split('.')[1]}")
+    if len(node.outputs) != outputs or node.outputs[0] is None:
+        raise Declined(f"an {op.split('.')[1]} whose first output is not a value")
+    a = bind(node)
+    ops = _operands(graph, node, a, names)
+    common = _common(graph, node, a, ops)
+    # the recorded outputs are what torch's meta kernel computes from these layouts, or not believed
+    check_segment_metas(graph, lone(node, tuple(dict.fromkeys(v[0] for v in ops.values()))), {})
+    return (ops, *common)
+
+
 def _element(ops: dict, b: str, t: str) -> str:
     """The C expression of ``x[b, t]`` (``x[t]`` of a 1-D input)."""
     _, _, xshape, xs = ops["self"]
@@ -145,14 +161,7 @@ def _contiguous_scalar(meta, what: str) -> None:
 
 def nll_loss_forward_kernel(graph: FusionGraph, node: Node) -> Kernel:
     """The kernel of ``node``, a lone ``aten.nll_loss_forward`` (Note [nll loss kernels])."""
-    if node.op != NLL_LOSS_FORWARD:
-        raise Declined("not an nll_loss_forward")
-    if len(node.outputs) != 2 or node.outputs[0] is None:
-        raise Declined("an nll_loss_forward whose loss is not a value")
-    a = bind(node)
-    ops = _operands(graph, node, a, ("self", "target", "weight"))
-    ct, reduction, ignore, rows, classes = _common(graph, node, a, ops)
-    check_segment_metas(graph, lone(node, tuple(dict.fromkeys(v[0] for v in ops.values()))), {})
+    ops, ct, reduction, ignore, rows, classes = _lone(graph, node, NLL_LOSS_FORWARD, 2, ("self", "target", "weight"))
     ym, twm = node.metas[0], node.metas[1]
     yshape, ystride = check_layout(ym.shape, ym.stride, "output")
     if ym.dtype != ops["self"][1].dtype or (node.outputs[1] is not None and twm.dtype != ym.dtype):
@@ -220,18 +229,12 @@ def nll_loss_forward_kernel(graph: FusionGraph, node: Node) -> Kernel:
 
 def nll_loss_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
     """The kernel of ``node``, a lone ``aten.nll_loss_backward`` (Note [nll loss kernels])."""
-    if node.op != NLL_LOSS_BACKWARD:
-        raise Declined("not an nll_loss_backward")
-    if len(node.outputs) != 1 or node.outputs[0] is None:
-        raise Declined("an nll_loss_backward whose gradient is not a value")
-    a = bind(node)
-    ops = _operands(graph, node, a, ("self", "target", "weight", "grad_output", "total_weight"))
-    ct, reduction, ignore, rows, classes = _common(graph, node, a, ops)
+    ops, ct, reduction, ignore, rows, classes = _lone(graph, node, NLL_LOSS_BACKWARD, 1,
+                                                      ("self", "target", "weight", "grad_output", "total_weight"))
     xm = ops["self"][1]
     for k in ("grad_output", "total_weight"):
         if ops[k][1].dtype != xm.dtype:
             raise Declined(f"a {k} of {ops[k][1].dtype} for an input of {xm.dtype}")
-    check_segment_metas(graph, lone(node, tuple(dict.fromkeys(v[0] for v in ops.values()))), {})
     gm = node.metas[0]
     gshape, gstride = check_layout(gm.shape, gm.stride, "gradient")
     if gshape != ops["self"][2] or gm.dtype != xm.dtype or (gm.numel and not gm.is_contiguous()):
