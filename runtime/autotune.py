@@ -1,7 +1,8 @@
 """Speed-driven choices measured on the machine that runs them, and kept on disk (issue 42).
 
 Note [choices by measurement]: whether a generated kernel or ATen's own op is the faster for a
-segment (a matmul, an attention, a convolution, a lone softmax) depends on the CPU: the old
+segment (a matmul, an attention, a convolution, a lone softmax; an embedding lookup, its
+backward, the nll loss and its backward, on made-up indices of zeros) depends on the CPU: the old
 16-float matmul tiles took 3-15x ATen's time on an AVX2 EPYC where they had taken a third of it on
 an AVX-512 one, and a size cap measured there (2^20 multiply-adds) was wrong here by a factor of
 a hundred. So no constant decides; the cpp backend asks this module, once per shape class:

@@ -395,3 +395,46 @@ def test_a_verdict_file_of_another_form_or_overgrown_is_written_again_whole(cach
     assert autotune.lookup("new") is not None
     autotune.record("other", autotune.Verdict(False, 2.0, 1.0))
     assert [json.loads(x)["key"] for x in open(path).read().splitlines()[1:]] == ["new", "other"]
+
+
+def _traced(fn, inputs):
+    """``fn`` traced with its ops kept whole (capture's decompositions would split a lookup's
+    backward and the loss), planned and compiled under ``backend="auto"``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from segmenter import from_fx
+
+    return runtime.compile(apply_aliases(segment(from_fx(make_fx(fn)(*inputs), list(inputs))), "post"))
+
+
+# (name, program, inputs, op): lone ops whose kernels read indices, measured on made-up ones
+INDEXED = [
+    ("embedding", lambda w, i: F.embedding(i, w), [torch.randn(50, 16), torch.randint(0, 50, (4, 8))],
+     "aten.embedding.default"),
+    ("embedding-backward", lambda g, i: torch.ops.aten.embedding_dense_backward(g, i, 50, -1, False),
+     [torch.randn(4, 8, 16), torch.randint(0, 50, (4, 8))], "aten.embedding_dense_backward.default"),
+    ("nll-loss", lambda x, t: torch.ops.aten.nll_loss_forward(x, t, None, 1, -100),
+     [torch.randn(32, 20).log_softmax(-1), torch.randint(0, 20, (32,))], "aten.nll_loss_forward.default"),
+    ("nll-loss-backward", lambda g, x, t: torch.ops.aten.nll_loss_backward(
+        g, x, t, None, 1, -100, torch.ops.aten.nll_loss_forward(x, t, None, 1, -100)[1]),
+     [torch.tensor(1.0), torch.randn(32, 20).log_softmax(-1), torch.randint(0, 20, (32,))],
+     "aten.nll_loss_backward.default"),
+]
+
+
+@pytest.mark.parametrize("name,fn,inputs,op", INDEXED, ids=[t[0] for t in INDEXED])
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel-faster", "aten-faster"])
+def test_lookups_and_losses_are_measured_on_made_up_indices(name, fn, inputs, op, kernel, cache, monkeypatch) -> None:
+    """Issue 42, goal 1: the embedding and nll-loss kernels (and their backwards) are chosen by
+    measurement too, their index inputs made up as zeros (a valid row and class whatever the
+    table). Both ways run on them in the measurement (``_given`` calls both)."""
+    calls = _given(monkeypatch, kernel=kernel)
+    prog = _traced(fn, inputs)
+    (i,) = [s.index for s in prog.plan.segments if any(n.op == op for n in s.nodes)]
+    assert len(calls) == (2 if name == "nll-loss-backward" else 1), "not measured"  # (that one holds a forward too)
+    assert prog.backend_of[i] == ("cpp" if kernel else "torch"), prog.passed_over.get(i)
+    if not kernel:
+        assert "measured faster" in dict(prog.passed_over[i])["cpp"]
+    want = fn(*inputs)
+    for g, w in zip(prog(*inputs), want if isinstance(want, tuple) else (want,), strict=True):
+        assert torch.equal(g, w)

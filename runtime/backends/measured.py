@@ -31,8 +31,12 @@ from .torch_backend import TorchLaunch
 
 __all__ = ["MEASURED_KINDS", "MEASURED_ALONE", "choose", "measure_pending"]
 
-#: kernels whose segment is one op ATen has a kernel of its own for: matmuls, attention, convolutions
-MEASURED_KINDS = frozenset({"matmul", "attention", "conv"})
+#: kernels whose segment is one op ATen has a kernel of its own for: matmuls, attention, convolutions,
+#: embedding lookups and their backward, the nll loss and its backward (these two on made-up
+#: indices: ``_made_up_index``)
+MEASURED_KINDS = frozenset({"matmul", "attention", "conv", "embedding", "nll_loss"})
+#: kinds whose integer inputs are indices (rows of a weight, classes of a loss)
+_INDEXED_KINDS = frozenset({"embedding", "nll_loss"})
 #: ops measured where a segment is that op alone (a fused one is ours: nothing to compare with)
 MEASURED_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
 
@@ -91,6 +95,14 @@ def _made_up(shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(extent, dtype=dtype).as_strided(shape, stride)
 
 
+def _made_up_index(shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Made-up indices for an embedding or an nll loss: zeros, the one index every table of
+    rows and every loss of classes holds (Note [choices by measurement] in runtime/autotune.py;
+    the same work per index either way, on one row)."""
+    extent = sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if 0 not in shape else 1
+    return torch.zeros(extent, dtype=dtype).as_strided(shape, stride)
+
+
 def _timed(ctx: BuildContext, launch: SegmentLaunch, sizes: SymbolicSizes | None,
            inputs: list[torch.Tensor], symbols: list) -> object:
     """A function running ``launch`` alone on ``inputs`` (and the symbols' values)."""
@@ -106,17 +118,20 @@ def _timed(ctx: BuildContext, launch: SegmentLaunch, sizes: SymbolicSizes | None
 
 def _verdict(ctx: BuildContext, launch: KernelLaunch) -> autotune.Verdict | None:
     """The kernel's launch against the segment on ATen, or None where it cannot be measured (an
-    input that is not floating point: made-up values would be no index, no mask)."""
+    input that is not floating point, except the indices of an embedding or a loss: made-up
+    values would be no mask)."""
     graph, seg = ctx.graph, launch.segment
     sizes = sizes_of(graph)
     planned = layouts(graph, seg, ctx.materialize, {})
     inputs = []
     for v in seg.inputs:
         dtype = graph.metas[v].dtype
-        if not dtype.is_floating_point:
+        index = launch.kernel.kind in _INDEXED_KINDS and dtype in (torch.int64, torch.int32)
+        if not dtype.is_floating_point and not index:
             return None
         shape, stride = planned[v]
-        inputs.append(_made_up(tuple(size_hint(n) for n in shape), tuple(size_hint(n) for n in stride), dtype))
+        make = _made_up_index if index else _made_up
+        inputs.append(make(tuple(size_hint(n) for n in shape), tuple(size_hint(n) for n in stride), dtype))
     symbols: list = []
     if sizes is not None:  # the made-up inputs have the first call's sizes: so do the symbols
         values = [sizes.hints[s] for s in sizes.sources]
