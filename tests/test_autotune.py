@@ -407,12 +407,14 @@ def _traced(fn, inputs):
     return runtime.compile(apply_aliases(segment(from_fx(make_fx(fn)(*inputs), list(inputs))), "post"))
 
 
-# (name, program, inputs, op): lone ops whose kernels read indices, measured on made-up ones
+# (name, program, inputs, op): lone ops ATen has a kernel of its own for; those that read indices
+# measured on made-up ones
 INDEXED = [
     ("embedding", lambda w, i: F.embedding(i, w), [torch.randn(50, 16), torch.randint(0, 50, (4, 8))],
      "aten.embedding.default"),
     ("embedding-backward", lambda g, i: torch.ops.aten.embedding_dense_backward(g, i, 50, -1, False),
      [torch.randn(4, 8, 16), torch.randint(0, 50, (4, 8))], "aten.embedding_dense_backward.default"),
+    ("cumsum", lambda x: x.cumsum(1), [torch.randn(6, 40)], "aten.cumsum.default"),
     ("nll-loss", lambda x, t: torch.ops.aten.nll_loss_forward(x, t, None, 1, -100),
      [torch.randn(32, 20).log_softmax(-1), torch.randint(0, 20, (32,))], "aten.nll_loss_forward.default"),
     ("nll-loss-backward", lambda g, x, t: torch.ops.aten.nll_loss_backward(
@@ -424,10 +426,10 @@ INDEXED = [
 
 @pytest.mark.parametrize("name,fn,inputs,op", INDEXED, ids=[t[0] for t in INDEXED])
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel-faster", "aten-faster"])
-def test_lookups_and_losses_are_measured_on_made_up_indices(name, fn, inputs, op, kernel, cache, monkeypatch) -> None:
-    """Issue 42, goal 1: the embedding and nll-loss kernels (and their backwards) are chosen by
-    measurement too, their index inputs made up as zeros (a valid row and class whatever the
-    table). Both ways run on them in the measurement (``_given`` calls both)."""
+def test_lookups_losses_and_cumsums_are_measured(name, fn, inputs, op, kernel, cache, monkeypatch) -> None:
+    """Issue 42, goal 1: the embedding and nll-loss kernels (and their backwards) and a float
+    cumsum are chosen by measurement too, index inputs made up as zeros (a valid row and class
+    whatever the table). Both ways run on the made-up inputs (``_given`` calls both)."""
     calls = _given(monkeypatch, kernel=kernel)
     prog = _traced(fn, inputs)
     (i,) = [s.index for s in prog.plan.segments if any(n.op == op for n in s.nodes)]

@@ -32,9 +32,9 @@ from .torch_backend import TorchLaunch
 __all__ = ["MEASURED_KINDS", "MEASURED_ALONE", "choose", "measure_pending"]
 
 #: kernels whose segment is one op ATen has a kernel of its own for: matmuls, attention, convolutions,
-#: embedding lookups and their backward, the nll loss and its backward (these two on made-up
-#: indices: ``_made_up_index``)
-MEASURED_KINDS = frozenset({"matmul", "attention", "conv", "embedding", "nll_loss"})
+#: cumulative sums (of floats: an integer one, a mask's, is not measured), embedding lookups and
+#: their backward, the nll loss and its backward (these two on made-up indices: ``_made_up_index``)
+MEASURED_KINDS = frozenset({"matmul", "attention", "conv", "scan", "embedding", "nll_loss"})
 #: kinds whose integer inputs are indices (rows of a weight, classes of a loss)
 _INDEXED_KINDS = frozenset({"embedding", "nll_loss"})
 #: ops measured where a segment is that op alone (a fused one is ours: nothing to compare with)
