@@ -440,3 +440,34 @@ def test_lookups_losses_and_cumsums_are_measured(name, fn, inputs, op, kernel, c
     want = fn(*inputs)
     for g, w in zip(prog(*inputs), want if isinstance(want, tuple) else (want,), strict=True):
         assert torch.equal(g, w)
+
+
+def test_in_a_symbolic_plan_lookups_and_cumsums_keep_their_kernels_unmeasured(cache, monkeypatch) -> None:
+    """A symbolic plan's embedding and cumsum run their kernels as before they were measured:
+    no choice at the call (``_KERNEL_IN_SYMBOLIC_PLANS`` in runtime/backends/measured.py), so
+    nothing is timed and each stays a plain launch; values equal eager's at every size."""
+    from runtime.backends.at_call import ChosenAtCall
+    from runtime.dynamo import FusegCompiler, aot_backend
+
+    calls = _given(monkeypatch, kernel=False)
+    torch._dynamo.reset()
+    compiler = FusegCompiler()
+    w = torch.randn(50, 16)
+    fn = lambda i, m: (F.embedding(i, w), m.cumsum(-1))  # noqa: E731
+    compiled = torch.compile(fn, backend=aot_backend(compiler), dynamic=True)
+    try:
+        with torch.no_grad():
+            for n in (5, 9, 13):
+                i, m = torch.randint(0, 50, (2, n)), torch.randn(2, n)
+                for g, e in zip(compiled(i, m), fn(i, m), strict=True):
+                    assert torch.equal(g, e)
+    finally:
+        torch._dynamo.reset()
+    symbolic = [p for p in compiler.compiled if p.sizes is not None]
+    assert symbolic, "no symbolic plan made"
+    for p in symbolic:
+        kinds = {k.kind for k in p.kernels.values() if k is not None}
+        assert {"embedding", "scan"} <= kinds, kinds
+        assert not any(isinstance(launch, ChosenAtCall) for launch in p._chosen.values())
+    fixed = [p for p in compiler.compiled if p.sizes is None]  # (the first size's program: measured)
+    assert len(calls) == 2 * len(fixed) and all(set(p.backend_of.values()) == {"torch"} for p in fixed)

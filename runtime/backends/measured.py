@@ -37,6 +37,12 @@ __all__ = ["MEASURED_KINDS", "MEASURED_ALONE", "choose", "measure_pending"]
 MEASURED_KINDS = frozenset({"matmul", "attention", "conv", "scan", "embedding", "nll_loss"})
 #: kinds whose integer inputs are indices (rows of a weight, classes of a loss)
 _INDEXED_KINDS = frozenset({"embedding", "nll_loss"})
+#: kinds measured in programs of fixed sizes only: in a symbolic plan their kernel runs, as
+#: before they were measured. A choice at the call (Note [choices at the call]) would wrap the
+#: launch for good (out of its chain, a table lookup a call) and trial each new size class on
+#: the first calls, where a generate's decode steps run a lookup, a mask's cumsum and, in
+#: training, the loss at every step; that cost was not measured against what the choice gains.
+_KERNEL_IN_SYMBOLIC_PLANS = frozenset({"scan", "embedding", "nll_loss"})
 #: ops measured where a segment is that op alone (a fused one is ours: nothing to compare with)
 MEASURED_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
 
@@ -80,6 +86,8 @@ def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
                        "timing, ATen's op as in eager")
     assert isinstance(launch, KernelLaunch)
     if at_call_eligible(ctx, launch):  # Note [choices at the call] (runtime/backends/at_call.py)
+        if launch.kernel.kind in _KERNEL_IN_SYMBOLIC_PLANS:
+            return
         launch.at_call = True  # type: ignore[attr-defined]
         return
     key = _key(ctx, launch)

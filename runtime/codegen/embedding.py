@@ -117,9 +117,10 @@ def _kernel(prefix: str, lines: list[str], work: object, clause: str, params: tu
 # ``padding_idx``. Taken: float32 and float64 gradients of any layout with the indices' shape
 # and one more dim, int64 or int32 indices of any layout, ``scale_grad_by_freq`` false; half and
 # bfloat16 (whose sums ATen rounds after each add), and counting indices for
-# ``scale_grad_by_freq``, are declined and run on ATen. Chosen by measurement against ATen's op
-# on the machine that runs it (Note [choices by measurement] in runtime/autotune.py), since
-# 2026-11-28 on made-up indices of zeros (runtime/backends/measured.py), as the lookup is; on
+# ``scale_grad_by_freq``, are declined and run on ATen. In a program of fixed sizes, chosen by
+# measurement against ATen's op on the machine that runs it (Note [choices by measurement] in
+# runtime/autotune.py), since 2026-11-28, on made-up indices of zeros (runtime/backends/
+# measured.py), as the lookup is; a symbolic plan runs the kernel (as before); on
 # this machine kind the kernel won by 2.5-5x alone at the tiny models' shapes.
 # ``perf.experiments.embedding_backward`` times it in place in training steps.
 

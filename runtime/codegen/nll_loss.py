@@ -28,10 +28,11 @@ the count is not zero (ATen raises at the first one; its backward of ``none`` do
 would write outside the gradient). Taken: float32 and float64 inputs of any layout, 1-D or 2-D,
 int64 targets of any layout, a weight or none; half and bfloat16 (whose sums ATen rounds in the
 input's type at each step) and uint8 targets are declined and run on ATen. Rows are shared among
-threads only where nothing is summed (``none``, the backward) and the work is worth it. Chosen
-by measurement against ATen's op on the machine that runs it, as a matmul is (Note [choices by
-measurement] in runtime/autotune.py), on made-up targets of zeros (runtime/backends/measured.py:
-a class every loss holds); on this machine kind the kernels won by 2-9x alone (2.4 against 19.6
+threads only where nothing is summed (``none``, the backward) and the work is worth it. In a
+program of fixed sizes, chosen by measurement against ATen's op on the machine that runs it, as
+a matmul is (Note [choices by measurement] in runtime/autotune.py), on made-up targets of zeros
+(runtime/backends/measured.py: a class every loss holds); a symbolic plan runs the kernel
+(``_KERNEL_IN_SYMBOLIC_PLANS`` there says why); on this machine kind the kernels won by 2-9x alone (2.4 against 19.6
 us, 2.0 against 4.6, gpt2-tiny's shapes). ``python -m perf.experiments.embedding_backward
 --kernels nll_loss`` times both in training steps (perf/results/nll_loss_kernels_cpu.json:
 steps 1.5-2.7% shorter on three tiny models).

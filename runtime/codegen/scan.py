@@ -13,8 +13,9 @@ Taken: one ``aten.cumsum`` of a tensor of at least one dim, any layouts, with an
 input summed into an int64 or int32 output (a ``dtype`` argument narrows it: stored wrapped, as
 ATen's conversion does), or a float input into the same dtype. A float summed into another dtype
 and an integer into a float are declined (not written here), as is anything else, with the
-reason; those run on torch. A float cumsum is chosen by measurement against ATen's op on the
-machine that runs it (Note [choices by measurement] in runtime/autotune.py; since 2026-11-28):
+reason; those run on torch. A float cumsum in a program of fixed sizes is chosen by measurement
+against ATen's op on the machine that runs it (Note [choices by measurement] in
+runtime/autotune.py; since 2026-11-28; a symbolic plan runs the kernel, as before):
 here the kernel won at [2, 32] and [8, 512] (1.2 against 2.8 us, 5.0 against 6.6) and lost at
 [64, 4096] (262 against 139 us: ATen's loop vectorizes across positions). An integer one, a
 mask's, is not measured (made-up values are floats) and keeps the kernel.
