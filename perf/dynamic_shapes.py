@@ -18,8 +18,11 @@ length on) against ``steady`` is what a new length costs. fuseg's kernel builds 
 runs) are counted per generate. fuseg builds an inference graph's kernels in the background
 (its default, Note [kernels built in the background]; programs of fixed sizes too since
 2026-11-27): after the protocol it says how many builds were
-still under way, waits for them and times the seen length again (``steady_after_builds``),
-then prompts of ``LATER_LENGTHS``, never seen, each twice: ``new_after_builds`` (a new length
+still under way, waits for them and times the seen length again: after one generate that
+remakes the programs, ``--repeats`` generates give ``steady_after_builds`` (a size class's first
+calls may still be measuring both ways there: Note [a class measured on its calls]) and
+``--repeats`` more ``settled_after_builds`` (since 2026-11-28; earlier records have the first
+only); then prompts of ``LATER_LENGTHS``, never seen, each twice: ``new_after_builds`` (a new length
 once the kernels exist) against ``seen_after_builds`` (the same lengths again); their builds
 counted, their tokens checked.
 ``--backends ... fuseg-foreground`` adds fuseg building on the caller's thread
@@ -174,14 +177,18 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         wait_for_background_builds()
         out["waited_for_builds_s"] = time.perf_counter() - t
         again = []
-        for _ in range(repeats + 1):  # (the first call after the builds makes each program again)
+        # (the first call after the builds makes each program again; the next ``repeats`` give
+        # ``steady_after_builds``, where a size class's first calls may still be trials of both
+        # ways, Note [a class measured on its calls]; the ``repeats`` after them, ``settled``)
+        for _ in range(2 * repeats + 1):
             t = time.perf_counter()
             with torch.no_grad():
                 _generate(model, prompts[2])
             _synchronized()
             again.append(time.perf_counter() - t)
         out["seconds_after_builds"] = again
-        out["steady_after_builds"] = statistics.median(again[1:])
+        out["steady_after_builds"] = statistics.median(again[1:repeats + 1])
+        out["settled_after_builds"] = statistics.median(again[repeats + 1:])
         # lengths never seen, every build done: what a new length costs once the kernels exist,
         # against the same length generated again right after it (seen)
         fresh, seen, fresh_builds, fresh_equal = [], [], [], []
@@ -299,6 +306,8 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ind = by["inductor"]
         if f.get("steady_after_builds"):
             out["fuseg_steady_after_builds_over_inductor"] = f["steady_after_builds"] / ind["steady"]
+        if f.get("settled_after_builds"):
+            out["fuseg_settled_after_builds_over_inductor"] = f["settled_after_builds"] / ind["steady"]
         out.update(fuseg_first_over_inductor=f["first"] / ind["first"], fuseg_steady_over_inductor=f["steady"] / ind["steady"],
                    inductor_new_over_steady=ind["new"] / ind["steady"])
     if "eager" in by:

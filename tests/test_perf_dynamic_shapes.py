@@ -22,6 +22,16 @@ def test_ratios_compare_fuseg_and_the_code_before_with_aot_eager() -> None:
     assert not any("inductor" in k for k in r)  # (a backend that failed gives no ratio)
 
 
+def test_the_steady_state_after_the_builds_and_once_settled_are_both_against_inductor() -> None:
+    rows = [{"backend": "inductor", "first": 20.0, "new": 0.017, "steady": 0.017},
+            {"backend": "fuseg", "second": 2.0, "first": 4.0, "new": 0.03, "steady": 0.03,
+             "steady_after_builds": 0.0221, "settled_after_builds": 0.0153}]
+    r = ds._ratios(rows)
+    assert r["fuseg_steady_after_builds_over_inductor"] == pytest.approx(1.3)
+    assert r["fuseg_settled_after_builds_over_inductor"] == pytest.approx(0.9)
+    assert "fuseg_settled_after_builds_over_inductor" not in ds._ratios([rows[0], {**rows[1], "settled_after_builds": None}])
+
+
 def test_the_code_before_needs_a_checkout() -> None:
     with pytest.raises(ValueError, match="--before DIR"):
         ds._child("generate", "qwen2", "fuseg-before", 1, None)
