@@ -718,11 +718,11 @@ class CompiledProgram:
     def run_checked(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The program on inputs already known to match its signature (``accepts``)."""
         run = self._fast if _plain_call(inputs) else self._safe
-        with threads.beside_builds():  # Note [torch's threads beside background compilers]
-            if self._building is None or all(f.done() for f in self._building):
-                return run(*inputs)
-            with _interim_call():
-                return run(*inputs)
+        # (Note [torch's threads beside background compilers] in runtime/threads.py)
+        if self._building is None or all(f.done() for f in self._building):
+            return threads.beside_builds(run, inputs)
+        with _interim_call():
+            return threads.beside_builds(run, inputs)
 
     def accepts(self, *inputs: Any) -> bool:
         """Whether ``inputs`` match the signature exactly (cheap: one generated comparison)."""

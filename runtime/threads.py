@@ -27,11 +27,10 @@ on every core, as before).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,42 +53,32 @@ def background_jobs() -> int:
     return max(1, cores // 2) if reserving() else cores
 
 
-def _wrapped(entry: Callable[..., Any]) -> Callable[..., Any]:
-    jobs = background_jobs()
-    get, set_ = torch.get_num_threads, torch.set_num_threads
+def _with_cores_left(fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)`` with torch's thread count on this thread less the compilers' (at least one),
+    restored after it."""
+    n = torch.get_num_threads()
+    keep = max(1, n - background_jobs())
+    if keep == n:
+        return fn(*args)
+    torch.set_num_threads(keep)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(n)
 
+
+def _wrapped(entry: Callable[..., Any]) -> Callable[..., Any]:
     def entry_beside_builds(*inputs: Any) -> Any:
-        n = get()
-        keep = max(1, n - jobs)
-        if keep == n:
-            return entry(*inputs)
-        set_(keep)
-        try:
-            return entry(*inputs)
-        finally:
-            set_(n)
+        return _with_cores_left(entry, inputs)
 
     entry_beside_builds.unwrapped = entry  # type: ignore[attr-defined]
     return entry_beside_builds
 
 
-@contextlib.contextmanager
-def beside_builds() -> Iterator[None]:
-    """The block on this thread with the cores a background build leaves (the checked path of a
-    call, which does not go through ``entry``); nothing where no build is under way."""
-    if not _STATE["busy"]:
-        yield
-        return
-    n = torch.get_num_threads()
-    keep = max(1, n - background_jobs())
-    if keep == n:
-        yield
-        return
-    torch.set_num_threads(keep)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+def beside_builds(fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)``, with the cores a background build leaves where one is under way (the
+    checked path of a call, which does not go through ``entry``)."""
+    return _with_cores_left(fn, args) if _STATE["busy"] else fn(*args)
 
 
 def register(program: Any) -> None:

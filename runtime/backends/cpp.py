@@ -84,10 +84,7 @@ class LoneOpLaunch(CppLaunch):
     def raise_count(self, count: int) -> None:
         """A kernel's count of indices out of range, raised as eager raises (Note [embedding
         kernels], Note [nll loss kernels])."""
-        if self.segment.nodes[0].op in (NLL_LOSS_FORWARD, NLL_LOSS_BACKWARD):
-            target_error(count, self.kernel.params[0].shape[-1])
-        weight, ids = self.kernel.params[0], self.kernel.params[1]
-        index_error(count, weight.shape[0], ids.value)
+        _COUNTED[self.segment.nodes[0].op](count, self.kernel.params)
 
 
 class MatmulLaunch(CppLaunch):
@@ -131,6 +128,11 @@ def convolution_kernel(graph: FusionGraph, node: Node) -> Kernel:
             why.append(f"{name}: {e}")
     raise Declined("; ".join(why))
 
+
+#: lone ops whose kernels count their indices out of range: what each raises (eager's error)
+_COUNTED = {EMBEDDING: lambda count, params: index_error(count, params[0].shape[0], params[1].value),
+            NLL_LOSS_FORWARD: lambda count, params: target_error(count, params[0].shape[-1]),
+            NLL_LOSS_BACKWARD: lambda count, params: target_error(count, params[0].shape[-1])}
 
 _LONE_OPS = {CONVOLUTION: convolution_kernel, EMBEDDING: embedding_kernel, EMBEDDING_BACKWARD: embedding_backward_kernel,
              CUMSUM: cumsum_kernel, ATTENTION: attention_kernel, NLL_LOSS_FORWARD: nll_loss_forward_kernel,

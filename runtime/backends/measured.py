@@ -33,7 +33,7 @@ __all__ = ["MEASURED_KINDS", "MEASURED_ALONE", "choose", "measure_pending"]
 
 #: kernels whose segment is one op ATen has a kernel of its own for: matmuls, attention, convolutions,
 #: cumulative sums (of floats: an integer one, a mask's, is not measured), embedding lookups and
-#: their backward, the nll loss and its backward (these two on made-up indices: ``_made_up_index``)
+#: their backward, the nll loss and its backward (these two on made-up indices: ``_made_up``)
 MEASURED_KINDS = frozenset({"matmul", "attention", "conv", "scan", "embedding", "nll_loss"})
 #: kinds whose integer inputs are indices (rows of a weight, classes of a loss)
 _INDEXED_KINDS = frozenset({"embedding", "nll_loss"})
@@ -98,17 +98,13 @@ def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
         raise Declined(verdict.reason())
 
 
-def _made_up(shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+def _made_up(shape: tuple, stride: tuple, dtype: torch.dtype, index: bool = False) -> torch.Tensor:
+    """Made-up values of a planned layout: random floats, or for the indices of an embedding or
+    an nll loss zeros, the one index every table of rows and every loss of classes holds (the
+    same work per index either way, on one row)."""
     extent = sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if 0 not in shape else 1
-    return torch.randn(extent, dtype=dtype).as_strided(shape, stride)
-
-
-def _made_up_index(shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """Made-up indices for an embedding or an nll loss: zeros, the one index every table of
-    rows and every loss of classes holds (Note [choices by measurement] in runtime/autotune.py;
-    the same work per index either way, on one row)."""
-    extent = sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if 0 not in shape else 1
-    return torch.zeros(extent, dtype=dtype).as_strided(shape, stride)
+    values = torch.zeros(extent, dtype=dtype) if index else torch.randn(extent, dtype=dtype)
+    return values.as_strided(shape, stride)
 
 
 def _timed(ctx: BuildContext, launch: SegmentLaunch, sizes: SymbolicSizes | None,
@@ -138,8 +134,7 @@ def _verdict(ctx: BuildContext, launch: KernelLaunch) -> autotune.Verdict | None
         if not dtype.is_floating_point and not index:
             return None
         shape, stride = planned[v]
-        make = _made_up_index if index else _made_up
-        inputs.append(make(tuple(size_hint(n) for n in shape), tuple(size_hint(n) for n in stride), dtype))
+        inputs.append(_made_up(tuple(size_hint(n) for n in shape), tuple(size_hint(n) for n in stride), dtype, index))
     symbols: list = []
     if sizes is not None:  # the made-up inputs have the first call's sizes: so do the symbols
         values = [sizes.hints[s] for s in sizes.sources]

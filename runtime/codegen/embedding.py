@@ -22,7 +22,6 @@ torch.
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import torch
@@ -33,7 +32,7 @@ from segmenter.ir import ValueRef
 from . import index as ix
 from .checks import check_layout, check_segment_metas, int_arg, lone
 from .ctypes_ import Declined, storage_type
-from .kernel import Kernel, Param, bind, parallel_if
+from .kernel import Kernel, Param, bind, loop_kernel
 
 __all__ = ["EMBEDDING", "EMBEDDING_BACKWARD", "embedding_backward_kernel", "embedding_kernel"]
 
@@ -89,19 +88,7 @@ def embedding_kernel(graph: FusionGraph, node: Node) -> Kernel:
     params = (Param("w_", w.name, wm.dtype, wshape, wstride, False),
               Param("i_", ids.name, im.dtype, ishape, istride, False),
               Param("y_", node.outputs[0], ym.dtype, yshape, ystride, True))
-    return _kernel("fuseg_embedding", lines, count * width, " reduction(+:bad)", params, "long long")
-
-
-def _kernel(prefix: str, lines: list[str], work: object, clause: str, params: tuple[Param, ...],
-            returns: str = "void") -> Kernel:
-    """The kernel of ``lines``, its loop after the ``// loops`` mark shared among threads where
-    ``work`` is worth it (``clause``: the pragma's own additions), named by its body."""
-    threads = parallel_if(work, [])
-    if threads is not None:
-        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for{clause} schedule(static){threads}")
-    body = "\n".join(lines) + "\n"
-    digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"{prefix}_{digest}", params, body, 1, 1, "embedding", "long long", returns=returns)
+    return loop_kernel("fuseg_embedding", "embedding", lines, count * width, " reduction(+:bad)", params, "long long")
 
 
 # Note [embedding backward kernels]: ``aten.embedding_dense_backward`` is the weight's gradient of
@@ -121,7 +108,8 @@ def _kernel(prefix: str, lines: list[str], work: object, clause: str, params: tu
 # measurement against ATen's op on the machine that runs it (Note [choices by measurement] in
 # runtime/autotune.py), since 2026-11-28, on made-up indices of zeros (runtime/backends/
 # measured.py), as the lookup is; a symbolic plan runs the kernel (as before); on
-# this machine kind the kernel won by 2.5-5x alone at the tiny models' shapes.
+# this machine kind the kernel won by 2.5-5x at the tiny models' shapes (the verdicts of that
+# measurement in one scratch run, 2026-11-28, not committed).
 # ``perf.experiments.embedding_backward`` times it in place in training steps.
 
 _GRAD_DTYPES = {torch.float32: "float", torch.float64: "double"}
@@ -184,7 +172,7 @@ def embedding_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
     params = (Param("g_", g.name, gm.dtype, gshape, gstride, False),
               Param("i_", ids.name, im.dtype, ishape, istride, False),
               Param("y_", node.outputs[0], ym.dtype, yshape, ystride, True))
-    return _kernel("fuseg_embedding_backward", lines, count * width, "", params)
+    return loop_kernel("fuseg_embedding_backward", "embedding", lines, count * width, "", params)
 
 
 def index_error(count: int, rows: int, value: str) -> None:

@@ -3,6 +3,7 @@ builder (``Body``) shared by the pointwise lowering (lower.py) and the row kerne
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
 from .symsizes import sizes_active
 
-__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_work", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_kernel", "loop_work", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -229,6 +230,20 @@ def parallel_if(elements: int, lines: list[str]) -> str | None:
     if isinstance(work, torch.SymInt) and sizes_active():
         return f" if({work} >= {PARALLEL_MIN})"
     return "" if work >= PARALLEL_MIN else None
+
+def loop_kernel(prefix: str, kind: str, lines: list[str], work: object | None, clause: str,
+                params: tuple[Param, ...], returns: str = "void") -> Kernel:
+    """A CPU kernel of a lone op written as C ``lines`` (embedding.py, nll_loss.py): the loop
+    after the ``// loops`` mark shared among threads where ``work`` is worth it (``parallel_if``;
+    None: one thread, a sum in order), ``clause`` the pragma's own additions; named ``prefix``
+    and a hash of its body and parameters."""
+    threads = None if work is None else parallel_if(work, [])
+    if threads is not None:
+        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for{clause} schedule(static){threads}")
+    body = "\n".join(lines) + "\n"
+    digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
+    return Kernel(f"{prefix}_{digest}", params, body, 1, 1, kind, "long long", returns=returns)
+
 
 VIEW_IDENTITY = {"aten.alias.default", "aten.detach.default", "aten.lift_fresh.default"}
 RESHAPE = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}

@@ -32,15 +32,16 @@ threads only where nothing is summed (``none``, the backward) and the work is wo
 program of fixed sizes, chosen by measurement against ATen's op on the machine that runs it, as
 a matmul is (Note [choices by measurement] in runtime/autotune.py), on made-up targets of zeros
 (runtime/backends/measured.py: a class every loss holds); a symbolic plan runs the kernel
-(``_KERNEL_IN_SYMBOLIC_PLANS`` there says why); on this machine kind the kernels won by 2-9x alone (2.4 against 19.6
-us, 2.0 against 4.6, gpt2-tiny's shapes). ``python -m perf.experiments.embedding_backward
+(``_KERNEL_IN_SYMBOLIC_PLANS`` there says why); on this machine kind the kernels won by 2-9x
+(2.4 against 19.6 us, 2.0 against 4.6, gpt2-tiny's shapes: the verdicts of that measurement in
+one scratch run, 2026-11-28, not committed). ``python -m perf.experiments.embedding_backward
 --kernels nll_loss`` times both in training steps (perf/results/nll_loss_kernels_cpu.json:
 steps 1.5-2.7% shorter on three tiny models).
 """
 
 from __future__ import annotations
 
-import hashlib
+import math
 
 import torch
 
@@ -49,7 +50,7 @@ from segmenter.ir import ValueRef
 
 from .checks import check_layout, check_segment_metas, int_arg, lone
 from .ctypes_ import Declined
-from .kernel import Kernel, Param, bind, parallel_if
+from .kernel import Kernel, Param, bind, loop_kernel
 
 __all__ = ["NLL_LOSS_BACKWARD", "NLL_LOSS_FORWARD", "nll_loss_backward_kernel", "nll_loss_forward_kernel",
            "target_error"]
@@ -144,15 +145,10 @@ def _params(ops: dict, outputs: list[tuple[str, str, object]]) -> tuple[Param, .
     return tuple(params)
 
 
-def _kernel(prefix: str, lines: list[str], params: tuple[Param, ...], work: object | None) -> Kernel:
-    """The kernel of ``lines``; the loop after ``// loops`` shared among threads where ``work``
-    (None: a sum in order, one thread) is worth it; named by its body."""
-    threads = None if work is None else parallel_if(work, [])
-    if threads is not None:
-        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for reduction(+:bad) schedule(static){threads}")
-    body = "\n".join(lines) + "\n"
-    digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"{prefix}_{digest}", params, body, 1, 1, "nll_loss", "long long", returns="long long")
+def _loop(prefix: str, lines: list[str], params: tuple[Param, ...], work: object | None) -> Kernel:
+    """A loss kernel counting its targets out of range; its rows shared among threads where
+    ``work`` is worth it (None: a sum in order, one thread)."""
+    return loop_kernel(prefix, "nll_loss", lines, work, " reduction(+:bad)", params, "long long")
 
 
 def _contiguous_scalar(meta, what: str) -> None:
@@ -188,7 +184,7 @@ def nll_loss_forward_kernel(graph: FusionGraph, node: Node) -> Kernel:
                  f"    y_[b * {ystride[0]}] = -{x} * {w if w else f'({ct})1'};",
                  "  }",
                  "  return bad;"]
-        return _kernel("fuseg_nll_loss", lines, _params(ops, outputs), rows)
+        return _loop("fuseg_nll_loss", lines, _params(ops, outputs), rows)
     _contiguous_scalar(ym, "output")
     weighted = w is not None
     add = ([f"    const {ct} wv = {w};", f"    lps[0] -= {x} * wv;", "    wps[0] += wv;"] if weighted
@@ -226,7 +222,7 @@ def nll_loss_forward_kernel(graph: FusionGraph, node: Node) -> Kernel:
         f"  {store_tw}",
         "  return bad;",
     ]
-    return _kernel("fuseg_nll_loss", lines, _params(ops, outputs), None)
+    return _loop("fuseg_nll_loss", lines, _params(ops, outputs), None)
 
 
 def nll_loss_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
@@ -242,7 +238,7 @@ def nll_loss_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
     if gshape != ops["self"][2] or gm.dtype != xm.dtype or (gm.numel and not gm.is_contiguous()):
         raise Declined(f"a gradient of {list(gshape)} strides {list(gstride)}: a contiguous one of the input's shape is written")
     _, _, goshape, gos = ops["grad_output"]
-    if _numel(ops["total_weight"][2]) != 1:
+    if math.prod(ops["total_weight"][2]) != 1:
         raise Declined("a total weight of more than one element")
     w = _weight(ops, "t")
     per_row = reduction == "none" and len(ops["self"][2]) == 2
@@ -252,7 +248,7 @@ def nll_loss_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
         value = f"-{w if w else f'({ct})1'} * g_[b * {gos[0]}]"
         head = []
     else:
-        if _numel(goshape) != 1:
+        if math.prod(goshape) != 1:
             raise Declined(f"a grad_output of {list(goshape)} for a reduced loss")
         grad = "g_[0] / tw_[0]" if reduction == "mean" else "g_[0]"
         head = [f"  const {ct} grad = -({grad});"]
@@ -268,15 +264,7 @@ def nll_loss_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
              "  }",
              "  return bad;"]
     outputs = [("gi_", node.outputs[0], gm)]
-    return _kernel("fuseg_nll_loss_backward", lines, _params(ops, outputs), rows * classes)
-
-
-def _numel(shape: tuple) -> object:
-    """The element count of ``shape`` (sizes may be a symbolic plan's SymInts)."""
-    n = 1
-    for d in shape:
-        n = n * d
-    return n
+    return _loop("fuseg_nll_loss_backward", lines, _params(ops, outputs), rows * classes)
 
 
 def target_error(count: int, classes: object) -> None:
