@@ -263,3 +263,58 @@ def test_a_size_rounded_up_by_a_division_is_planned_once() -> None:
         compiler = _run_dynamic(_padded, lambda n: [torch.randn(n, 5)], (40, 64, 70, 100))
     assert compiler.symbolic_refused == []
     assert len(compiler.compiled) == 1 and compiler.compiled[0].sizes is not None
+
+
+# -- a row kernel's block is one decision for every row up to 512 (Note [a row's block]) ----------
+
+#: reductions whose row length is symbolic; each is called first at a row of more than one warp (48),
+#: then at rows of one warp or less (32, 20, 9) and at a longer one (300)
+ROW_LENGTH_PROGRAMS = {
+    "row-softmax": (lambda x: x.softmax(-1), lambda n: [torch.randn(3, n)]),
+    "row-sum": (lambda x: x.sum(-1) * 2, lambda n: [torch.randn(4, n)]),
+    "column-mean": (lambda x: x.mean(0) + 1, lambda n: [torch.randn(n, 6)]),
+    # a bias's gradient over the tokens of a batch of two sequences: the row is 2 * n long
+    "tokens-sum": (lambda g: g.reshape(-1, 8).sum(0), lambda n: [torch.randn(2, n, 8)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_LENGTH_PROGRAMS))
+def test_a_row_of_one_warp_takes_the_plan_of_longer_rows(name: str) -> None:
+    """Found on qwen2's training on changing lengths (perf.dynamic_shapes --train): the backward's
+    plan, made at 24 tokens a sequence, held only for rows longer than one warp (its CUDA block,
+    ``min(512, max(32, the row rounded up to warps))``, recorded ``rounded > 32``), so a batch of 16
+    tokens a sequence, seen before the graph was dynamic, made a new plan: 0.4-0.6 s with no
+    compiler run, on the CPU and on the H100."""
+    fn, make = ROW_LENGTH_PROGRAMS[name]
+    compiler = _run_dynamic(fn, make, (48, 32, 20, 9, 300))
+    assert compiler.symbolic_refused == []
+    assert len(compiler.compiled) == 1, [p.sizes.condition_text() for p in compiler.compiled]
+
+
+def test_a_symbolic_rows_block_is_computed_at_each_launch() -> None:
+    """Note [a row's block]: the row kernel's CUDA block is an expression of the row's length, which
+    the launch computes from the call's sizes (runtime/backends/cupy.py): the row rounded up to
+    whole warps, from 32 to 512 threads, at any row a plan made at another one serves."""
+    fn, make = ROW_LENGTH_PROGRAMS["row-softmax"]
+    compiler = _run_dynamic(fn, make, (48,))
+    (program,) = compiler.compiled
+    rows = [k for k in program.kernels.values() if k.kind == "row"]
+    assert rows, program.passed_over
+    sizes = program.sizes
+    (row_symbol,) = [s for s, src in sizes.sources.items() if sizes.hints[s] == 48]
+    expr = sizes.python_expr(rows[0].block)
+    for n in (1, 9, 32, 33, 48, 500, 512, 513, 4096):
+        bound = {name: (n if s == row_symbol else sizes.hints[s]) for s, name in sizes.names.items()}
+        assert eval(expr, {"max": max, "min": min}, bound) == min(512, max(32, -(-n // 32) * 32)), (n, expr)
+
+
+def test_a_loop_longer_than_fission_evaluates_takes_the_same_plan() -> None:
+    """Found with the guard above, on qwen2's training: a loop of symbolic length whose body has a
+    branch test (labels shifted by one and padded, as a causal LM's loss does) was compared with
+    Note [one loop per branch range]'s 4096 before its tests were read, so the plan held for at
+    most 4096 positions; a symbolic loop is never split (its tests are not evaluated), so the
+    comparison is no condition now."""
+    fn = lambda x: torch.nn.functional.pad(x[:, 1:], (0, 1), value=-100.0) * 2  # noqa: E731
+    compiler = _run_dynamic(fn, lambda n: [torch.randn(2, n)], (9, 5000, 11))
+    assert compiler.symbolic_refused == []
+    assert len(compiler.compiled) == 1, [p.sizes.condition_text() for p in compiler.compiled]

@@ -136,6 +136,35 @@ def test_a_new_size_compiles_no_cuda_kernel(name: str) -> None:
     assert compiles[1:] == [0, 0], (compiles, len(programs))
 
 
+@pytest.mark.parametrize("name", ["row-softmax", "row-sum", "column-mean", "tokens-sum"])
+def test_rows_of_any_length_run_one_plan_on_the_gpu(name: str) -> None:
+    """Note [a row's block] on the GPU: rows from 9 to 600 elements through one symbolic plan made at
+    48, each launch with the block its row needs (computed at the call), values as eager's, no NVRTC
+    compile after the first size."""
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    from .test_dynamic import ROW_LENGTH_PROGRAMS
+
+    fn, make = ROW_LENGTH_PROGRAMS[name]
+    torch._dynamo.reset()
+    compiler = FusegCompiler()
+    compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    compiles = []
+    for n in (48, 32, 9, 300, 600):
+        torch.manual_seed(n)
+        inputs = [t.cuda() for t in make(n)]
+        before = compilations["cuda"]
+        with torch.no_grad():
+            got, want = compiled(*[t.clone() for t in inputs]), fn(*[t.clone() for t in inputs])
+        compiles.append(compilations["cuda"] - before)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"size {n}")
+    torch._dynamo.reset()
+    assert len(compiler.compiled) == 1, [p.sizes.condition_text() for p in compiler.compiled]
+    (program,) = compiler.compiled
+    assert "cupy" in program.backend_of.values(), program.passed_over
+    assert compiles[1:] == [0, 0, 0, 0], compiles
+
+
 def test_half_conversions_on_the_gpu_are_bit_exact() -> None:
     """Note [half conversions on the GPU]: the cvt instructions against torch's CUDA conversions,
     every fp16 bit pattern to float and back, and floats at and between fp16/bf16 values (ties

@@ -63,9 +63,11 @@ def _as_function(test: str, counter: str) -> Callable[[int], bool] | None:
 
 def _columns(tests: list[str], counter: str, extent: int) -> dict[str, list[bool]]:
     """Each test that is the counter's alone, and its value at each value of the counter; none
-    for a loop that is empty or longer than ``MAX_EVALUATED``."""
+    for a loop that is empty, longer than ``MAX_EVALUATED`` or of a symbolic length."""
     out: dict[str, list[bool]] = {}
-    if extent <= 0 or extent > MAX_EVALUATED:
+    # (a loop of symbolic length is not split: its tests would be evaluated at one length, and a
+    # comparison of it with MAX_EVALUATED would be a condition of the plan; checked first)
+    if not isinstance(extent, int) or extent <= 0 or extent > MAX_EVALUATED:
         return out
     for t in dict.fromkeys(tests):
         f = _as_function(t, counter)

@@ -559,6 +559,26 @@ def check_kind(seg: Segment) -> None:
         raise Declined(f"{seg.kind.value} segments run on torch")
 
 
+def _row_block(R: int) -> int:
+    """A row kernel's block on CUDA: the row rounded up to whole warps, from 32 to 512 threads
+    (FUSEG_ROW_BLOCK: a multiple of 32 from 32 to 1024, for sweeps).
+
+    Note [a row's block]: for a row of symbolic length the block is one expression,
+    ``min(512, max(32, 32 * ceil(R / 32)))``, computed at each launch like the grid, so it is no
+    condition of the plan. It was ``min(512, max(32, ...))`` of Python's own, which decided both
+    comparisons from the first call's row and recorded them: a plan made at a row of 48 held only
+    for rows longer than one warp and shorter than 512, and qwen2's training, whose backward sums
+    over the batch's tokens, made a new plan (0.4-0.6 s, no compiler run, on the CPU and on an H100)
+    for a batch of 16-token sequences, seen before the graph was dynamic. The block is not in a
+    symbolic kernel's source (it reads ``blockDim.x``: Note [CUDA launch shapes])."""
+    forced = int(os.environ.get("FUSEG_ROW_BLOCK", "0"))
+    if forced:
+        if forced % 32 or not 32 <= forced <= 1024:
+            raise Declined(f"FUSEG_ROW_BLOCK={forced}: a multiple of 32 from 32 to 1024 is needed")
+        return forced
+    return smin(512, smax(32, (R + 31) // 32 * 32))
+
+
 def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
                   in_place: dict[str, str] | None = None, materialized: frozenset[str] = frozenset()) -> Kernel:
     """One kernel for ``seg``. ``layouts``: value -> (shape, strides) as the kernel will find it
@@ -630,9 +650,7 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         R = row.R
         # 512 threads: on an H100, layer/RMS norm over rows of 4096 ran 1.3-1.7x faster than with 1024, softmax the same (FUSEG_ROW_BLOCK
         # sweep, perf/results/gpu_row_block_sweep.json)
-        block = int(os.environ.get("FUSEG_ROW_BLOCK", "0")) or min(512, max(32, (R + 31) // 32 * 32))
-        if block % 32 or not 32 <= block <= 1024:
-            raise Declined(f"FUSEG_ROW_BLOCK={block}: a multiple of 32 from 32 to 1024 is needed")
+        block = _row_block(R)
         rows_body = row_loop(lw, row, full, rowouts, stores, block)
         if takes_columns(row):  # Note [column passes]: on the CPU, a tile of rows per thread
             rows_body = f"#ifdef __CUDACC__\n{rows_body}#else\n{column_loop(lw, row, full, rowouts, stores)}#endif\n"

@@ -396,7 +396,8 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     R = row.R
     # off by default: measured slower on an H100 (softmax-4k 0.065 -> 0.080 ms, layer-norm-4k 0.113 ->
     # 0.177; perf/results/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
-    cached = R <= 8 * block and os.environ.get("FUSEG_ROW_CACHE", "0") == "1"
+    # (the switch first: the comparison of a symbolic row would be a condition of the plan)
+    cached = os.environ.get("FUSEG_ROW_CACHE", "0") == "1" and R <= 8 * block
     # Note [CUDA launch shapes]: with the block a constant of the source, a pass over a row of a
     # known length has a known trip count per thread; up to 16, it is written as such (unrolled)
     counted = (-(-R // block) if cuda_tuning() and isinstance(R, int) and isinstance(block, int)
