@@ -277,6 +277,11 @@ def _child(kind: str, name: str, backend: str, repeats: int, before: str | None 
 def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by = {r["backend"]: r for r in rows if "error" not in r}
     out: dict[str, Any] = {}
+    for backend, key in (("fuseg", "fuseg"), ("fuseg-before", "before"), ("inductor", "inductor"), ("eager", "eager"),
+                         ("aot_eager", "aot_eager")):
+        r = by.get(backend)  # a training round's slowest step once the graph is dynamic (the medians hide one)
+        if r is not None and "tokens_equal_eager" not in r and len(r.get("seconds") or ()) > 2:
+            out[f"{key}_slowest_step_after_second"] = max(r["seconds"][2:])
     fg = by.get("fuseg-foreground")
     if fg is not None:
         out["foreground_new_over_steady"] = fg["new"] / fg["steady"]

@@ -32,6 +32,23 @@ def test_the_steady_state_after_the_builds_and_once_settled_are_both_against_ind
     assert "fuseg_settled_after_builds_over_inductor" not in ds._ratios([rows[0], {**rows[1], "settled_after_builds": None}])
 
 
+def test_a_training_round_names_its_slowest_step_after_the_second() -> None:
+    """The training protocol's medians hide one slow step (a new plan at a seen length took 0.4 s
+    among 5 ms steps): each backend's slowest step from the third on is recorded too."""
+    steps = [5.0, 8.0, 0.005, 0.004, 0.005, 0.006, 0.45, 0.004, 0.005, 0.004, 0.004, 0.005]
+    rows = [{"backend": "fuseg", "seconds": steps, "first": 5.0, "new": 0.005, "steady": 0.0045,
+             "kernel_builds": [4, 4] + [0] * 10},
+            {"backend": "fuseg-before", "seconds": steps[:6] + [0.006] * 6, "second": 8.0},
+            {"backend": "eager", "seconds": [0.02] + [0.005] * 11, "steady": 0.005}]
+    r = ds._ratios(rows)
+    assert r["fuseg_slowest_step_after_second"] == pytest.approx(0.45)
+    assert r["before_slowest_step_after_second"] == pytest.approx(0.006)
+    assert r["eager_slowest_step_after_second"] == pytest.approx(0.005)
+    generate = {"backend": "fuseg", "seconds": steps, "first": 5.0, "new": 0.005, "steady": 0.0045,
+                "tokens_equal_eager": [True] * 12}
+    assert not any("slowest" in k for k in ds._ratios([generate]))  # (a generate's protocol has its own)
+
+
 def test_the_code_before_needs_a_checkout() -> None:
     with pytest.raises(ValueError, match="--before DIR"):
         ds._child("generate", "qwen2", "fuseg-before", 1, None)
