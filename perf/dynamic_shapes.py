@@ -136,6 +136,32 @@ def _builds() -> int:
     return compilations["cpu" if _DEVICE == "cpu" else "cuda"]
 
 
+class _FullCollections:
+    """Milliseconds the cyclic collector spent in full (generation 2) collections since the last
+    ``take()``. One such collection of these processes' heaps (about 0.5M objects: torch,
+    transformers and the compiled graphs) took 0.18-0.27 s on the CPU for qwen2-tiny, as long as
+    several generates: a generate that one lands in is slow for no reason of the backend's. The
+    record keeps it per timed call (``full_gc_ms``) to tell the two apart."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self._ms, self._t = 0.0, 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self._ms += (time.perf_counter() - self._t) * 1e3
+
+    def take(self) -> float:
+        ms, self._ms = self._ms, 0.0
+        return ms
+
+
 def _generate(model: Any, ids: Any) -> Any:
     """Greedy, exactly ``NEW_TOKENS`` new tokens: with random weights a model may emit its end
     token early, and a generate that stops early does less work than one that does not (phi3's
@@ -152,20 +178,24 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
     _compiled_forward(model, backend)
     prompts = [_ids((1, n), n) for n in LENGTHS]
     order = list(range(len(LENGTHS))) + [2] * repeats
-    times, builds, equal = [], [], []
+    times, builds, equal, full_gc = [], [], [], []
+    collections = _FullCollections()
     for k in order:
         before = _builds()
+        collections.take()
         t = time.perf_counter()
         with torch.no_grad():
             out = _generate(model, prompts[k])
         _synchronized()
         times.append(time.perf_counter() - t)
+        full_gc.append(collections.take())
         builds.append(_builds() - before)
         with torch.no_grad():
             want = _generate(ref, prompts[k])
         equal.append(bool(torch.equal(out, want)))
     n = len(LENGTHS)
     out = {"model": name, "backend": backend, "lengths": [LENGTHS[k] for k in order], "seconds": times,
+           "full_gc_ms": full_gc,
            "kernel_builds": builds if backend == "fuseg" else None, "tokens_equal_eager": equal, **_plans(backend),
            "first": times[0], "second": times[1], "new": statistics.median(times[2:n]),
            "steady": statistics.median(times[n:])}
@@ -176,17 +206,20 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         t = time.perf_counter()
         wait_for_background_builds()
         out["waited_for_builds_s"] = time.perf_counter() - t
-        again = []
+        again, again_gc = [], []
         # (the first call after the builds makes each program again; the next ``repeats`` give
         # ``steady_after_builds``, where a size class's first calls may still be trials of both
         # ways, Note [a class measured on its calls]; the ``repeats`` after them, ``settled``)
         for _ in range(2 * repeats + 1):
+            collections.take()
             t = time.perf_counter()
             with torch.no_grad():
                 _generate(model, prompts[2])
             _synchronized()
             again.append(time.perf_counter() - t)
+            again_gc.append(collections.take())
         out["seconds_after_builds"] = again
+        out["full_gc_ms_after_builds"] = again_gc
         out["steady_after_builds"] = statistics.median(again[1:repeats + 1])
         out["settled_after_builds"] = statistics.median(again[repeats + 1:])
         # lengths never seen, every build done: what a new length costs once the kernels exist,
@@ -220,10 +253,12 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
     ref = copy.deepcopy(model)
     step = model if backend == "eager" else torch.compile(model, backend=_named(backend))
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.01), torch.optim.SGD(ref.parameters(), lr=0.01)
-    times, loss_diff, grad_diff, builds = [], [], [], []
+    times, loss_diff, grad_diff, builds, full_gc = [], [], [], [], []
+    collections = _FullCollections()
     for n in TRAIN_LENGTHS:
         ids = _ids((2, n), n)
         before = _builds()
+        collections.take()
         t = time.perf_counter()
         opt.zero_grad()
         loss = step(input_ids=ids, labels=ids).loss
@@ -231,6 +266,7 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
         opt.step()
         _synchronized()
         times.append(time.perf_counter() - t)
+        full_gc.append(collections.take())
         builds.append(_builds() - before)
         ref_opt.zero_grad()
         want = ref(input_ids=ids, labels=ids).loss
@@ -240,7 +276,7 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
                              if a.grad is not None))
         ref_opt.step()
     seen = len(set(TRAIN_LENGTHS))
-    return {"model": name, "backend": backend, "lengths": list(TRAIN_LENGTHS), "seconds": times,
+    return {"model": name, "backend": backend, "lengths": list(TRAIN_LENGTHS), "seconds": times, "full_gc_ms": full_gc,
             "kernel_builds": builds if backend == "fuseg" else None, **_plans(backend), "max_loss_diff": max(loss_diff),
             "max_grad_diff": max(grad_diff), "first": times[0], "second": times[1],
             "new": statistics.median(times[2:seen]), "steady": statistics.median(times[seen:])}

@@ -175,6 +175,12 @@ def _dynamic(lines: list[str], out: str, tag: str) -> None:
                     parts.append(f"tokens equal eager's {sum(eq)} of {len(eq)}")
                 if "max_grad_diff" in r:
                     parts.append(f"loss / gradient max diff {r['max_loss_diff']:.1e} / {r['max_grad_diff']:.1e}")
+                secs = r.get("seconds") or []
+                if len(secs) > 2:  # the slowest call once dynamo has made the graphs dynamic, and its full collections
+                    k = max(range(2, len(secs)), key=secs.__getitem__)
+                    gc_ms = (r.get("full_gc_ms") or [None] * len(secs))[k]
+                    parts.append(f"slowest from the third call {secs[k] * 1e3:.1f} ms (call {k + 1}, full collections "
+                                 f"{'not recorded' if gc_ms is None else f'{gc_ms:.0f} ms'})")
                 plans = r.get("fuseg_programs")
                 if plans:
                     parts.append(f"symbolic plans {plans.get('symbolic_plans')}, specialized "

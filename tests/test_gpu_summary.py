@@ -118,3 +118,18 @@ def test_the_dynamic_shapes_records_are_summed_up(tmp_path) -> None:
     train = {"results": {"qwen2": {"runs": [{"backend": "fuseg", "error": ["InvalidBackend: 'fuseg'"]}], "ratios": {}}}}
     (tmp_path / "gpu_dynamic_train_h100.json").write_text(json.dumps(train))
     assert "dynamic shapes (train), qwen2, fuseg: ERROR InvalidBackend: 'fuseg'" in summarize(str(tmp_path), "h100")
+
+
+def test_the_slowest_call_after_the_second_is_named_with_its_collections(tmp_path) -> None:
+    """The H100 run of 2026-11-28 had one generate of 350 ms among 46 ms ones: the summary names the
+    slowest call from the third on and the full collections that fell in it (older records: not
+    recorded)."""
+    gen = {"results": {"qwen2": {"runs": [
+        {"backend": "fuseg", "first": 5.5, "second": 2.8, "new": 0.049, "steady": 0.047,
+         "seconds": [5.5, 2.8, 0.0497, 0.3568, 0.0469], "full_gc_ms": [300.0, 250.0, 0.0, 291.5, 0.0]},
+        {"backend": "inductor", "first": 14.4, "second": 8.3, "new": 0.043, "steady": 0.042,
+         "seconds": [14.4, 8.3, 0.0423, 0.0486, 0.0429]}], "ratios": {}}}}
+    (tmp_path / "gpu_dynamic_generate_h100.json").write_text(json.dumps(gen))
+    text = summarize(str(tmp_path), "h100")
+    assert "slowest from the third call 356.8 ms (call 4, full collections 292 ms)" in text
+    assert "slowest from the third call 48.6 ms (call 4, full collections not recorded)" in text
