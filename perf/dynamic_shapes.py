@@ -170,6 +170,37 @@ def _generate(model: Any, ids: Any) -> Any:
     return model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
 
 
+#: set (to 1) by ``--profile`` for the children: each generate protocol ends with one profiled generate
+_PROFILE_ENV = "FUSEG_DYNAMIC_SHAPES_PROFILE"
+
+
+def _profiled_generate(model: Any, ids: Any) -> dict[str, Any]:
+    """One generate of ``ids`` under torch's profiler (``--profile``), after every timed one: on a
+    GPU, where a decode step is bound by its launches, how many kernels ran on the device and for
+    how long, how many launch calls the host made (the runtime's and the driver's: CuPy launches
+    through the driver), how many ATen calls, and the host's costliest ops. The profiler's own
+    cost is in ``wall_ms``: compare it only with another profiled generate."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _DEVICE != "cpu" else [])
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        with torch.no_grad():
+            _generate(model, ids)
+        _synchronized()
+        wall = time.perf_counter() - t
+    rows = prof.key_averages()
+    device = [r for r in rows if getattr(r, "self_device_time_total", 0) > 0]
+    launch_names = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+    host = sorted(rows, key=lambda r: r.self_cpu_time_total, reverse=True)[:8]
+    return {"wall_ms": wall * 1e3, "device_kernels": sum(r.count for r in device),
+            "device_ms": sum(r.self_device_time_total for r in device) / 1e3,
+            "launch_calls": sum(r.count for r in rows if r.key in launch_names),
+            "aten_calls": sum(r.count for r in rows if r.key.startswith("aten::")),
+            "top_host_ops": [[r.key, r.count, round(r.self_cpu_time_total / 1e3, 3)] for r in host]}
+
+
 def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
     """In this process: every generate of the protocol, timed, with its tokens checked."""
     import torch
@@ -240,6 +271,8 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         out.update(later_lengths=list(LATER_LENGTHS), seconds_later_lengths_new=fresh, seconds_later_lengths_seen=seen,
                    kernel_builds_later_lengths=fresh_builds, tokens_equal_eager_later_lengths=fresh_equal,
                    new_after_builds=statistics.median(fresh), seen_after_builds=statistics.median(seen))
+    if os.environ.get(_PROFILE_ENV) == "1":  # (fuseg's: every build done, a seen length)
+        out["profile"] = _profiled_generate(model, prompts[2])
     return out
 
 
@@ -369,9 +402,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train", action="store_true", help="the training protocol instead of generation")
     p.add_argument("--before", default=None, help="a checkout of the code to compare with: the backend fuseg-before")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the models run")
+    p.add_argument("--profile", action="store_true",
+                   help="end each generate protocol with one generate under torch's profiler (kernels, launches, ops)")
     p.add_argument("--out", default=None)
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.profile:
+        os.environ[_PROFILE_ENV] = "1"  # (the children inherit it)
     if args.child:
         global _DEVICE
         kind, name, backend, repeats = args.child[:4]

@@ -181,6 +181,11 @@ def _dynamic(lines: list[str], out: str, tag: str) -> None:
                     gc_ms = (r.get("full_gc_ms") or [None] * len(secs))[k]
                     parts.append(f"slowest from the third call {secs[k] * 1e3:.1f} ms (call {k + 1}, full collections "
                                  f"{'not recorded' if gc_ms is None else f'{gc_ms:.0f} ms'})")
+                prof = r.get("profile")
+                if prof:  # (perf.dynamic_shapes --profile: one generate under the profiler)
+                    parts.append(f"profiled generate {prof['wall_ms']:.0f} ms: {prof['device_kernels']} device kernels "
+                                 f"({prof['device_ms']:.1f} ms), {prof['launch_calls']} launch calls, "
+                                 f"{prof['aten_calls']} ATen calls")
                 plans = r.get("fuseg_programs")
                 if plans:
                     parts.append(f"symbolic plans {plans.get('symbolic_plans')}, specialized "
@@ -190,6 +195,10 @@ def _dynamic(lines: list[str], out: str, tag: str) -> None:
             if "fuseg_second_over_aot_eager_second" in ratios:
                 lines.append(f"  fuseg second / aot_eager second {ratios['fuseg_second_over_aot_eager_second']:.2f}; "
                              f"new / steady {_fmt(ratios.get('fuseg_new_over_steady'))}")
+            if "fuseg_steady_over_inductor" in ratios:  # (issue 41: at or under Inductor's steady state)
+                lines.append(f"  fuseg / Inductor: steady {_fmt(ratios['fuseg_steady_over_inductor'])}, settled after the "
+                             f"builds {_fmt(ratios.get('fuseg_settled_after_builds_over_inductor'))}, first "
+                             f"{_fmt(ratios.get('fuseg_first_over_inductor'))}")
 
 
 def _before_after(lines: list[str], bw: dict[str, Any] | None, before: dict[str, Any] | None, heading: str) -> None:

@@ -14,9 +14,10 @@
 #   install    pip install -e . (no deps, no build isolation, no network)                      40 s
 #   env        versions (python, torch, CUDA, driver, CuPy, Triton, transformers), nvidia-smi     20 s
 #   tests      the whole GPU test table (tests/test_gpu*.py) in SHARDS parallel pytest processes 120 s
-#   dynamic    perf.dynamic_shapes --device cuda on qwen2 (issue 41): generation (aot_eager, fuseg: NVRTC
-#              compiles per generate, tokens against eager's) and training on changing lengths (fuseg:
-#              loss and gradients against eager, symbolic plans or the reason there are none)    110 s
+#   dynamic    perf.dynamic_shapes --device cuda on qwen2 (issue 41): generation (aot_eager, Inductor,
+#              fuseg: NVRTC compiles per generate, tokens against eager's, full collections per
+#              generate, one profiled generate each) and training on changing lengths (Inductor,
+#              fuseg: loss and gradients against eager, symbolic plans or why there are none)   200 s
 #   compiled   perf.compiled --device cuda --set gpu: eager / Inductor / Inductor reduce-overhead /
 #              fuseg / fuseg with CUDA graphs, six models, record written after each model      175 s
 #   bias       perf.compiled again on the four models with an addmm's bias (gpt2-tiny, bert-tiny,
@@ -38,7 +39,7 @@
 #              one-kernel program, built as it is and with FUSEG_BCAST_EPT=0 / FUSEG_CUDA_TUNING=0
 #              (run 5: ~55 us against ~35 us with either off), each profiled                   20 s
 #   summary    perf.gpu_summary: what each step did, and what missed issue 44's targets          10 s
-# Budgets add up to 810 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
+# Budgets add up to 900 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
 set -u
 cd "$(dirname "$0")/.."
 DRY=0
@@ -144,15 +145,15 @@ gpu_tests() {
 }
 
 
-# dynamic_shapes DEVICE BACKEND...: qwen2's generation with those backends, then its training on
-# changing lengths with the last one (issue 41), each record written as soon as it is done
+# dynamic_shapes DEVICE "GENERATE BACKENDS" "TRAIN BACKENDS": qwen2's generation with the first
+# backends, each protocol ending with one profiled generate (kernels, launches, ATen calls), then
+# its training on changing lengths with the second (issue 41), each record written when done
 dynamic_shapes() {
   local device=$1
-  shift
-  "$PY" -m perf.dynamic_shapes --device "$device" --models qwen2 --backends "$@" --repeats 3 \
+  "$PY" -m perf.dynamic_shapes --device "$device" --models qwen2 --backends $2 --repeats 3 --profile \
     --out "$OUT/gpu_dynamic_generate_$TAG.json"
   local gen=$?
-  "$PY" -m perf.dynamic_shapes --device "$device" --train --models qwen2 --backends "${@: -1}" \
+  "$PY" -m perf.dynamic_shapes --device "$device" --train --models qwen2 --backends $3 \
     --out "$OUT/gpu_dynamic_train_$TAG.json" || return $?
   return $gen
 }
@@ -164,7 +165,7 @@ if [ $DRY = 1 ]; then
   echo "install: skipped in a dry run" | tee -a "$OUT/steps.txt"
   step env 20 "gpu_env_$TAG.txt" env_record "$OUT/gpu_env_$TAG.json" cpu
   step tests 120 "gpu_tests_$TAG.txt" gpu_tests
-  step dynamic 110 "gpu_dynamic_$TAG.log" dynamic_shapes cpu eager
+  step dynamic 110 "gpu_dynamic_$TAG.log" dynamic_shapes cpu eager eager
   step compiled 175 "gpu_compiled_$TAG.log" "$PY" -m perf.compiled mlp --device cpu \
     --variants fuseg,fuseg_graphs,floor --rounds 1 --calls 2 --no-first-call --out "$OUT/gpu_compiled_$TAG.json"
   step bias 60 "gpu_compiled_bias_fused_$TAG.log" env FUSEG_BIAS_AFTER_MATMUL=0 "$PY" -m perf.compiled mlp --device cpu \
@@ -183,7 +184,7 @@ else
   step install 40 "gpu_install_$TAG.log" install
   step env 20 "gpu_env_$TAG.txt" env_record "$OUT/gpu_env_$TAG.json" cuda
   step tests 120 "gpu_tests_$TAG.txt" gpu_tests
-  step dynamic 110 "gpu_dynamic_$TAG.log" dynamic_shapes cuda aot_eager fuseg
+  step dynamic 200 "gpu_dynamic_$TAG.log" dynamic_shapes cuda "aot_eager inductor fuseg" "inductor fuseg"
   step compiled 175 "gpu_compiled_$TAG.log" "$PY" -m perf.compiled --device cuda --set gpu --rounds 5 --calls 20 \
     --out "$OUT/gpu_compiled_$TAG.json"
   step bias 60 "gpu_compiled_bias_fused_$TAG.log" env FUSEG_BIAS_AFTER_MATMUL=0 "$PY" -m perf.compiled gpt2-tiny bert-tiny \

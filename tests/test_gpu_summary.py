@@ -126,10 +126,16 @@ def test_the_slowest_call_after_the_second_is_named_with_its_collections(tmp_pat
     recorded)."""
     gen = {"results": {"qwen2": {"runs": [
         {"backend": "fuseg", "first": 5.5, "second": 2.8, "new": 0.049, "steady": 0.047,
-         "seconds": [5.5, 2.8, 0.0497, 0.3568, 0.0469], "full_gc_ms": [300.0, 250.0, 0.0, 291.5, 0.0]},
+         "seconds": [5.5, 2.8, 0.0497, 0.3568, 0.0469], "full_gc_ms": [300.0, 250.0, 0.0, 291.5, 0.0],
+         "profile": {"wall_ms": 61.2, "device_kernels": 2400, "device_ms": 7.25, "launch_calls": 2350, "aten_calls": 5100,
+                     "top_host_ops": []}},
         {"backend": "inductor", "first": 14.4, "second": 8.3, "new": 0.043, "steady": 0.042,
-         "seconds": [14.4, 8.3, 0.0423, 0.0486, 0.0429]}], "ratios": {}}}}
+         "seconds": [14.4, 8.3, 0.0423, 0.0486, 0.0429]}],
+        "ratios": {"fuseg_steady_over_inductor": 1.11, "fuseg_settled_after_builds_over_inductor": 1.091,
+                   "fuseg_first_over_inductor": 0.383}}}}
     (tmp_path / "gpu_dynamic_generate_h100.json").write_text(json.dumps(gen))
     text = summarize(str(tmp_path), "h100")
     assert "slowest from the third call 356.8 ms (call 4, full collections 292 ms)" in text
     assert "slowest from the third call 48.6 ms (call 4, full collections not recorded)" in text
+    assert "profiled generate 61 ms: 2400 device kernels (7.2 ms), 2350 launch calls, 5100 ATen calls" in text
+    assert "fuseg / Inductor: steady 1.11, settled after the builds 1.09, first 0.38" in text

@@ -142,3 +142,20 @@ def test_full_collections_are_timed_per_call() -> None:
         assert clock.take() == 0.0  # (taken)
     finally:
         gc.callbacks.remove(clock._callback)
+
+
+def test_a_profiled_generate_counts_its_ops(monkeypatch) -> None:
+    """``--profile``: one generate under torch's profiler, its ATen calls and costliest host ops
+    counted (on the CPU no device kernel and no launch); the children are told by the environment."""
+    model = ds._model("phi3")
+    monkeypatch.setattr(ds, "_DEVICE", "cpu")
+    prof = ds._profiled_generate(model, ds._ids((1, 9), 9))
+    assert prof["wall_ms"] > 0 and prof["aten_calls"] > 24  # (24 decode steps, several ops each)
+    assert prof["device_kernels"] == 0 and prof["launch_calls"] == 0
+    assert prof["top_host_ops"] and all(len(r) == 3 for r in prof["top_host_ops"])
+    seen = {}
+    monkeypatch.setattr(ds, "_child", lambda *a, **k: seen.setdefault("env", ds.os.environ.get(ds._PROFILE_ENV)) and
+                        {"backend": a[2], "error": ["stub"]})
+    monkeypatch.setenv(ds._PROFILE_ENV, "0")  # (undone after the test, whatever main sets)
+    ds.main(["--models", "qwen2", "--backends", "eager", "--profile", "--out", "/dev/null"])
+    assert seen["env"] == "1"
