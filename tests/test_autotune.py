@@ -442,14 +442,16 @@ def test_lookups_losses_and_cumsums_are_measured(name, fn, inputs, op, kernel, c
         assert torch.equal(g, w)
 
 
-def test_in_a_symbolic_plan_lookups_and_cumsums_keep_their_kernels_unmeasured(cache, monkeypatch) -> None:
-    """A symbolic plan's embedding and cumsum run their kernels as before they were measured:
-    no choice at the call (``_KERNEL_IN_SYMBOLIC_PLANS`` in runtime/backends/measured.py), so
-    nothing is timed and each stays a plain launch; values equal eager's at every size."""
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel-faster", "aten-faster"])
+def test_in_a_symbolic_plan_lookups_and_cumsums_are_measured_at_its_first_sizes(kernel, cache, monkeypatch) -> None:
+    """Issue 42, goal 1, in symbolic plans: a lookup's and a float cumsum's kernel is measured
+    against ATen once, at the plan's first sizes (made-up inputs, as in a program of fixed sizes),
+    and the winner runs at every size: no choice at the call (each stays a plain launch, in its
+    chain) and no condition on the sizes (one plan for all three). They used to run unmeasured."""
     from runtime.backends.at_call import ChosenAtCall
     from runtime.dynamo import FusegCompiler, aot_backend
 
-    calls = _given(monkeypatch, kernel=False)
+    calls = _given(monkeypatch, kernel=kernel)
     torch._dynamo.reset()
     compiler = FusegCompiler()
     w = torch.randn(50, 16)
@@ -457,17 +459,22 @@ def test_in_a_symbolic_plan_lookups_and_cumsums_keep_their_kernels_unmeasured(ca
     compiled = torch.compile(fn, backend=aot_backend(compiler), dynamic=True)
     try:
         with torch.no_grad():
-            for n in (5, 9, 13):
+            for n in (5, 9, 13, 40):
                 i, m = torch.randint(0, 50, (2, n)), torch.randn(2, n)
                 for g, e in zip(compiled(i, m), fn(i, m), strict=True):
                     assert torch.equal(g, e)
     finally:
         torch._dynamo.reset()
     symbolic = [p for p in compiler.compiled if p.sizes is not None]
-    assert symbolic, "no symbolic plan made"
-    for p in symbolic:
-        kinds = {k.kind for k in p.kernels.values() if k is not None}
+    assert len(symbolic) == 1, [p.sizes.condition_text() for p in symbolic]
+    (p,) = symbolic
+    kinds = {k.kind for k in p.kernels.values() if k is not None}
+    assert not any(isinstance(launch, ChosenAtCall) for launch in p._chosen.values())
+    if kernel:
         assert {"embedding", "scan"} <= kinds, kinds
-        assert not any(isinstance(launch, ChosenAtCall) for launch in p._chosen.values())
-    fixed = [p for p in compiler.compiled if p.sizes is None]  # (the first size's program: measured)
-    assert len(calls) == 2 * len(fixed) and all(set(p.backend_of.values()) == {"torch"} for p in fixed)
+    else:
+        assert not {"embedding", "scan"} & kinds, kinds
+        assert set(p.backend_of.values()) == {"torch"}, p.backend_of
+        assert all("measured faster" in dict(why)["cpp"] for why in p.passed_over.values()), p.passed_over
+    fixed = [q for q in compiler.compiled if q.sizes is None]  # (the first size's program: measured too)
+    assert len(calls) == 2 * (len(fixed) + 1)

@@ -37,12 +37,21 @@ __all__ = ["MEASURED_KINDS", "MEASURED_ALONE", "choose", "measure_pending"]
 MEASURED_KINDS = frozenset({"matmul", "attention", "conv", "scan", "embedding", "nll_loss"})
 #: kinds whose integer inputs are indices (rows of a weight, classes of a loss)
 _INDEXED_KINDS = frozenset({"embedding", "nll_loss"})
-#: kinds measured in programs of fixed sizes only: in a symbolic plan their kernel runs, as
-#: before they were measured. A choice at the call (Note [choices at the call]) would wrap the
-#: launch for good (out of its chain, a table lookup a call) and trial each new size class on
-#: the first calls, where a generate's decode steps run a lookup, a mask's cumsum and, in
-#: training, the loss at every step; that cost was not measured against what the choice gains.
-_KERNEL_IN_SYMBOLIC_PLANS = frozenset({"scan", "embedding", "nll_loss"})
+#: kinds measured once per symbolic plan, at its first sizes, the winner running at every size
+#: (Note [a lookup measured at the plan's first sizes]), not chosen at each call
+_MEASURED_AT_FIRST_SIZES = frozenset({"scan", "embedding", "nll_loss"})
+
+# Note [a lookup measured at the plan's first sizes]: a choice at the call (Note [choices at the
+# call]) wraps the launch for good (out of its chain, a table lookup a call) and trials each new
+# size class on its first calls, where a generate's decode steps run a lookup, a mask's cumsum
+# and, in training, the loss at every step. So these kernels ran unmeasured in symbolic plans
+# (2026-11-28, first session): a choice no measurement on the machine made. Now a symbolic plan
+# measures them as a program of fixed sizes does, once, on made-up inputs of the plan's first
+# sizes (the verdict keyed by the class of each size there, read from the hints: no condition of
+# the plan), and keeps the winner at every size. What it gives up: a size in another class runs
+# the way measured at the first one. On the machine it was written on the kernels won every class
+# of the index ops by 2-10x (Note [nll loss kernels], the embedding kernels' Notes), and a float
+# cumsum went to ATen only at [64, 4096].
 #: ops measured where a segment is that op alone (a fused one is ours: nothing to compare with)
 MEASURED_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
 
@@ -57,17 +66,20 @@ def _measured(launch: SegmentLaunch) -> bool:
     return len(compute) == 1 and compute[0].op in MEASURED_ALONE
 
 
-def _key(ctx: BuildContext, launch: KernelLaunch) -> str:
+def _key(ctx: BuildContext, launch: KernelLaunch, first_sizes: bool = False) -> str:
     """The launch's shape class: its kernel (whose name hashes its source and layouts), torch's
-    threads and, for a kernel of symbolic sizes not chosen at the call (one that writes an input
-    in place), the class of each size it reads, a condition of the plan."""
+    threads and, for a kernel of symbolic sizes not chosen at the call, the class of each size it
+    reads: a condition of the plan (a kernel that writes an input in place), or with
+    ``first_sizes`` the class at the plan's first sizes and no condition (Note [a lookup measured
+    at the plan's first sizes])."""
     classes = {}
     sizes = sizes_of(ctx.graph)
     if sizes is not None and launch.kernel.symbols:
         symbols = list(sizes.sources)
         hints = sizes.hints
         for k in launch.kernel.symbols:
-            classes[k] = autotune.size_class(sizes.symint(symbols[k], hints[symbols[k]]))
+            hint = hints[symbols[k]]
+            classes[k] = autotune.size_class(hint if first_sizes else sizes.symint(symbols[k], hint))
     return autotune.class_key(launch.kernel.name, classes)
 
 
@@ -85,12 +97,13 @@ def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
         raise Declined("deterministic algorithms are on (torch.use_deterministic_algorithms): no choice by "
                        "timing, ATen's op as in eager")
     assert isinstance(launch, KernelLaunch)
+    first_sizes = False
     if at_call_eligible(ctx, launch):  # Note [choices at the call] (runtime/backends/at_call.py)
-        if launch.kernel.kind in _KERNEL_IN_SYMBOLIC_PLANS:
+        if launch.kernel.kind not in _MEASURED_AT_FIRST_SIZES:
+            launch.at_call = True  # type: ignore[attr-defined]
             return
-        launch.at_call = True  # type: ignore[attr-defined]
-        return
-    key = _key(ctx, launch)
+        first_sizes = True  # Note [a lookup measured at the plan's first sizes]
+    key = _key(ctx, launch, first_sizes)
     verdict = autotune.lookup(key)
     if verdict is None:
         launch.measure = (ctx, key)  # type: ignore[attr-defined]

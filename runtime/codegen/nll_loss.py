@@ -31,8 +31,9 @@ input's type at each step) and uint8 targets are declined and run on ATen. Rows 
 threads only where nothing is summed (``none``, the backward) and the work is worth it. In a
 program of fixed sizes, chosen by measurement against ATen's op on the machine that runs it, as
 a matmul is (Note [choices by measurement] in runtime/autotune.py), on made-up targets of zeros
-(runtime/backends/measured.py: a class every loss holds); a symbolic plan runs the kernel
-(``_KERNEL_IN_SYMBOLIC_PLANS`` there says why); on this machine kind the kernels won by 2-9x
+(runtime/backends/measured.py: a class every loss holds); a symbolic plan measures it once, at
+its first sizes (Note [a lookup measured at the plan's first sizes] there); on this machine kind
+the kernels won by 2-9x
 (2.4 against 19.6 us, 2.0 against 4.6, gpt2-tiny's shapes: the verdicts of that measurement in
 one scratch run, 2026-11-28, not committed). ``python -m perf.experiments.embedding_backward
 --kernels nll_loss`` times both in training steps (perf/results/nll_loss_kernels_cpu.json:

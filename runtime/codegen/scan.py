@@ -15,7 +15,7 @@ ATen's conversion does), or a float input into the same dtype. A float summed in
 and an integer into a float are declined (not written here), as is anything else, with the
 reason; those run on torch. A float cumsum in a program of fixed sizes is chosen by measurement
 against ATen's op on the machine that runs it (Note [choices by measurement] in
-runtime/autotune.py; since 2026-11-28; a symbolic plan runs the kernel, as before):
+runtime/autotune.py; since 2026-11-28; a symbolic plan measures it once, at its first sizes):
 here the kernel won at [2, 32] and [8, 512] (1.2 against 2.8 us, 5.0 against 6.6) and lost at
 [64, 4096] (262 against 139 us; why was not looked into): the verdicts of that measurement in one
 scratch run, 2026-11-28, not committed. An integer one, a
