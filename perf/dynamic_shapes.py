@@ -205,6 +205,7 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
     """In this process: every generate of the protocol, timed, with its tokens checked."""
     import torch
 
+    threads_at_start = torch.get_num_threads()
     model, ref = _model(name), _model(name)
     _compiled_forward(model, backend)
     prompts = [_ids((1, n), n) for n in LENGTHS]
@@ -253,6 +254,8 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         out["full_gc_ms_after_builds"] = again_gc
         out["steady_after_builds"] = statistics.median(again[1:repeats + 1])
         out["settled_after_builds"] = statistics.median(again[repeats + 1:])
+        # (every build done: torch's own count again, Note [torch's threads beside background compilers])
+        out["torch_threads_after_builds"] = [torch.get_num_threads(), threads_at_start]
         # lengths never seen, every build done: what a new length costs once the kernels exist,
         # against the same length generated again right after it (seen)
         fresh, seen, fresh_builds, fresh_equal = [], [], [], []
