@@ -20,7 +20,14 @@ less those jobs, at least one), restored when the call returns. The count is per
 thread in torch's OpenMP backend, so it is set and restored around each call on the thread
 that makes it, never from the build thread. Programs register when made; when the first build
 starts their entries are wrapped, when the last one ends they are unwrapped (an attribute swap:
-a call under way finishes as it began). Calls outside fuseg's programs (the caller's own ops)
+a call under way finishes as it began). A class chosen at the call while the builds ran (Note
+[choices at the call]) was chosen for the threads left (its verdict's key names them); the way
+was kept in the launch's table for good, so every later call in the class ran the way measured
+for fewer threads. When the last build ends, those tables are emptied: the next call in each
+class looks its verdict up again (or measures it) for torch's own count. Not done: a program
+remade while other builds are under way measures its fixed choices (Note [choices by
+measurement]) for the threads left too, and keeps them (the protocol's verdict files, ten
+processes on 2026-11-28, had no key of one thread: there the remakes came after the builds). Calls outside fuseg's programs (the caller's own ops)
 keep their threads. ``FUSEG_BUILD_THREADS=0`` leaves the thread count alone (and the compilers
 on every core, as before).
 """
@@ -104,7 +111,11 @@ def builds_started() -> None:
 
 
 def builds_ended() -> None:
-    """The last background build is done: entries run with torch's own thread count again."""
+    """The last background build is done: entries run with torch's own thread count again, and
+    every class a launch chose at the call meanwhile (Note [choices at the call]) is chosen again
+    at its next call: its verdict was for the threads the compilers left."""
+    from .backends.at_call import ChosenAtCall
+
     with _LOCK:
         if not _STATE["busy"]:
             return
@@ -114,3 +125,6 @@ def builds_ended() -> None:
             while hasattr(entry, "unwrapped"):
                 entry = entry.unwrapped
             p.entry = entry
+            for launch in getattr(p, "_chosen", {}).values():
+                if isinstance(launch, ChosenAtCall):
+                    launch.table.clear()

@@ -478,3 +478,45 @@ def test_in_a_symbolic_plan_lookups_and_cumsums_are_measured_at_its_first_sizes(
         assert all("measured faster" in dict(why)["cpp"] for why in p.passed_over.values()), p.passed_over
     fixed = [q for q in compiler.compiled if q.sizes is None]  # (the first size's program: measured too)
     assert len(calls) == 2 * (len(fixed) + 1)
+
+
+def test_a_choice_at_the_call_made_beside_builds_is_made_again_after_them(cache, monkeypatch) -> None:
+    """Note [torch's threads beside background compilers]: while builds are under way a program
+    runs torch with the cores the compilers leave (one of two here), and a class chosen at the call
+    then is chosen for that thread count (its verdict's key says so). The way chosen was kept in
+    the launch's table for good: once the builds were done, every later call in the class ran the
+    way measured for one thread. Now the tables are emptied when the last build ends, and the next
+    call looks its class up again, for torch's own count."""
+    from runtime import threads
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    if not threads.reserving() or threads.background_jobs() >= 2:
+        pytest.skip("needs a machine where builds leave torch fewer threads than its own (2 cores)")
+    asked: list[str] = []
+    monkeypatch.setattr(autotune, "lookup", lambda key: asked.append(key) or autotune.Verdict(
+        "threads 1" not in key, 1.0, 2.0))
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    torch._dynamo.reset()
+    compiler = FusegCompiler()
+    fn = torch.compile(lambda x, w: x @ w.t(), backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+    w = torch.randn(24, 32)
+    try:
+        with torch.no_grad():
+            x = torch.randn(9, 32)
+            fn(x, w)  # (the plan; its class chosen now, with torch's own threads)
+            (program,) = compiler.compiled
+            (i,) = program.chosen_at_call
+            program._chosen[i].table.clear()  # (as if its first call had come while builds were under way)
+            threads.builds_started()
+            try:
+                torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
+            finally:
+                threads.builds_ended()
+            assert asked and "threads 1" in asked[-1], asked
+            asked.clear()
+            torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
+            assert asked and "threads 2" in asked[-1], asked
+    finally:
+        torch.set_num_threads(threads_before)
+        torch._dynamo.reset()
