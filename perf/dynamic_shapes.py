@@ -130,6 +130,22 @@ def _plans(backend: str) -> dict[str, Any]:
     return {"fuseg_programs": dict(STATS), "fuseg_entry_point_found": _ENTRY_POINT_FOUND}
 
 
+def _verdicts_by_threads() -> dict[str, int]:
+    """The kernel-or-ATen verdicts this process holds (Note [choices by measurement]), counted by
+    the torch thread count in their keys: a verdict for fewer threads than torch's own was made
+    beside background builds (Note [torch's threads beside background compilers])."""
+    from collections import Counter
+
+    from runtime import autotune
+
+    counts: Counter = Counter()
+    for verdicts in autotune._MEMORY.values():
+        for key in verdicts:
+            part = next((p for p in key.split("; ") if p.startswith("threads ")), "threads ?")
+            counts[part] += 1
+    return dict(counts)
+
+
 def _builds() -> int:
     from runtime.codegen.build import compilations
 
@@ -254,8 +270,10 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         out["full_gc_ms_after_builds"] = again_gc
         out["steady_after_builds"] = statistics.median(again[1:repeats + 1])
         out["settled_after_builds"] = statistics.median(again[repeats + 1:])
-        # (every build done: torch's own count again, Note [torch's threads beside background compilers])
+        # (every build done: torch's own count again, Note [torch's threads beside background compilers];
+        # and how many verdicts this process made or read for each thread count)
         out["torch_threads_after_builds"] = [torch.get_num_threads(), threads_at_start]
+        out["verdicts_by_threads"] = _verdicts_by_threads()
         # lengths never seen, every build done: what a new length costs once the kernels exist,
         # against the same length generated again right after it (seen)
         fresh, seen, fresh_builds, fresh_equal = [], [], [], []

@@ -159,3 +159,14 @@ def test_a_profiled_generate_counts_its_ops(monkeypatch) -> None:
     monkeypatch.setenv(ds._PROFILE_ENV, "0")  # (undone after the test, whatever main sets)
     ds.main(["--models", "qwen2", "--backends", "eager", "--profile", "--out", "/dev/null"])
     assert seen["env"] == "1"
+
+
+def test_the_verdicts_are_counted_by_their_thread_count(monkeypatch) -> None:
+    """A process's verdicts by the torch thread count in their keys: one made beside background
+    builds names fewer threads (what to look for in a process slow after its builds)."""
+    from runtime import autotune
+
+    v = autotune.Verdict(True, 1.0, 2.0)
+    monkeypatch.setattr(autotune, "_MEMORY", {"/a": {"k; threads 2; s0 in [8, 16)": v, "j; threads 1": v},
+                                              "/b": {"m; threads 2": v}})
+    assert ds._verdicts_by_threads() == {"threads 2": 2, "threads 1": 1}
