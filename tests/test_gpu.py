@@ -103,23 +103,16 @@ def test_zoo_models_on_cuda(name: str) -> None:
         assert_matches_eager(fn, inputs, graph, module=module, program=prog, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["softmax-view-sum", "rms-norm", "layer-norm", "halves", "masked-softmax",
-                                  "transpose-contiguous"])
-def test_a_new_size_compiles_no_cuda_kernel(name: str) -> None:
-    """Note [kernel sizes as arguments] on the GPU: a program under ``torch.compile(dynamic=True)``
-    at three sizes against eager; its CUDA kernels take the sizes by value, so after the first
-    size's plan no NVRTC compile runs (``compilations["cuda"]``), even where a size gets a plan of
-    its own (the same kernel sources)."""
+def _dynamic_on_the_gpu(fn, make, sizes):
+    """``fn`` under ``torch.compile(dynamic=True)`` on CUDA at each size against eager (values);
+    the compiler and the NVRTC compiles each size cost."""
     from runtime.dynamo import FusegCompiler, compile_with_aot
 
-    from .test_dynamic import DYNAMIC_PROGRAMS
-
-    fn, make = DYNAMIC_PROGRAMS[name]
     torch._dynamo.reset()
     compiler = FusegCompiler()
     compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
     compiles = []
-    for n in (9, 21, 40):
+    for n in sizes:
         torch.manual_seed(n)
         inputs = [t.cuda() for t in make(n)]
         before = compilations["cuda"]
@@ -129,6 +122,20 @@ def test_a_new_size_compiles_no_cuda_kernel(name: str) -> None:
         for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=f"size {n}")
     torch._dynamo.reset()
+    return compiler, compiles
+
+
+@pytest.mark.parametrize("name", ["softmax-view-sum", "rms-norm", "layer-norm", "halves", "masked-softmax",
+                                  "transpose-contiguous"])
+def test_a_new_size_compiles_no_cuda_kernel(name: str) -> None:
+    """Note [kernel sizes as arguments] on the GPU: a program under ``torch.compile(dynamic=True)``
+    at three sizes against eager; its CUDA kernels take the sizes by value, so after the first
+    size's plan no NVRTC compile runs (``compilations["cuda"]``), even where a size gets a plan of
+    its own (the same kernel sources)."""
+    from .test_dynamic import DYNAMIC_PROGRAMS
+
+    fn, make = DYNAMIC_PROGRAMS[name]
+    compiler, compiles = _dynamic_on_the_gpu(fn, make, (9, 21, 40))
     programs = compiler.compiled  # (a size that breaks a plan's condition gets a plan of its own)
     assert programs and all(p.sizes is not None for p in programs), compiler.symbolic_refused
     assert all("cupy" in p.backend_of.values() for p in programs), [p.passed_over for p in programs]
@@ -141,24 +148,10 @@ def test_rows_of_any_length_run_one_plan_on_the_gpu(name: str) -> None:
     """Note [a row's block] on the GPU: rows from 9 to 600 elements through one symbolic plan made at
     48, each launch with the block its row needs (computed at the call), values as eager's, no NVRTC
     compile after the first size."""
-    from runtime.dynamo import FusegCompiler, compile_with_aot
-
     from .test_dynamic import ROW_LENGTH_PROGRAMS
 
     fn, make = ROW_LENGTH_PROGRAMS[name]
-    torch._dynamo.reset()
-    compiler = FusegCompiler()
-    compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
-    compiles = []
-    for n in (48, 32, 9, 300, 600):
-        torch.manual_seed(n)
-        inputs = [t.cuda() for t in make(n)]
-        before = compilations["cuda"]
-        with torch.no_grad():
-            got, want = compiled(*[t.clone() for t in inputs]), fn(*[t.clone() for t in inputs])
-        compiles.append(compilations["cuda"] - before)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"size {n}")
-    torch._dynamo.reset()
+    compiler, compiles = _dynamic_on_the_gpu(fn, make, (48, 32, 9, 300, 600))
     assert len(compiler.compiled) == 1, [p.sizes.condition_text() for p in compiler.compiled]
     (program,) = compiler.compiled
     assert "cupy" in program.backend_of.values(), program.passed_over
