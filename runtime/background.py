@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import threads
 from .backends import SegmentLaunch
 from .backends.torch_backend import TorchLaunch
 
@@ -135,5 +136,6 @@ def rebuild(program: CompiledProgram) -> None:
     program.backend_of, program.passed_over = backend_of, passed_over
     if program.sizes is not None:
         program.sizes.unseal()
-    with _disable_current_modes(), symbolic_hashing(), torch.no_grad():  # as when compiled
+    # (Note [torch's threads beside background compilers]: its measurements at torch's own count)
+    with _disable_current_modes(), symbolic_hashing(), torch.no_grad(), threads.at_own_threads():  # as when compiled
         program._finish(dict(chosen))

@@ -24,25 +24,28 @@ a call under way finishes as it began). A class chosen at the call while the bui
 [choices at the call]) was chosen for the threads left (its verdict's key names them); the way
 was kept in the launch's table for good, so every later call in the class ran the way measured
 for fewer threads. When the last build ends, those tables are emptied: the next call in each
-class looks its verdict up again (or measures it) for torch's own count. Not done: a program
-remade while other builds are under way measures its fixed choices (Note [choices by
-measurement]) for the threads left too, and keeps them (the protocol's verdict files, ten
-processes on 2026-11-28, had no key of one thread: there the remakes came after the builds). Calls outside fuseg's programs (the caller's own ops)
+class looks its verdict up again (or measures it) for torch's own count. And a program made
+again while other builds are under way (Note [kernels built in the background]) measures its
+fixed choices at torch's own count, the compilers paused for it (``at_own_threads``): it measured
+them with the threads left, under the key of torch's own count, computed when it was compiled,
+so a verdict for one thread was kept, on disk too, as one for two. Calls outside fuseg's programs (the caller's own ops)
 keep their threads. ``FUSEG_BUILD_THREADS=0`` leaves the thread count alone (and the compilers
 on every core, as before).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["background_jobs", "beside_builds", "builds_ended", "builds_started", "register", "reserving"]
+__all__ = ["at_own_threads", "background_jobs", "beside_builds", "builds_ended", "builds_started", "register",
+           "reserving"]
 
 _LOCK = threading.Lock()
 _PROGRAMS: weakref.WeakSet = weakref.WeakSet()
@@ -60,6 +63,10 @@ def background_jobs() -> int:
     return max(1, cores // 2) if reserving() else cores
 
 
+#: torch's own thread count on this thread while a call runs with fewer (``_with_cores_left``)
+_OWN = threading.local()
+
+
 def _with_cores_left(fn: Callable[..., Any], args: tuple) -> Any:
     """``fn(*args)`` with torch's thread count on this thread less the compilers' (at least one),
     restored after it."""
@@ -68,10 +75,32 @@ def _with_cores_left(fn: Callable[..., Any], args: tuple) -> Any:
     if keep == n:
         return fn(*args)
     torch.set_num_threads(keep)
+    outer = getattr(_OWN, "n", None)
+    _OWN.n = n if outer is None else outer
     try:
         return fn(*args)
     finally:
+        _OWN.n = outer
         torch.set_num_threads(n)
+
+
+@contextlib.contextmanager
+def at_own_threads() -> Iterator[None]:
+    """Within: torch at its own thread count, the background compilers paused, where a call beside
+    builds runs it with fewer: a program's remake measures its kernels against ATen there, under
+    keys that name torch's own count (Note [choices by measurement]). Elsewhere nothing changes."""
+    own, now = getattr(_OWN, "n", None), torch.get_num_threads()
+    if own is None or own == now:
+        yield
+        return
+    from .codegen import pause
+
+    with pause.held():
+        torch.set_num_threads(own)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(now)
 
 
 def _wrapped(entry: Callable[..., Any]) -> Callable[..., Any]:

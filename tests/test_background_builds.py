@@ -334,3 +334,50 @@ def test_the_builds_under_way_are_counted_and_can_be_waited_for(gate) -> None:
     assert build.background_builds_under_way() == 0
     _check(compiled, fn, make, 11)
     assert program._building is None and "cpp" in program.backend_of.values(), program.passed_over
+
+
+@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
+def test_a_remake_beside_other_builds_measures_with_torchs_own_threads(gate, monkeypatch) -> None:
+    """Note [torch's threads beside background compilers]: a program is made again at the first
+    call that finds its builds done, and times its measured kernels against ATen then (Note
+    [choices by measurement]). Where other builds were still under way, that call ran torch on
+    the threads the compilers leave, and the measurement with it, recorded under the key of
+    torch's own count (computed when the program was compiled). The remake now runs at torch's
+    own count, the compilers paused meanwhile."""
+    from runtime import autotune, threads
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    if not threads.reserving() or threads.background_jobs() >= 2:
+        pytest.skip("needs a machine where builds leave torch fewer threads than its own (2 cores)")
+    measured_with: list[int] = []
+
+    def fake(run_kernel, run_aten):
+        measured_with.append(torch.get_num_threads())
+        run_kernel(), run_aten()
+        return autotune.Verdict(True, 1.0, 2.0)
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.delenv("FUSEG_BACKGROUND_BUILDS")  # (the default: an inference graph's program builds in the background)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    fn, make = DYNAMIC_PROGRAMS["matmul"]
+    compiler = FusegCompiler()
+    compiled = torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=False)
+    try:
+        with autotune.fixed("measure"):
+            _check(compiled, fn, make, 9)
+            (program,) = compiler.compiled
+            assert _waiting(program) and gate.reached(1) == 1, program.passed_over
+            gate.set()
+            for future in program._building:  # (its build done; the program not made again yet)
+                future.result(timeout=120)
+            threads.builds_started()  # (as if another program's build were still under way)
+            try:
+                _check(compiled, fn, make, 9)  # (the call that makes it again, and measures)
+            finally:
+                threads.builds_ended()
+        assert program._building is None
+        assert measured_with == [2], measured_with
+    finally:
+        torch.set_num_threads(threads_before)
