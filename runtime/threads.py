@@ -75,8 +75,7 @@ def _with_cores_left(fn: Callable[..., Any], args: tuple) -> Any:
     if keep == n:
         return fn(*args)
     torch.set_num_threads(keep)
-    outer = getattr(_OWN, "n", None)
-    _OWN.n = n if outer is None else outer
+    outer, _OWN.n = getattr(_OWN, "n", None), n
     try:
         return fn(*args)
     finally:

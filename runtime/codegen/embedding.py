@@ -108,8 +108,9 @@ def embedding_kernel(graph: FusionGraph, node: Node) -> Kernel:
 # measurement against ATen's op on the machine that runs it (Note [choices by measurement] in
 # runtime/autotune.py), since 2026-11-28, on made-up indices of zeros (runtime/backends/
 # measured.py), as the lookup is; a symbolic plan measures it once at its first sizes (Note [a
-# lookup measured at the plan's first sizes] there); on this machine kind the kernel won by 2.5-5x at the tiny models' shapes (the verdicts of that
-# measurement in one scratch run, 2026-11-28, not committed).
+# lookup measured at the plan's first sizes] there); on this machine kind the kernel won by
+# 2.5-5x at the tiny models' shapes (the verdicts of that measurement in one scratch run,
+# 2026-11-28, not committed).
 # ``perf.experiments.embedding_backward`` times it in place in training steps.
 
 _GRAD_DTYPES = {torch.float32: "float", torch.float64: "double"}

@@ -231,6 +231,7 @@ def parallel_if(elements: int, lines: list[str]) -> str | None:
         return f" if({work} >= {PARALLEL_MIN})"
     return "" if work >= PARALLEL_MIN else None
 
+
 def loop_kernel(prefix: str, kind: str, lines: list[str], work: object | None, clause: str,
                 params: tuple[Param, ...], returns: str = "void") -> Kernel:
     """A CPU kernel of a lone op written as C ``lines`` (embedding.py, nll_loss.py): the loop
