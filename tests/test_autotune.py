@@ -517,6 +517,10 @@ def test_a_choice_at_the_call_made_beside_builds_is_made_again_after_them(cache,
             asked.clear()
             torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
             assert asked and "threads 2" in asked[-1], asked
+            x = torch.randn(20, 32)  # (another size, in another class: the same plan, two threads)
+            torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
+            assert "threads 2" in asked[-1] and "[16, 32)" in asked[-1], asked
+            assert compiler.compiled == [program]
     finally:
         torch.set_num_threads(threads_before)
         torch._dynamo.reset()
