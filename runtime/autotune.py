@@ -25,7 +25,9 @@ the class of the call's sizes, a new class measured on its own calls, each runni
 turn (Note [choices at the call] and Note [a class measured on its calls] in
 runtime/backends/at_call.py); a kernel that writes an input in
 place keeps its class as a condition of the plan instead (a call outside it gets a plan of its
-own, which compiles nothing).
+own, which compiles nothing). A program of fixed sizes whose kernels ATen beat alone tries them
+again in the program, on its first calls (Note [a kernel tried in its program] in runtime/trial.py):
+alone a kernel pays a Python call that its chain saves, and ATen's op splits the chain.
 
 Costs: a cold process measures each class the first time it builds it, after the kernels are
 built (the timing reads the real binary, no other compile), or, chosen at the call, on the
@@ -167,11 +169,17 @@ def machine() -> dict[str, str]:
             "torch": torch.__version__}
 
 
+#: what the verdicts in a file are (part of its name)
+_FORM = "kernels ATen beat alone tried in their programs"
+
+
 @functools.cache
 def _file_name() -> str:
     from .codegen.ctypes_ import prelude
 
-    what = json.dumps(machine(), sort_keys=True) + hashlib.sha256(prelude("cpu").encode()).hexdigest()
+    # (_FORM: a verdict file of before Note [a kernel tried in its program] holds ATen verdicts
+    # never tried in a program; a new name measures them again, once)
+    what = json.dumps(machine(), sort_keys=True) + hashlib.sha256(prelude("cpu").encode()).hexdigest() + _FORM
     return f"autotune-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
 
 

@@ -30,7 +30,7 @@ from segmenter.ir import Alias, view_roots
 from segmenter.reference import FinishView, InputView, check_inputs, finish
 from segmenter.symbolic import NotSymbolic, is_symbolic, sizes_of
 
-from . import threads
+from . import threads, trial
 from .backends import BuildContext, SegmentLaunch, backends_for
 from .backends.at_call import ChosenAtCall, wrap_at_call
 from .backends.kernels import check_storage, span_bytes
@@ -107,6 +107,10 @@ class CompiledProgram:
     kernel builds and run their segments on torch until they are done (Note [kernels built in
     the background])."""
 
+    #: Note [a kernel tried in its program] (runtime/trial.py): the trial under way, and what it found
+    trial: Any = None
+    trial_result: dict[str, Any] | None = None
+
     @_without_cyclic_gc
     def __init__(self, plan: SegmentedFusion, backend: str = "auto", chains: bool = True,
                  background: bool = False) -> None:
@@ -166,16 +170,20 @@ class CompiledProgram:
             chosen = interim_launches(self, chosen)
         self._finish(chosen)
 
-    def _finish(self, chosen: dict[int, SegmentLaunch]) -> None:
-        """The program from its chosen launches: builds, folding, the generated functions."""
+    def _finish(self, chosen: dict[int, SegmentLaunch], build: bool = True) -> None:
+        """The program from its chosen launches: builds (``build``: not where every kernel is
+        built already), folding, the generated functions."""
         ctx, keep, materialize, plan = self.ctx, self._keep, self._materialize, self.plan
-        for b in self._backends:  # every backend compiles its kernels together
+        lost: dict[int, SegmentLaunch] = {}  # kernels ATen beat alone, measured now (Note [a kernel tried in its program])
+        for b in self._backends if build else ():  # every backend compiles its kernels together
             declined = b.build_all([launch for launch in chosen.values() if launch.backend == b.name])
             for launch, why in (declined or {}).items():  # a build that failed (a killed compiler): torch
                 i = launch.segment.index
                 self.passed_over[i] = (*self.passed_over.get(i, ()), (b.name, why))
                 self.backend_of[i] = "torch"
                 chosen[i] = TorchLaunch(ctx, launch.segment)
+                if getattr(launch, "verdict", None) is not None:
+                    lost[i] = launch
         wrap_at_call(chosen)  # Note [choices at the call] (runtime/backends/at_call.py)
         #: segments whose kernel or ATen op is chosen at each call by the class of its sizes
         self.chosen_at_call = frozenset(i for i, launch in chosen.items() if isinstance(launch, ChosenAtCall))
@@ -210,6 +218,8 @@ class CompiledProgram:
             self._entry_now = self.entry
             self.entry = self._entry_while_building
         threads.register(self)  # Note [torch's threads beside background compilers] (runtime/threads.py)
+        if lost and self.sizes is None and self._building is None:
+            trial.start(self, chosen, lost, functools.partial(self._finish, build=False))
 
     # --- Note [kernels built in the background] ---------------------------------------------
 

@@ -110,6 +110,25 @@ def _wrapped(entry: Callable[..., Any]) -> Callable[..., Any]:
     return entry_beside_builds
 
 
+def busy() -> bool:
+    """Whether background builds hold cores now (entries run torch on the threads they leave)."""
+    return _STATE["busy"]
+
+
+def unwrapped(entry: Callable[..., Any]) -> Callable[..., Any]:
+    """``entry`` without the wrapping ``builds_started`` gave it."""
+    while hasattr(entry, "unwrapped"):
+        entry = entry.unwrapped
+    return entry
+
+
+def entry_now(entry: Callable[..., Any]) -> Callable[..., Any]:
+    """``entry`` as a program's entry is now: wrapped while background builds hold cores (a
+    program that changes its own entry: Note [a kernel tried in its program])."""
+    with _LOCK:
+        return _wrapped(entry) if _STATE["busy"] else entry
+
+
 def beside_builds(fn: Callable[..., Any], args: tuple) -> Any:
     """``fn(*args)``, with the cores a background build leaves where one is under way (the
     checked path of a call, which does not go through ``entry``)."""

@@ -177,5 +177,7 @@ def measure_pending(launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, st
             continue
         autotune.record(key, verdict)
         if not verdict.kernel:
+            # (kept for Note [a kernel tried in its program] in runtime/trial.py)
+            launch.verdict_key, launch.verdict = key, verdict  # type: ignore[attr-defined]
             declined[launch] = verdict.reason()
     return declined

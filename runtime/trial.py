@@ -1,0 +1,141 @@
+"""Kernels that ATen beat alone, tried again inside their program (Note [a kernel tried in its
+program]).
+
+Note [a kernel tried in its program]: Note [choices by measurement] (runtime/autotune.py) times a
+kernel's launch alone against the segment on ATen, each called from Python on made-up inputs.
+Inside a program the two cost something else: a kernel runs in its chain (Note [one native call
+for a chain of kernels]), one native call for many kernels with no Python call of its own, where
+an ATen op is a Python call of its own, through torch's dispatcher, and splits the chain it sits
+in. The isolated timing misses both. On the AMD EPYC family 25 model 17 (2026-11-28), a tiny
+GPT-2's training step lost 10 of its backward's matmuls to ATen by 0.5-5.7 us a call each alone,
+while the backward program with every kernel took 513-533 us a call against 562-565 us with the
+measured choices, and the optimizer step after it 0.13 against 0.16 ms (scratch, the same in
+bert, llama, qwen2 and phi3 tiny). So a program of fixed sizes whose segments ATen beat alone
+(kernels built and measured in this process) is tried both ways on its own first calls: the
+program as measured (``aten``) and the same program with those kernels back in their chains
+(``kernel``), made once each (no kernel is built again). The calls alternate, pair by pair in
+either order; the first of each way is not timed (first touches), then ``CALLS`` each are; the
+way with the lower median keeps the program, the other is dropped. Every call runs the plan
+exactly, either way. Where the kernels win, each one's verdict is recorded again for the
+kernel (the isolated times kept in it), so a later process with the same cache chooses them
+without a trial; where ATen wins nothing changes. The trial's own result is appended to the
+verdict file too (key ``program ...``), as a record.
+
+Not tried: symbolic plans (their kernels are chosen at each call by size class: Note [choices at
+the call]), a program whose kernels are still built in the background (it is tried once they
+are in, at its remake), calls while background builds hold cores (not timed: torch then runs on
+fewer threads), and calls that do not take the fast entry (not timed). A way that is more than
+``GIVE_UP`` times slower than the other on its first timed calls ends the trial early: the few
+calls a slow way costs are the trial's only cost, and that bounds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import autotune, threads
+
+__all__ = ["CALLS", "GIVE_UP", "Trial", "start"]
+
+#: calls timed each way
+CALLS = 6
+#: a way whose first two timed calls both took more than this many times the other's slowest
+#: ends the trial (a bound on its cost, not a choice: the slower way loses either way)
+GIVE_UP = 2.0
+
+
+def _timed(way: str, fn: Callable[..., Any], inputs: tuple) -> tuple[Any, float]:
+    """``fn(*inputs)`` and the seconds it took (``way``: which way it is, for the tests' clock)."""
+    t0 = time.perf_counter()
+    out = fn(*inputs)
+    return out, time.perf_counter() - t0
+
+
+class Trial:
+    """The two ways of a program, alternated on its calls until one is chosen."""
+
+    def __init__(self, program: Any, ways: dict[str, dict[str, Any]], keys: dict[int, tuple[str, autotune.Verdict]],
+                 ) -> None:
+        self.program = program
+        self.ways = ways  # "aten" / "kernel" -> the program's attributes that way
+        self.keys = keys  # segment -> (its verdict's key, its isolated verdict)
+        self.times: dict[str, list[float]] = {"aten": [], "kernel": []}
+        self.calls = 0
+        self.result: dict[str, Any] | None = None
+
+    def _way(self) -> str:
+        pair, second = divmod(self.calls, 2)
+        first = "aten" if pair % 2 == 0 else "kernel"
+        return first if not second else ("kernel" if first == "aten" else "aten")
+
+    def entry(self, *inputs: Any) -> list[torch.Tensor] | None:
+        way = self._way()
+        fn = self.ways[way]["entry"]
+        if threads.busy():  # (torch on fewer threads beside background builds: not a fair timing)
+            return fn(*inputs)
+        out, elapsed = _timed(way, fn, inputs)
+        if out is None:  # not the fast path: nothing ran, nothing learned
+            return None
+        if self.calls >= 2:
+            self.times[way].append(elapsed)
+        self.calls += 1
+        self._maybe_decide()
+        return out
+
+    def _maybe_decide(self) -> None:
+        a, k = self.times["aten"], self.times["kernel"]
+        if len(a) >= 2 and len(k) >= 2 and (min(k) > GIVE_UP * max(a) or min(a) > GIVE_UP * max(k)):
+            self.decide()
+        elif len(a) >= CALLS and len(k) >= CALLS:
+            self.decide()
+
+    def decide(self) -> None:
+        a, k = statistics.median(self.times["aten"]), statistics.median(self.times["kernel"])
+        kernels = k < a
+        program = self.program
+        program.__dict__.clear()
+        program.__dict__.update(self.ways["kernel" if kernels else "aten"])
+        program.entry = threads.entry_now(program.entry)
+        self.result = {"kernels": kernels, "kernel_us": k * 1e6, "aten_us": a * 1e6,
+                       "segments": sorted(self.keys), "calls": {w: len(t) for w, t in self.times.items()}}
+        program.trial_result = self.result
+        keys = sorted(key for key, _ in self.keys.values())
+        name = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+        autotune.record(f"program {name} ({len(keys)} kernels ATen beat alone); threads {torch.get_num_threads()}",
+                        autotune.Verdict(kernels, k * 1e6, a * 1e6))
+        if kernels:
+            for key, alone in self.keys.values():
+                autotune.record(key, autotune.Verdict(True, alone.kernel_us, alone.aten_us))
+
+
+def start(program: Any, chosen: dict[int, Any], lost: dict[int, Any],
+          finish: Callable[[dict[int, Any]], None]) -> None:
+    """Make ``program`` (just finished with ``chosen``, ATen running the segments of ``lost``'s
+    kernel launches) the other way too, and let its calls choose (Note [a kernel tried in its
+    program])."""
+    aten = dict(program.__dict__)
+    with_kernels = dict(chosen)
+    with_kernels.update(lost)
+    passed_over, backend_of = dict(program.passed_over), dict(program.backend_of)
+    for i, launch in lost.items():
+        passed_over[i] = tuple(p for p in passed_over.get(i, ()) if p[0] != launch.backend)
+        backend_of[i] = launch.backend
+    program.passed_over, program.backend_of = passed_over, backend_of
+    finish(with_kernels)
+    kernel = dict(program.__dict__)
+    for way in (aten, kernel):  # (the trial's entry is set below; each way keeps its own)
+        way.pop("trial", None)
+        way.pop("trial_result", None)
+        way["entry"] = threads.unwrapped(way["entry"])
+    keys = {i: (launch.verdict_key, launch.verdict) for i, launch in lost.items()}
+    trial = Trial(program, {"aten": aten, "kernel": kernel}, keys)
+    program.__dict__.clear()
+    program.__dict__.update(aten)
+    program.trial = trial
+    program.entry = threads.entry_now(trial.entry)
