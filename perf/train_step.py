@@ -141,9 +141,27 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
                            "check_against_eager": check}
     if "fuseg" in ms:
         row["fuseg_over_eager"] = ms["fuseg"] / ms["eager"]
+        row["fuseg_trials"] = _trials()
     if "inductor" in ms and "fuseg" in ms:
         row.update(fuseg_over_inductor=ms["fuseg"] / ms["inductor"], inductor_over_eager=ms["inductor"] / ms["eager"])
     return row
+
+
+def _trials() -> list[dict[str, Any]]:
+    """What each fuseg program's trial found (Note [a kernel tried in its program] in
+    runtime/trial.py): the programs in this process whose kernels ATen beat alone."""
+    import gc
+
+    from runtime.program import CompiledProgram
+
+    found = []
+    for o in gc.get_objects():
+        try:
+            if type(o) is CompiledProgram and (o.trial_result is not None or o.trial is not None):
+                found.append({"graph": o.graph.name, **(o.trial_result or {"undecided": True})})
+        except ReferenceError:  # (a dead weak proxy among the objects)
+            continue
+    return found
 
 
 def timed_rounds(variants: dict[str, tuple[Any, Any, Any]], ids: Any, rounds: int, steps: int,
