@@ -157,8 +157,11 @@ def _trials() -> list[dict[str, Any]]:
     found = []
     for o in gc.get_objects():
         try:
-            if type(o) is CompiledProgram and (o.trial_result is not None or o.trial is not None):
-                found.append({"graph": o.graph.name, **(o.trial_result or {"undecided": True})})
+            if type(o) is not CompiledProgram:
+                continue
+            result, under_way = getattr(o, "trial_result", None), getattr(o, "trial", None)  # (none before the trials)
+            if result is not None or under_way is not None:
+                found.append({"graph": o.graph.name, **(result or {"undecided": True})})
         except ReferenceError:  # (a dead weak proxy among the objects)
             continue
     return found
