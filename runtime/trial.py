@@ -127,7 +127,12 @@ def start(program: Any, chosen: dict[int, Any], lost: dict[int, Any],
         passed_over[i] = tuple(p for p in passed_over.get(i, ()) if p[0] != launch.backend)
         backend_of[i] = launch.backend
     program.passed_over, program.backend_of = passed_over, backend_of
-    finish(with_kernels)
+    try:
+        finish(with_kernels)
+    except Exception:  # noqa: BLE001 - the other way could not be made: the program as measured, untried
+        program.__dict__.clear()
+        program.__dict__.update(aten)
+        return
     kernel = dict(program.__dict__)
     for way in (aten, kernel):  # (the trial's entry is set below; each way keeps its own)
         way.pop("trial", None)

@@ -184,3 +184,24 @@ def test_training_at_two_lengths_tries_each_program_and_matches_eager(cache, mon
     assert tried and all(p.trial_result["kernels"] and p.trial is None for p in tried)
     for p in tried:
         assert all(p.backend_of[s] == "cpp" for s in p.trial_result["segments"])
+
+
+def test_a_program_whose_other_way_cannot_be_made_runs_as_measured(cache, monkeypatch) -> None:
+    from runtime.program import CompiledProgram
+
+    inputs = _inputs()
+    finish = CompiledProgram._finish
+
+    def fails_without_build(self, chosen, build=True):
+        if not build:
+            raise RuntimeError("made up: the second way fails")
+        return finish(self, chosen, build)
+
+    monkeypatch.setattr(CompiledProgram, "_finish", fails_without_build)
+    prog = _program(inputs)
+    i = _matmul(prog)
+    assert prog.trial is None and prog.backend_of[i] == "torch"
+    assert "measured faster" in dict(prog.passed_over[i])["cpp"]
+    for _ in range(3):
+        _exact(prog, inputs)
+    assert prog.trial_result is None
