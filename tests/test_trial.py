@@ -5,8 +5,6 @@ trial's times are given."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +13,8 @@ import runtime
 from alias import apply_aliases
 from runtime import autotune, threads, trial
 from runtime.codegen.build import cpu_compiler
-from segmenter import SegmentKind, capture, segment
+from segmenter import capture, segment
+from tests.test_autotune import _matmul, _verdicts
 
 pytestmark = pytest.mark.skipif(cpu_compiler() is None, reason="no C++ compiler")
 
@@ -59,17 +58,6 @@ def _inputs():
 
 def _program(inputs):
     return runtime.compile(apply_aliases(segment(capture(_fn, inputs)), "post"))
-
-
-def _matmul(prog) -> int:
-    (i,) = [s.index for s in prog.plan.segments if s.kind == SegmentKind.MATMUL]
-    return i
-
-
-def _verdicts() -> dict:
-    with open(autotune.verdict_path(), encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    return {v["key"]: v for v in map(json.loads, lines[1:])}
 
 
 def _exact(prog, inputs) -> None:
