@@ -99,8 +99,7 @@ class Trial:
         a, k = statistics.median(self.times["aten"]), statistics.median(self.times["kernel"])
         kernels = k < a
         program = self.program
-        program.__dict__.clear()
-        program.__dict__.update(self.ways["kernel" if kernels else "aten"])
+        _become(program, self.ways["kernel" if kernels else "aten"])
         program.entry = threads.entry_now(program.entry)
         self.result = {"kernels": kernels, "kernel_us": k * 1e6, "aten_us": a * 1e6,
                        "segments": sorted(self.keys), "calls": {w: len(t) for w, t in self.times.items()}}
@@ -112,6 +111,14 @@ class Trial:
         if kernels:
             for key, alone in self.keys.values():
                 autotune.record(key, autotune.Verdict(True, alone.kernel_us, alone.aten_us))
+
+
+def _become(program: Any, way: dict[str, Any]) -> None:
+    """``program`` made as ``way``: its attributes as ``_finish`` left them that way (what was set
+    on the program from outside since stays; what it caches from its launches is made again)."""
+    for cached in ("_storage_needs", "_safe", "trial"):
+        program.__dict__.pop(cached, None)
+    program.__dict__.update(way)
 
 
 def start(program: Any, chosen: dict[int, Any], lost: dict[int, Any],
@@ -130,8 +137,7 @@ def start(program: Any, chosen: dict[int, Any], lost: dict[int, Any],
     try:
         finish(with_kernels)
     except Exception:  # noqa: BLE001 - the other way could not be made: the program as measured, untried
-        program.__dict__.clear()
-        program.__dict__.update(aten)
+        _become(program, aten)
         return
     kernel = dict(program.__dict__)
     for way in (aten, kernel):  # (the trial's entry is set below; each way keeps its own)
@@ -140,7 +146,6 @@ def start(program: Any, chosen: dict[int, Any], lost: dict[int, Any],
         way["entry"] = threads.unwrapped(way["entry"])
     keys = {i: (launch.verdict_key, launch.verdict) for i, launch in lost.items()}
     trial = Trial(program, {"aten": aten, "kernel": kernel}, keys)
-    program.__dict__.clear()
-    program.__dict__.update(aten)
+    _become(program, aten)
     program.trial = trial
     program.entry = threads.entry_now(trial.entry)

@@ -75,8 +75,10 @@ def test_the_kernels_win_in_the_program_and_are_kept_by_later_programs(cache, mo
     i = _matmul(prog)
     assert len(cache) == 1 and prog.backend_of[i] == "torch" and prog.trial is not None
     calls = 2 + 2 * trial.CALLS
+    prog.set_from_outside = "kept"  # (as use_cuda_graphs sets its own): the decision keeps it
     for _ in range(calls):
         _exact(prog, inputs)  # either way, every call
+    assert prog.set_from_outside == "kept"
     assert ran[:4] == ["aten", "kernel", "kernel", "aten"]  # pairs alternate their order
     assert sorted(set(ran)) == ["aten", "kernel"] and len(ran) == calls
     assert prog.trial is None and prog.trial_result["kernels"]
