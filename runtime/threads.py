@@ -168,10 +168,7 @@ def builds_ended() -> None:
             return
         _STATE["busy"] = False
         for p in list(_PROGRAMS):
-            entry = p.entry
-            while hasattr(entry, "unwrapped"):
-                entry = entry.unwrapped
-            p.entry = entry
+            p.entry = unwrapped(p.entry)
             for launch in getattr(p, "_chosen", {}).values():
                 if isinstance(launch, ChosenAtCall):
                     launch.table.clear()

@@ -67,12 +67,10 @@ class Trial:
         self.keys = keys  # segment -> (its verdict's key, its isolated verdict)
         self.times: dict[str, list[float]] = {"aten": [], "kernel": []}
         self.calls = 0
-        self.result: dict[str, Any] | None = None
 
     def _way(self) -> str:
-        pair, second = divmod(self.calls, 2)
-        first = "aten" if pair % 2 == 0 else "kernel"
-        return first if not second else ("kernel" if first == "aten" else "aten")
+        pair, second = divmod(self.calls, 2)  # (pairs alternate which way goes first)
+        return ("aten", "kernel")[(pair + second) % 2]
 
     def entry(self, *inputs: Any) -> list[torch.Tensor] | None:
         way = self._way()
@@ -101,9 +99,8 @@ class Trial:
         program = self.program
         _become(program, self.ways["kernel" if kernels else "aten"])
         program.entry = threads.entry_now(program.entry)
-        self.result = {"kernels": kernels, "kernel_us": k * 1e6, "aten_us": a * 1e6,
-                       "segments": sorted(self.keys), "calls": {w: len(t) for w, t in self.times.items()}}
-        program.trial_result = self.result
+        program.trial_result = {"kernels": kernels, "kernel_us": k * 1e6, "aten_us": a * 1e6,
+                                "segments": sorted(self.keys), "calls": {w: len(t) for w, t in self.times.items()}}
         keys = sorted(key for key, _ in self.keys.values())
         name = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
         autotune.record(f"program {name} ({len(keys)} kernels ATen beat alone); threads {torch.get_num_threads()}",
@@ -141,8 +138,6 @@ def start(program: Any, chosen: dict[int, Any], lost: dict[int, Any],
         return
     kernel = dict(program.__dict__)
     for way in (aten, kernel):  # (the trial's entry is set below; each way keeps its own)
-        way.pop("trial", None)
-        way.pop("trial_result", None)
         way["entry"] = threads.unwrapped(way["entry"])
     keys = {i: (launch.verdict_key, launch.verdict) for i, launch in lost.items()}
     trial = Trial(program, {"aten": aten, "kernel": kernel}, keys)
