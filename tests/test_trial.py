@@ -51,9 +51,9 @@ def _fn(x, w, b):
     return torch.relu(F.linear(torch.tanh(x), w, b)) * 2
 
 
-def _inputs():
+def _inputs(rows: int = 16):
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(16, 64, generator=g), torch.randn(48, 64, generator=g), torch.randn(48, generator=g)]
+    return [torch.randn(rows, 64, generator=g), torch.randn(48, 64, generator=g), torch.randn(48, generator=g)]
 
 
 def _program(inputs):
@@ -68,8 +68,9 @@ def _exact(prog, inputs) -> None:
     assert out.stride() == want.stride()
 
 
-def test_the_kernels_win_in_the_program_and_are_kept_by_later_programs(cache, monkeypatch) -> None:
-    inputs = _inputs()
+@pytest.mark.parametrize("rows", [16, 5])
+def test_the_kernels_win_in_the_program_and_are_kept_by_later_programs(rows, cache, monkeypatch) -> None:
+    inputs = _inputs(rows)
     ran = _ways(monkeypatch, aten_s=2e-3, kernel_s=1e-3)
     prog = _program(inputs)
     i = _matmul(prog)
@@ -99,8 +100,9 @@ def test_the_kernels_win_in_the_program_and_are_kept_by_later_programs(cache, mo
     _exact(again, inputs)
 
 
-def test_aten_winning_in_the_program_changes_nothing(cache, monkeypatch) -> None:
-    inputs = _inputs()
+@pytest.mark.parametrize("rows", [16, 5])
+def test_aten_winning_in_the_program_changes_nothing(rows, cache, monkeypatch) -> None:
+    inputs = _inputs(rows)
     ran = _ways(monkeypatch, aten_s=1e-3, kernel_s=1.5e-3)
     prog = _program(inputs)
     i = _matmul(prog)
