@@ -68,12 +68,17 @@ def _exact(prog, inputs) -> None:
     assert out.stride() == want.stride()
 
 
+def _tried(monkeypatch, rows: int, aten_s: float, kernel_s: float) -> tuple:
+    """Inputs of ``rows`` rows, the trial's ways (``_ways``), their program and its matmul."""
+    inputs = _inputs(rows)
+    ran = _ways(monkeypatch, aten_s=aten_s, kernel_s=kernel_s)
+    prog = _program(inputs)
+    return inputs, ran, prog, _matmul(prog)
+
+
 @pytest.mark.parametrize("rows", [16, 5])
 def test_the_kernels_win_in_the_program_and_are_kept_by_later_programs(rows, cache, monkeypatch) -> None:
-    inputs = _inputs(rows)
-    ran = _ways(monkeypatch, aten_s=2e-3, kernel_s=1e-3)
-    prog = _program(inputs)
-    i = _matmul(prog)
+    inputs, ran, prog, i = _tried(monkeypatch, rows, aten_s=2e-3, kernel_s=1e-3)
     assert len(cache) == 1 and prog.backend_of[i] == "torch" and prog.trial is not None
     calls = 2 + 2 * trial.CALLS
     prog.set_from_outside = "kept"  # (as use_cuda_graphs sets its own): the decision keeps it
@@ -102,10 +107,7 @@ def test_the_kernels_win_in_the_program_and_are_kept_by_later_programs(rows, cac
 
 @pytest.mark.parametrize("rows", [16, 5])
 def test_aten_winning_in_the_program_changes_nothing(rows, cache, monkeypatch) -> None:
-    inputs = _inputs(rows)
-    ran = _ways(monkeypatch, aten_s=1e-3, kernel_s=1.5e-3)
-    prog = _program(inputs)
-    i = _matmul(prog)
+    inputs, ran, prog, i = _tried(monkeypatch, rows, aten_s=1e-3, kernel_s=1.5e-3)
     source = prog.source
     for _ in range(2 + 2 * trial.CALLS):
         _exact(prog, inputs)
