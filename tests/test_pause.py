@@ -28,6 +28,32 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+def _group_states(pgid: int) -> list[str]:
+    """The state letters of the processes in process group ``pgid`` (the compiler's driver and
+    what it started)."""
+    states = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                states.append(fields[0])
+    return states
+
+
+def _group_stopped(pgid: int) -> bool:
+    """Every process of the group stopped (``T``), but for two that cannot run either: a driver
+    caught in vfork while the child it made is stopped before its exec waits there,
+    uninterruptibly, and shows ``D``, not ``T`` (CI saw it; so does stopping ``g++`` at random
+    moments, about one time in fifty), and a child that ended before the stop (``Z``). At least
+    one ``T``, so a group in disk wait alone is not taken for stopped."""
+    states = _group_states(pgid)
+    return "T" in states and all(s in ("T", "D", "Z") for s in states)
+
+
 def _wait_for(cond, timeout: float = 30.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -76,11 +102,11 @@ def test_a_hold_stops_a_running_compiler_and_the_release_continues_it(slow_compi
     pid = _pid(pids)
     with pause.held():
         assert pause.holding()
-        assert _wait_for(lambda: _state(pid) == "T", 5), _state(pid)
+        assert _wait_for(lambda: _group_stopped(pid), 5), _group_states(pid)
         time.sleep(1.5)  # longer than the script's sleep: stopped, it has not gone on
-        assert _state(pid) == "T" and not future.done()
+        assert _group_stopped(pid) and not future.done(), _group_states(pid)
     assert not pause.holding()
-    assert _state(pid) != "T"
+    assert "T" not in _group_states(pid)
     _built(future)
     assert build.compilations["cpu"] == before + 1
 
@@ -199,14 +225,14 @@ def test_calls_of_an_interim_program_hold_the_pause(slow_compiler, monkeypatch):
 
         def watched(*args, real=real):
             # (a stop signal lands at once, but the state may read as running a moment longer)
-            seen.append((pause.holding(), "T" if _wait_for(lambda: _state(pid) == "T", 5) else _state(pid)))
+            seen.append((pause.holding(), "T" if _wait_for(lambda: _group_stopped(pid), 5) else _group_states(pid)))
             return real(*args)
 
         setattr(program, name, watched)
     torch.testing.assert_close(program.run_checked(x), [fn(x)])
     torch.testing.assert_close(program(x), [fn(x)])
     assert len(seen) == 2 and all(held and state == "T" for held, state in seen), seen
-    assert not pause.holding() and _state(pid) != "T"
+    assert not pause.holding() and "T" not in _group_states(pid)
     program.wait_for_builds()
     seen.clear()
     torch.testing.assert_close(program(x), [fn(x)])
