@@ -279,6 +279,17 @@ static void fuseg_nn_panel(const fuseg_mm& p, long M, long j, long w, bool add) 
     for (long i = 0; i < M; i += MR) fuseg_nn_tile<MR, NV, false>(p, i, M - i < MR ? M - i : MR, j, w, add);
     return;
   }
+  // a narrow panel (an attention head's features, a block of keys): as few vectors as it has
+  if (w <= FUSEG_VW) {
+    for (long i = 0; i < M; i += FUSEG_MR) fuseg_nn_tile<FUSEG_MR, 1, true>(p, i, M - i < FUSEG_MR ? M - i : FUSEG_MR, j, w, add);
+    return;
+  }
+#if FUSEG_NV > 2
+  if (w <= 2 * FUSEG_VW) {
+    for (long i = 0; i < M; i += FUSEG_MR) fuseg_nn_tile<FUSEG_MR, 2, true>(p, i, M - i < FUSEG_MR ? M - i : FUSEG_MR, j, w, add);
+    return;
+  }
+#endif
   for (long jc = 0; jc < w; jc += FUSEG_NV * FUSEG_VW)
     for (long i = 0; i < M; i += FUSEG_ME)
       fuseg_nn_tile<FUSEG_ME, FUSEG_NV, true>(p, i, M - i < FUSEG_ME ? M - i : FUSEG_ME, j + jc,
