@@ -11,7 +11,7 @@ from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.symbolic import is_symbolic
 
 from ..codegen import Declined
-from ..codegen.attention import ATTENTION, attention_kernel
+from ..codegen.attention import ATTENTION, ATTENTION_BACKWARD, attention_backward_kernel, attention_kernel
 from ..codegen.build import build_cpu_later, build_cpu_many, cpu_compiler, unbuilt_cpu
 from ..codegen.conv import CONVOLUTION, depthwise_kernel
 from ..codegen.embedding import EMBEDDING, EMBEDDING_BACKWARD, embedding_backward_kernel, embedding_kernel, index_error
@@ -135,14 +135,15 @@ _COUNTED = {EMBEDDING: lambda count, params: index_error(count, params[0].shape[
             NLL_LOSS_BACKWARD: lambda count, params: target_error(count, params[0].shape[-1])}
 
 _LONE_OPS = {CONVOLUTION: convolution_kernel, EMBEDDING: embedding_kernel, EMBEDDING_BACKWARD: embedding_backward_kernel,
-             CUMSUM: cumsum_kernel, ATTENTION: attention_kernel, NLL_LOSS_FORWARD: nll_loss_forward_kernel,
+             CUMSUM: cumsum_kernel, ATTENTION: attention_kernel, ATTENTION_BACKWARD: attention_backward_kernel,
+             NLL_LOSS_FORWARD: nll_loss_forward_kernel,
              NLL_LOSS_BACKWARD: nll_loss_backward_kernel}
 
 
 class CppBackend(Backend):
     name = "cpp"
     device = "cpu"
-    opaque_ops = frozenset(_LONE_OPS)  # depthwise and one-tap convolutions, embeddings and their backward, cumsums, attention, nll losses
+    opaque_ops = frozenset(_LONE_OPS)  # depthwise and one-tap convolutions, embeddings and their backward, cumsums, attention and its backward, nll losses
 
     def unavailable(self, device_type: str) -> str | None:
         why = super().unavailable(device_type)

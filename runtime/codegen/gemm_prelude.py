@@ -541,6 +541,57 @@ static void fuseg_attention_head(long L, long S, long E, const float* Q, long qs
     fuseg_mm_nn(rows, E, keys, P, keys, 1, V, vss, O + i0 * osm, osm, nullptr, 0, 0);
   }
 }
+// Note [attention backward kernels] (attention.py): one head's gradients from the forward's
+// logsumexp. Per block of query rows: P = exp(scale Q K^T + mask - lse), dP = dO V^T, dS = P (dP -
+// rowsum(dO O)) scale; then dV += P^T dO, dK += dS^T Q, dQ = dS K. Keys a causal row does not see
+// get P = dS = 0.
+static void fuseg_attention_head_backward(long L, long S, long E, const float* G, long gsm, const float* Q, long qsm,
+                                          const float* K, long ksn, const float* V, long vss, const float* O, long osm,
+                                          const float* Lse, long lsm, const float* Mk, long msm, long msn, int causal,
+                                          float scale, float* DQ, long dqsm, float* DK, long dksn, float* DV, long dvss) {
+  float P[FUSEG_ATTENTION_SCORES];
+  float D[FUSEG_ATTENTION_SCORES];  // dP, then dS
+  for (long j = 0; j < S; ++j)
+    for (long e = 0; e < E; ++e) DK[j * dksn + e] = DV[j * dvss + e] = 0.0f;
+  const long rb = FUSEG_ATTENTION_SCORES / S;
+  for (long i0 = 0; i0 < L; i0 += rb) {
+    const long rows = L - i0 < rb ? L - i0 : rb;
+    const long keys = causal && i0 + rows < S ? i0 + rows : S;
+    fuseg_mm_nt(rows, keys, E, Q + i0 * qsm, qsm, K, ksn, P, keys, nullptr, 0, 0);
+    fuseg_mm_nt(rows, keys, E, G + i0 * gsm, gsm, V, vss, D, keys, nullptr, 0, 0);
+    for (long i = 0; i < rows; ++i) {
+      float* p = P + i * keys;
+      float* d = D + i * keys;
+      const long n = causal && i0 + i + 1 < keys ? i0 + i + 1 : keys;  // the keys row i sees
+      const float* mk = Mk ? Mk + (i0 + i) * msm : nullptr;
+      const float lse = Lse[(i0 + i) * lsm];
+      const float* g = G + (i0 + i) * gsm;
+      const float* o = O + (i0 + i) * osm;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (long e = 0; e < E; ++e) dot += g[e] * o[e];
+      if (mk) {
+#pragma omp simd
+        for (long j = 0; j < n; ++j) {
+          const float pj = fuseg_exp(p[j] * scale + mk[j * msn] - lse);
+          p[j] = pj;
+          d[j] = pj * (d[j] - dot) * scale;
+        }
+      } else {
+#pragma omp simd
+        for (long j = 0; j < n; ++j) {
+          const float pj = fuseg_exp(p[j] * scale - lse);
+          p[j] = pj;
+          d[j] = pj * (d[j] - dot) * scale;
+        }
+      }
+      for (long j = n; j < keys; ++j) p[j] = d[j] = 0.0f;
+    }
+    fuseg_mm_nn(keys, E, rows, P, 1, keys, G + i0 * gsm, gsm, DV, dvss, DV, dvss, 1);
+    fuseg_mm_nn(keys, E, rows, D, 1, keys, Q + i0 * qsm, qsm, DK, dksn, DK, dksn, 1);
+    fuseg_mm_nn(rows, E, keys, D, keys, 1, K, ksn, DQ + i0 * dqsm, dqsm, nullptr, 0, 0);
+  }
+}
 """.replace("@SHUFFLES@", _shuffles()).replace("@PACK_ROWS@", str(PACK_ROWS)).replace(
     "@ATTENTION_SCORES@", str(ATTENTION_SCORES)).replace("@PARALLEL_MACS@", str(PARALLEL_MACS)).replace(
     "@NN_PACK_ROWS@", str(NN_PACK_ROWS))
