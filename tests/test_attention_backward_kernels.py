@@ -73,6 +73,11 @@ TAKEN = [
     ("long-block-of-queries", _sdpa(), lambda n: [_heads(1, 2, n, 16), _heads(1, 2, 64, 16), _heads(1, 2, 64, 16)],
      (160, 150)),
     ("heads-of-64", _sdpa(is_causal=True), lambda n: [_heads(2, 4, n, 64) for _ in range(3)], (64, 40)),
+    # grouped-query attention: a key head's gradients sum its group of query heads' shares
+    ("grouped-query-causal", _sdpa(is_causal=True, enable_gqa=True),
+     lambda n: [_heads(2, 4, n, 16), _heads(2, 2, n, 16), _heads(2, 2, n, 16)], (32, 9)),
+    ("grouped-query-one-key-head-mask", _sdpa(enable_gqa=True),
+     lambda n: [_heads(1, 3, n, 8), _heads(1, 1, 6, 8), _heads(1, 1, 6, 8), torch.randn(1, 3, n, 6)], (7, 140)),
 ]
 
 
@@ -117,21 +122,6 @@ def test_symbolic_sizes_one_kernel_for_every_length() -> None:
     assert len(backward) == 1 and backward[0].sizes is not None, "not one symbolic plan"
     i = _backward_segment(backward[0])
     assert backward[0].backend_of[i] == "cpp" and "fuseg_s" in backward[0].kernels[i].body
-
-
-def test_a_key_with_fewer_heads_runs_on_aten_with_the_reason() -> None:
-    """Grouped-query attention (a key and value of fewer heads, ``enable_gqa``): the kernel reads
-    one head of each per query head, so it declines; ATen's backward runs, gradients as eager's."""
-    fn = _sdpa(is_causal=True, enable_gqa=True)
-    got, want, programs = _train(fn, [_heads(1, 4, 8, 8), _heads(1, 2, 8, 8), _heads(1, 2, 8, 8)])
-    if not programs:  # (this torch decomposes grouped-query attention: no backward op to decline)
-        pytest.skip("no flash attention backward in the graph")
-    (program,) = programs
-    i = _backward_segment(program)
-    assert program.backend_of[i] == "torch"
-    assert any("no grouped-query broadcast" in why for _, why in program.passed_over[i]), program.passed_over[i]
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=TOL, rtol=TOL)
 
 
 def test_a_query_alone_with_gradients_matches_eager() -> None:

@@ -86,6 +86,11 @@ TAKEN = [
     ("row-blocks-mask", _sdpa(), [_heads(1, 1, 200, 8), _heads(1, 1, 90, 8), _heads(1, 1, 90, 8),
                                   torch.randn(1, 1, 200, 90)]),
     ("threads", _sdpa(), [*(_heads(2, 4, 64, 32) for _ in range(3))]),
+    # grouped-query attention: each key head read by a group of query heads (Note [attention kernels])
+    ("grouped-query-causal", _sdpa(is_causal=True, enable_gqa=True),
+     [_heads(2, 4, 13, 16), _heads(2, 2, 13, 16), _heads(2, 2, 13, 16)]),
+    ("grouped-query-one-key-head-mask", _sdpa(enable_gqa=True),
+     [_heads(1, 3, 7, 8), _heads(1, 1, 9, 8), _heads(1, 1, 9, 8), torch.randn(1, 3, 7, 9)]),
 ]
 
 
@@ -251,16 +256,17 @@ def test_a_recorded_logsumexp_layout_that_contradicts_the_op_is_declined() -> No
         attention_kernel(graph, node)
 
 
-def test_a_key_with_fewer_heads_is_declined(graph_and_node) -> None:
-    """ATen's CPU kernel takes a key and value of fewer heads (grouped-query attention); the
-    kernel reads one head of each per query head, so it declines them."""
+def test_key_heads_that_do_not_group_the_querys_are_declined(graph_and_node) -> None:
+    """A key and value of fewer heads are taken where they group the query's (grouped-query
+    attention: query head h reads key head h / (H / Hk)); heads that do not divide the query's,
+    recorded by a lying graph, are declined."""
     graph, node = graph_and_node
     kv = {node.args[1].name, node.args[2].name}
-    one_head = dict(shape=(1, 1, 16, 16), stride=(256, 256, 16, 1))
-    inputs = tuple(dataclasses.replace(i, meta=dataclasses.replace(i.meta, **one_head)) if i.name in kv else i
+    three_heads = dict(shape=(1, 3, 16, 16), stride=(768, 256, 16, 1))
+    inputs = tuple(dataclasses.replace(i, meta=dataclasses.replace(i.meta, **three_heads)) if i.name in kv else i
                    for i in graph.inputs)
     lying = dataclasses.replace(graph, inputs=inputs)
-    with pytest.raises(Declined, match="no grouped-query broadcast"):
+    with pytest.raises(Declined, match="heads that do not group the query's"):
         attention_kernel(lying, node)
 
 
@@ -269,10 +275,11 @@ def _attentions(draw):
     b, h = draw(st.integers(1, 2)), draw(st.integers(1, 3))
     lq, s, e = draw(st.integers(1, 40)), draw(st.integers(1, 40)), draw(st.integers(1, 36))
     kind = draw(st.sampled_from(["plain", "causal", "mask-2d", "mask-4d", "mask-heads"]))
-    q, k, v = _heads(b, h, lq, e), _heads(b, h, s, e), _heads(b, h, s, e)
+    hk = draw(st.sampled_from([d for d in (1, 2, 3) if h % d == 0]))  # key heads: h or a divisor (grouped-query)
+    q, k, v = _heads(b, h, lq, e), _heads(b, hk, s, e), _heads(b, hk, s, e)
     mask_shape = {"mask-2d": (lq, s), "mask-4d": (b, 1, lq, s), "mask-heads": (1, h, 1, s)}.get(kind)
     inputs = [q, k, v] if mask_shape is None else [q, k, v, torch.randn(mask_shape)]
-    return _sdpa(is_causal=kind == "causal"), inputs
+    return _sdpa(is_causal=kind == "causal", enable_gqa=hk != h), inputs
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -15,8 +15,9 @@ kernel cases check them against eager within the tolerances of float32 arithmeti
 makes its row NaN, as SDPA's math backend computes it; ATen's flash kernel drops NaN from a row's
 max in ways that depend on the row's length (a query row of NaN scores comes out as zeros there).
 
-Taken: float32 query, key and value of 4 dims with the same batch and heads (no grouped-query
-broadcast), query, key, value and output contiguous along the feature dim, no dropout, an
+Taken: float32 query, key and value of 4 dims with the same batch, key and value of one shape, of
+the query's heads or of fewer that group them (grouped-query attention, concrete heads: query head
+h reads key head h / (H / Hk)), query, key, value and output contiguous along the feature dim, no dropout, an
 optional float32 additive mask of 2 or 4 dims broadcast to the scores, ``is_causal`` (keys past
 the query's own index masked: ATen's top-left alignment), any ``scale`` (default 1 /
 sqrt(features)), outputs in the layouts torch's meta kernel gives them, at most
@@ -40,8 +41,10 @@ one thread: its threads cost more than they share). The kernel is the arithmetic
 another, per block of query rows as in the forward: P = exp(scale Q K^T + mask - logsumexp) (the
 forward's, so a row masked out whole, logsumexp 0, gets P = 0 and zero gradients), dP = dO V^T,
 dS = P (dP - rowsum(dO * O)) scale, then dV += P^T dO, dK += dS^T Q and dQ = dS K through the
-matmul routines (dK and dV zeroed first, each block adding its rows' share). It takes what the
-forward kernel takes (no dropout, float32, no grouped-query broadcast, at most
+matmul routines (dK and dV zeroed first, each block adding its rows' share). Under grouped-query
+attention a thread takes a key head and its group of query heads, each adding to the key's and
+value's gradients. It takes what the
+forward kernel takes (no dropout, float32, grouped-query heads of concrete sizes, at most
 ``ATTENTION_SCORES`` keys, a mask of 2 or 4 dims, the feature dim contiguous in every operand and
 gradient) and all three gradients computed: a graph where only some are used declines (not done:
 writing the others to scratch). Measured alone against ATen's op (Note [choices by measurement]):
@@ -110,13 +113,14 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
     ksb, ksh, ksn, _ = kt
     vsb, vsh, vss, _ = vt
     mptr = f"m_ + b * {msb} + h * {msh}" if mask is not None else "nullptr"
+    kh = "h" if at.group == 1 else f"(h / {at.group})"  # the key head of query head h
     lptr = f"l_ + b * {lsb} + h * {lsh}" if lse is not None else "nullptr"
     lines = [
         "// loops",
         f"  for (FUSEG_I bh = 0; bh < {b * h}; ++bh) {{",
         f"    const FUSEG_I b = bh / {h}, h = bh % {h};",
-        f"    fuseg_attention_head({lq}, {s}, {e}, q_ + b * {qsb} + h * {qsh}, {qsm}, k_ + b * {ksb} + h * {ksh}, {ksn},",
-        f"      v_ + b * {vsb} + h * {vsh}, {vss}, {mptr}, {msm}, {msn}, {int(at.causal)}, (float){float(scale)!r},",
+        f"    fuseg_attention_head({lq}, {s}, {e}, q_ + b * {qsb} + h * {qsh}, {qsm}, k_ + b * {ksb} + {kh} * {ksh}, {ksn},",
+        f"      v_ + b * {vsb} + {kh} * {vsh}, {vss}, {mptr}, {msm}, {msn}, {int(at.causal)}, (float){float(scale)!r},",
         f"      y_ + b * {osb} + h * {osh}, {osm}, {lptr}, {lsm});",
         "  }",
     ]
@@ -148,20 +152,24 @@ def attention_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
     msb, msh, msm, msn = at.mask_strides
     mptr = f"m_ + b * {msb} + h * {msh}" if at.mask is not None else "nullptr"
 
-    def at_head(c: str, stride: tuple) -> str:  # a head's first element and its row stride
-        return f"{c} + b * {stride[0]} + h * {stride[1]}, {stride[2]}"
+    def at_head(c: str, stride: tuple, head: str = "h") -> str:  # a head's first element and its row stride
+        return f"{c} + b * {stride[0]} + {head} * {stride[1]}, {stride[2]}"
 
+    # a thread per key head (each query head of its group adds to its key's and value's gradients)
+    g, hk = at.group, ks[1]
     lines = [
         "// loops",
-        f"  for (FUSEG_I bh = 0; bh < {b * h}; ++bh) {{",
-        f"    const FUSEG_I b = bh / {h}, h = bh % {h};",
-        f"    fuseg_attention_head_backward({lq}, {s}, {e}, {at_head('g_', gt)}, {at_head('q_', qt)}, {at_head('k_', kt)},",
-        f"      {at_head('v_', vt)}, {at_head('o_', ot)}, {at_head('l_', lt)}, {mptr}, {msm}, {msn}, {int(at.causal)},",
-        f"      (float){float(at.scale)!r}, {at_head('dq_', dqt)}, {at_head('dk_', dkt)}, {at_head('dv_', dvt)});",
+        f"  for (FUSEG_I bh = 0; bh < {b * hk}; ++bh) {{",
+        f"    const FUSEG_I b = bh / {hk}, hk = bh % {hk};",
+        f"    for (FUSEG_I h = hk * {g}; h < (hk + 1) * {g}; ++h)",
+        f"      fuseg_attention_head_backward({lq}, {s}, {e}, {at_head('g_', gt)}, {at_head('q_', qt)},",
+        f"        {at_head('k_', kt, 'hk')}, {at_head('v_', vt, 'hk')}, {at_head('o_', ot)}, {at_head('l_', lt)}, {mptr},",
+        f"        {msm}, {msn}, {int(at.causal)}, (float){float(at.scale)!r}, {at_head('dq_', dqt)},",
+        f"        {at_head('dk_', dkt, 'hk')}, {at_head('dv_', dvt, 'hk')}, h == hk * {g});",
         "  }",
     ]
     # (the forward's work twice over: the scores and dP, then three products)
-    return _heads_kernel("fuseg_attention_backward", lines, params, b * h, 2 * _work(b * h, lq, s, e))
+    return _heads_kernel("fuseg_attention_backward", lines, params, b * hk, 2 * _work(b * h, lq, s, e))
 
 
 def _heads_kernel(prefix: str, lines: list[str], params: list[Param], heads: object, work: object) -> Kernel:
@@ -215,9 +223,17 @@ class _Attention:
             raise Declined("query, key and value not of 4 dims")
         b, h, lq, e = qs
         s = ks[2]
-        if ks != (b, h, s, e) or vs != (b, h, s, e):
+        hk = ks[1]
+        if ks != (b, hk, s, e) or vs != ks:
             raise Declined(f"key {list(ks)} and value {list(vs)} for a query of {list(qs)}: the kernel takes one "
-                           "batch, heads and feature size for all three (no grouped-query broadcast)")
+                           "batch and feature size for all three, and one shape for key and value")
+        #: query heads per key head (grouped-query attention: each group of query heads reads one)
+        self.group = 1
+        if hk != h:
+            if is_symbolic(h) or is_symbolic(hk) or hk <= 0 or h % hk:
+                raise Declined(f"key {list(ks)} for a query of {list(qs)}: heads that do not group the query's "
+                               "(or grouped-query attention of symbolic heads)")
+            self.group = h // hk
         if 0 in qs or s == 0:
             raise Declined("an empty attention")
         if s > ATTENTION_SCORES:  # (under a symbolic plan, a condition on the keys: a wide one)

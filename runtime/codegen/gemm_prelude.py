@@ -548,11 +548,13 @@ static void fuseg_attention_head(long L, long S, long E, const float* Q, long qs
 static void fuseg_attention_head_backward(long L, long S, long E, const float* G, long gsm, const float* Q, long qsm,
                                           const float* K, long ksn, const float* V, long vss, const float* O, long osm,
                                           const float* Lse, long lsm, const float* Mk, long msm, long msn, int causal,
-                                          float scale, float* DQ, long dqsm, float* DK, long dksn, float* DV, long dvss) {
+                                          float scale, float* DQ, long dqsm, float* DK, long dksn, float* DV, long dvss,
+                                          int first) {
   float P[FUSEG_ATTENTION_SCORES];
   float D[FUSEG_ATTENTION_SCORES];  // dP, then dS
-  for (long j = 0; j < S; ++j)
-    for (long e = 0; e < E; ++e) DK[j * dksn + e] = DV[j * dvss + e] = 0.0f;
+  if (first)  // (the first query head of the key's group; the others add to its gradients)
+    for (long j = 0; j < S; ++j)
+      for (long e = 0; e < E; ++e) DK[j * dksn + e] = DV[j * dvss + e] = 0.0f;
   const long rb = FUSEG_ATTENTION_SCORES / S;
   for (long i0 = 0; i0 < L; i0 += rb) {
     const long rows = L - i0 < rb ? L - i0 : rb;
