@@ -11,24 +11,15 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from runtime.codegen import Declined
 from runtime.codegen.attention import ATTENTION_BACKWARD, attention_backward_kernel
 from runtime.dynamo import FusegCompiler, aot_backend
 
+from .test_attention_kernels import _heads, _sdpa, _with
 from .util import layout
 
 TOL = 1e-4  # float32 sums in another order than ATen's, and another exp, through two products
-
-
-def _heads(b, h, n, e):
-    """[b, h, n, e] as a transformer makes it: [b, n, h, e] transposed."""
-    return torch.randn(b, n, h, e).transpose(1, 2)
-
-
-def _sdpa(**kw):
-    return lambda q, k, v, *m: F.scaled_dot_product_attention(q, k, v, *m, **kw)
 
 
 def _masked(lq, s):
@@ -166,11 +157,6 @@ def graph_and_node():
     (node,) = [n for n in graph.nodes if n.op == ATTENTION_BACKWARD]
     attention_backward_kernel(graph, node)  # taken as recorded
     return graph, node
-
-
-def _with(graph, node, **changes):
-    new = dataclasses.replace(node, **changes)
-    return dataclasses.replace(graph, nodes=tuple(new if n is node else n for n in graph.nodes)), new
 
 
 def _kwarg(node, name, value):
