@@ -99,11 +99,8 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
     ot = layouts[out][1]
     at.contiguous_features(("query", "key", "value", "output"), (qt, kt, vt, ot))
     scale = at.scale
-    params = [Param("q_", at.q.name, torch.float32, qs, qt, False), Param("k_", at.k.name, torch.float32, ks, kt, False),
-              Param("v_", at.v.name, torch.float32, vs, vt, False), *at.mask_params]
-    msb, msh, msm, msn = at.mask_strides
-    mask = at.mask
-    params.append(Param("y_", out, torch.float32, *layouts[out], True))
+    params = [*at.input_params(("q_", "k_", "v_")), *at.mask_params, Param("y_", out, torch.float32, *layouts[out], True)]
+    _, _, msm, msn = at.mask_strides
     osb, osh, osm, _ = ot
     lsb = lsh = lsm = 0
     if lse is not None:
@@ -112,7 +109,7 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
     qsb, qsh, qsm, _ = qt
     ksb, ksh, ksn, _ = kt
     vsb, vsh, vss, _ = vt
-    mptr = f"m_ + b * {msb} + h * {msh}" if mask is not None else "nullptr"
+    mptr = at.mask_pointer
     kh = "h" if at.group == 1 else f"(h / {at.group})"  # the key head of query head h
     lptr = f"l_ + b * {lsb} + h * {lsh}" if lse is not None else "nullptr"
     lines = [
@@ -145,12 +142,10 @@ def attention_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
     (_, dqt), (_, dkt), (_, dvt) = layouts[dq], layouts[dk], layouts[dv]
     at.contiguous_features(("query", "key", "value", "grad_out", "out", "grad_query", "grad_key", "grad_value"),
                            (qt, kt, vt, gt, ot, dqt, dkt, dvt))
-    params = [Param(c, t.name, torch.float32, *layout, False)
-              for c, t, layout in zip(("q_", "k_", "v_", "g_", "o_", "l_"), at.args.values(), at.layouts)]
-    params += at.mask_params
+    params = [*at.input_params(("q_", "k_", "v_", "g_", "o_", "l_")), *at.mask_params]
     params += [Param(c, value, torch.float32, *layouts[value], True) for c, value in (("dq_", dq), ("dk_", dk), ("dv_", dv))]
-    msb, msh, msm, msn = at.mask_strides
-    mptr = f"m_ + b * {msb} + h * {msh}" if at.mask is not None else "nullptr"
+    _, _, msm, msn = at.mask_strides
+    mptr = at.mask_pointer
 
     def at_head(c: str, stride: tuple, head: str = "h") -> str:  # a head's first element and its row stride
         return f"{c} + b * {stride[0]} + {head} * {stride[1]}, {stride[2]}"
@@ -195,7 +190,7 @@ class _Attention:
         a = bind(node)
         self.graph = graph
         self.args = {name: a.get(name) for name in tensors}
-        self.q, self.k, self.v, mask = a.get("query"), a.get("key"), a.get("value"), a.get("attn_mask")
+        mask = a.get("attn_mask")
         if not all(isinstance(t, ValueRef) for t in self.args.values()) or not (mask is None or isinstance(mask, ValueRef)):
             raise Declined("an attention of something other than tensor values")
         self.mask = mask
@@ -251,6 +246,17 @@ class _Attention:
             # a dim of size 1 is broadcast: stride 0
             self.mask_strides = (0,) * (4 - len(ms)) + tuple(st if n > 1 else 0 for n, st in zip(ms, mt))
             self.mask_params.append(Param("m_", mask.name, torch.float32, ms, mt, False))
+
+    def input_params(self, names: tuple[str, ...]) -> list[Param]:
+        """The tensor arguments as the kernel's inputs, named ``names`` in order."""
+        return [Param(c, t.name, torch.float32, *layout, False)
+                for c, t, layout in zip(names, self.args.values(), self.layouts)]
+
+    @property
+    def mask_pointer(self) -> str:
+        """The mask's first element for head ``h`` of batch ``b`` (``nullptr``: no mask)."""
+        msb, msh, _, _ = self.mask_strides
+        return f"m_ + b * {msb} + h * {msh}" if self.mask is not None else "nullptr"
 
     def written(self, what: dict[str | None, str]) -> dict[str, tuple[tuple, tuple]]:
         """The layouts of the outputs (value -> what it is; None: not computed), each torch's."""
