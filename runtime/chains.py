@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import array
 import ctypes
+import statistics
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,11 +52,13 @@ import torch
 from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind
 from segmenter.symbolic import is_symbolic, size_hint
 
-from . import layout
+from . import layout, threads
 from .backends.kernels import _numel, span_bytes
 from .codegen import Declined
 from .codegen.build import build_cpu
-from .codegen.runner import MAX_ARGS, MAX_STEPS, runner_kernel, split_result
+from .codegen.kernel import on_one_thread
+from .codegen.runner import COUNTS, GROUP_MAX, GROUP_SHIFT, MAX_ARGS, MAX_STEPS, runner_kernel, split_result
+from .trial import CALLS
 from .views import metadata_views
 from .wrapper import Code
 
@@ -76,6 +80,10 @@ class Chain:
     #: filled when emitted: bytes of the arena, values in it -> offset (for tests and reports)
     arena_bytes: int = 0
     arena: dict[str, int] = field(default_factory=dict)
+    #: filled when emitted: the sizes of its groups of steps run at once, and the trial between
+    #: running them so and one by one (Note [kernels side by side]; None: no group)
+    groups: list[int] = field(default_factory=list)
+    ways: Ways | None = None
 
 
 def plan_chains(plan: SegmentedFusion, chosen: Mapping[int, Any], folded: frozenset[int],
@@ -222,6 +230,15 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
     made = set(order)
     own = [v for v in order if v in written and v in need]  # buffers of their own, made before the call
 
+    # Note [kernels side by side]: the steps of a group share one time
+    groups = _groups(steps, root)
+    chain.groups = list(groups.values())
+    when, t, left = [], -1, 0
+    for s in range(len(steps)):
+        if left == 0:
+            t, left = t + 1, groups.get(s, 1)
+        when.append(t)
+        left -= 1
     # the arena: the other values kernels write, placed by their lifetimes in steps
     ends = {v: w[0] for v, w in written.items()}
     for s, launch in enumerate(steps):
@@ -230,7 +247,7 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
                 r, _ = root(p.value)
                 if r in ends:
                     ends[r] = max(ends[r], s)
-    offsets, arena_bytes = _place([(v, written[v][0], ends[v], _span(written[v][1]))
+    offsets, arena_bytes = _place([(v, when[written[v][0]], when[ends[v]], _span(written[v][1]))
                                    for v in order if v in written and v not in need])
     chain.arena, chain.arena_bytes = offsets, arena_bytes
 
@@ -253,11 +270,12 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
         slots.append(expr)
         return len(slots) - 1
 
-    words = [len(steps)]
-    for launch in steps:
+    words, flags = [len(steps)], []  # (flags: where each step's flags are in words)
+    for s, launch in enumerate(steps):
         k = launch.kernel
         words += [ctypes.cast(launch.fn, ctypes.c_void_p).value, len(k.params) + bool(k.symbols),
-                  int(k.returns != "void")]
+                  (COUNTS if k.returns != "void" else 0) | groups.get(s, 0) << GROUP_SHIFT]
+        flags.append(len(words) - 1)
         for p in k.params:
             r, delta = root(p.value)
             if r in offsets and is_symbolic(offsets[r] + delta):  # Note [chains of symbolic sizes]
@@ -276,13 +294,23 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
                 slot_of["_zp"] = extra("_zp")
             words += [slot_of["_zp"], 0]
     program = array.array("q", words)
-    run = code.const(runner())
+    if groups:
+        plain = array.array("q", words)
+        for at in flags:
+            plain[at] &= COUNTS
+        chain.ways = Ways(runner(), program, plain)
+        run = code.const(chain.ways.call)
+    else:
+        run = code.const(runner())
     fail = code.const(_failure([launch.raise_count if launch.kernel.returns != "void" else None for launch in steps]))
     if arena_bytes:
         code.line(f"_arena = {code.const(layout.empty_fn(code.fast, device))}(({code.value(arena_bytes)},), (1,), "
                   f"{code.const(torch.uint8)})")
     code.line(f"_slots = {code.const(array.array)}('q', ({''.join(s + ', ' for s in slots)}))")
-    code.line(f"_bad = {run}({code.const(program.buffer_info()[0])}, _slots.buffer_info()[0])")
+    if groups:
+        code.line(f"_bad = {run}(_slots.buffer_info()[0])")
+    else:
+        code.line(f"_bad = {run}({code.const(program.buffer_info()[0])}, _slots.buffer_info()[0])")
     code.const(program)  # the steps live as long as the program
     if arena_bytes:
         code.line("del _arena")
@@ -302,6 +330,99 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
     dead += [v for v in order if v in need and not read_after(v, last)]  # made only as a base of a view
     if dead:
         code.dels(dict.fromkeys(dead))
+
+
+# Note [kernels side by side]: a chain runs its kernels one after another, and a kernel shares
+# its own loops among torch's threads only where its work passes PARALLEL_MIN (PARALLEL_MACS for
+# a matmul). Below that the other threads wait, though a training step's small kernels come in
+# independent runs: the backward of a linear layer computes the input's gradient and the
+# weight's from the same output gradient, neither reading the other. On the AMD EPYC family 25
+# model 17 (2 threads), a tiny BERT's backward program held 12 such pairs of matmuls of 8-24 us
+# each, one thread each; run at once, one per thread, the program took 398 against 507 us a call
+# (scratch, one process). So consecutive steps of a chain that
+#
+# * each run on one thread (``on_one_thread``: no parallel loop of their own, no matmul routine
+#   that may have one), return no count (a count stops the chain at its step: what ran after it
+#   must not have), and take sizes as constants (a symbolic chain's calls differ in size, so its
+#   trial below would compare unlike calls), and
+# * neither write a value (by its root: the buffer, input or arena value it lies in) that
+#   another of them reads or writes,
+#
+# form a group of up to GROUP_MAX steps, and the runner calls a group's kernels at once, shared
+# among torch's threads (each kernel on one thread, in any order: each writes only its own
+# values, so the bits are those of one by one). In the arena, a group's steps share one time:
+# what any of them writes gets bytes apart from what any of them reads.
+#
+# Whether a group is faster than its kernels one by one depends on the machine (waking a thread
+# costs microseconds, more where it sleeps) and on the kernels, so it is measured where it runs,
+# as Note [a kernel tried in its program] (runtime/trial.py) measures kernels: a chain with
+# groups is made both ways (the same steps and arena; only the flags differ) and its first calls
+# alternate between them, pair by pair in either order; the first call each way is not timed,
+# then ``trial.CALLS`` each are, and the lower median keeps the chain. Calls while background
+# builds hold cores are not timed, nor calls a counting kernel stopped. A chain with no group
+# runs as before.
+def _groups(steps: list[Any], root: Callable[[str], tuple[str, int]]) -> dict[int, int]:
+    """Note [kernels side by side]: first step -> steps in its group, for each group of two or more."""
+    def joins(launch: Any) -> bool:
+        k = launch.kernel
+        return k.returns == "void" and not k.symbols and on_one_thread(k)
+
+    def values(launch: Any) -> tuple[set[str], set[str]]:
+        reads, writes = set(), set()
+        for p in launch.kernel.params:
+            (writes if p.output else reads).add(root(p.value)[0])
+        return reads, writes
+
+    groups: dict[int, int] = {}
+    s = 0
+    while s < len(steps):
+        size = 1
+        if joins(steps[s]):
+            reads, writes = values(steps[s])
+            while s + size < len(steps) and size < GROUP_MAX and joins(steps[s + size]):
+                r, w = values(steps[s + size])
+                if w & (reads | writes) or r & writes:
+                    break
+                reads |= r
+                writes |= w
+                size += 1
+        if size > 1:
+            groups[s] = size
+        s += size
+    return groups
+
+
+class Ways:
+    """Note [kernels side by side]: a chain with groups (``grouped``) and the same one by one
+    (``plain``), alternated on its first calls until one is chosen (``chosen``)."""
+
+    def __init__(self, run: Callable[[int, int], int], grouped: array.array, plain: array.array) -> None:
+        self.run = run
+        self.code = {"groups": grouped, "plain": plain}
+        self.address = {way: c.buffer_info()[0] for way, c in self.code.items()}
+        self.times: dict[str, list[float]] = {"groups": [], "plain": []}
+        self.calls = 0
+        self.chosen: str | None = None
+
+    def call(self, slots: int) -> int:
+        if self.chosen is not None:
+            return self.run(self.address[self.chosen], slots)
+        pair, second = divmod(self.calls, 2)  # (pairs alternate which way goes first)
+        way = ("groups", "plain")[(pair + second) % 2]
+        if threads.busy():  # (torch on fewer threads beside background builds: not a fair timing)
+            return self.run(self.address[way], slots)
+        t0 = time.perf_counter()
+        bad = self.run(self.address[way], slots)
+        elapsed = time.perf_counter() - t0
+        if bad:  # stopped by a count: not a whole call
+            return bad
+        if self.calls >= 2:
+            self.times[way].append(elapsed)
+        self.calls += 1
+        if min(len(t) for t in self.times.values()) >= CALLS:
+            self.chosen = min(self.times, key=lambda w: statistics.median(self.times[w]))
+        return bad
+
 
 
 def _span(p: Any) -> int:

@@ -67,7 +67,7 @@ from segmenter.symbolic import is_symbolic
 from .checks import check_layout, check_segment_metas, float_arg, lone
 from .ctypes_ import Declined
 from .gemm import unit_stride
-from .gemm_prelude import ATTENTION_SCORES
+from .gemm_prelude import ATTENTION_SCORES, PARALLEL_MACS
 from .kernel import COSTLY_CALL, PARALLEL_MIN, Kernel, Param, bind
 
 __all__ = ["ATTENTION", "ATTENTION_BACKWARD", "ATTENTION_SCORES", "attention_backward_kernel", "attention_kernel"]
@@ -121,7 +121,7 @@ def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
         f"      y_ + b * {osb} + h * {osh}, {osm}, {lptr}, {lsm});",
         "  }",
     ]
-    return _heads_kernel("fuseg_attention", lines, params, b * h, _work(b * h, lq, s, e))
+    return _heads_kernel("fuseg_attention", lines, params, b * h, _work(b * h, lq, s, e), e)
 
 
 def attention_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
@@ -164,19 +164,23 @@ def attention_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
         "  }",
     ]
     # (the forward's work twice over: the scores and dP, then three products)
-    return _heads_kernel("fuseg_attention_backward", lines, params, b * hk, 2 * _work(b * h, lq, s, e))
+    return _heads_kernel("fuseg_attention_backward", lines, params, b * hk, 2 * _work(b * h, lq, s, e), e)
 
 
-def _heads_kernel(prefix: str, lines: list[str], params: list[Param], heads: object, work: object) -> Kernel:
+def _heads_kernel(prefix: str, lines: list[str], params: list[Param], heads: object, work: object,
+                  features: object) -> Kernel:
     """The kernel of a loop over heads (``lines``): shared among threads where ``work`` passes
-    ``PARALLEL_MIN``."""
+    ``PARALLEL_MIN``. On one thread otherwise where each of its products (a block's scores, at
+    most ``ATTENTION_SCORES``, by ``features``) stays under ``PARALLEL_MACS`` (Note [kernels side
+    by side] in runtime/chains.py)."""
     if is_symbolic(work):  # decided in the kernel, on the sizes it is called with: no condition of the plan
         lines.insert(1, f"#pragma omp parallel for schedule(static) if ({heads} > 1 && {work} >= {PARALLEL_MIN})")
     elif heads > 1 and work >= PARALLEL_MIN:  # type: ignore[operator]
         lines.insert(1, "#pragma omp parallel for schedule(static)")
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.value, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"{prefix}_{digest}", tuple(params), body, 1, 1, "attention")
+    one = not is_symbolic(features) and ATTENTION_SCORES * features < PARALLEL_MACS  # type: ignore[operator]
+    return Kernel(f"{prefix}_{digest}", tuple(params), body, 1, 1, "attention", one_thread=one)
 
 
 class _Attention:

@@ -40,9 +40,11 @@ import torch
 
 from segmenter import FusionGraph, OpKind, Segment, op_info
 from segmenter.ir import ValueRef
+from segmenter.symbolic import is_symbolic
 
 from .checks import check_layout, check_segment_metas, int_arg
 from .ctypes_ import Declined
+from .gemm_prelude import PARALLEL_MACS
 from .kernel import Kernel, Param, bind
 
 __all__ = ["MATMULS", "Product", "matmul_kernel", "product_call", "unit_stride"]
@@ -197,4 +199,6 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
     params.append(Param("y_", out, torch.float32, oshape, ostride, True))
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"fuseg_matmul_{digest}", tuple(params), body, 1, 1, "matmul")
+    macs = m * n * k  # each product's; the routine shares it among threads from PARALLEL_MACS on
+    return Kernel(f"fuseg_matmul_{digest}", tuple(params), body, 1, 1, "matmul",
+                  one_thread=not is_symbolic(macs) and macs < PARALLEL_MACS)

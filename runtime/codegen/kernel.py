@@ -19,7 +19,7 @@ from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
 from .symsizes import sizes_active
 
-__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_kernel", "loop_work", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_kernel", "loop_work", "on_one_thread", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -48,6 +48,9 @@ class Kernel:
     #: what the function returns: "void", or "long long" for a CPU kernel that counts the
     #: elements it refused (an index out of range: Note [embedding kernels] in embedding.py)
     returns: str = "void"
+    #: set by a generator whose kernel calls the prelude's matmul routines (which share their
+    #: loops among threads above ``PARALLEL_MACS``): they never do here (``on_one_thread``)
+    one_thread: bool = False
 
     def source(self, target: str) -> str:
         soft = soft_half(target)
@@ -215,6 +218,19 @@ _COSTLY = re.compile(r"\b(?:fuseg_exp|fuseg_tanh|fuseg_erf|exp2|expm1|log|log2|l
 def loop_work(elements: int, lines: list[str]) -> int:
     """Note [work of a loop]: ``elements`` times the per-element cost of the body ``lines``."""
     return elements * (1 + COSTLY_CALL * sum(len(_COSTLY.findall(line)) for line in lines))
+
+
+#: kinds of kernel that call the prelude's matmul routines, which may share their loops among threads
+_ROUTINE_KINDS = ("matmul", "attention")
+
+
+def on_one_thread(kernel: Kernel) -> bool:
+    """Whether the CPU kernel never shares its work among threads: no parallel loop of its own,
+    and no matmul routine that may have one unless its generator says it has none (Note
+    [kernels side by side] in runtime/chains.py)."""
+    if "omp parallel" in kernel.body:
+        return False
+    return kernel.one_thread or kernel.kind not in _ROUTINE_KINDS
 
 
 def worth_threads(elements: int, lines: list[str]) -> bool:
