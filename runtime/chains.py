@@ -359,8 +359,15 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
 # groups is made both ways (the same steps and arena; only the flags differ) and its first calls
 # alternate between them, pair by pair in either order; the first call each way is not timed,
 # then ``trial.CALLS`` each are, and the lower median keeps the chain. Calls while background
-# builds hold cores are not timed, nor calls a counting kernel stopped. A chain with no group
-# runs as before.
+# builds hold cores are not timed, nor calls a counting kernel stopped. The choice holds while
+# the conditions hold: a group waits for every thread it wakes, and on a machine whose cores
+# another process takes (a test run beside a training step, scratch), llama-tiny's forward chain
+# took 100 ms with groups against 38 one by one. So the chosen way's calls stay timed (two clock
+# reads a call), and ``CALLS`` calls in a row more than ``DRIFT`` times slower or faster than its
+# trial's median start the trial again. A chain with no group runs as before. An output written
+# into an input in place has that input as its root, and such an input shares its storage with
+# no other input (Note [in-place write-back] in runtime/inplace.py), so no other root names its
+# bytes.
 def _groups(steps: list[Any], root: Callable[[str], tuple[str, int]]) -> dict[int, int]:
     """Note [kernels side by side]: first step -> steps in its group, for each group of two or more."""
     def joins(launch: Any) -> bool:
@@ -394,7 +401,8 @@ def _groups(steps: list[Any], root: Callable[[str], tuple[str, int]]) -> dict[in
 
 class Ways:
     """Note [kernels side by side]: a chain with groups (``grouped``) and the same one by one
-    (``plain``), alternated on its first calls until one is chosen (``chosen``)."""
+    (``plain``), alternated on its first calls until one is chosen (``chosen``), and tried again
+    when the chosen way's calls drift from what the trial measured."""
 
     def __init__(self, run: Callable[[int, int], int], grouped: array.array, plain: array.array) -> None:
         self.run = run
@@ -403,12 +411,15 @@ class Ways:
         self.times: dict[str, list[float]] = {"groups": [], "plain": []}
         self.calls = 0
         self.chosen: str | None = None
+        self.baseline = 0.0  # the chosen way's median in its trial, seconds
+        self.drifted = 0  # consecutive calls since off the baseline by more than DRIFT
+        self.trials = 0  # trials decided (a drift starts another)
 
     def call(self, slots: int) -> int:
-        if self.chosen is not None:
-            return self.run(self.address[self.chosen], slots)
-        pair, second = divmod(self.calls, 2)  # (pairs alternate which way goes first)
-        way = ("groups", "plain")[(pair + second) % 2]
+        way = self.chosen
+        if way is None:
+            pair, second = divmod(self.calls, 2)  # (pairs alternate which way goes first)
+            way = ("groups", "plain")[(pair + second) % 2]
         if threads.busy():  # (torch on fewer threads beside background builds: not a fair timing)
             return self.run(self.address[way], slots)
         t0 = time.perf_counter()
@@ -416,13 +427,33 @@ class Ways:
         elapsed = time.perf_counter() - t0
         if bad:  # stopped by a count: not a whole call
             return bad
+        if self.chosen is not None:
+            self._watch(elapsed)
+            return bad
         if self.calls >= 2:
             self.times[way].append(elapsed)
         self.calls += 1
         if min(len(t) for t in self.times.values()) >= CALLS:
-            self.chosen = min(self.times, key=lambda w: statistics.median(self.times[w]))
+            medians = {w: statistics.median(t) for w, t in self.times.items()}
+            self.chosen = min(medians, key=medians.__getitem__)
+            self.baseline, self.drifted = medians[self.chosen], 0
+            self.trials += 1
         return bad
 
+    def _watch(self, elapsed: float) -> None:
+        """A call of the chosen way: ``CALLS`` in a row off its trial's median by more than
+        ``DRIFT`` times, either way, start the trial again (the machine's load changed: a group
+        waits for every thread it wakes, one by one does not)."""
+        off = elapsed > DRIFT * self.baseline or elapsed * DRIFT < self.baseline
+        self.drifted = self.drifted + 1 if off else 0
+        if self.drifted >= CALLS:
+            self.chosen, self.calls, self.drifted = None, 0, 0
+            self.times = {"groups": [], "plain": []}
+
+
+#: a chosen way's calls this many times slower or faster than in its trial, ``CALLS`` in a row,
+#: try both ways again (not a choice: a sign the conditions the trial measured have changed)
+DRIFT = 2.0
 
 
 def _span(p: Any) -> int:

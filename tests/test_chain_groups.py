@@ -244,3 +244,39 @@ def test_training_through_torch_compile_with_groups() -> None:
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
             p.grad = q.grad = None
+
+
+@needs_compiler
+def test_a_drift_from_the_trial_tries_both_ways_again(monkeypatch) -> None:
+    """The chosen way's calls stay timed: ``CALLS`` in a row more than DRIFT times off its trial's
+    median start the trial again (the machine's load changed), which may choose the other way;
+    fewer in a row do not."""
+    inputs = _two_products_inputs(8)
+    plan, program = _compiled(_two_products, inputs)
+    (chain,) = program.chains
+    ways = chain.ways
+    clock, cost = [0.0], {"groups": 1e-6, "plain": 2e-6}
+    run, address = ways.run, dict(ways.address)
+
+    def timed_run(code: int, slots: int) -> int:
+        clock[0] += cost[next(w for w, a in address.items() if a == code)]
+        return run(code, slots)
+
+    monkeypatch.setattr(ways, "run", timed_run)
+    monkeypatch.setattr(chains.time, "perf_counter", lambda: clock[0])
+    for _ in range(2 + 2 * CALLS):
+        program(*inputs)
+    assert ways.chosen == "groups" and ways.baseline == pytest.approx(1e-6) and ways.trials == 1
+    cost["groups"] = 1e-6 * (chains.DRIFT + 1)  # the load changed: groups now wait for their threads
+    for _ in range(CALLS - 1):
+        program(*inputs)
+    cost["groups"] = 1e-6
+    program(*inputs)  # one call back at the baseline: the run of drifted calls starts over
+    assert ways.chosen == "groups" and ways.drifted == 0
+    cost["groups"] = 1e-6 * (chains.DRIFT + 1)
+    for _ in range(CALLS):
+        program(*inputs)
+    assert ways.chosen is None  # tried again
+    for _ in range(2 + 2 * CALLS):  # (every call of the new trial computes eager's values)
+        assert_matches_eager(_two_products, _two_products_inputs(8), plan.graph, program=program)
+    assert ways.chosen == "plain" and ways.baseline == pytest.approx(2e-6) and ways.trials == 2
