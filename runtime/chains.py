@@ -234,7 +234,7 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
     groups = _groups(steps, root)
     chain.groups = list(groups.values())
     when, t, left = [], -1, 0
-    for s in range(len(steps)):
+    for s in range(len(steps) + 1):  # (and past the last step: a kernel of empty outputs runs none)
         if left == 0:
             t, left = t + 1, groups.get(s, 1)
         when.append(t)

@@ -280,3 +280,18 @@ def test_a_drift_from_the_trial_tries_both_ways_again(monkeypatch) -> None:
     for _ in range(2 + 2 * CALLS):  # (every call of the new trial computes eager's values)
         assert_matches_eager(_two_products, _two_products_inputs(8), plan.graph, program=program)
     assert ways.chosen == "plain" and ways.baseline == pytest.approx(2e-6) and ways.trials == 2
+
+
+@needs_compiler
+@pytest.mark.parametrize("n", [8, 24])
+def test_a_kernel_of_empty_outputs_last_in_a_chain(n) -> None:
+    """Found by the fuzzer: a kernel whose outputs are all empty runs no step, yet its values
+    are placed in the arena, after the chain's last step."""
+    def fn(x, w, e):
+        return ((x @ w).sin() + 1).exp(), (e.cos() * 2).tanh()
+
+    make = lambda: [torch.randn(n, n), torch.randn(n, n), torch.randn(0, n)]  # noqa: E731
+    plan, program = _compiled(fn, make(), max_ops_per_segment=1)
+    assert program.chains
+    for _ in range(2 + 2 * CALLS):
+        assert_matches_eager(fn, make(), plan.graph, program=program)

@@ -71,8 +71,12 @@ def check_program(prog: Program, inputs: list[torch.Tensor]) -> None:
         program = runtime.compile(apply_aliases(segment(graph, SegmenterOptions(max_ops_per_segment=1)), "post"),
                                   backend="cpp")
         assert_matches_eager(fn, inputs, graph, program=program, atol=1e-4, rtol=1e-4)
+        # (a chain with groups runs them on its first call and one by one on its second: Note
+        # [kernels side by side])
+        assert_matches_eager(fn, inputs, graph, program=program, atol=1e-4, rtol=1e-4)
         COVERAGE["chains:cpp"] += len(program.chains)
         COVERAGE["chained kernels:cpp"] += sum(c.kernels for c in program.chains)
+        COVERAGE["chain groups:cpp"] += sum(len(c.groups) for c in program.chains)
 
 
 # shrinking a failure can take many minutes; FUSEG_FUZZ_SHRINK=0 reports the first failure as found
