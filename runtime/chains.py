@@ -58,7 +58,7 @@ from .codegen import Declined
 from .codegen.build import build_cpu
 from .codegen.kernel import on_one_thread
 from .codegen.runner import COUNTS, GROUP_MAX, GROUP_SHIFT, MAX_ARGS, MAX_STEPS, runner_kernel, split_result
-from .trial import CALLS
+from .trial import CALLS, alternating
 from .views import metadata_views
 from .wrapper import Code
 
@@ -408,18 +408,16 @@ class Ways:
         self.run = run
         self.code = {"groups": grouped, "plain": plain}
         self.address = {way: c.buffer_info()[0] for way, c in self.code.items()}
-        self.times: dict[str, list[float]] = {"groups": [], "plain": []}
-        self.calls = 0
+        self.times: dict[str, list[float]] = {}
         self.chosen: str | None = None
-        self.baseline = 0.0  # the chosen way's median in its trial, seconds
+        self.calls = 0  # calls of the trial under way
         self.drifted = 0  # consecutive calls since off the baseline by more than DRIFT
+        self.baseline = 0.0  # the chosen way's median in its trial, seconds
         self.trials = 0  # trials decided (a drift starts another)
+        self._restart()
 
     def call(self, slots: int) -> int:
-        way = self.chosen
-        if way is None:
-            pair, second = divmod(self.calls, 2)  # (pairs alternate which way goes first)
-            way = ("groups", "plain")[(pair + second) % 2]
+        way = self.chosen or alternating(self.calls, ("groups", "plain"))
         if threads.busy():  # (torch on fewer threads beside background builds: not a fair timing)
             return self.run(self.address[way], slots)
         t0 = time.perf_counter()
@@ -447,8 +445,12 @@ class Ways:
         off = elapsed > DRIFT * self.baseline or elapsed * DRIFT < self.baseline
         self.drifted = self.drifted + 1 if off else 0
         if self.drifted >= CALLS:
-            self.chosen, self.calls, self.drifted = None, 0, 0
-            self.times = {"groups": [], "plain": []}
+            self._restart()
+
+    def _restart(self) -> None:
+        """The trial from its first call: nothing chosen, nothing timed."""
+        self.chosen, self.calls, self.drifted = None, 0, 0
+        self.times = {"groups": [], "plain": []}
 
 
 #: a chosen way's calls this many times slower or faster than in its trial, ``CALLS`` in a row,

@@ -41,13 +41,19 @@ import torch
 
 from . import autotune, threads
 
-__all__ = ["CALLS", "GIVE_UP", "Trial", "start"]
+__all__ = ["CALLS", "GIVE_UP", "Trial", "alternating", "start"]
 
 #: calls timed each way
 CALLS = 6
 #: a way whose first two timed calls both took more than this many times the other's slowest
 #: ends the trial (a bound on its cost, not a choice: the slower way loses either way)
 GIVE_UP = 2.0
+
+
+def alternating(call: int, ways: tuple[str, str]) -> str:
+    """The way of a trial's ``call``-th call: pairs of calls, each pair in the other order."""
+    pair, second = divmod(call, 2)
+    return ways[(pair + second) % 2]
 
 
 def _timed(way: str, fn: Callable[..., Any], inputs: tuple) -> tuple[Any, float]:
@@ -68,12 +74,8 @@ class Trial:
         self.times: dict[str, list[float]] = {"aten": [], "kernel": []}
         self.calls = 0
 
-    def _way(self) -> str:
-        pair, second = divmod(self.calls, 2)  # (pairs alternate which way goes first)
-        return ("aten", "kernel")[(pair + second) % 2]
-
     def entry(self, *inputs: Any) -> list[torch.Tensor] | None:
-        way = self._way()
+        way = alternating(self.calls, ("aten", "kernel"))
         fn = self.ways[way]["entry"]
         if threads.busy():  # (torch on fewer threads beside background builds: not a fair timing)
             return fn(*inputs)
