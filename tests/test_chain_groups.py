@@ -155,30 +155,32 @@ def _read_in_a_group_then_dead(x, c):
 
 
 @needs_compiler
-def test_a_value_read_in_a_group_and_one_written_there_get_their_own_bytes() -> None:
+@pytest.mark.parametrize("n", [8, 24])
+def test_a_value_read_in_a_group_and_one_written_there_get_their_own_bytes(n) -> None:
     """One by one, the sine (last read by the cosine) and the exponential (written after it)
     share bytes; run at once they may not."""
-    inputs = _sq(8)()[:2]
+    inputs = _sq(n)()[:2]
     plan, program = _compiled(_read_in_a_group_then_dead, inputs, max_ops_per_segment=1)
     (chain,) = program.chains
     assert chain.groups == [2]
     assert chain.arena["sin"] != chain.arena["exp"]
     for _ in range(2 + 2 * CALLS):
-        assert_matches_eager(_read_in_a_group_then_dead, _sq(8)()[:2], plan.graph, program=program)
+        assert_matches_eager(_read_in_a_group_then_dead, _sq(n)()[:2], plan.graph, program=program)
     # one by one (no group: the steps depend on each other), the two share bytes
     plan, program = _compiled(lambda x, c: x.sin().cos().exp() * c, inputs, max_ops_per_segment=1)
     assert program.chains[0].groups == [] and program.chains[0].arena["sin"] == program.chains[0].arena["exp"]
 
 
 @needs_compiler
-def test_one_thread_runs_a_group_one_by_one() -> None:
-    inputs = _two_products_inputs(16)
+@pytest.mark.parametrize("n", [8, 24])
+def test_one_thread_runs_a_group_one_by_one(n) -> None:
+    inputs = _two_products_inputs(n)
     plan, program = _compiled(_two_products, inputs)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         for _ in range(2 + 2 * CALLS):
-            assert_matches_eager(_two_products, _two_products_inputs(16), plan.graph, program=program)
+            assert_matches_eager(_two_products, _two_products_inputs(n), plan.graph, program=program)
     finally:
         torch.set_num_threads(threads)
 
