@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import types
 import warnings
@@ -154,7 +155,42 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=5)
     bench.add_argument("--out", default=None, help="write the JSON record here")
     sub.add_parser("examples", help="list the built-in examples")
+    thr = sub.add_parser("threads", help="this machine's thread thresholds for generated CPU kernels "
+                                         "(measured once and kept; Note [thread thresholds measured here])")
+    thr.add_argument("--measure", action="store_true", help="measure them again and keep the new ones")
+    thr.add_argument("--json", action="store_true", help="the thresholds and every median they came from")
     return p
+
+
+def _threads(measure: bool, as_json: bool) -> int:
+    import torch
+
+    from runtime.codegen import calibrate, thresholds
+
+    n = torch.get_num_threads()
+    if os.environ.get("FUSEG_THREAD_THRESHOLDS"):
+        t = thresholds.parse(os.environ["FUSEG_THREAD_THRESHOLDS"])
+        detail: dict = {}
+    elif n <= 1:
+        t, detail = thresholds.UNMEASURED, {}
+    elif measure:
+        print(f"measuring on {n} threads ...", file=sys.stderr)
+        t, detail = calibrate.measure(n)
+        calibrate.keep(n, t, detail)
+    else:
+        t = calibrate.kept_or_measured(n) or thresholds.UNMEASURED
+        detail = calibrate.kept_detail(n)
+    if as_json:
+        print(json.dumps({"threads": n, **{k: getattr(t, k) for k in calibrate.FIELDS}, "how": t.how,
+                          "path": calibrate.thresholds_path(n), "measured": detail}, indent=1))
+        return 0
+    where = {"set": "set by FUSEG_THREAD_THRESHOLDS", "unmeasured": "not measured (one thread)"}.get(
+        t.how, f"{t.how}, in {calibrate.thresholds_path(n)}")
+    print(f"thread thresholds on {n} threads ({where}):")
+    print(f"  a loop takes the threads from {t.loop} elements of work, a product from {t.macs} multiply-adds")
+    print(f"  a kernel may run beside others below {t.beside_loop} elements, {t.beside_macs} multiply-adds")
+    print(f"  an exp, tanh or erf counts as {t.costly_call} plain ops of a loop's element")
+    return 0
 
 
 def _print_run(result: dict, as_json: bool) -> int:
@@ -190,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for f in fusions.FUSIONS.values():
             print(f"{f.name:14s} nvFuser script perf/fusions/{f.file}: {f.description}")
         return 0
+    if args.command == "threads":
+        return _threads(args.measure, args.json)
     if args.command == "bench":
         import torch
 

@@ -159,14 +159,18 @@ def machine() -> dict[str, str]:
     if ids:
         model += f" (family {ids.get('cpu family', '?')} model {ids.get('model', '?')} stepping {ids.get('stepping', '?')})"
     cxx = cpu_compiler()
-    version = ""
-    if cxx is not None:
-        try:
-            version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
-        except (OSError, subprocess.SubprocessError, IndexError):
-            version = "unknown"
+    version = _version(cxx) if cxx is not None else ""
     return {"cpu": model, "cpu_flags": flags, "compiler": f"{cxx} ({version})", "compiler_flags": " ".join(CPU_FLAGS),
             "torch": torch.__version__}
+
+
+@functools.cache
+def _version(cxx: str) -> str:
+    """The first line of ``cxx --version`` (once a process per compiler)."""
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
 
 
 #: what the verdicts in a file are (part of its name)
@@ -174,20 +178,25 @@ _FORM = "kernels ATen beat alone tried in their programs"
 
 
 @functools.cache
-def _file_name() -> str:
+def _file_name(loop: int, macs: int, costly: int) -> str:
     from .codegen.ctypes_ import prelude
 
     # (_FORM: a verdict file of before Note [a kernel tried in its program] holds ATen verdicts
-    # never tried in a program; a new name measures them again, once)
-    what = json.dumps(machine(), sort_keys=True) + hashlib.sha256(prelude("cpu").encode()).hexdigest() + _FORM
+    # never tried in a program; a new name measures them again, once. The thread thresholds the
+    # kernels were generated with: Note [thread thresholds measured here] in codegen/thresholds.py)
+    what = (json.dumps(machine(), sort_keys=True) + hashlib.sha256(prelude("cpu").encode()).hexdigest() + _FORM
+            + f" threads from {loop} {macs} {costly}")
     return f"autotune-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
 
 
 def verdict_path() -> str:
-    """This machine's verdict file, in the kernel cache dir (``FUSEG_CACHE_DIR``)."""
+    """This machine's verdict file for the thread thresholds kernels are generated with now, in
+    the kernel cache dir (``FUSEG_CACHE_DIR``)."""
+    from .codegen import thresholds
     from .codegen.build import cache_dir
 
-    return os.path.join(cache_dir(), _file_name())
+    t = thresholds.current()
+    return os.path.join(cache_dir(), _file_name(t.loop, t.macs, t.costly_call))
 
 
 # -- the verdicts ----------------------------------------------------------------------------

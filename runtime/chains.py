@@ -56,7 +56,7 @@ from . import layout, threads
 from .backends.kernels import _numel, span_bytes
 from .codegen import Declined
 from .codegen.build import build_cpu
-from .codegen.kernel import on_one_thread
+from .codegen.kernel import beside
 from .codegen.runner import COUNTS, GROUP_MAX, GROUP_SHIFT, MAX_ARGS, MAX_STEPS, runner_kernel, split_result
 from .trial import CALLS, alternating
 from .views import metadata_views
@@ -333,24 +333,27 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
 
 
 # Note [kernels side by side]: a chain runs its kernels one after another, and a kernel shares
-# its own loops among torch's threads only where its work passes PARALLEL_MIN (PARALLEL_MACS for
-# a matmul). Below that the other threads wait, though a training step's small kernels come in
-# independent runs: the backward of a linear layer computes the input's gradient and the
-# weight's from the same output gradient, neither reading the other. On the AMD EPYC family 25
-# model 17 (2 threads), a tiny BERT's backward program held 12 such pairs of matmuls of 8-24 us
-# each, one thread each; run at once, one per thread, the program took 398 against 507 us a call
-# (scratch, one process). So consecutive steps of a chain that
+# its own loops among torch's threads only where its work passes a threshold (of multiply-adds
+# for a matmul: Note [thread thresholds measured here] in codegen/thresholds.py). Below that the
+# other threads wait, though a training step's small kernels come in independent runs: the
+# backward of a linear layer computes the input's gradient and the weight's from the same output
+# gradient, neither reading the other. On the AMD EPYC family 25 model 17 (2 threads), a tiny
+# BERT's backward program held 12 such pairs of matmuls of 8-24 us each, one thread each; run at
+# once, one per thread, the program took 398 against 507 us a call (scratch, one process). So
+# consecutive steps of a chain that
 #
-# * each run on one thread (``on_one_thread``: no parallel loop of their own, no matmul routine
-#   that may have one), return no count (a count stops the chain at its step: what ran after it
-#   must not have), and take sizes as constants (a symbolic chain's calls differ in size, so its
-#   trial below would compare unlike calls), and
+# * each may run beside others (``beside`` in codegen/kernel.py: their loops' work and their
+#   products under the beside thresholds, from which a kernel's own threads beat a pair of
+#   kernels side by side), return no count (a count stops the chain at its step: what ran after
+#   it must not have), and take sizes as constants (a symbolic chain's calls differ in size, so
+#   its trial below would compare unlike calls), and
 # * neither write a value (by its root: the buffer, input or arena value it lies in) that
 #   another of them reads or writes,
 #
 # form a group of up to GROUP_MAX steps, and the runner calls a group's kernels at once, shared
 # among torch's threads (each kernel on one thread, in any order: each writes only its own
-# values, so the bits are those of one by one). In the arena, a group's steps share one time:
+# values, so the bits are those of one by one; a kernel whose loops take threads when it runs
+# alone gets a team of one inside the group, ``omp_set_num_threads(1)`` in the runner). In the arena, a group's steps share one time:
 # what any of them writes gets bytes apart from what any of them reads.
 #
 # Whether a group is faster than its kernels one by one depends on the machine (waking a thread
@@ -372,7 +375,7 @@ def _groups(steps: list[Any], root: Callable[[str], tuple[str, int]]) -> dict[in
     """Note [kernels side by side]: first step -> steps in its group, for each group of two or more."""
     def joins(launch: Any) -> bool:
         k = launch.kernel
-        return k.returns == "void" and not k.symbols and on_one_thread(k)
+        return k.returns == "void" and not k.symbols and beside(k)
 
     def values(launch: Any) -> tuple[set[str], set[str]]:
         reads, writes = set(), set()

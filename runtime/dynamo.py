@@ -535,3 +535,15 @@ def decompositions() -> dict:
 
     ops = [getattr(torch.ops.aten, name.split(".")[1]).default for name in sorted(DECOMPOSED)]
     return get_decompositions(ops)
+
+
+# Note [how the thresholds are measured] (runtime/codegen/calibrate.py): on a machine whose thread
+# thresholds are not kept yet, their library starts building when dynamo first looks this backend
+# up, so its second of compiling runs while dynamo traces the first graph, not after it.
+def _prepare_thresholds() -> None:
+    from .codegen import calibrate
+
+    calibrate.prepare()
+
+
+_prepare_thresholds()

@@ -3,7 +3,15 @@ every test takes the generated kernels the cpp backend would measure against ATe
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Note [thread thresholds measured here] (runtime/codegen/thresholds.py): from how much work a
+# kernel's loops share torch's threads is measured once per machine; kernels in tests must not
+# depend on a timing, so the suite (and the processes it starts) generates them with the
+# thresholds fixed here, unless the caller sets its own; tests/test_thresholds.py measures.
+os.environ.setdefault("FUSEG_THREAD_THRESHOLDS", f"{1 << 15},{1 << 22}")
 
 
 @pytest.fixture(autouse=True)

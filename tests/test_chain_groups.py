@@ -13,9 +13,9 @@ import torch.nn.functional as F
 import runtime
 from alias import apply_aliases
 from runtime import chains
+from runtime.codegen import thresholds
 from runtime.codegen.build import cpu_compiler
-from runtime.codegen.gemm_prelude import PARALLEL_MACS
-from runtime.codegen.kernel import Kernel, Param, on_one_thread
+from runtime.codegen.kernel import BESIDE_MARK, Kernel, Param, beside
 from runtime.codegen.runner import GROUP_MAX
 from runtime.trial import CALLS
 from segmenter import SegmenterOptions, capture, segment
@@ -30,9 +30,11 @@ def _param(value: str, output: bool = False) -> Param:
 
 
 def _step(reads: str, writes: str, kind: str = "pointwise", body: str = "  y_[0] = x_[0];\n",
-          returns: str = "void", one_thread: bool = False) -> SimpleNamespace:
+          returns: str = "void", beside: bool = False) -> SimpleNamespace:
     params = tuple(_param(v) for v in reads.split()) + tuple(_param(v, True) for v in writes.split())
-    return SimpleNamespace(kernel=Kernel("k", params, body, 1, 1, kind, returns=returns, one_thread=one_thread))
+    macs = 1 << 22 if kind == "matmul" else None  # (a kernel that calls the matmul routines)
+    return SimpleNamespace(kernel=Kernel("k", params, body, 1, 1, kind, returns=returns, beside=beside,
+                                         parallel_macs=macs))
 
 
 _THREADED = "#pragma omp parallel for schedule(static)\n  for (long i = 0; i < 4; ++i) y_[i] = x_[i];\n"
@@ -53,7 +55,9 @@ GROUPS = [
     ("symbolic sizes: alone", [_step("a", "b"), _step("c", "d", body="  y_[0] = x_[fuseg_s0];\n")], {}),
     ("a matmul whose routine may share its loops: alone", [_step("a", "b"), _step("c", "d", kind="matmul")], {}),
     ("a matmul its generator says stays on one thread",
-     [_step("a", "b"), _step("c", "d", kind="matmul", one_thread=True)], {0: 2}),
+     [_step("a", "b"), _step("c", "d", kind="matmul", beside=True)], {0: 2}),
+    ("a loop whose threads are for when it runs alone",
+     [_step("a", "b"), _step("c", "d", body=_THREADED.replace("(static)", "(static)" + BESIDE_MARK))], {0: 2}),
     (f"at most {GROUP_MAX} a group", [_step(f"x{i}", f"y{i}") for i in range(GROUP_MAX + 3)], {0: GROUP_MAX, GROUP_MAX: 3}),
 ]
 
@@ -72,9 +76,9 @@ def test_views_of_one_buffer_are_one_value() -> None:
 
 def test_a_matmul_knows_when_its_routine_stays_on_one_thread() -> None:
     small = _compiled(_two_products, _two_products_inputs(8))[1]
-    big_n = int((PARALLEL_MACS // 64) ** 0.5) + 8  # n x 64 @ 64 x n: past PARALLEL_MACS
+    big_n = int((thresholds.current().macs // 64) ** 0.5) + 8  # n x 64 @ 64 x n: past the threshold
     big = _compiled(_two_products, [torch.randn(big_n, 64), torch.randn(64, big_n)] * 2 + [torch.randn(big_n, big_n)])[1]
-    kinds = lambda p: [(k.kind, on_one_thread(k)) for k in p.kernels.values() if k.kind == "matmul"]  # noqa: E731
+    kinds = lambda p: [(k.kind, beside(k)) for k in p.kernels.values() if k.kind == "matmul"]  # noqa: E731
     assert kinds(small) == [("matmul", True)] * 2
     assert kinds(big) == [("matmul", False)] * 2
 

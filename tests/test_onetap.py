@@ -54,8 +54,8 @@ TAKEN = [
                                                             torch.randn(32)]),
     ("1d-few-positions-grouped", lambda x, w: F.conv1d(x, w, groups=2), [torch.randn(2, 34, 5), torch.randn(6, 17, 1)]),
     ("2d-then-relu", lambda x, w: torch.relu(F.conv2d(x, w)), [torch.randn(2, 8, 4, 4), torch.randn(8, 8, 1, 1)]),
-    ("threaded", lambda x, w, b: F.conv1d(x, w, b, groups=2),
-     [torch.randn(2, 128, 64), torch.randn(128, 64, 1), torch.randn(128)]),
+    ("threaded", lambda x, w, b: F.conv1d(x, w, b, groups=2),  # (2 x 256 x 128 x 160 multiply-adds: past the
+     [torch.randn(2, 256, 160), torch.randn(256, 128, 1), torch.randn(256)]),  # tests' matmul threshold, 2^22)
 ]
 
 
@@ -69,6 +69,9 @@ def test_one_tap_convolutions_run_as_generated_kernels(name, fn, inputs) -> None
 
 
 def test_the_threaded_variant_is_threaded_and_the_small_one_is_not() -> None:
+    from runtime.codegen.thresholds import current
+
+    assert 2 * 256 * 128 * 160 >= current().macs > 2 * 24 * 16 * 32  # (the "1d" case's work)
     progs = {name: compiled_post(fn, inputs) for name, fn, inputs in TAKEN if name in ("threaded", "1d")}
     bodies = {name: p.kernels[convolution_segment(p)].body for name, p in progs.items()}
     assert "omp parallel" in bodies["threaded"] and "omp parallel" not in bodies["1d"]

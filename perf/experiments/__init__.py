@@ -26,7 +26,8 @@ One line each: what it measured, and its record in perf/results/.
 
 The size caps the first three chose (``conv.MAX_MACS``, ``onetap.MAX_WORK``, ``patches.MAX_WORK``) are
 gone: kernel or ATen is measured on each machine (Note [choices by measurement] in runtime/autotune.py).
-``onetap.PARALLEL_WORK`` and ``patches.MIN_FILTERS`` are still the figures they chose.
+``patches.MIN_FILTERS`` went the same way (2026-11-28), and ``onetap.PARALLEL_WORK`` gave way to
+the matmul threshold measured on the machine (Note [thread thresholds measured here]).
 perf/results/README.md gives the command that made each record, under the script's old name.
 """
 

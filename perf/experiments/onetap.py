@@ -16,6 +16,7 @@ includes its call (the input check, the output buffer): what a model pays per la
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 
 import torch
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     import runtime
     from alias import apply_aliases
     from runtime.backends import im2col
-    from runtime.codegen import onetap
+    from runtime.codegen import thresholds
     from segmenter import capture, segment
 
     p = argparse.ArgumentParser(prog="python -m perf.experiments.onetap", description=__doc__.split("\n\n")[0])
@@ -73,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
             graph = apply_aliases(segment(capture(fn, [x, w, b])), "post")
             ways = {"eager": fn}
-            for way, parallel in (("generated", 1 << 62), ("threaded", 0)):
-                onetap.PARALLEL_WORK = parallel
-                prog = runtime.compile(graph)
+            for way, parallel in (("generated", 1 << 62), ("threaded", 1)):
+                with thresholds.pinned(dataclasses.replace(thresholds.UNMEASURED, macs=parallel)):
+                    prog = runtime.compile(graph)
                 if set(prog.backend_of.values()) != {"cpp"}:
                     why = "; ".join(f"{b}: {r}" for reasons in prog.passed_over.values() for b, r in reasons)
                     raise SystemExit(f"{list(shape)}: not a generated kernel: {why}")

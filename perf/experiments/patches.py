@@ -1,7 +1,8 @@
 """1-D convolutions of more than one tap on the CPU: eager (oneDNN) against the generated kernel
 (runtime/codegen/patches.py, Note [1-D convolutions as patches]), shape by shape, every shape
-as the kernel, so that ``patches.MIN_FILTERS`` is chosen from measured figures (and ``patches.MAX_WORK``
-was, now a measurement of each shape class: Note [choices by measurement] in runtime/autotune.py).
+as the kernel, so that ``patches.MIN_FILTERS`` and ``patches.MAX_WORK`` were chosen from measured
+figures (both now a measurement of each shape class: Note [choices by measurement] in
+runtime/autotune.py).
 
     python -m perf.experiments.patches [--rounds 5] [--calls 40] [--out perf/results/patches_cpu.json]
 
@@ -36,7 +37,6 @@ SHAPES = [((2, 1, 4000), False, 32, 10, 5, 0, 1), ((2, 32, 799), False, 32, 3, 2
 def main(argv: list[str] | None = None) -> int:
     import runtime
     from alias import apply_aliases
-    from runtime.codegen import patches
     from segmenter import capture, segment
 
     p = argparse.ArgumentParser(prog="python -m perf.experiments.patches", description=__doc__.split("\n\n")[0])
@@ -47,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.autotune import set_policy
 
     set_policy("kernel")  # every shape as the generated kernel, whatever this machine's verdict (runtime/autotune.py)
-    patches.MIN_FILTERS = 0
     rows = []
     with torch.no_grad():
         for shape, transposed, filters, taps, stride, padding, groups in SHAPES:

@@ -28,7 +28,7 @@ one condition the kernel adds is that bound on the keys, which a growing cache m
 Whether the kernel or ATen's is the faster for a shape is measured on the machine (Note [choices
 by measurement] in runtime/autotune.py).
 
-Heads are shared among threads where the work passes ``PARALLEL_MIN`` (a test in the kernel where
+Heads are shared among threads where the work passes the loop threshold (a test in the kernel where
 sizes are symbolic). Below it, measured inside llama-tiny's program (2 calls of 4 heads of 16 x
 16 scores), waking the threads took a launch from 4.5 to 17 us, although a scratch loop of
 back-to-back calls, the threads kept awake, gained 10%.
@@ -64,11 +64,12 @@ from segmenter import FusionGraph, Node
 from segmenter.ir import ValueRef
 from segmenter.symbolic import is_symbolic
 
+from . import thresholds
 from .checks import check_layout, check_segment_metas, float_arg, lone
 from .ctypes_ import Declined
 from .gemm import unit_stride
-from .gemm_prelude import ATTENTION_SCORES, PARALLEL_MACS
-from .kernel import COSTLY_CALL, PARALLEL_MIN, Kernel, Param, bind
+from .gemm_prelude import ATTENTION_SCORES
+from .kernel import BESIDE_MARK, Kernel, Param, bind
 
 __all__ = ["ATTENTION", "ATTENTION_BACKWARD", "ATTENTION_SCORES", "attention_backward_kernel", "attention_kernel"]
 
@@ -78,9 +79,9 @@ _FLOAT_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _work(heads: int, lq: int, s: int, e: int) -> int:
-    """Note [work of a loop] for the scores: an exp each (``COSTLY_CALL``), and two multiply-adds
+    """Note [work of a loop] for the scores: an exp each (a costly call: Note [thread thresholds measured here]), and two multiply-adds
     a feature, 16 to a vector."""
-    return heads * lq * s * (1 + COSTLY_CALL + e // 8)
+    return heads * lq * s * (1 + thresholds.current().costly_call + e // 8)
 
 
 def attention_kernel(graph: FusionGraph, node: Node) -> Kernel:
@@ -170,17 +171,20 @@ def attention_backward_kernel(graph: FusionGraph, node: Node) -> Kernel:
 def _heads_kernel(prefix: str, lines: list[str], params: list[Param], heads: object, work: object,
                   features: object) -> Kernel:
     """The kernel of a loop over heads (``lines``): shared among threads where ``work`` passes
-    ``PARALLEL_MIN``. On one thread otherwise where each of its products (a block's scores, at
-    most ``ATTENTION_SCORES``, by ``features``) stays under ``PARALLEL_MACS`` (Note [kernels side
-    by side] in runtime/chains.py)."""
+    the loop threshold. It may run beside other kernels (Note [kernels side by side] in
+    runtime/chains.py) where that work and each of its products (a block's scores, at most
+    ``ATTENTION_SCORES``, by ``features``) stay under the beside thresholds (Note [thread
+    thresholds measured here] in thresholds.py)."""
+    least = thresholds.current()
     if is_symbolic(work):  # decided in the kernel, on the sizes it is called with: no condition of the plan
-        lines.insert(1, f"#pragma omp parallel for schedule(static) if ({heads} > 1 && {work} >= {PARALLEL_MIN})")
-    elif heads > 1 and work >= PARALLEL_MIN:  # type: ignore[operator]
-        lines.insert(1, "#pragma omp parallel for schedule(static)")
+        lines.insert(1, f"#pragma omp parallel for schedule(static) if ({heads} > 1 && {work} >= {least.loop})")
+    elif heads > 1 and work >= least.loop:  # type: ignore[operator]
+        lines.insert(1, "#pragma omp parallel for schedule(static)" + (BESIDE_MARK if work < least.beside_loop else ""))
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.value, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
-    one = not is_symbolic(features) and ATTENTION_SCORES * features < PARALLEL_MACS  # type: ignore[operator]
-    return Kernel(f"{prefix}_{digest}", tuple(params), body, 1, 1, "attention", one_thread=one)
+    one = not is_symbolic(features) and ATTENTION_SCORES * features < least.beside_macs  # type: ignore[operator]
+    return Kernel(f"{prefix}_{digest}", tuple(params), body, 1, 1, "attention", beside=one,
+                  parallel_macs=least.macs)
 
 
 class _Attention:

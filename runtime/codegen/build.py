@@ -414,6 +414,9 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
                     if len(group) == 1:
                         _, k, src, path = group[0]
                         _compile_into(path, cxx, src, k.name, low_priority)
+                    elif len({m[1].parallel_macs for m in group} - {None}) > 1:  # (thresholds pinned apart:
+                        for _, k, src, path in group:                        # one prelude each)
+                            _compile_into(path, cxx, src, k.name, low_priority)
                     else:
                         _compile_group([(k, path) for _, k, _, path in group], cxx, low_priority)
                 except Declined as e:

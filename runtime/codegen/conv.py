@@ -38,7 +38,7 @@ from segmenter import FusionGraph, Node
 from segmenter.ir import ValueRef
 
 from .ctypes_ import Declined, storage_type
-from .kernel import Kernel, Param, worth_threads
+from .kernel import Kernel, Param, parallel_if
 
 __all__ = ["CONVOLUTION", "convolution_args", "depthwise_kernel", "planar_args"]
 
@@ -126,8 +126,9 @@ def depthwise_kernel(graph: FusionGraph, node: Node) -> Kernel:
     bias = f"b_[c * {bm.stride[0]}]" if bm is not None else f"({ct})0"
     geometry = (N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, ws0, ws2, ws3)
     lines = _nhwc_loops(ct, bias, *geometry) if channels_last else _nchw_loops(ct, bias, *geometry)
-    if worth_threads(macs, []):
-        lines.insert(lines.index("// loops") + 1, "#pragma omp parallel for collapse(2) schedule(static)")
+    threads = parallel_if(macs, [])  # (Note [thread thresholds measured here])
+    if threads is not None:
+        lines.insert(lines.index("// loops") + 1, f"#pragma omp parallel for collapse(2) schedule(static){threads}")
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.dtype) for p in params])).encode()).hexdigest()[:12]
     return Kernel(f"fuseg_dwconv_{digest}", tuple(params), body, 1, 1, "conv", "long long")

@@ -15,7 +15,7 @@ backward (Note [embedding backward kernels] below).
 Taken: one ``aten.embedding`` of a 2-D weight whose rows hold at least one element, of a dtype
 the generator stores (complex is not), by int64 or int32 indices of any layout, the output in
 the contiguous layout ATen gives it (recorded output metas are checked against torch's meta
-kernel first: Note [checked source values] in checks.py). Lookups of over ``PARALLEL_MIN``
+kernel first: Note [checked source values] in checks.py). Lookups of over the loop threshold
 elements share their rows among threads. Anything else is declined with the reason and runs on
 torch.
 """

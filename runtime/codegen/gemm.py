@@ -42,9 +42,9 @@ from segmenter import FusionGraph, OpKind, Segment, op_info
 from segmenter.ir import ValueRef
 from segmenter.symbolic import is_symbolic
 
+from . import thresholds
 from .checks import check_layout, check_segment_metas, int_arg
 from .ctypes_ import Declined
-from .gemm_prelude import PARALLEL_MACS
 from .kernel import Kernel, Param, bind
 
 __all__ = ["MATMULS", "Product", "matmul_kernel", "product_call", "unit_stride"]
@@ -199,6 +199,7 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
     params.append(Param("y_", out, torch.float32, oshape, ostride, True))
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
-    macs = m * n * k  # each product's; the routine shares it among threads from PARALLEL_MACS on
+    macs = m * n * k  # each product's; the routine shares it among threads from the threshold on
+    least = thresholds.current()  # (Note [thread thresholds measured here])
     return Kernel(f"fuseg_matmul_{digest}", tuple(params), body, 1, 1, "matmul",
-                  one_thread=not is_symbolic(macs) and macs < PARALLEL_MACS)
+                  beside=not is_symbolic(macs) and macs < least.beside_macs, parallel_macs=least.macs)

@@ -35,7 +35,7 @@ the inner loops.
 
 from __future__ import annotations
 
-__all__ = ["ATTENTION_SCORES", "GEMM_PRELUDE", "NN_PACK_ROWS", "PACK_ROWS", "PARALLEL_MACS"]
+__all__ = ["ATTENTION_SCORES", "GEMM_PRELUDE", "NN_PACK_ROWS", "PACK_ROWS"]
 
 #: rows of C from which B contiguous along k is first copied contiguous along n, and from which B
 #: contiguous along n is copied panel by panel (Note [register tiles]); tests in the kernel, so
@@ -46,10 +46,6 @@ PACK_ROWS = 5
 NN_PACK_ROWS = 64
 #: scores of one block of query rows the attention kernel keeps on the stack (64 KiB)
 ATTENTION_SCORES = 1 << 14
-#: multiply-adds from which a product's panels of columns are shared among threads (a test in the
-#: kernel): 0.1-0.2 ms of one core's work, ten times what waking the threads took inside a program
-#: (Note [attention kernels] in attention.py: 4.5 -> 17 us); nested in the attention's threads, one
-PARALLEL_MACS = 1 << 22
 
 
 def _transpose_steps(vw: int) -> list[tuple[list[int], list[int]]]:
@@ -134,7 +130,7 @@ GEMM_PRELUDE = r"""
 #define FUSEG_W (FUSEG_NV * FUSEG_VW)
 #define FUSEG_PACK_ROWS @PACK_ROWS@
 #define FUSEG_NN_PACK_ROWS @NN_PACK_ROWS@
-#define FUSEG_PARALLEL_MACS @PARALLEL_MACS@
+// (FUSEG_PARALLEL_MACS: defined before the prelude, Note [thread thresholds measured here])
 #define FUSEG_ATTENTION_SCORES @ATTENTION_SCORES@
 typedef float fuseg_v __attribute__((vector_size(4 * FUSEG_VW), aligned(4), may_alias));
 typedef int fuseg_vm __attribute__((vector_size(4 * FUSEG_VW)));
@@ -595,5 +591,5 @@ static void fuseg_attention_head_backward(long L, long S, long E, const float* G
   }
 }
 """.replace("@SHUFFLES@", _shuffles()).replace("@PACK_ROWS@", str(PACK_ROWS)).replace(
-    "@ATTENTION_SCORES@", str(ATTENTION_SCORES)).replace("@PARALLEL_MACS@", str(PARALLEL_MACS)).replace(
+    "@ATTENTION_SCORES@", str(ATTENTION_SCORES)).replace(
     "@NN_PACK_ROWS@", str(NN_PACK_ROWS))

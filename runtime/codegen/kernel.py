@@ -15,11 +15,12 @@ from segmenter import Node
 from segmenter.ops import resolve_op
 
 from . import index as ix
+from . import thresholds
 from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
 from .symsizes import sizes_active
 
-__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "PARALLEL_MIN", "loop_kernel", "loop_work", "on_one_thread", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -48,13 +49,17 @@ class Kernel:
     #: what the function returns: "void", or "long long" for a CPU kernel that counts the
     #: elements it refused (an index out of range: Note [embedding kernels] in embedding.py)
     returns: str = "void"
-    #: set by a generator whose kernel calls the prelude's matmul routines (which share their
-    #: loops among threads above ``PARALLEL_MACS``): they never do here (``on_one_thread``)
-    one_thread: bool = False
+    #: set by a generator whose kernel calls the prelude's matmul routines where each product
+    #: is under the beside threshold: the kernel may run beside others (``beside``)
+    beside: bool = False
+    #: the multiply-adds from which the prelude's matmul routines share a product among threads,
+    #: for a kernel that calls them (gemm.py, attention.py): the thresholds it was generated with
+    #: (Note [thread thresholds measured here] in thresholds.py), so its source names them
+    parallel_macs: int | None = None
 
     def source(self, target: str) -> str:
         soft = soft_half(target)
-        return f"#define FUSEG_I {self.index_type}\n{soft}{prelude(target)}\n{self.function(target)}"
+        return f"#define FUSEG_I {self.index_type}\n{soft}{_macs_define([self], target)}{prelude(target)}\n{self.function(target)}"
 
     @property
     def symbols(self) -> tuple[int, ...]:
@@ -195,57 +200,73 @@ def cuda_ept() -> int:
     return 4 if cuda_tuning() else 1
 
 
+def _macs_define(kernels: list[Kernel], target: str) -> str:
+    """The matmul routines' threshold of the kernels that call them, defined before the prelude
+    (one value per source: ``ValueError`` where they differ); where none calls them the routines
+    are compiled but never called, and the threshold is any."""
+    values = {k.parallel_macs for k in kernels if k.parallel_macs is not None}
+    if len(values) > 1:
+        raise ValueError(f"kernels generated with different matmul thresholds in one source: {sorted(values)}")
+    if target != "cpu":
+        return ""
+    return f"#define FUSEG_PARALLEL_MACS {values.pop() if values else 1 << 62}LL\n"
+
+
 def translation_unit(kernels: list[Kernel], target: str) -> str:
     """One source holding every kernel of ``kernels`` (distinct names), the prelude once."""
-    return soft_half(target) + prelude(target) + "\n" + "".join(
+    return soft_half(target) + _macs_define(kernels, target) + prelude(target) + "\n" + "".join(
         f"#undef FUSEG_I\n#define FUSEG_I {k.index_type}\n{k.function(target)}" for k in kernels)
 
-
-#: elements of work from which a CPU kernel shares its loops among threads (OpenMP, torch's thread
-#: count): below it, waking the threads costs more than the loop (a few us against ~1 ns an element)
-PARALLEL_MIN = 1 << 15
 
 # Note [work of a loop]: an element of a loop that calls exp, tanh, erf or a libm function costs
 # far more than one of adds and multiplies (eager on one thread over 16k floats, on this 2-core
 # machine kind: an add 5.5 us with its dispatch, a GELU 23.5 us; our GELU loop about 1.8 ns an
-# element), so a loop's work is its elements times its ops, each such call counted as COSTLY_CALL
-# plain ops: a GELU over 16k elements is worth threads, an add is not.
-COSTLY_CALL = 8
+# element), so a loop's work is its elements times its ops, each such call counted as so many
+# plain ops (``Thresholds.costly_call``, measured on the machine: Note [thread thresholds measured
+# here] in thresholds.py; 8 on that machine kind): a GELU over 16k elements is worth threads, an
+# add is not.
 _COSTLY = re.compile(r"\b(?:fuseg_exp|fuseg_tanh|fuseg_erf|exp2|expm1|log|log2|log10|log1p|sin|cos|tan|sinh|cosh|"
                      r"asin|acos|atan|erf|erfc|pow)\(")
 
 
 def loop_work(elements: int, lines: list[str]) -> int:
     """Note [work of a loop]: ``elements`` times the per-element cost of the body ``lines``."""
-    return elements * (1 + COSTLY_CALL * sum(len(_COSTLY.findall(line)) for line in lines))
+    costly = thresholds.current().costly_call  # (measured: Note [thread thresholds measured here])
+    return elements * (1 + costly * sum(len(_COSTLY.findall(line)) for line in lines))
 
 
-#: kinds of kernel that call the prelude's matmul routines, which may share their loops among threads
-_ROUTINE_KINDS = ("matmul", "attention")
+#: the tail of a parallel loop's pragma whose work is under the beside threshold: its kernel may
+#: run beside others, where the runner gives it one thread (``beside``)
+BESIDE_MARK = " /* may run beside */"
 
 
-def on_one_thread(kernel: Kernel) -> bool:
-    """Whether the CPU kernel never shares its work among threads: no parallel loop of its own,
-    and no matmul routine that may have one unless its generator says it has none (Note
-    [kernels side by side] in runtime/chains.py)."""
-    if "omp parallel" in kernel.body:
+def beside(kernel: Kernel) -> bool:
+    """Whether the CPU kernel may run beside other kernels of its chain, on one thread each (Note
+    [kernels side by side] in runtime/chains.py): each of its parallel loops has work under the
+    beside threshold (Note [thread thresholds measured here] in thresholds.py), and a kernel that
+    calls the matmul routines (one generated with ``parallel_macs``) only where its generator
+    says each product is under it."""
+    if any("omp parallel" in line and BESIDE_MARK not in line for line in kernel.body.splitlines()):
         return False
-    return kernel.one_thread or kernel.kind not in _ROUTINE_KINDS
+    return kernel.beside or kernel.parallel_macs is None
 
 
 def worth_threads(elements: int, lines: list[str]) -> bool:
     """Whether a CPU loop of ``elements`` running ``lines`` is shared among threads."""
-    return loop_work(elements, lines) >= PARALLEL_MIN
+    return loop_work(elements, lines) >= thresholds.current().loop
 
 
 def parallel_if(elements: int, lines: list[str]) -> str | None:
-    """``worth_threads`` as the tail of an OpenMP pragma: None (one thread), "" (threads), or,
-    where the work is a symbolic size, an ``if(...)`` clause that decides at the call, so the
-    choice is no condition of the plan (Note [kernel sizes as arguments] in symsizes.py)."""
-    work = loop_work(elements, lines)
+    """``worth_threads`` as the tail of an OpenMP pragma: None (one thread), "" (threads),
+    ``BESIDE_MARK`` (threads, where the kernel runs alone), or, where the work is a symbolic
+    size, an ``if(...)`` clause that decides at the call, so the choice is no condition of the
+    plan (Note [kernel sizes as arguments] in symsizes.py)."""
+    work, least = loop_work(elements, lines), thresholds.current()
     if isinstance(work, torch.SymInt) and sizes_active():
-        return f" if({work} >= {PARALLEL_MIN})"
-    return "" if work >= PARALLEL_MIN else None
+        return f" if({work} >= {least.loop})"
+    if work < least.loop:
+        return None
+    return BESIDE_MARK if work < least.beside_loop else ""
 
 
 def loop_kernel(prefix: str, kind: str, lines: list[str], work: object | None, clause: str,

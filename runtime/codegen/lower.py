@@ -703,7 +703,7 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
     linear index, unravelled into one index per dim. On the CPU one loop per dim of the output
     (size-1 dims have none), so every index is affine in the loop counters: no division per
     element, the innermost loop over unit strides vectorizes, and the outer loops are shared
-    among the threads (OpenMP, torch's thread count) where there is enough work (``PARALLEL_MIN``,
+    among the threads (OpenMP, torch's thread count) where there is enough work (the loop threshold,
     Note [work of a loop])."""
     n = math.prod(shape)
     loop = lw.fresh("L")

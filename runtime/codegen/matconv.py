@@ -10,6 +10,7 @@ import torch
 
 from segmenter import FusionGraph, Node, TensorMeta
 
+from . import thresholds
 from .checks import check_layout, check_segment_metas, lone
 from .ctypes_ import Declined
 from .index import dense_strides
@@ -50,9 +51,11 @@ def checked_operands(graph: FusionGraph, node: Node, a: dict) -> Operands:
     return xm, wm, bm, ym
 
 
-def matmul_conv_kernel(prefix: str, node: Node, a: dict, operands: Operands, lines: list[str]) -> Kernel:
+def matmul_conv_kernel(prefix: str, node: Node, a: dict, operands: Operands, lines: list[str], work: int) -> Kernel:
     """The kernel named ``prefix`` + a digest of ``lines`` and its parameters ``x_``, ``w_``, ``b_``
-    (where there is a bias) and ``y_``."""
+    (where there is a bias) and ``y_``; it calls the matmul routines, whose products, at most
+    ``work`` multiply-adds, share threads from the matmul threshold (Note [thread thresholds
+    measured here] in thresholds.py)."""
     xm, wm, bm, ym = operands
     params = [Param("x_", a["input"].name, xm.dtype, xm.shape, xm.stride, False),
               Param("w_", a["weight"].name, wm.dtype, wm.shape, wm.stride, False)]
@@ -61,4 +64,6 @@ def matmul_conv_kernel(prefix: str, node: Node, a: dict, operands: Operands, lin
     params.append(Param("y_", node.outputs[0], ym.dtype, ym.shape, ym.stride, True))
     body = "\n".join(lines) + "\n"
     digest = hashlib.sha1((body + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
-    return Kernel(f"{prefix}{digest}", tuple(params), body, 1, 1, "conv")
+    least = thresholds.current()
+    return Kernel(f"{prefix}{digest}", tuple(params), body, 1, 1, "conv", beside=work < least.beside_macs,
+                  parallel_macs=least.macs)

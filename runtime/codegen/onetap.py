@@ -17,8 +17,9 @@ positions (MobileNet's and PoolFormer's 2x2 and 1x1 maps) would make each column
 reading the input one row of positions apart, element by element (PoolFormer's 2x256x2x2 layer
 took 55 us so, against 19 us as im2col): the image's group of positions is first copied
 contiguous along channels into a stack buffer, and the dot products run in vectors along the
-channels (3.8 us). The images and groups are shared among threads where the work is worth it
-(``PARALLEL_WORK``).
+channels (3.8 us). The images and groups are shared among threads where the work passes the
+matmul threshold (measured on the machine: Note [thread thresholds measured here] in
+thresholds.py; it was 2^18 multiply-adds, from perf/results/onetap_cpu.json).
 
 Values are not ATen's bits: the sums run in another order (oneDNN's depends on the machine and
 the sizes); the tests check them against eager within float32's tolerances, the sums being
@@ -36,16 +37,15 @@ import math
 
 from segmenter import FusionGraph, Node
 
+from . import thresholds
 from .conv import convolution_args
 from .ctypes_ import Declined
 from .gemm import product_call
-from .kernel import Kernel
+from .kernel import BESIDE_MARK, Kernel
 from .matconv import checked_operands, matmul_conv_kernel
 
-__all__ = ["PARALLEL_WORK", "onetap_kernel"]
+__all__ = ["onetap_kernel"]
 
-#: multiply-adds from which images and groups are shared among threads (perf/results/onetap_cpu.json)
-PARALLEL_WORK = 1 << 18
 #: bytes of an image's positions copied contiguous along channels on the stack (see the Note)
 _COPY_BYTES = 1 << 16
 
@@ -125,6 +125,8 @@ def onetap_kernel(graph: FusionGraph, node: Node) -> Kernel:
              *(f"      {line}" for line in prologue),
              f"      {call(ptr[first], ptr[second], b, f'y_ + n * {syn} + j * {og * syo}')};",
              "    }"]
-    if work >= PARALLEL_WORK and N * groups > 1:
-        lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
-    return matmul_conv_kernel("fuseg_onetap_", node, a, checked, lines)
+    least = thresholds.current()
+    if work >= least.macs and N * groups > 1:
+        lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)" + (BESIDE_MARK if work < least.beside_macs
+                                                                                  else ""))
+    return matmul_conv_kernel("fuseg_onetap_", node, a, checked, lines, work)

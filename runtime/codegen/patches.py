@@ -12,16 +12,18 @@ bias, straight into the output's rows. The patches are laid out along positions 
 vector loop, 16 positions at a time) where a block has 16 positions or more, else along the patch
 (dot products in vectors along it, the weight's taps and channels one run). The filter is read
 in place: its channels and taps must make one run of equally spaced elements (either order).
-Padding reads nothing. The images and groups are shared among threads where the work is worth it
-(``PARALLEL_WORK``).
+Padding reads nothing. The images and groups are shared among threads where the work passes the
+matmul threshold (Note [thread thresholds measured here] in thresholds.py).
 
 Values are not ATen's bits (another summation order); the tests check them against eager within
 float32's tolerances. Taken: one ``aten.convolution`` of 1-D float32 values, not transposed, any
 stride, padding, dilation and groups, an output whose positions are one element apart (NCL), a
-patch of at most ``BLOCK_FLOATS`` elements, and from
-``PARALLEL_WORK`` multiply-adds at least ``MIN_FILTERS`` filters a group (each copied element is
-read once per filter: with fewer the copy costs more than oneDNN's whole call). Anything else is
-declined with the reason. (One-tap ones go to Note [one-tap convolutions] first, which reads the
+patch of at most ``BLOCK_FLOATS`` elements. Anything else is declined with the reason. Few
+filters a group make the copy dear (each copied element is read once per filter: 2.3x eager's
+time with 8 filters a group at 6.6M multiply-adds, 0.88x with 16, perf/results/patches_cpu.json,
+an AMD EPYC): that was a decline, 16 filters a group from 2^18 multiply-adds, set from that one
+machine; since 2026-11-28 the kernel and ATen are measured on the machine that runs them, as
+for any size (Note [choices by measurement] in runtime/autotune.py). (One-tap ones go to Note [one-tap convolutions] first, which reads the
 input in place.)
 """
 
@@ -29,20 +31,15 @@ from __future__ import annotations
 
 from segmenter import FusionGraph, Node
 
+from . import thresholds
 from .conv import convolution_args
 from .ctypes_ import Declined
 from .gemm import Product, product_call
-from .kernel import Kernel
+from .kernel import BESIDE_MARK, Kernel
 from .matconv import checked_operands, matmul_conv_kernel
 
-__all__ = ["BLOCK_FLOATS", "MIN_FILTERS", "PARALLEL_WORK", "patches_kernel"]
+__all__ = ["BLOCK_FLOATS", "patches_kernel"]
 
-#: filters a group from which the patches are worth copying at any size (perf/results/patches_cpu.json:
-#: 2.3x eager's time with 8 filters a group at 6.6M multiply-adds, each copied element read by 8
-#: filters only; 0.88x with 16)
-MIN_FILTERS = 16
-#: multiply-adds from which images and groups are shared among threads
-PARALLEL_WORK = 1 << 18
 #: floats of one block of patches on the stack (64 KiB)
 BLOCK_FLOATS = 1 << 14
 
@@ -98,9 +95,6 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
         raise Declined(f"patches of {patch} elements: more than a block on the stack holds ({BLOCK_FLOATS})")
     work = N * filters * patch * positions
     og, sb = filters // groups, (bm.stride[0] if bm is not None else 0)
-    if og < MIN_FILTERS and work >= PARALLEL_WORK:
-        raise Declined(f"{og} filters a group read each copied element of the patches: fewer than {MIN_FILTERS} "
-                       f"at {work} multiply-adds (Note [1-D convolutions as patches])")
     # positions a block: as many as the stack buffer holds, in multiples of 64 columns (else 16)
     # where there are that many: whole register tiles on AVX-512 and AVX2 (Note [register tiles]
     # in gemm_prelude.py; a tile cut short by the block's edge is masked)
@@ -145,6 +139,8 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
                  f"  {call(*operands, b, out_at)};", "}"]
     lines += [f"      {line}" for line in body]
     lines.append("    }")
-    if work >= PARALLEL_WORK and N * groups > 1:
-        lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)")
-    return matmul_conv_kernel("fuseg_patches_", node, a, checked, lines)
+    least = thresholds.current()
+    if work >= least.macs and N * groups > 1:
+        lines.insert(0, "#pragma omp parallel for collapse(2) schedule(static)" + (BESIDE_MARK if work < least.beside_macs
+                                                                                  else ""))
+    return matmul_conv_kernel("fuseg_patches_", node, a, checked, lines, work)

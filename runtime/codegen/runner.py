@@ -7,7 +7,7 @@ is ``[steps, then per step: kernel address, argument count, flags, then per argu
 bytes]``; an argument is ``slots[slot] + bytes``. A step's flags: ``COUNTS`` (it returns a
 count), and on the first step of a group (Note [kernels side by side] in runtime/chains.py) the
 group's size shifted by ``GROUP_SHIFT``: the group's steps are called at once, shared among
-torch's threads, each step on one thread. The program makes ``code``
+torch's threads, each step on one thread (its own parallel loops run by a team of one). The program makes ``code``
 when it is compiled, from kernels it built and offsets it planned; only ``slots`` changes from
 call to call (the data pointers of that call's tensors).
 
@@ -78,8 +78,10 @@ _BODY = f"""\
       const int threads = omp_get_max_threads();
       int unknown = 0;
       #pragma omp parallel for schedule(dynamic, 1) num_threads(g < threads ? g : threads) reduction(|: unknown) if (threads > 1)
-      for (long long j = 0; j < g; ++j)
+      for (long long j = 0; j < g; ++j) {{
+        omp_set_num_threads(1);  // (this thread's task only: a loop of the kernel's own takes no team)
         unknown |= fuseg_chain_call(f[j], n[j], a[j]);
+      }}
       if (unknown) return -1;
       continue;
     }}
@@ -99,11 +101,13 @@ _BODY = f"""\
 
 @dataclass(frozen=True)
 class _Runner(Kernel):
-    """The runner, after what it calls: OpenMP's thread count (declared here: the prelude
-    includes nothing) and the call of a kernel that returns nothing, by its argument count."""
+    """The runner, after what it calls: OpenMP's thread count, read and set (declared here: the
+    prelude includes nothing), and the call of a kernel that returns nothing, by its argument
+    count."""
 
     def function(self, target: str) -> str:
-        return 'extern "C" int omp_get_max_threads(void);\n' + _CALL + super().function(target)
+        return ('extern "C" int omp_get_max_threads(void);\nextern "C" void omp_set_num_threads(int);\n' + _CALL
+                + super().function(target))
 
 
 def runner_kernel() -> Kernel:

@@ -1,0 +1,399 @@
+"""The thread thresholds measured on this CPU, and kept in the kernel cache dir (issue 42).
+
+Note [how the thresholds are measured]: one library (the prelude and a few loops, built with the
+kernels' own flags) times, on torch's threads (its libgomp is the one loaded):
+
+* ``loop``: a loop of one plain op an element over rows of 64 (``y = x * w + b``, the row's
+  weights broadcast: a bias add) at 2^9 .. 2^20 elements, on one thread against the threads;
+* ``macs``: the prelude's ``fuseg_mm_nt`` (the linear layers' product) at M x 2M by M for
+  M = 16 .. 256, its threshold a variable here, on one thread against the threads;
+* ``beside_loop``, ``beside_macs``: two such loops (products) at once, one thread each, as the
+  runner runs a group (Note [kernels side by side] in runtime/chains.py), against the two one
+  after the other, each as it runs alone (on the threads from the threshold just measured);
+* ``costly_call``: on one thread, the loop above and one of ``fuseg_exp`` over 2^18 elements:
+  how many plain ops an exp costs (Note [work of a loop] in kernel.py).
+
+Each size's calls alternate the two ways, one right after the other, ``CALLS`` pairs, the order
+swapped from pair to pair, each call timed in C (``clock_gettime``, no Python between); the
+first pair is not counted, the medians are compared, and two ways within ``TIE`` of each other
+are a tie. ``loop`` and ``macs``: the smallest size from which threads were faster, there and at
+the next two sizes; twice the largest where they never were. ``beside_*``: a kernel may run
+beside others up to the sizes where side by side was faster (past a tie, from the first size
+after the last such win that ties or loses, there and at the next two), never below the alone
+threshold: a kernel that takes no threads may always join a group, whose trial in its chain
+decides (Note [kernels side by side]). Calls back to back keep the other threads awake
+(libgomp's threads spin a while after a region before they sleep), which is what they are
+inside a program's chain of kernels; a loop waking threads that slept (a gap of 10 ms between
+calls, scratch runs on the AMD EPYC) paid about 20-30 us, which no threshold of work hides.
+
+On the AMD EPYC family 25 model 17 (2 threads; five calibrations in one process, scratch): a loop
+on the threads from 2^14 elements (once 2^12), a product from 2 x 48^3 multiply-adds; products
+side by side 1.2-1.4x faster than one after the other up to 2 x 96^3 and a tie from 2 x 128^3,
+so ``beside_macs`` 2^22 (the hand-set constant before); loops side by side within 0-9% of one
+after the other from 2^13 on, so ``beside_loop`` came out 2^14 .. 2^17 by the noise of those
+near-ties; an exp 5-7 plain ops. About 0.1 s of measuring.
+
+What is kept: a file per machine (Note [choices by measurement]'s ``machine``: the CPU's model
+and flags, the compiler and torch) and thread count, holding the thresholds and every median
+they came from. A damaged or foreign file reads as none and is measured again; one that cannot
+be written leaves the thresholds to this process. The measuring holds the background compilers
+stopped (Note [compilers paused while dynamo traces]), which would take a core from the threads.
+Its library is built once per cache dir, about a second: ``prepare`` starts that build in the
+background when dynamo first looks the backend up (runtime/dynamo.py's import), so it runs while
+dynamo traces the first graph: on gpt-neox-tiny with an empty cache, started at the backend's
+first graph instead, the first call waited 0.5 s for it (2.16 s against 1.44 with the
+thresholds set; scratch).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from .thresholds import Thresholds
+
+__all__ = ["CALLS", "FIELDS", "TIE", "keep", "kept_detail", "kept_or_measured", "measure", "prepare", "thresholds_path"]
+
+#: timed pairs of calls per size (the first not counted)
+CALLS = 21
+#: what counts as a tie between two ways: the faster must take less than the other's time
+#: over this (two identical ways differed by up to 4% in one calibration's medians); and a
+#: kernel runs alone (on its threads) rather than beside another from where that takes at most
+#: this much more than a pair side by side (a tie goes to its own threads: a group's partner is
+#: seldom its equal, and a group waits for its slowest kernel)
+TIE = 1 + 1 / 16
+#: the loop's elements, as powers of two; the product's M
+_LOOP_BITS = range(9, 21)
+_MM_SIZES = (16, 24, 32, 48, 64, 96, 128, 192, 256)
+_COLS = 64
+
+_SOURCE = r"""
+#include <time.h>
+extern "C" void omp_set_num_threads(int);
+static double fuseg_cal_now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
+static void fuseg_cal_loop(const float* x, const float* w, float* y, long rows, int threads) {
+#pragma omp parallel for schedule(static) if (threads)
+  for (long i = 0; i < rows; ++i)
+    for (long j = 0; j < @COLS@; ++j) y[i * @COLS@ + j] = x[i * @COLS@ + j] * w[j] + w[@COLS@ + j];
+}
+static void fuseg_cal_product(long m, const float* A, const float* B, float* C) {
+  fuseg_mm_nt(m, 2 * m, m, A, m, B, m, C, 2 * m, nullptr, 0, 0);
+}
+// out[2 c + t], nanoseconds of call c: one loop on one thread (t = 0) or on the threads (t = 1)
+extern "C" void fuseg_cal_loops(const float* x, const float* w, float* y, long rows, long calls, double* out) {
+  for (long c = 0; c < calls; ++c)
+    for (int k = 0; k < 2; ++k) {
+      const int t = (c & 1) ? 1 - k : k;
+      const double t0 = fuseg_cal_now();
+      fuseg_cal_loop(x, w, y, rows, t);
+      out[2 * c + t] = fuseg_cal_now() - t0;
+    }
+}
+// out[2 c + t]: two loops side by side, one thread each, as the runner runs a group (t = 0), or
+// one after the other, each as it runs alone (t = 1: on the threads where ``alone``)
+extern "C" void fuseg_cal_loop_pairs(const float* x, const float* w, float* y, float* z, long rows, int alone,
+                                     long calls, double* out) {
+  for (long c = 0; c < calls; ++c)
+    for (int k = 0; k < 2; ++k) {
+      const int t = (c & 1) ? 1 - k : k;
+      const double t0 = fuseg_cal_now();
+      if (t) {
+        fuseg_cal_loop(x, w, y, rows, alone);
+        fuseg_cal_loop(x, w, z, rows, alone);
+      } else {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+        for (int j = 0; j < 2; ++j) {
+          omp_set_num_threads(1);
+          fuseg_cal_loop(x, w, j ? z : y, rows, 0);
+        }
+      }
+      out[2 * c + t] = fuseg_cal_now() - t0;
+    }
+}
+// out[2 c + t]: a product (M x 2M by M) on one thread (t = 0) or on the threads (t = 1)
+extern "C" void fuseg_cal_products(long m, const float* A, const float* B, float* C, long calls, double* out) {
+  for (long c = 0; c < calls; ++c)
+    for (int k = 0; k < 2; ++k) {
+      const int t = (c & 1) ? 1 - k : k;
+      fuseg_cal_macs = t ? 0 : (1LL << 62);
+      const double t0 = fuseg_cal_now();
+      fuseg_cal_product(m, A, B, C);
+      out[2 * c + t] = fuseg_cal_now() - t0;
+    }
+}
+// out[2 c + t]: two products side by side (t = 0), or one after the other, each as it runs alone
+// (t = 1: on the threads from ``alone`` multiply-adds)
+extern "C" void fuseg_cal_product_pairs(long m, const float* A, const float* B, float* C, float* D, long long alone,
+                                        long calls, double* out) {
+  for (long c = 0; c < calls; ++c)
+    for (int k = 0; k < 2; ++k) {
+      const int t = (c & 1) ? 1 - k : k;
+      const double t0 = fuseg_cal_now();
+      if (t) {
+        fuseg_cal_macs = alone;
+        fuseg_cal_product(m, A, B, C);
+        fuseg_cal_product(m, A, B, D);
+      } else {
+        fuseg_cal_macs = 1LL << 62;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+        for (int j = 0; j < 2; ++j) {
+          omp_set_num_threads(1);
+          fuseg_cal_product(m, A, B, j ? D : C);
+        }
+      }
+      out[2 * c + t] = fuseg_cal_now() - t0;
+    }
+}
+// out[2 c]: the plain loop, out[2 c + 1]: a loop of exp, one thread, nanoseconds
+extern "C" void fuseg_cal_costly(const float* x, const float* w, float* y, long n, long calls, double* out) {
+  for (long c = 0; c < calls; ++c) {
+    double t0 = fuseg_cal_now();
+    fuseg_cal_loop(x, w, y, n / @COLS@, 0);
+    out[2 * c] = fuseg_cal_now() - t0;
+    t0 = fuseg_cal_now();
+    for (long i = 0; i < n; ++i) y[i] = fuseg_exp(x[i]);
+    out[2 * c + 1] = fuseg_cal_now() - t0;
+  }
+}
+""".replace("@COLS@", str(_COLS))
+
+
+def source() -> str:
+    """The library's source: the prelude with its matmul threshold a variable, then the loops."""
+    from .ctypes_ import prelude
+
+    return ("#define FUSEG_I long long\n#define FUSEG_PARALLEL_MACS fuseg_cal_macs\n"
+            "static long long fuseg_cal_macs = 0;\n" + prelude("cpu") + _SOURCE)
+
+
+def _library_path() -> str:
+    from .build import _cpu_build_key, cache_dir
+
+    digest = hashlib.sha256((source() + _cpu_build_key()).encode()).hexdigest()[:24]
+    return os.path.join(cache_dir(), f"fuseg_thresholds_{digest}.so")
+
+
+def _build() -> str:
+    """The library, built into the cache dir where it is not there whole; its path."""
+    from .build import _compile_into, _sound, cpu_compiler
+
+    path = _library_path()
+    if not _sound(path):
+        cxx = cpu_compiler()
+        if cxx is None:
+            raise OSError("no C++ compiler found (set CXX)")
+        _compile_into(path, cxx, source(), "fuseg_thresholds")
+    return path
+
+
+_PREPARED: dict[str, concurrent.futures.Future] = {}
+_PREPARE_LOCK = threading.Lock()
+
+
+def prepare() -> None:
+    """Where the thresholds are neither set nor kept, start building the library in the
+    background (the first ``measure`` waits for it)."""
+    from . import thresholds
+    from .build import cpu_compiler
+
+    if os.environ.get("FUSEG_THREAD_THRESHOLDS") or torch.get_num_threads() <= 1 or cpu_compiler() is None:
+        return
+    if _kept(torch.get_num_threads()) is not None:
+        return
+    with _PREPARE_LOCK:
+        if "build" in _PREPARED or thresholds.resolved():
+            return
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuseg-thresholds")
+        _PREPARED["build"] = pool.submit(_build)
+        pool.shutdown(wait=False)
+
+
+def _built() -> str:
+    with _PREPARE_LOCK:
+        future = _PREPARED.pop("build", None)
+    if future is not None:
+        try:
+            return future.result()
+        except Exception:  # noqa: BLE001 - built again below, where the error shows
+            pass
+    return _build()
+
+
+# -- measuring --------------------------------------------------------------------------------
+
+def _medians(out: Any) -> tuple[float, float]:
+    """The medians (ns) of the two ways' calls, the first pair not counted."""
+    pairs = out.view(-1, 2)[1:]
+    return statistics.median(pairs[:, 0].tolist()), statistics.median(pairs[:, 1].tolist())
+
+
+def _threshold(ladder: list[tuple[int, float, float]]) -> int:
+    """The smallest size from which the second way was faster than the first by more than
+    ``TIE``, there and at the next two sizes measured (``ladder``: size, the first way's ns, the
+    second's, by size); twice the largest size where no such size was measured."""
+    for i, (size, first, second) in enumerate(ladder):
+        if second * TIE < first and all(s2 * TIE < f2 for _, f2, s2 in ladder[i + 1:i + 3]):
+            return size
+    return 2 * ladder[-1][0]
+
+
+def _beside(ladder: list[tuple[int, float, float]], alone: int) -> int:
+    """Note [how the thresholds are measured]: from where a kernel keeps to itself (``ladder``:
+    size, a pair's ns side by side, one after the other each as it runs alone): above every size
+    where side by side was faster by more than ``TIE``, from the first size where it was not,
+    there and at the next; never below ``alone``; twice the largest size where side by side won
+    at the largest."""
+    wins = [i for i, (_, side, apart) in enumerate(ladder) if apart > side * TIE]
+    if not wins:
+        return alone
+    rest = ladder[wins[-1] + 1:]
+    least = _threshold([(size, side * TIE * TIE, apart) for size, side, apart in rest]) if rest else 2 * ladder[-1][0]
+    return max(least, alone)
+
+
+def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
+    """Note [how the thresholds are measured], on ``threads`` of torch's: the thresholds and
+    every median they came from."""
+    from . import pause
+
+    lib = ctypes.CDLL(_built())
+    ptr, n_ = ctypes.c_void_p, ctypes.c_long
+    out = torch.empty(2 * CALLS, dtype=torch.float64)
+    top, big = 1 << max(_LOOP_BITS), max(_MM_SIZES)
+    x, w = torch.rand(top) - 0.5, torch.randn(2 * _COLS)
+    y, z = torch.empty(top), torch.empty(top)
+    a, b = torch.rand(big * big), torch.rand(2 * big * big)
+    c, d = torch.empty(2 * big * big), torch.empty(2 * big * big)
+    ladders: dict[str, list[tuple[int, float, float]]] = {"loop": [], "beside_loop": [], "macs": [], "beside_macs": []}
+    own = torch.get_num_threads()
+    with pause.held():
+        torch.set_num_threads(threads)
+        try:
+            for bits in _LOOP_BITS:
+                lib.fuseg_cal_loops(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), n_((1 << bits) // _COLS),
+                                    n_(CALLS), ptr(out.data_ptr()))
+                ladders["loop"].append((1 << bits, *_medians(out)))
+            alone = _threshold(ladders["loop"])
+            for bits in _LOOP_BITS:
+                lib.fuseg_cal_loop_pairs(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), ptr(z.data_ptr()),
+                                         n_((1 << bits) // _COLS), ctypes.c_int(int(1 << bits >= alone)), n_(CALLS),
+                                         ptr(out.data_ptr()))
+                ladders["beside_loop"].append((1 << bits, *_medians(out)))
+            for m in _MM_SIZES:
+                lib.fuseg_cal_products(n_(m), ptr(a.data_ptr()), ptr(b.data_ptr()), ptr(c.data_ptr()), n_(CALLS),
+                                       ptr(out.data_ptr()))
+                ladders["macs"].append((2 * m ** 3, *_medians(out)))
+            alone = _threshold(ladders["macs"])
+            for m in _MM_SIZES:
+                lib.fuseg_cal_product_pairs(n_(m), ptr(a.data_ptr()), ptr(b.data_ptr()), ptr(c.data_ptr()),
+                                            ptr(d.data_ptr()), ctypes.c_longlong(alone), n_(CALLS), ptr(out.data_ptr()))
+                ladders["beside_macs"].append((2 * m ** 3, *_medians(out)))
+            n = 1 << 18
+            lib.fuseg_cal_costly(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), n_(n), n_(CALLS),
+                                 ptr(out.data_ptr()))
+            plain, costly = _medians(out)
+        finally:
+            torch.set_num_threads(own)
+    # (a call of exp costs ``ratio`` plain elements; the element itself is one of them)
+    calls = max(1, round(costly / max(plain, 1e-9) - 1))
+    loop, macs = _threshold(ladders["loop"]), _threshold(ladders["macs"])
+    got = Thresholds(loop, macs, "measured", calls, _beside(ladders["beside_loop"], loop),
+                     _beside(ladders["beside_macs"], macs))
+    detail = {**{f"{k}_ns": [list(r) for r in v] for k, v in ladders.items()},
+              "plain_ns_an_element": plain / n, "exp_ns_an_element": costly / n, "threads": threads}
+    return got, detail
+
+
+# -- kept ---------------------------------------------------------------------------------------
+
+#: what the kept file holds (part of its name): a new form measures again, once
+_FORM = "thread thresholds: loop elements, product multiply-adds, a costly call in plain ops, beside both"
+FIELDS = ("loop", "macs", "costly_call", "beside_loop", "beside_macs")
+
+
+def thresholds_path(threads: int) -> str:
+    """This machine's file of thresholds for ``threads`` threads, in the kernel cache dir."""
+    from ..autotune import machine
+    from .build import cache_dir
+
+    what = json.dumps(machine(), sort_keys=True) + hashlib.sha256(source().encode()).hexdigest() + _FORM
+    return os.path.join(cache_dir(), f"threads-{threads}-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json")
+
+
+def _kept(threads: int) -> Thresholds | None:
+    from ..autotune import machine
+
+    try:
+        with open(thresholds_path(threads), encoding="utf-8") as f:
+            got = json.load(f)
+        if got["machine"] != machine() or got["threads"] != threads:
+            return None
+        values = [int(got[k]) for k in FIELDS]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if min(values) <= 0:
+        return None
+    loop, macs, costly, beside_loop, beside_macs = values
+    return Thresholds(loop, macs, "kept", costly, beside_loop, beside_macs)
+
+
+def keep(threads: int, t: Thresholds, detail: dict[str, Any]) -> None:
+    """``t`` and the medians it came from, kept as this machine's for ``threads``."""
+    from ..autotune import machine
+
+    path = thresholds_path(threads)
+    body = json.dumps({"machine": machine(), "threads": threads, **{k: getattr(t, k) for k in FIELDS},
+                       "measured": detail})
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".threads-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(body)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError:
+        pass  # an unwritable cache: the thresholds hold for this process
+
+
+def kept_detail(threads: int) -> dict[str, Any]:
+    """The medians the kept thresholds came from (empty where none are kept)."""
+    try:
+        with open(thresholds_path(threads), encoding="utf-8") as f:
+            got = json.load(f)
+        return dict(got["measured"]) if got["machine"] == _machine() else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _machine() -> dict[str, str]:
+    from ..autotune import machine
+
+    return machine()
+
+
+def kept_or_measured(threads: int) -> Thresholds | None:
+    """The thresholds kept for this machine and ``threads``, else measured now and kept; None
+    where they cannot be measured (no compiler, a library that does not build or load)."""
+    got = _kept(threads)
+    if got is not None:
+        return got
+    try:
+        got, detail = measure(threads)
+    except Exception as e:  # noqa: BLE001 - any failure: the unmeasured thresholds, said once
+        warnings.warn(f"fuseg: the thread thresholds could not be measured on this machine ({type(e).__name__}: "
+                      f"{str(e)[:300]}); kernels use the unmeasured ones", stacklevel=2)
+        return None
+    keep(threads, got, detail)
+    return got

@@ -1,0 +1,146 @@
+"""From how much work a CPU kernel shares its loops among threads, measured on this CPU (issue 42).
+
+Note [thread thresholds measured here]: a generated loop runs on torch's threads (OpenMP) where
+its work passes a threshold, a matmul routine where a product's multiply-adds do; below it the
+loop runs on the caller's thread alone. A kernel on one thread may instead run beside other
+kernels of its chain, each on a thread of its own (Note [kernels side by side] in
+runtime/chains.py), which wakes the threads once for them all. So there are two thresholds of
+each kind:
+
+* ``loop`` and ``macs``: from where a kernel's threads are faster than one thread, for a kernel
+  that runs alone (the pragmas' tests, the matmul routines' ``FUSEG_PARALLEL_MACS``);
+* ``beside_loop`` and ``beside_macs``: below them a kernel may run beside others, on one thread
+  (the runner gives a group's kernels one thread each, their own loops' tests notwithstanding);
+  from them its own threads run it faster than a pair of kernels side by side runs two.
+
+Where threads pay depends on the CPU, on how many there are and on how long waking them takes:
+threads faster than one thread at 2^14 elements and 2^16 multiply-adds on the AMD EPYC family
+25 model 17, where the constants before were 2^15 and 2^22, and with 2^16 every small product of
+a tiny BERT's backward left its pair and the training step took 1.13x the time (scratch
+before/after, 2026-11-28). So all four are measured on the machine that runs the kernels, once,
+and kept in the kernel cache dir (Note [how the thresholds are measured] in calibrate.py), as the
+verdicts of Note [choices by measurement] (runtime/autotune.py) are:
+
+    current()      -> the thresholds kernels are generated with now: those set by
+                      ``FUSEG_THREAD_THRESHOLDS`` (``parse``), else those kept for this machine
+                      and thread count, else measured now, else, where nothing can be measured
+                      (no compiler, one thread, a library that fails), ``UNMEASURED``
+    pinned(t)      -> within, ``current()`` is ``t``
+
+Each kernel takes the matmul threshold it was generated with (``Kernel.parallel_macs``), so its
+source, hence its cache entry, names it; the loop threshold is in its pragmas' text; whether it
+may run beside others is ``beside`` in kernel.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["UNMEASURED", "Thresholds", "current", "parse", "pinned", "resolved"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """``loop``: elements of work (Note [work of a loop] in kernel.py) from which a loop is shared
+    among threads; ``macs``: multiply-adds of one product from which a matmul routine shares its
+    panels; ``beside_loop``, ``beside_macs``: below them a kernel may run beside others (0: the
+    same as ``loop``, ``macs``); ``how``: where they came from ("measured", "kept", "set",
+    "pinned", "unmeasured"); ``costly_call``: what a call of exp, tanh, erf or another libm
+    function costs in a loop's element, in plain ops (Note [work of a loop])."""
+
+    loop: int
+    macs: int
+    how: str = "measured"
+    costly_call: int = 8
+    beside_loop: int = 0
+    beside_macs: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.beside_loop:
+            object.__setattr__(self, "beside_loop", self.loop)
+        if not self.beside_macs:
+            object.__setattr__(self, "beside_macs", self.macs)
+
+
+#: where nothing is measured (no compiler, one thread, a library that failed) and in tests (which
+#: set these): the values chosen by hand before they were measured, on an AMD EPYC and an earlier
+#: AVX-512 machine (the matmul one ten times what waking the threads took inside a program
+#: there); a kernel then runs beside others exactly where it has no threads
+UNMEASURED = Thresholds(1 << 15, 1 << 22, "unmeasured", 8)
+
+_ENV = "FUSEG_THREAD_THRESHOLDS"
+_LOCK = threading.Lock()
+_STATE: dict[str, Thresholds | None] = {"pinned": None}
+#: torch's thread count -> the thresholds resolved for it in this process
+_RESOLVED: dict[int, Thresholds] = {}
+
+
+def parse(text: str) -> Thresholds:
+    """``FUSEG_THREAD_THRESHOLDS``'s value, positive integers: "LOOP,MACS", "LOOP,MACS,COSTLY" or
+    "LOOP,MACS,COSTLY,BESIDE_LOOP,BESIDE_MACS" (what is not given: ``UNMEASURED``'s COSTLY, and
+    the beside thresholds equal to LOOP and MACS)."""
+    parts = text.split(",")
+    try:
+        if len(parts) not in (2, 3, 5):
+            raise ValueError
+        values = [int(p.strip()) for p in parts]
+    except ValueError:
+        raise ValueError(f"{_ENV}={text!r}: expected LOOP,MACS[,COSTLY[,BESIDE_LOOP,BESIDE_MACS]], positive "
+                         "integers (elements of a loop's work and multiply-adds of a product from which threads "
+                         "share them; what a call of exp costs in plain ops; below what a kernel may run beside "
+                         "others)") from None
+    if min(values) <= 0:
+        raise ValueError(f"{_ENV}={text!r}: every value must be positive")
+    costly = values[2] if len(values) >= 3 else UNMEASURED.costly_call
+    beside = values[3:5] if len(values) == 5 else [0, 0]
+    return Thresholds(values[0], values[1], "set", costly, *beside)
+
+
+def current() -> Thresholds:
+    """The thresholds kernels are generated with now (resolved once a process, unless pinned)."""
+    pin = _STATE["pinned"]
+    if pin is not None:
+        return pin
+    threads = torch.get_num_threads()
+    got = _RESOLVED.get(threads)
+    if got is not None:
+        return got
+    with _LOCK:
+        got = _RESOLVED.get(threads)
+        if got is None:
+            got = _RESOLVED[threads] = _resolve(threads)
+    return got
+
+
+def _resolve(threads: int) -> Thresholds:
+    text = os.environ.get(_ENV)
+    if text:
+        return parse(text)
+    if threads <= 1:
+        return UNMEASURED  # (no loop is shared among one thread: the thresholds decide nothing)
+    from . import calibrate
+
+    return calibrate.kept_or_measured(threads) or UNMEASURED
+
+
+def resolved() -> bool:
+    """Whether this process resolved the thresholds for torch's thread count now."""
+    return torch.get_num_threads() in _RESOLVED
+
+
+@contextlib.contextmanager
+def pinned(t: Thresholds) -> Iterator[None]:
+    """Within: ``current()`` is ``t`` (as "pinned")."""
+    outer = _STATE["pinned"]
+    _STATE["pinned"] = dataclasses.replace(t, how="pinned")
+    try:
+        yield
+    finally:
+        _STATE["pinned"] = outer
