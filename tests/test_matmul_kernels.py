@@ -292,12 +292,13 @@ def test_the_register_tiles_keep_their_accumulators_in_registers(tmp_path) -> No
 
     from runtime.codegen.build import CPU_FLAGS, cpu_compiler
     from runtime.codegen.ctypes_ import prelude
+    from runtime.codegen.kernel import routine_defines
 
     objdump = shutil.which("objdump")
     if objdump is None or cpu_compiler() is None or platform.machine() != "x86_64":
         pytest.skip("needs objdump, a C++ compiler and an x86-64 CPU")
     src = tmp_path / "tiles.cpp"
-    src.write_text("#define FUSEG_I long long\n" + prelude("cpu") + _TILE_WRAPPERS)
+    src.write_text("#define FUSEG_I long long\n" + routine_defines([], "cpu") + prelude("cpu") + _TILE_WRAPPERS)
     subprocess.run([cpu_compiler(), *CPU_FLAGS, "-o", str(tmp_path / "tiles.so"), str(src)], check=True)
     dis = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", str(tmp_path / "tiles.so")], capture_output=True,
                          text=True, check=True).stdout

@@ -5,6 +5,7 @@ what eager does whatever they are."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,17 +29,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # -- the setting ---------------------------------------------------------------------------------
 
+U = UNMEASURED
 PARSED = [
-    ("65536,1048576", (65536, 1048576, UNMEASURED.costly_call)),
-    (" 1 , 2 , 3 ", (1, 2, 3)),
+    ("65536,1048576", (65536, 1048576, U.costly_call, 65536, 1048576, U.pack_rows, U.nn_pack_rows)),
+    (" 1 , 2 , 3 ", (1, 2, 3, 1, 2, U.pack_rows, U.nn_pack_rows)),
+    ("1,2,3,4,5", (1, 2, 3, 4, 5, U.pack_rows, U.nn_pack_rows)),
+    ("1,2,3,4,5,6,7", (1, 2, 3, 4, 5, 6, 7)),
 ]
-REFUSED = ["", "1", "1,2,3,4", "a,b", "1.5,2", "0,5", "5,-1", "1,2,0", "1,,2"]
+REFUSED = ["", "1", "1,2,3,4", "1,2,3,4,5,6", "1,2,3,4,5,6,7,8", "a,b", "1.5,2", "0,5", "5,-1", "1,2,0", "1,,2"]
 
 
 @pytest.mark.parametrize("text, want", PARSED)
 def test_the_setting_is_read(text, want) -> None:
     t = thresholds.parse(text)
-    assert (t.loop, t.macs, t.costly_call, t.how) == (*want, "set")
+    assert (t.loop, t.macs, t.costly_call, t.beside_loop, t.beside_macs, t.pack_rows, t.nn_pack_rows) == want
+    assert t.how == "set"
 
 
 @pytest.mark.parametrize("text", REFUSED)
@@ -134,12 +139,16 @@ def test_measured_then_kept_then_measured_again_when_damaged(unresolved, monkeyp
     kept = json.load(open(path))
     assert kept["machine"] == autotune.machine() and kept["threads"] == 2
     detail = kept["measured"]
-    ladders = {k: [tuple(r) for r in detail[f"{k}_ns"]] for k in ("loop", "macs", "beside_loop", "beside_macs")}
+    ladders = {k: [tuple(r) for r in detail[f"{k}_ns"]] for k in ("loop", "macs", "beside_loop", "beside_macs",
+                                                                  "pack_rows", "nn_pack_rows")}
     # the thresholds are those of the ladders recorded, by the rules above
     assert got.loop == calibrate._threshold(ladders["loop"]) == kept["loop"]
     assert got.macs == calibrate._threshold(ladders["macs"]) == kept["macs"]
     assert got.beside_loop == calibrate._beside(ladders["beside_loop"], got.loop) == kept["beside_loop"]
     assert got.beside_macs == calibrate._beside(ladders["beside_macs"], got.macs) == kept["beside_macs"]
+    assert got.pack_rows == calibrate._threshold(ladders["pack_rows"], 1.0) == kept["pack_rows"]
+    assert got.nn_pack_rows == calibrate._threshold(ladders["nn_pack_rows"], 1.0) == kept["nn_pack_rows"]
+    assert [r[0] for r in ladders["pack_rows"]] == list(calibrate._PACK_ROWS)
     assert got.costly_call == kept["costly_call"] >= 1
     assert all(first > 0 and second > 0 for ladder in ladders.values() for _, first, second in ladder)
     assert [r[0] for r in ladders["loop"]] == [r[0] for r in ladders["beside_loop"]] == [1 << b for b in
@@ -148,13 +157,14 @@ def test_measured_then_kept_then_measured_again_when_damaged(unresolved, monkeyp
 
     monkeypatch.setattr(calibrate, "measure", lambda threads: pytest.fail("measured again"))
     assert calibrate.kept_or_measured(2) == Thresholds(got.loop, got.macs, "kept", got.costly_call, got.beside_loop,
-                                                       got.beside_macs)
+                                                       got.beside_macs, got.pack_rows, got.nn_pack_rows)
     assert calibrate.thresholds_path(3) != path  # (another thread count is a file of its own)
 
 
 @needs_compiler
 @pytest.mark.parametrize("damage", [b"\x00{not json", b'{"machine": "elsewhere", "threads": 2, "loop": 1, "macs": 1, '
-                                    b'"costly_call": 1, "beside_loop": 1, "beside_macs": 1}', b'{"loop": -4}'])
+                                    b'"costly_call": 1, "beside_loop": 1, "beside_macs": 1, "pack_rows": 1, "nn_pack_rows": 1}',
+                                    b'{"loop": -4}'])
 def test_a_damaged_or_foreign_file_is_measured_again(unresolved, monkeypatch, tmp_path, damage) -> None:
     monkeypatch.delenv("FUSEG_THREAD_THRESHOLDS")
     monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path))
@@ -164,12 +174,12 @@ def test_a_damaged_or_foreign_file_is_measured_again(unresolved, monkeypatch, tm
 
     def fake(threads):
         measured.append(threads)
-        return Thresholds(11, 22, "measured", 3, 33, 44), {"loop_ns": []}
+        return Thresholds(11, 22, "measured", 3, 33, 44, 6, 77), {"loop_ns": []}
 
     monkeypatch.setattr(calibrate, "measure", fake)
-    assert calibrate.kept_or_measured(2) == Thresholds(11, 22, "measured", 3, 33, 44)
+    assert calibrate.kept_or_measured(2) == Thresholds(11, 22, "measured", 3, 33, 44, 6, 77)
     assert measured == [2]
-    assert calibrate.kept_or_measured(2) == Thresholds(11, 22, "kept", 3, 33, 44)
+    assert calibrate.kept_or_measured(2) == Thresholds(11, 22, "kept", 3, 33, 44, 6, 77)
 
 
 @needs_compiler
@@ -205,10 +215,12 @@ def _matmul_kernel(macs: int | None, name: str = "k") -> Kernel:
 
 def test_a_kernels_source_defines_its_matmul_threshold() -> None:
     assert "#define FUSEG_PARALLEL_MACS 12345LL\n" in _matmul_kernel(12345).source("cpu")
+    packs = dataclasses.replace(_matmul_kernel(12345), pack_rows=(3, 40)).source("cpu")
+    assert "#define FUSEG_PACK_ROWS 3\n#define FUSEG_NN_PACK_ROWS 40\n" in packs
     assert "FUSEG_PARALLEL_MACS 12345" not in _matmul_kernel(12345).source("cuda")
     unit = translation_unit([_matmul_kernel(77, "a"), _matmul_kernel(None, "b")], "cpu")
     assert unit.count("#define FUSEG_PARALLEL_MACS") == 1 and "#define FUSEG_PARALLEL_MACS 77LL" in unit
-    with pytest.raises(ValueError, match="different matmul thresholds"):
+    with pytest.raises(ValueError, match="different matmul settings"):
         translation_unit([_matmul_kernel(77, "a"), _matmul_kernel(78, "b")], "cpu")
 
 
@@ -240,8 +252,8 @@ def _conv_inputs(n: int) -> list[torch.Tensor]:
 
 
 EXTREMES = {
-    "every-loop-threaded": Thresholds(1, 1, costly_call=1),
-    "none-threaded": Thresholds(1 << 40, 1 << 40, costly_call=100),
+    "every-loop-threaded": Thresholds(1, 1, costly_call=1, pack_rows=1, nn_pack_rows=1),  # (and every B copied)
+    "none-threaded": Thresholds(1 << 40, 1 << 40, costly_call=100, pack_rows=1 << 40, nn_pack_rows=1 << 40),
     "threaded-alone-beside-in-groups": Thresholds(1, 1, costly_call=1, beside_loop=1 << 40, beside_macs=1 << 40),
     "unmeasured": UNMEASURED,
 }
@@ -271,6 +283,8 @@ def test_programs_match_eager_whatever_the_thresholds(name, n) -> None:
                 if k.kind in ("matmul", "attention"):
                     assert k.parallel_macs == t.macs
                     assert f"#define FUSEG_PARALLEL_MACS {t.macs}LL" in k.source("cpu")
+                    assert (f"#define FUSEG_PACK_ROWS {t.pack_rows}\n#define FUSEG_NN_PACK_ROWS {t.nn_pack_rows}\n"
+                            in k.source("cpu"))
                 if t.loop == 1 << 40:
                     assert not _loops_threaded(k) and (beside(k) or k.returns != "void")
                 if t.beside_loop == 1 << 40 and t.loop == 1:

@@ -184,7 +184,7 @@ def _heads_kernel(prefix: str, lines: list[str], params: list[Param], heads: obj
     digest = hashlib.sha1((body + repr([(p.name, p.value, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
     one = not is_symbolic(features) and ATTENTION_SCORES * features < least.beside_macs  # type: ignore[operator]
     return Kernel(f"{prefix}_{digest}", tuple(params), body, 1, 1, "attention", beside=one,
-                  parallel_macs=least.macs)
+                  parallel_macs=least.macs, pack_rows=(least.pack_rows, least.nn_pack_rows))
 
 
 class _Attention:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from .. import threads
 from . import pause
 from .ctypes_ import Declined
-from .kernel import translation_unit
+from .kernel import routine_settings, translation_unit
 from .lower import Kernel
 from .symsizes import raw_symbol
 
@@ -414,7 +414,7 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
                     if len(group) == 1:
                         _, k, src, path = group[0]
                         _compile_into(path, cxx, src, k.name, low_priority)
-                    elif len({m[1].parallel_macs for m in group} - {None}) > 1:  # (thresholds pinned apart:
+                    elif len({routine_settings(m[1]) for m in group} - {None}) > 1:  # (thresholds pinned apart:
                         for _, k, src, path in group:                        # one prelude each)
                             _compile_into(path, cxx, src, k.name, low_priority)
                     else:

@@ -10,6 +10,10 @@ kernels' own flags) times, on torch's threads (its libgomp is the one loaded):
 * ``beside_loop``, ``beside_macs``: two such loops (products) at once, one thread each, as the
   runner runs a group (Note [kernels side by side] in runtime/chains.py), against the two one
   after the other, each as it runs alone (on the threads from the threshold just measured);
+* ``pack_rows``, ``nn_pack_rows``: on one thread, a product whose B is read in place against one
+  that copies B first (Note [register tiles] in gemm_prelude.py), by rows of C: a small linear
+  layer's (2..32 rows by 256 x 128, B contiguous along k) and a wide B read along its rows
+  (16..128 rows by GPT-2's 2304 columns, one block of 256 of k);
 * ``costly_call``: on one thread, the loop above and one of ``fuseg_exp`` over 2^18 elements:
   how many plain ops an exp costs (Note [work of a loop] in kernel.py).
 
@@ -21,17 +25,21 @@ the next two sizes; twice the largest where they never were. ``beside_*``: a ker
 beside others up to the sizes where side by side was faster (past a tie, from the first size
 after the last such win that ties or loses, there and at the next two), never below the alone
 threshold: a kernel that takes no threads may always join a group, whose trial in its chain
-decides (Note [kernels side by side]). Calls back to back keep the other threads awake
+decides (Note [kernels side by side]). The pack rows: from where the copy was faster at all (no
+tie: it is the same product either way), there and at the next two. Calls back to back keep the other threads awake
 (libgomp's threads spin a while after a region before they sleep), which is what they are
 inside a program's chain of kernels; a loop waking threads that slept (a gap of 10 ms between
 calls, scratch runs on the AMD EPYC) paid about 20-30 us, which no threshold of work hides.
 
-On the AMD EPYC family 25 model 17 (2 threads; five calibrations in one process, scratch): a loop
+On the AMD EPYC family 25 model 17 (2 threads; calibrations in one process, scratch): a loop
 on the threads from 2^14 elements (once 2^12), a product from 2 x 48^3 multiply-adds; products
 side by side 1.2-1.4x faster than one after the other up to 2 x 96^3 and a tie from 2 x 128^3,
 so ``beside_macs`` 2^22 (the hand-set constant before); loops side by side within 0-9% of one
 after the other from 2^13 on, so ``beside_loop`` came out 2^14 .. 2^17 by the noise of those
-near-ties; an exp 5-7 plain ops. About 0.1 s of measuring.
+near-ties; an exp 5-7 plain ops; B copied first from 5 rows (the constant before), and a wide
+B's panels never copied up to 128 rows (1.06-1.28x slower copied; the constant, 64 rows, came
+from the AVX2 EPYC, where GPT-2's product went from 4.28 to 3.39 ms with the copy). About 0.2 s
+of measuring.
 
 What is kept: a file per machine (Note [choices by measurement]'s ``machine``: the CPU's model
 and flags, the compiler and torch) and thread count, holding the thresholds and every median
@@ -64,8 +72,10 @@ from .thresholds import Thresholds
 
 __all__ = ["CALLS", "FIELDS", "TIE", "keep", "kept_detail", "kept_or_measured", "measure", "prepare", "thresholds_path"]
 
-#: timed pairs of calls per size (the first not counted)
+#: timed pairs of calls per size (the first not counted); of the wide products, whose calls take
+#: a millisecond (their two ways 6-27% apart on the AVX-512 EPYC, far above the noise)
 CALLS = 21
+_SLOW_CALLS = 7
 #: what counts as a tie between two ways: the faster must take less than the other's time
 #: over this (two identical ways differed by up to 4% in one calibration's medians); and a
 #: kernel runs alone (on its threads) rather than beside another from where that takes at most
@@ -75,6 +85,13 @@ TIE = 1 + 1 / 16
 #: the loop's elements, as powers of two; the product's M
 _LOOP_BITS = range(9, 21)
 _MM_SIZES = (16, 24, 32, 48, 64, 96, 128, 192, 256)
+#: rows of the products whose B is copied first or read in place, and their N and K: a small
+#: model's linear layer (nt) and a wide B read along n (nn: GPT-2's Conv1D of 768 -> 2304, one
+#: block of k; the shape that set the constant on the AVX2 EPYC)
+_PACK_ROWS = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+_PACK_N, _PACK_K = 256, 128
+_NN_PACK_ROWS = (16, 32, 48, 64, 96, 128)
+_NN_PACK_N, _NN_PACK_K = 2304, 256
 _COLS = 64
 
 _SOURCE = r"""
@@ -154,6 +171,34 @@ extern "C" void fuseg_cal_product_pairs(long m, const float* A, const float* B, 
       out[2 * c + t] = fuseg_cal_now() - t0;
     }
 }
+// out[2 c + t]: on one thread, a product of m rows by B contiguous along k (a linear layer's,
+// M x N by K) that reads B in place (t = 0) or copies it contiguous along n first (t = 1)
+extern "C" void fuseg_cal_packs(long m, long n, long k, const float* A, const float* B, float* C, long calls,
+                                double* out) {
+  fuseg_cal_macs = 1LL << 62;
+  for (long c = 0; c < calls; ++c)
+    for (int j = 0; j < 2; ++j) {
+      const int t = (c & 1) ? 1 - j : j;
+      fuseg_cal_pack = t ? 0 : (1L << 62);
+      const double t0 = fuseg_cal_now();
+      fuseg_mm_nt(m, n, k, A, k, B, k, C, n, nullptr, 0, 0);
+      out[2 * c + t] = fuseg_cal_now() - t0;
+    }
+}
+// out[2 c + t]: the same by B contiguous along n (M x N by K, B's rows N apart), read in place
+// (t = 0) or panel by panel copied first (t = 1)
+extern "C" void fuseg_cal_nn_packs(long m, long n, long k, const float* A, const float* B, float* C, long calls,
+                                   double* out) {
+  fuseg_cal_macs = 1LL << 62;
+  for (long c = 0; c < calls; ++c)
+    for (int j = 0; j < 2; ++j) {
+      const int t = (c & 1) ? 1 - j : j;
+      fuseg_cal_nn_pack = t ? 0 : (1L << 62);
+      const double t0 = fuseg_cal_now();
+      fuseg_mm_nn(m, n, k, A, k, 1, B, n, C, n, nullptr, 0, 0);
+      out[2 * c + t] = fuseg_cal_now() - t0;
+    }
+}
 // out[2 c]: the plain loop, out[2 c + 1]: a loop of exp, one thread, nanoseconds
 extern "C" void fuseg_cal_costly(const float* x, const float* w, float* y, long n, long calls, double* out) {
   for (long c = 0; c < calls; ++c) {
@@ -173,7 +218,9 @@ def source() -> str:
     from .ctypes_ import prelude
 
     return ("#define FUSEG_I long long\n#define FUSEG_PARALLEL_MACS fuseg_cal_macs\n"
-            "static long long fuseg_cal_macs = 0;\n" + prelude("cpu") + _SOURCE)
+            "#define FUSEG_PACK_ROWS fuseg_cal_pack\n#define FUSEG_NN_PACK_ROWS fuseg_cal_nn_pack\n"
+            "static long long fuseg_cal_macs = 0;\nstatic long fuseg_cal_pack = 0, fuseg_cal_nn_pack = 0;\n"
+            + prelude("cpu") + _SOURCE)
 
 
 def _library_path() -> str:
@@ -237,12 +284,13 @@ def _medians(out: Any) -> tuple[float, float]:
     return statistics.median(pairs[:, 0].tolist()), statistics.median(pairs[:, 1].tolist())
 
 
-def _threshold(ladder: list[tuple[int, float, float]]) -> int:
+def _threshold(ladder: list[tuple[int, float, float]], tie: float = TIE) -> int:
     """The smallest size from which the second way was faster than the first by more than
-    ``TIE``, there and at the next two sizes measured (``ladder``: size, the first way's ns, the
-    second's, by size); twice the largest size where no such size was measured."""
+    ``tie`` (a copy first, whose cost is its own: any faster), there and at the next two sizes
+    measured (``ladder``: size, the first way's ns, the second's, by size); twice the largest
+    size where no such size was measured."""
     for i, (size, first, second) in enumerate(ladder):
-        if second * TIE < first and all(s2 * TIE < f2 for _, f2, s2 in ladder[i + 1:i + 3]):
+        if second * tie < first and all(s2 * tie < f2 for _, f2, s2 in ladder[i + 1:i + 3]):
             return size
     return 2 * ladder[-1][0]
 
@@ -272,9 +320,10 @@ def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
     top, big = 1 << max(_LOOP_BITS), max(_MM_SIZES)
     x, w = torch.rand(top) - 0.5, torch.randn(2 * _COLS)
     y, z = torch.empty(top), torch.empty(top)
-    a, b = torch.rand(big * big), torch.rand(2 * big * big)
-    c, d = torch.empty(2 * big * big), torch.empty(2 * big * big)
-    ladders: dict[str, list[tuple[int, float, float]]] = {"loop": [], "beside_loop": [], "macs": [], "beside_macs": []}
+    a, b = torch.rand(big * big), torch.rand(max(2 * big * big, _NN_PACK_K * _NN_PACK_N))
+    c, d = torch.empty(max(2 * big * big, 128 * _NN_PACK_N)), torch.empty(2 * big * big)
+    ladders: dict[str, list[tuple[int, float, float]]] = {k: [] for k in ("loop", "beside_loop", "macs", "beside_macs",
+                                                                           "pack_rows", "nn_pack_rows")}
     own = torch.get_num_threads()
     with pause.held():
         torch.set_num_threads(threads)
@@ -298,6 +347,14 @@ def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
                 lib.fuseg_cal_product_pairs(n_(m), ptr(a.data_ptr()), ptr(b.data_ptr()), ptr(c.data_ptr()),
                                             ptr(d.data_ptr()), ctypes.c_longlong(alone), n_(CALLS), ptr(out.data_ptr()))
                 ladders["beside_macs"].append((2 * m ** 3, *_medians(out)))
+            for m in _PACK_ROWS:
+                lib.fuseg_cal_packs(n_(m), n_(_PACK_N), n_(_PACK_K), ptr(a.data_ptr()), ptr(b.data_ptr()),
+                                    ptr(c.data_ptr()), n_(CALLS), ptr(out.data_ptr()))
+                ladders["pack_rows"].append((m, *_medians(out)))
+            for m in _NN_PACK_ROWS:
+                lib.fuseg_cal_nn_packs(n_(m), n_(_NN_PACK_N), n_(_NN_PACK_K), ptr(a.data_ptr()), ptr(b.data_ptr()),
+                                       ptr(c.data_ptr()), n_(_SLOW_CALLS), ptr(out.data_ptr()))
+                ladders["nn_pack_rows"].append((m, *_medians(out[:2 * _SLOW_CALLS])))
             n = 1 << 18
             lib.fuseg_cal_costly(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), n_(n), n_(CALLS),
                                  ptr(out.data_ptr()))
@@ -308,7 +365,8 @@ def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
     calls = max(1, round(costly / max(plain, 1e-9) - 1))
     loop, macs = _threshold(ladders["loop"]), _threshold(ladders["macs"])
     got = Thresholds(loop, macs, "measured", calls, _beside(ladders["beside_loop"], loop),
-                     _beside(ladders["beside_macs"], macs))
+                     _beside(ladders["beside_macs"], macs), _threshold(ladders["pack_rows"], 1.0),
+                     _threshold(ladders["nn_pack_rows"], 1.0))
     detail = {**{f"{k}_ns": [list(r) for r in v] for k, v in ladders.items()},
               "plain_ns_an_element": plain / n, "exp_ns_an_element": costly / n, "threads": threads}
     return got, detail
@@ -317,8 +375,8 @@ def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
 # -- kept ---------------------------------------------------------------------------------------
 
 #: what the kept file holds (part of its name): a new form measures again, once
-_FORM = "thread thresholds: loop elements, product multiply-adds, a costly call in plain ops, beside both"
-FIELDS = ("loop", "macs", "costly_call", "beside_loop", "beside_macs")
+_FORM = "thread thresholds: loop elements, product multiply-adds, a costly call in plain ops, beside both, pack rows"
+FIELDS = ("loop", "macs", "costly_call", "beside_loop", "beside_macs", "pack_rows", "nn_pack_rows")
 
 
 def thresholds_path(threads: int) -> str:
@@ -343,8 +401,8 @@ def _kept(threads: int) -> Thresholds | None:
         return None
     if min(values) <= 0:
         return None
-    loop, macs, costly, beside_loop, beside_macs = values
-    return Thresholds(loop, macs, "kept", costly, beside_loop, beside_macs)
+    loop, macs, costly, beside_loop, beside_macs, pack, nn_pack = values
+    return Thresholds(loop, macs, "kept", costly, beside_loop, beside_macs, pack, nn_pack)
 
 
 def keep(threads: int, t: Thresholds, detail: dict[str, Any]) -> None:

@@ -202,4 +202,5 @@ def matmul_kernel(graph: FusionGraph, seg: Segment, layouts: dict) -> Kernel:
     macs = m * n * k  # each product's; the routine shares it among threads from the threshold on
     least = thresholds.current()  # (Note [thread thresholds measured here])
     return Kernel(f"fuseg_matmul_{digest}", tuple(params), body, 1, 1, "matmul",
-                  beside=not is_symbolic(macs) and macs < least.beside_macs, parallel_macs=least.macs)
+                  beside=not is_symbolic(macs) and macs < least.beside_macs, parallel_macs=least.macs,
+                  pack_rows=(least.pack_rows, least.nn_pack_rows))

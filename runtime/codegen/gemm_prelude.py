@@ -41,7 +41,10 @@ __all__ = ["ATTENTION_SCORES", "GEMM_PRELUDE", "NN_PACK_ROWS", "PACK_ROWS"]
 #: contiguous along n is copied panel by panel (Note [register tiles]); tests in the kernel, so
 #: never a condition of a plan. The copy pays once about a register tile of rows reads it: on one
 #: thread of the AVX2 EPYC the copying loop took 0.90-1.05x the dot products' time at 4 rows,
-#: 0.59-0.76x at 6, 0.45-0.69x at 12-32 (64 x 64 and 128 x 64 by 64, 768 x 768 by 768)
+#: 0.59-0.76x at 6, 0.45-0.69x at 12-32 (64 x 64 and 128 x 64 by 64, 768 x 768 by 768). Since
+#: 2026-11-28 both are measured on the machine that runs the kernels (Note [thread thresholds
+#: measured here] in thresholds.py: ``pack_rows``, ``nn_pack_rows``) and defined before the
+#: prelude with the matmul threshold; these are the values where nothing is measured
 PACK_ROWS = 5
 NN_PACK_ROWS = 64
 #: scores of one block of query rows the attention kernel keeps on the stack (64 KiB)
@@ -128,9 +131,8 @@ GEMM_PRELUDE = r"""
 #define FUSEG_DC (FUSEG_VW / FUSEG_DR)
 #define FUSEG_ME 4
 #define FUSEG_W (FUSEG_NV * FUSEG_VW)
-#define FUSEG_PACK_ROWS @PACK_ROWS@
-#define FUSEG_NN_PACK_ROWS @NN_PACK_ROWS@
-// (FUSEG_PARALLEL_MACS: defined before the prelude, Note [thread thresholds measured here])
+// (FUSEG_PARALLEL_MACS, FUSEG_PACK_ROWS, FUSEG_NN_PACK_ROWS: defined before the prelude, Note
+// [thread thresholds measured here])
 #define FUSEG_ATTENTION_SCORES @ATTENTION_SCORES@
 typedef float fuseg_v __attribute__((vector_size(4 * FUSEG_VW), aligned(4), may_alias));
 typedef int fuseg_vm __attribute__((vector_size(4 * FUSEG_VW)));
@@ -590,6 +592,4 @@ static void fuseg_attention_head_backward(long L, long S, long E, const float* G
     fuseg_mm_nn(rows, E, keys, D, keys, 1, K, ksn, DQ + i0 * dqsm, dqsm, nullptr, 0, 0);
   }
 }
-""".replace("@SHUFFLES@", _shuffles()).replace("@PACK_ROWS@", str(PACK_ROWS)).replace(
-    "@ATTENTION_SCORES@", str(ATTENTION_SCORES)).replace(
-    "@NN_PACK_ROWS@", str(NN_PACK_ROWS))
+""".replace("@SHUFFLES@", _shuffles()).replace("@ATTENTION_SCORES@", str(ATTENTION_SCORES))

@@ -18,9 +18,10 @@ from . import index as ix
 from . import thresholds
 from .checks import dim_arg
 from .ctypes_ import Declined, prelude, storage_type, store
+from .gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 from .symsizes import sizes_active
 
-__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -53,13 +54,15 @@ class Kernel:
     #: is under the beside threshold: the kernel may run beside others (``beside``)
     beside: bool = False
     #: the multiply-adds from which the prelude's matmul routines share a product among threads,
-    #: for a kernel that calls them (gemm.py, attention.py): the thresholds it was generated with
-    #: (Note [thread thresholds measured here] in thresholds.py), so its source names them
+    #: for a kernel that calls them (gemm.py, attention.py, matconv.py): the thresholds it was
+    #: generated with (Note [thread thresholds measured here] in thresholds.py), so its source
+    #: names them; with the rows from which a product copies B first (nt, nn)
     parallel_macs: int | None = None
+    pack_rows: tuple[int, int] | None = None
 
     def source(self, target: str) -> str:
         soft = soft_half(target)
-        return f"#define FUSEG_I {self.index_type}\n{soft}{_macs_define([self], target)}{prelude(target)}\n{self.function(target)}"
+        return f"#define FUSEG_I {self.index_type}\n{soft}{routine_defines([self], target)}{prelude(target)}\n{self.function(target)}"
 
     @property
     def symbols(self) -> tuple[int, ...]:
@@ -200,21 +203,31 @@ def cuda_ept() -> int:
     return 4 if cuda_tuning() else 1
 
 
-def _macs_define(kernels: list[Kernel], target: str) -> str:
-    """The matmul routines' threshold of the kernels that call them, defined before the prelude
-    (one value per source: ``ValueError`` where they differ); where none calls them the routines
-    are compiled but never called, and the threshold is any."""
-    values = {k.parallel_macs for k in kernels if k.parallel_macs is not None}
+def routine_settings(kernel: Kernel) -> tuple[int, int, int] | None:
+    """What a kernel that calls the matmul routines was generated with (the matmul threshold and
+    the two pack rows: Note [thread thresholds measured here]); None for any other kernel."""
+    if kernel.parallel_macs is None:
+        return None
+    return (kernel.parallel_macs, *(kernel.pack_rows or (PACK_ROWS, NN_PACK_ROWS)))
+
+
+def routine_defines(kernels: list[Kernel], target: str) -> str:
+    """The matmul routines' settings of the kernels that call them, defined before the prelude
+    (one set per source: ``ValueError`` where they differ); where none calls them the routines
+    are compiled but never called, and the settings are any."""
+    values = {routine_settings(k) for k in kernels} - {None}
     if len(values) > 1:
-        raise ValueError(f"kernels generated with different matmul thresholds in one source: {sorted(values)}")
+        raise ValueError(f"kernels generated with different matmul settings in one source: {sorted(values)}")
     if target != "cpu":
         return ""
-    return f"#define FUSEG_PARALLEL_MACS {values.pop() if values else 1 << 62}LL\n"
+    macs, pack, nn_pack = values.pop() if values else (1 << 62, PACK_ROWS, NN_PACK_ROWS)
+    return (f"#define FUSEG_PARALLEL_MACS {macs}LL\n#define FUSEG_PACK_ROWS {pack}\n"
+            f"#define FUSEG_NN_PACK_ROWS {nn_pack}\n")
 
 
 def translation_unit(kernels: list[Kernel], target: str) -> str:
     """One source holding every kernel of ``kernels`` (distinct names), the prelude once."""
-    return soft_half(target) + _macs_define(kernels, target) + prelude(target) + "\n" + "".join(
+    return soft_half(target) + routine_defines(kernels, target) + prelude(target) + "\n" + "".join(
         f"#undef FUSEG_I\n#define FUSEG_I {k.index_type}\n{k.function(target)}" for k in kernels)
 
 

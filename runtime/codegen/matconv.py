@@ -66,4 +66,4 @@ def matmul_conv_kernel(prefix: str, node: Node, a: dict, operands: Operands, lin
     digest = hashlib.sha1((body + repr([(p.name, p.shape, p.stride) for p in params])).encode()).hexdigest()[:12]
     least = thresholds.current()
     return Kernel(f"{prefix}{digest}", tuple(params), body, 1, 1, "conv", beside=work < least.beside_macs,
-                  parallel_macs=least.macs)
+                  parallel_macs=least.macs, pack_rows=(least.pack_rows, least.nn_pack_rows))

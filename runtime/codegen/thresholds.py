@@ -27,8 +27,9 @@ verdicts of Note [choices by measurement] (runtime/autotune.py) are:
                       (no compiler, one thread, a library that fails), ``UNMEASURED``
     pinned(t)      -> within, ``current()`` is ``t``
 
-Each kernel takes the matmul threshold it was generated with (``Kernel.parallel_macs``), so its
-source, hence its cache entry, names it; the loop threshold is in its pragmas' text; whether it
+Each kernel takes the matmul threshold it was generated with (``Kernel.parallel_macs``, and the
+rows from which a product copies its operand first, ``Kernel.pack_rows``: measured alike), so
+its source, hence its cache entry, names them; the loop threshold is in its pragmas' text; whether it
 may run beside others is ``beside`` in kernel.py.
 """
 
@@ -43,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .gemm_prelude import NN_PACK_ROWS, PACK_ROWS
+
 __all__ = ["UNMEASURED", "Thresholds", "current", "parse", "pinned", "resolved"]
 
 
@@ -53,7 +56,9 @@ class Thresholds:
     panels; ``beside_loop``, ``beside_macs``: below them a kernel may run beside others (0: the
     same as ``loop``, ``macs``); ``how``: where they came from ("measured", "kept", "set",
     "pinned", "unmeasured"); ``costly_call``: what a call of exp, tanh, erf or another libm
-    function costs in a loop's element, in plain ops (Note [work of a loop])."""
+    function costs in a loop's element, in plain ops (Note [work of a loop]); ``pack_rows``,
+    ``nn_pack_rows``: rows of a product from which its matmul routine copies B first (Note
+    [register tiles] in gemm_prelude.py)."""
 
     loop: int
     macs: int
@@ -61,6 +66,8 @@ class Thresholds:
     costly_call: int = 8
     beside_loop: int = 0
     beside_macs: int = 0
+    pack_rows: int = PACK_ROWS
+    nn_pack_rows: int = NN_PACK_ROWS
 
     def __post_init__(self) -> None:
         if not self.beside_loop:
@@ -83,24 +90,25 @@ _RESOLVED: dict[int, Thresholds] = {}
 
 
 def parse(text: str) -> Thresholds:
-    """``FUSEG_THREAD_THRESHOLDS``'s value, positive integers: "LOOP,MACS", "LOOP,MACS,COSTLY" or
-    "LOOP,MACS,COSTLY,BESIDE_LOOP,BESIDE_MACS" (what is not given: ``UNMEASURED``'s COSTLY, and
-    the beside thresholds equal to LOOP and MACS)."""
+    """``FUSEG_THREAD_THRESHOLDS``'s value, positive integers: "LOOP,MACS", "LOOP,MACS,COSTLY",
+    "LOOP,MACS,COSTLY,BESIDE_LOOP,BESIDE_MACS" or that and ",PACK_ROWS,NN_PACK_ROWS" (what is not
+    given: ``UNMEASURED``'s, the beside thresholds equal to LOOP and MACS)."""
     parts = text.split(",")
     try:
-        if len(parts) not in (2, 3, 5):
+        if len(parts) not in (2, 3, 5, 7):
             raise ValueError
         values = [int(p.strip()) for p in parts]
     except ValueError:
-        raise ValueError(f"{_ENV}={text!r}: expected LOOP,MACS[,COSTLY[,BESIDE_LOOP,BESIDE_MACS]], positive "
-                         "integers (elements of a loop's work and multiply-adds of a product from which threads "
-                         "share them; what a call of exp costs in plain ops; below what a kernel may run beside "
-                         "others)") from None
+        raise ValueError(f"{_ENV}={text!r}: expected LOOP,MACS[,COSTLY[,BESIDE_LOOP,BESIDE_MACS[,PACK_ROWS,"
+                         "NN_PACK_ROWS]]], positive integers (elements of a loop's work and multiply-adds of a "
+                         "product from which threads share them; what a call of exp costs in plain ops; below "
+                         "what a kernel may run beside others; rows from which a product copies B first)") from None
     if min(values) <= 0:
         raise ValueError(f"{_ENV}={text!r}: every value must be positive")
     costly = values[2] if len(values) >= 3 else UNMEASURED.costly_call
-    beside = values[3:5] if len(values) == 5 else [0, 0]
-    return Thresholds(values[0], values[1], "set", costly, *beside)
+    beside = values[3:5] if len(values) >= 5 else [0, 0]
+    pack = values[5:7] if len(values) == 7 else [UNMEASURED.pack_rows, UNMEASURED.nn_pack_rows]
+    return Thresholds(values[0], values[1], "set", costly, *beside, *pack)
 
 
 def current() -> Thresholds:
