@@ -98,6 +98,16 @@ _SOURCE = r"""
 #include <time.h>
 extern "C" void omp_set_num_threads(int);
 static double fuseg_cal_now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
+// what every ladder does: ``calls`` calls of the two ways (t = 0, 1), the order swapped from call
+// to call, each timed into out[2 c + t], nanoseconds
+#define FUSEG_CAL_ALTERNATE(...)                          \
+  for (long c = 0; c < calls; ++c)                        \
+    for (int k_ = 0; k_ < 2; ++k_) {                      \
+      const int t = (c & 1) ? 1 - k_ : k_;                \
+      const double t0 = fuseg_cal_now();                  \
+      __VA_ARGS__;                                        \
+      out[2 * c + t] = fuseg_cal_now() - t0;              \
+    }
 static void fuseg_cal_loop(const float* x, const float* w, float* y, long rows, int threads) {
 #pragma omp parallel for schedule(static) if (threads)
   for (long i = 0; i < rows; ++i)
@@ -106,98 +116,57 @@ static void fuseg_cal_loop(const float* x, const float* w, float* y, long rows, 
 static void fuseg_cal_product(long m, const float* A, const float* B, float* C) {
   fuseg_mm_nt(m, 2 * m, m, A, m, B, m, C, 2 * m, nullptr, 0, 0);
 }
-// out[2 c + t], nanoseconds of call c: one loop on one thread (t = 0) or on the threads (t = 1)
-extern "C" void fuseg_cal_loops(const float* x, const float* w, float* y, long rows, long calls, double* out) {
-  for (long c = 0; c < calls; ++c)
-    for (int k = 0; k < 2; ++k) {
-      const int t = (c & 1) ? 1 - k : k;
-      const double t0 = fuseg_cal_now();
-      fuseg_cal_loop(x, w, y, rows, t);
-      out[2 * c + t] = fuseg_cal_now() - t0;
-    }
+// two loops (products) at once, one thread each, as the runner runs a group
+static void fuseg_cal_side_loops(const float* x, const float* w, float* y, float* z, long rows) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+  for (int j = 0; j < 2; ++j) {
+    omp_set_num_threads(1);
+    fuseg_cal_loop(x, w, j ? z : y, rows, 0);
+  }
 }
-// out[2 c + t]: two loops side by side, one thread each, as the runner runs a group (t = 0), or
-// one after the other, each as it runs alone (t = 1: on the threads where ``alone``)
+static void fuseg_cal_side_products(long m, const float* A, const float* B, float* C, float* D) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+  for (int j = 0; j < 2; ++j) {
+    omp_set_num_threads(1);
+    fuseg_cal_product(m, A, B, j ? D : C);
+  }
+}
+// one loop on one thread (t = 0) or on the threads (t = 1)
+extern "C" void fuseg_cal_loops(const float* x, const float* w, float* y, long rows, long calls, double* out) {
+  FUSEG_CAL_ALTERNATE(fuseg_cal_loop(x, w, y, rows, t))
+}
+// two loops side by side (t = 0), or one after the other, each as it runs alone (t = 1: on the
+// threads where ``alone``)
 extern "C" void fuseg_cal_loop_pairs(const float* x, const float* w, float* y, float* z, long rows, int alone,
                                      long calls, double* out) {
-  for (long c = 0; c < calls; ++c)
-    for (int k = 0; k < 2; ++k) {
-      const int t = (c & 1) ? 1 - k : k;
-      const double t0 = fuseg_cal_now();
-      if (t) {
-        fuseg_cal_loop(x, w, y, rows, alone);
-        fuseg_cal_loop(x, w, z, rows, alone);
-      } else {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
-        for (int j = 0; j < 2; ++j) {
-          omp_set_num_threads(1);
-          fuseg_cal_loop(x, w, j ? z : y, rows, 0);
-        }
-      }
-      out[2 * c + t] = fuseg_cal_now() - t0;
-    }
+  FUSEG_CAL_ALTERNATE(if (t) { fuseg_cal_loop(x, w, y, rows, alone); fuseg_cal_loop(x, w, z, rows, alone); }
+                      else fuseg_cal_side_loops(x, w, y, z, rows))
 }
-// out[2 c + t]: a product (M x 2M by M) on one thread (t = 0) or on the threads (t = 1)
+// a product (M x 2M by M) on one thread (t = 0) or on the threads (t = 1)
 extern "C" void fuseg_cal_products(long m, const float* A, const float* B, float* C, long calls, double* out) {
-  for (long c = 0; c < calls; ++c)
-    for (int k = 0; k < 2; ++k) {
-      const int t = (c & 1) ? 1 - k : k;
-      fuseg_cal_macs = t ? 0 : (1LL << 62);
-      const double t0 = fuseg_cal_now();
-      fuseg_cal_product(m, A, B, C);
-      out[2 * c + t] = fuseg_cal_now() - t0;
-    }
+  FUSEG_CAL_ALTERNATE(fuseg_cal_macs = t ? 0 : (1LL << 62); fuseg_cal_product(m, A, B, C))
 }
-// out[2 c + t]: two products side by side (t = 0), or one after the other, each as it runs alone
-// (t = 1: on the threads from ``alone`` multiply-adds)
+// two products side by side (t = 0), or one after the other, each as it runs alone (t = 1: on
+// the threads from ``alone`` multiply-adds)
 extern "C" void fuseg_cal_product_pairs(long m, const float* A, const float* B, float* C, float* D, long long alone,
                                         long calls, double* out) {
-  for (long c = 0; c < calls; ++c)
-    for (int k = 0; k < 2; ++k) {
-      const int t = (c & 1) ? 1 - k : k;
-      const double t0 = fuseg_cal_now();
-      if (t) {
-        fuseg_cal_macs = alone;
-        fuseg_cal_product(m, A, B, C);
-        fuseg_cal_product(m, A, B, D);
-      } else {
-        fuseg_cal_macs = 1LL << 62;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
-        for (int j = 0; j < 2; ++j) {
-          omp_set_num_threads(1);
-          fuseg_cal_product(m, A, B, j ? D : C);
-        }
-      }
-      out[2 * c + t] = fuseg_cal_now() - t0;
-    }
+  FUSEG_CAL_ALTERNATE(fuseg_cal_macs = t ? alone : (1LL << 62);
+                      if (t) { fuseg_cal_product(m, A, B, C); fuseg_cal_product(m, A, B, D); }
+                      else fuseg_cal_side_products(m, A, B, C, D))
 }
-// out[2 c + t]: on one thread, a product of m rows by B contiguous along k (a linear layer's,
-// M x N by K) that reads B in place (t = 0) or copies it contiguous along n first (t = 1)
+// on one thread, a product of m rows by B contiguous along k (a linear layer's, M x N by K) that
+// reads B in place (t = 0) or copies it contiguous along n first (t = 1)
 extern "C" void fuseg_cal_packs(long m, long n, long k, const float* A, const float* B, float* C, long calls,
                                 double* out) {
   fuseg_cal_macs = 1LL << 62;
-  for (long c = 0; c < calls; ++c)
-    for (int j = 0; j < 2; ++j) {
-      const int t = (c & 1) ? 1 - j : j;
-      fuseg_cal_pack = t ? 0 : (1L << 62);
-      const double t0 = fuseg_cal_now();
-      fuseg_mm_nt(m, n, k, A, k, B, k, C, n, nullptr, 0, 0);
-      out[2 * c + t] = fuseg_cal_now() - t0;
-    }
+  FUSEG_CAL_ALTERNATE(fuseg_cal_pack = t ? 0 : (1L << 62); fuseg_mm_nt(m, n, k, A, k, B, k, C, n, nullptr, 0, 0))
 }
-// out[2 c + t]: the same by B contiguous along n (M x N by K, B's rows N apart), read in place
-// (t = 0) or panel by panel copied first (t = 1)
+// the same by B contiguous along n (M x N by K, B's rows N apart), read in place (t = 0) or
+// panel by panel copied first (t = 1)
 extern "C" void fuseg_cal_nn_packs(long m, long n, long k, const float* A, const float* B, float* C, long calls,
                                    double* out) {
   fuseg_cal_macs = 1LL << 62;
-  for (long c = 0; c < calls; ++c)
-    for (int j = 0; j < 2; ++j) {
-      const int t = (c & 1) ? 1 - j : j;
-      fuseg_cal_nn_pack = t ? 0 : (1L << 62);
-      const double t0 = fuseg_cal_now();
-      fuseg_mm_nn(m, n, k, A, k, 1, B, n, C, n, nullptr, 0, 0);
-      out[2 * c + t] = fuseg_cal_now() - t0;
-    }
+  FUSEG_CAL_ALTERNATE(fuseg_cal_nn_pack = t ? 0 : (1L << 62); fuseg_mm_nn(m, n, k, A, k, 1, B, n, C, n, nullptr, 0, 0))
 }
 // out[2 c]: the plain loop, out[2 c + 1]: a loop of exp, one thread, nanoseconds
 extern "C" void fuseg_cal_costly(const float* x, const float* w, float* y, long n, long calls, double* out) {

@@ -14,12 +14,17 @@ each kind:
   from them its own threads run it faster than a pair of kernels side by side runs two.
 
 Where threads pay depends on the CPU, on how many there are and on how long waking them takes:
-threads faster than one thread at 2^14 elements and 2^16 multiply-adds on the AMD EPYC family
-25 model 17, where the constants before were 2^15 and 2^22, and with 2^16 every small product of
-a tiny BERT's backward left its pair and the training step took 1.13x the time (scratch
-before/after, 2026-11-28). So all four are measured on the machine that runs the kernels, once,
-and kept in the kernel cache dir (Note [how the thresholds are measured] in calibrate.py), as the
-verdicts of Note [choices by measurement] (runtime/autotune.py) are:
+on the AMD EPYC family 25 model 17 threads beat one thread from about 2^14 elements and 2 x 48^3
+multiply-adds, where the constants before were 2^15 and 2^22; and with products threaded from
+2^16 or 2^17 multiply-adds while a kernel ran beside others only where it had no threads, the
+small products of a tiny BERT's backward left their pairs and its training step took 1.19x and
+1.13x the time (scratch before/after, 2026-11-28): hence the second pair. So all four are
+measured on the machine that runs the kernels, once, and kept in the kernel cache dir (Note [how
+the thresholds are measured] in calibrate.py), as the verdicts of Note [choices by measurement]
+(runtime/autotune.py) are; with them what an exp costs in a loop's work (``costly_call``) and
+from how many rows a product copies its operand B first (``pack_rows``, ``nn_pack_rows``: Note
+[register tiles] in gemm_prelude.py), the other constants set on one machine that decided speed
+inside the kernels:
 
     current()      -> the thresholds kernels are generated with now: those set by
                       ``FUSEG_THREAD_THRESHOLDS`` (``parse``), else those kept for this machine
@@ -29,8 +34,8 @@ verdicts of Note [choices by measurement] (runtime/autotune.py) are:
 
 Each kernel takes the matmul threshold it was generated with (``Kernel.parallel_macs``, and the
 rows from which a product copies its operand first, ``Kernel.pack_rows``: measured alike), so
-its source, hence its cache entry, names them; the loop threshold is in its pragmas' text; whether it
-may run beside others is ``beside`` in kernel.py.
+its source, hence its cache entry, names them; the loop threshold is in its pragmas' text;
+whether it may run beside others is ``beside`` in kernel.py.
 """
 
 from __future__ import annotations
