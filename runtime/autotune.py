@@ -16,7 +16,8 @@ a hundred. So no constant decides; the cpp backend asks this module, once per sh
                                    next to the kernel cache (Note [the verdict file is a log])
 
 The verdict file is named by what decides speed: the CPU's model and flags, the compiler and its
-flags, torch's version and the kernels' prelude (``machine``); so a cache dir shared by two
+flags, torch's version, the kernels' prelude (``machine``) and the thresholds the kernels were
+generated with (Note [thread thresholds measured here] in codegen/thresholds.py); so a cache dir shared by two
 machines keeps a verdict per machine, and new kernel code is measured afresh. A key names the
 segment exactly (its kernel's name hashes the kernel's source and layouts) and torch's thread
 count. A symbolic plan's kernel is one source for every size: its key adds the power-of-two class
@@ -178,14 +179,14 @@ _FORM = "kernels ATen beat alone tried in their programs"
 
 
 @functools.cache
-def _file_name(loop: int, macs: int, costly: int) -> str:
+def _file_name(settings: tuple[int, ...]) -> str:
     from .codegen.ctypes_ import prelude
 
     # (_FORM: a verdict file of before Note [a kernel tried in its program] holds ATen verdicts
-    # never tried in a program; a new name measures them again, once. The thread thresholds the
-    # kernels were generated with: Note [thread thresholds measured here] in codegen/thresholds.py)
+    # never tried in a program; a new name measures them again, once. The thresholds the kernels
+    # were generated with: Note [thread thresholds measured here] in codegen/thresholds.py)
     what = (json.dumps(machine(), sort_keys=True) + hashlib.sha256(prelude("cpu").encode()).hexdigest() + _FORM
-            + f" threads from {loop} {macs} {costly}")
+            + " thresholds " + " ".join(map(str, settings)))
     return f"autotune-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
 
 
@@ -196,7 +197,8 @@ def verdict_path() -> str:
     from .codegen.build import cache_dir
 
     t = thresholds.current()
-    return os.path.join(cache_dir(), _file_name(t.loop, t.macs, t.costly_call))
+    return os.path.join(cache_dir(), _file_name((t.loop, t.macs, t.costly_call, t.beside_loop, t.beside_macs,
+                                                 t.pack_rows, t.nn_pack_rows)))
 
 
 # -- the verdicts ----------------------------------------------------------------------------
