@@ -169,7 +169,10 @@ def _threads(measure: bool, as_json: bool) -> int:
 
     n = torch.get_num_threads()
     if os.environ.get("FUSEG_THREAD_THRESHOLDS"):
-        t = thresholds.parse(os.environ["FUSEG_THREAD_THRESHOLDS"])
+        try:
+            t = thresholds.parse(os.environ["FUSEG_THREAD_THRESHOLDS"])
+        except ValueError as e:
+            return _error(str(e))
         detail: dict = {}
     elif n <= 1:
         t, detail = thresholds.UNMEASURED, {}
@@ -190,6 +193,7 @@ def _threads(measure: bool, as_json: bool) -> int:
     print(f"  a loop takes the threads from {t.loop} elements of work, a product from {t.macs} multiply-adds")
     print(f"  a kernel may run beside others below {t.beside_loop} elements, {t.beside_macs} multiply-adds")
     print(f"  an exp, tanh or erf counts as {t.costly_call} plain ops of a loop's element")
+    print(f"  a product copies B first from {t.pack_rows} rows (B along k), {t.nn_pack_rows} rows (B along n)")
     return 0
 
 

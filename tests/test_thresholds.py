@@ -346,6 +346,14 @@ def test_the_cli_says_what_the_environment_set(capsys) -> None:
     assert (got["how"], got["loop"], got["macs"], got["beside_macs"]) == ("set", want.loop, want.macs, want.beside_macs)
 
 
+def test_the_cli_refuses_a_bad_setting_naming_it(monkeypatch, capsys) -> None:
+    from perf.cli import main
+
+    monkeypatch.setenv("FUSEG_THREAD_THRESHOLDS", "12,abc")
+    assert main(["threads"]) == 2
+    assert "FUSEG_THREAD_THRESHOLDS='12,abc'" in capsys.readouterr().err
+
+
 @needs_compiler
 def test_the_cli_measures_keeps_and_measures_again(unresolved, monkeypatch, tmp_path, capsys) -> None:
     from perf.cli import main
