@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import types
 import warnings
@@ -168,21 +167,16 @@ def _threads(measure: bool, as_json: bool) -> int:
     from runtime.codegen import calibrate, thresholds
 
     n = torch.get_num_threads()
-    if os.environ.get("FUSEG_THREAD_THRESHOLDS"):
-        try:
-            t = thresholds.parse(os.environ["FUSEG_THREAD_THRESHOLDS"])
-        except ValueError as e:
-            return _error(str(e))
-        detail: dict = {}
-    elif n <= 1:
-        t, detail = thresholds.UNMEASURED, {}
-    elif measure:
+    try:
+        t = thresholds.resolve(n)  # (the setting, else the kept ones, else measured now and kept)
+    except ValueError as e:
+        return _error(str(e))
+    if measure and t.how == "kept":
         print(f"measuring on {n} threads ...", file=sys.stderr)
         t, detail = calibrate.measure(n)
         calibrate.keep(n, t, detail)
     else:
-        t = calibrate.kept_or_measured(n) or thresholds.UNMEASURED
-        detail = calibrate.kept_detail(n)
+        detail = calibrate.kept_detail(n) if t.how in ("kept", "measured") else {}
     if as_json:
         print(json.dumps({"threads": n, **{k: getattr(t, k) for k in calibrate.FIELDS}, "how": t.how,
                           "path": calibrate.thresholds_path(n), "measured": detail}, indent=1))

@@ -54,7 +54,6 @@ import os
 import platform
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -273,17 +272,12 @@ def record(key: str, verdict: Verdict) -> None:
             finally:
                 os.close(fd)
             return
+        from .codegen.build import write_whole
+
         merged = {**_read(path), **known}
         body = json.dumps({"machine": machine()}) + "\n" + "".join(_line(k, v) for k, v in sorted(merged.items()))
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".autotune-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(body)
-            os.replace(tmp, path)
-            _APPENDABLE.add(path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_whole(path, body, ".autotune-")
+        _APPENDABLE.add(path)
     except OSError:
         pass  # an unwritable cache: the verdict holds for this process
 

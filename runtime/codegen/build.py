@@ -43,7 +43,7 @@ from .kernel import routine_settings, translation_unit
 from .lower import Kernel
 from .symsizes import raw_symbol
 
-__all__ = ["CompileError", "build_cpu", "build_cpu_later", "build_cpu_many", "build_cuda", "cache_dir", "cpu_compiler",
+__all__ = ["CompileError", "write_whole", "build_cpu", "build_cpu_later", "build_cpu_many", "build_cuda", "cache_dir", "cpu_compiler",
            "nvcc_check", "unbuilt_cpu"]
 
 
@@ -150,6 +150,19 @@ def _sound(lib_path: str) -> bool:
     except (OSError, ValueError):
         return False
     return len(data) == int(size) and hashlib.sha256(data).hexdigest() == digest
+
+
+def write_whole(path: str, text: str, prefix: str) -> None:
+    """``text`` as the file ``path``, written beside it (a temp file named ``prefix``...) and
+    renamed over it: a reader sees the old file or the new one. Raises ``OSError``."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=prefix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _fsync_write(path: str, data: bytes) -> None:

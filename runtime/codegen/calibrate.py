@@ -61,7 +61,6 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 import threading
 import warnings
 from typing import Any
@@ -77,8 +76,9 @@ __all__ = ["CALLS", "FIELDS", "TIE", "keep", "kept_detail", "kept_or_measured", 
 CALLS = 21
 _SLOW_CALLS = 7
 #: what counts as a tie between two ways: the faster must take less than the other's time
-#: over this (two identical ways differed by up to 4% in one calibration's medians); and a
-#: kernel runs alone (on its threads) rather than beside another from where that takes at most
+#: over this (a margin chosen, not measured: a product of one panel, the same code both ways,
+#: gave medians within 1% of each other in the runs on the AVX-512 EPYC, and a single call's
+#: noise there reached more); and a kernel runs alone (on its threads) rather than beside another from where that takes at most
 #: this much more than a pair side by side (a tie goes to its own threads: a group's partner is
 #: seldom its equal, and a group waits for its slowest kernel)
 TIE = 1 + 1 / 16
@@ -301,20 +301,20 @@ def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
                 lib.fuseg_cal_loops(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), n_((1 << bits) // _COLS),
                                     n_(CALLS), ptr(out.data_ptr()))
                 ladders["loop"].append((1 << bits, *_medians(out)))
-            alone = _threshold(ladders["loop"])
+            loop = _threshold(ladders["loop"])
             for bits in _LOOP_BITS:
                 lib.fuseg_cal_loop_pairs(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), ptr(z.data_ptr()),
-                                         n_((1 << bits) // _COLS), ctypes.c_int(int(1 << bits >= alone)), n_(CALLS),
+                                         n_((1 << bits) // _COLS), ctypes.c_int(int(1 << bits >= loop)), n_(CALLS),
                                          ptr(out.data_ptr()))
                 ladders["beside_loop"].append((1 << bits, *_medians(out)))
             for m in _MM_SIZES:
                 lib.fuseg_cal_products(n_(m), ptr(a.data_ptr()), ptr(b.data_ptr()), ptr(c.data_ptr()), n_(CALLS),
                                        ptr(out.data_ptr()))
                 ladders["macs"].append((2 * m ** 3, *_medians(out)))
-            alone = _threshold(ladders["macs"])
+            macs = _threshold(ladders["macs"])
             for m in _MM_SIZES:
                 lib.fuseg_cal_product_pairs(n_(m), ptr(a.data_ptr()), ptr(b.data_ptr()), ptr(c.data_ptr()),
-                                            ptr(d.data_ptr()), ctypes.c_longlong(alone), n_(CALLS), ptr(out.data_ptr()))
+                                            ptr(d.data_ptr()), ctypes.c_longlong(macs), n_(CALLS), ptr(out.data_ptr()))
                 ladders["beside_macs"].append((2 * m ** 3, *_medians(out)))
             for m in _PACK_ROWS:
                 lib.fuseg_cal_packs(n_(m), n_(_PACK_N), n_(_PACK_K), ptr(a.data_ptr()), ptr(b.data_ptr()),
@@ -332,7 +332,6 @@ def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
             torch.set_num_threads(own)
     # (a call of exp costs ``ratio`` plain elements; the element itself is one of them)
     calls = max(1, round(costly / max(plain, 1e-9) - 1))
-    loop, macs = _threshold(ladders["loop"]), _threshold(ladders["macs"])
     got = Thresholds(loop, macs, "measured", calls, _beside(ladders["beside_loop"], loop),
                      _beside(ladders["beside_macs"], macs), _threshold(ladders["pack_rows"], 1.0),
                      _threshold(ladders["nn_pack_rows"], 1.0))
@@ -357,18 +356,26 @@ def thresholds_path(threads: int) -> str:
     return os.path.join(cache_dir(), f"threads-{threads}-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json")
 
 
-def _kept(threads: int) -> Thresholds | None:
+def _kept_file(threads: int) -> dict[str, Any] | None:
+    """The kept file for this machine and ``threads``, read; None where there is none, or it is
+    damaged or another machine's."""
     from ..autotune import machine
 
     try:
         with open(thresholds_path(threads), encoding="utf-8") as f:
             got = json.load(f)
-        if got["machine"] != machine() or got["threads"] != threads:
-            return None
-        values = [int(got[k]) for k in FIELDS]
+        return got if got["machine"] == machine() and got["threads"] == threads else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if min(values) <= 0:
+
+
+def _kept(threads: int) -> Thresholds | None:
+    got = _kept_file(threads)
+    try:
+        values = [int(got[k]) for k in FIELDS] if got is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    if values is None or min(values) <= 0:
         return None
     loop, macs, costly, beside_loop, beside_macs, pack, nn_pack = values
     return Thresholds(loop, macs, "kept", costly, beside_loop, beside_macs, pack, nn_pack)
@@ -377,37 +384,23 @@ def _kept(threads: int) -> Thresholds | None:
 def keep(threads: int, t: Thresholds, detail: dict[str, Any]) -> None:
     """``t`` and the medians it came from, kept as this machine's for ``threads``."""
     from ..autotune import machine
+    from .build import write_whole
 
-    path = thresholds_path(threads)
     body = json.dumps({"machine": machine(), "threads": threads, **{k: getattr(t, k) for k in FIELDS},
                        "measured": detail})
     try:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".threads-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(body)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_whole(thresholds_path(threads), body, ".threads-")
     except OSError:
         pass  # an unwritable cache: the thresholds hold for this process
 
 
 def kept_detail(threads: int) -> dict[str, Any]:
     """The medians the kept thresholds came from (empty where none are kept)."""
+    got = _kept_file(threads)
     try:
-        with open(thresholds_path(threads), encoding="utf-8") as f:
-            got = json.load(f)
-        return dict(got["measured"]) if got["machine"] == _machine() else {}
-    except (OSError, ValueError, KeyError, TypeError):
+        return dict(got["measured"]) if got is not None else {}
+    except (KeyError, TypeError, ValueError):
         return {}
-
-
-def _machine() -> dict[str, str]:
-    from ..autotune import machine
-
-    return machine()
 
 
 def kept_or_measured(threads: int) -> Thresholds | None:

@@ -21,7 +21,7 @@ from .ctypes_ import Declined, prelude, storage_type, store
 from .gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 from .symsizes import sizes_active
 
-__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "worth_threads", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -264,13 +264,9 @@ def beside(kernel: Kernel) -> bool:
     return kernel.beside or kernel.parallel_macs is None
 
 
-def worth_threads(elements: int, lines: list[str]) -> bool:
-    """Whether a CPU loop of ``elements`` running ``lines`` is shared among threads."""
-    return loop_work(elements, lines) >= thresholds.current().loop
-
-
 def parallel_if(elements: int, lines: list[str]) -> str | None:
-    """``worth_threads`` as the tail of an OpenMP pragma: None (one thread), "" (threads),
+    """Whether a CPU loop of ``elements`` running ``lines`` is shared among threads (its work
+    against the loop threshold), as the tail of an OpenMP pragma: None (one thread), "" (threads),
     ``BESIDE_MARK`` (threads, where the kernel runs alone), or, where the work is a symbolic
     size, an ``if(...)`` clause that decides at the call, so the choice is no condition of the
     plan (Note [kernel sizes as arguments] in symsizes.py)."""

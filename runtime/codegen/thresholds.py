@@ -51,7 +51,7 @@ import torch
 
 from .gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 
-__all__ = ["UNMEASURED", "Thresholds", "current", "parse", "pinned", "resolved"]
+__all__ = ["UNMEASURED", "Thresholds", "current", "parse", "pinned", "resolve", "resolved"]
 
 
 @dataclass(frozen=True)
@@ -128,11 +128,14 @@ def current() -> Thresholds:
     with _LOCK:
         got = _RESOLVED.get(threads)
         if got is None:
-            got = _RESOLVED[threads] = _resolve(threads)
+            got = _RESOLVED[threads] = resolve(threads)
     return got
 
 
-def _resolve(threads: int) -> Thresholds:
+def resolve(threads: int) -> Thresholds:
+    """The thresholds for ``threads`` threads, resolved afresh (``current`` keeps the first for
+    the process): the setting, else the kept ones, else measured now and kept, else
+    ``UNMEASURED``."""
     text = os.environ.get(_ENV)
     if text:
         return parse(text)
