@@ -32,10 +32,10 @@ inside a program's chain of kernels; a loop waking threads that slept (a gap of 
 calls, scratch runs on the AMD EPYC) paid about 20-30 us, which no threshold of work hides.
 
 On the AMD EPYC family 25 model 17 (2 threads; calibrations in one process, scratch): a loop
-on the threads from 2^14 elements (once 2^12), a product from 2 x 48^3 multiply-adds; products
-side by side 1.2-1.4x faster than one after the other up to 2 x 96^3 and a tie from 2 x 128^3,
-so ``beside_macs`` 2^22 (the hand-set constant before); loops side by side within 0-9% of one
-after the other from 2^13 on, so ``beside_loop`` came out 2^14 .. 2^17 by the noise of those
+on the threads from 2^13 or 2^14 elements (once 2^12), a product from 2 x 48^3 multiply-adds; products
+side by side 1.2-1.5x faster than one after the other up to 2 x 96^3 and a tie from 2 x 128^3,
+so ``beside_macs`` 2^22 (the hand-set constant before); loops side by side within 0-15% of one
+after the other from 2^13 on, so ``beside_loop`` came out 2^13 .. 2^17 by the noise of those
 near-ties; an exp 5-7 plain ops; B copied first from 5 rows (the constant before), and a wide
 B's panels never copied up to 128 rows (1.06-1.28x slower copied; the constant, 64 rows, came
 from the AVX2 EPYC, where GPT-2's product went from 4.28 to 3.39 ms with the copy). About 0.2 s
