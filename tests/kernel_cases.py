@@ -208,7 +208,12 @@ TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e
        "sum-mean": 1e-4, "layer-norm": 1e-4, "qk-norm-rope": 1e-5, "qk-norm-gqa": 1e-5, "norm-windows": 1e-5, "norm-moved": 1e-5, "cosine-transposed": 1e-5, "rms-norm": 1e-4, "softmax": 1e-5, "logsumexp-norm": 1e-4,
        "softmax-kept": 1e-5, "sum-outer": 1e-4, "sum-outer-strided": 1e-5, "var-outer": 1e-5, "center-outer": 1e-5,
        "sum-outer-threaded": 1e-4, "mean-outer-tail": 1e-5, "bias-grad-outer": 1e-4, "centered-outer": 1e-5,
-       "layer-norm-1024": 1e-4, "layer-norm-768": 1e-4, "softmax-rows-256": 1e-5}
+       "layer-norm-1024": 1e-4, "layer-norm-768": 1e-4, "softmax-rows-256": 1e-5,
+       # eager's own float GELU is up to 1.2e-6 off the exact value (oneDNN's, on AVX-512 CPUs), its
+       # backward with tanh up to 5.5e-7 * |grad| (1 - tanh^2 cancels), ours as far the other way at
+       # worst: test_codegen's test_op_cases_where_eager_is_off_the_exact_value, whose bounds on ours
+       # against the exact value stay tight
+       "op:gelu.default": 2e-6, "op:gelu_backward.default": 2e-5}
 
 
 # --- every elementwise op the generator takes (runtime/codegen/pointwise.py), one case each ----
