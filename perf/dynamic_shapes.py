@@ -24,7 +24,9 @@ calls may still be measuring both ways there: Note [a class measured on its call
 ``--repeats`` more ``settled_after_builds`` (since 2026-11-28; earlier records have the first
 only); then prompts of ``LATER_LENGTHS``, never seen, each twice: ``new_after_builds`` (a new length
 once the kernels exist) against ``seen_after_builds`` (the same lengths again); their builds
-counted, their tokens checked.
+counted, their tokens checked. Every timed generate also records its forward calls' host times
+(``forward_calls``: the prefill's, the slowest call and which it was, the median, the sum), to tell
+a slow generate's prefill from a stalled decode step.
 ``--backends ... fuseg-foreground`` adds fuseg building on the caller's thread
 (FUSEG_BACKGROUND_BUILDS=0) in a process of its own; ``fuseg-unpaused`` adds fuseg with its
 background compilers left running while dynamo traces (FUSEG_PAUSE_BUILDS=0: the before of
@@ -48,6 +50,7 @@ Each backend runs in its own process, one after the other: compare ratios within
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -178,6 +181,38 @@ class _FullCollections:
         return ms
 
 
+class _ForwardTimes:
+    """The host milliseconds of each call of ``model.forward`` (the compiled one) since the last
+    ``take()``: a generate's prefill, then one call per decode step. Not synchronized (on a GPU a
+    call returns once its launches are queued), so a call that stalls the host (a plan made, a
+    measurement, a collection, a synchronization, an allocator's ``cudaMalloc``) stands out
+    from the rest. Recorded per timed generate as its slowest call (index, ms) and the sum, to
+    tell a slow generate's prefill from its decode steps (the H100's unexplained 17-token
+    generate, 0.35 s against 0.05 s, issue 41's notes)."""
+
+    def __init__(self, model: Any) -> None:
+        self._ms: list[float] = []
+        forward = model.forward
+
+        @functools.wraps(forward)  # (generate reads forward's signature: the compiled one's, the model's)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self._ms.append((time.perf_counter() - t) * 1e3)
+
+        model.forward = timed
+
+    def take(self) -> dict[str, Any]:
+        ms, self._ms = self._ms, []
+        if not ms:
+            return {"calls": 0}
+        slowest = max(range(len(ms)), key=ms.__getitem__)
+        return {"calls": len(ms), "sum_ms": round(sum(ms), 3), "prefill_ms": round(ms[0], 3),
+                "slowest": [slowest, round(ms[slowest], 3)], "median_ms": round(statistics.median(ms), 3)}
+
+
 def _generate(model: Any, ids: Any) -> Any:
     """Greedy, exactly ``NEW_TOKENS`` new tokens: with random weights a model may emit its end
     token early, and a generate that stops early does less work than one that does not (phi3's
@@ -224,26 +259,29 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
     threads_at_start = torch.get_num_threads()
     model, ref = _model(name), _model(name)
     _compiled_forward(model, backend)
+    forwards = _ForwardTimes(model)
     prompts = [_ids((1, n), n) for n in LENGTHS]
     order = list(range(len(LENGTHS))) + [2] * repeats
-    times, builds, equal, full_gc = [], [], [], []
+    times, builds, equal, full_gc, forward_calls = [], [], [], [], []
     collections = _FullCollections()
     for k in order:
         before = _builds()
         collections.take()
+        forwards.take()
         t = time.perf_counter()
         with torch.no_grad():
             out = _generate(model, prompts[k])
         _synchronized()
         times.append(time.perf_counter() - t)
         full_gc.append(collections.take())
+        forward_calls.append(forwards.take())
         builds.append(_builds() - before)
         with torch.no_grad():
             want = _generate(ref, prompts[k])
         equal.append(bool(torch.equal(out, want)))
     n = len(LENGTHS)
     out = {"model": name, "backend": backend, "lengths": [LENGTHS[k] for k in order], "seconds": times,
-           "full_gc_ms": full_gc,
+           "full_gc_ms": full_gc, "forward_calls": forward_calls,
            "kernel_builds": builds if backend == "fuseg" else None, "tokens_equal_eager": equal, **_plans(backend),
            "first": times[0], "second": times[1], "new": statistics.median(times[2:n]),
            "steady": statistics.median(times[n:])}
@@ -254,20 +292,23 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
         t = time.perf_counter()
         wait_for_background_builds()
         out["waited_for_builds_s"] = time.perf_counter() - t
-        again, again_gc = [], []
+        again, again_gc, again_forwards = [], [], []
         # (the first call after the builds makes each program again; the next ``repeats`` give
         # ``steady_after_builds``, where a size class's first calls may still be trials of both
         # ways, Note [a class measured on its calls]; the ``repeats`` after them, ``settled``)
         for _ in range(2 * repeats + 1):
             collections.take()
+            forwards.take()
             t = time.perf_counter()
             with torch.no_grad():
                 _generate(model, prompts[2])
             _synchronized()
             again.append(time.perf_counter() - t)
             again_gc.append(collections.take())
+            again_forwards.append(forwards.take())
         out["seconds_after_builds"] = again
         out["full_gc_ms_after_builds"] = again_gc
+        out["forward_calls_after_builds"] = again_forwards
         out["steady_after_builds"] = statistics.median(again[1:repeats + 1])
         out["settled_after_builds"] = statistics.median(again[repeats + 1:])
         # (every build done: torch's own count again, Note [torch's threads beside background compilers];

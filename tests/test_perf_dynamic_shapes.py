@@ -170,3 +170,27 @@ def test_the_verdicts_are_counted_by_their_thread_count(monkeypatch) -> None:
     monkeypatch.setattr(autotune, "_MEMORY", {"/a": {"k; threads 2; s0 in [8, 16)": v, "j; threads 1": v},
                                               "/b": {"m; threads 2": v}})
     assert ds._verdicts_by_threads() == {"threads 2": 2, "threads 1": 1}
+
+
+def test_each_forward_call_of_a_generate_is_timed() -> None:
+    """A generate's forward calls, timed on the host: its prefill, then one per decode step,
+    with its slowest call named (which call of a slow generate stalled). The timer keeps
+    forward's signature (generate reads it to decide what to pass) and the tokens."""
+    import inspect
+
+    import torch
+
+    model, ref = ds._model("phi3"), ds._model("phi3")
+    params = list(inspect.signature(model.forward).parameters)
+    timer = ds._ForwardTimes(model)
+    assert list(inspect.signature(model.forward).parameters) == params
+    ids = ds._ids((1, 9), 9)
+    with torch.no_grad():
+        got = ds._generate(model, ids)
+    t = timer.take()
+    assert t["calls"] == ds.NEW_TOKENS  # (the prefill makes the first token, each decode step one more)
+    assert 0 <= t["slowest"][0] < t["calls"] and t["slowest"][1] >= t["median_ms"] > 0
+    assert t["sum_ms"] >= t["prefill_ms"] > 0
+    assert timer.take() == {"calls": 0}  # (taken)
+    with torch.no_grad():
+        assert torch.equal(got, ds._generate(ref, ids))
