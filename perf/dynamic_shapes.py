@@ -38,7 +38,10 @@ Training (``--train``). One SGD step (forward, backward, update) of a tiny causa
 on batches whose sequence length changes every step (``TRAIN_LENGTHS``: what a data loader with
 dynamic padding does), per backend in a fresh process; each step's loss and every gradient are
 compared with an eager copy of the model stepped on the same batches. Steps after every length
-was seen once give ``steady``.
+was seen once give ``steady``. Then ``SETTLE_PASSES`` more passes over the lengths, unchecked (no
+eager step between, as a training loop runs): the last pass gives ``settled`` (since 2026-11-28;
+in a fresh process fuseg's size classes measure both ways on their first calls, Note [a class
+measured on its calls], and those trials fall among the checked steps).
 
 ``--device cuda`` runs the same protocols on the GPU (models, prompts and batches on CUDA; a
 generate is timed to a ``torch.cuda.synchronize``); fuseg's builds counted there are NVRTC compiles
@@ -68,6 +71,8 @@ LENGTHS = (5, 9, 13, 17, 21, 25)
 #: lengths first seen after fuseg's background builds are done (``new_after_builds``)
 LATER_LENGTHS = (29, 33, 37)
 TRAIN_LENGTHS = (16, 24, 32, 20, 28, 40, 16, 24, 32, 20, 28, 40)
+#: unchecked passes over the six lengths after the checked steps; the last one gives ``settled``
+SETTLE_PASSES = 3
 BACKENDS = ("eager", "aot_eager", "inductor", "fuseg")
 NEW_TOKENS = 24
 #: where a child process runs its protocol (``--device``; set once in the child)
@@ -371,10 +376,26 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
                              if a.grad is not None))
         ref_opt.step()
     seen = len(set(TRAIN_LENGTHS))
+    # (the same lengths again, SETTLE_PASSES times, no eager step between: a training loop as a
+    # user runs it; the checked steps' median may hold a size class's trial calls, Note [a class
+    # measured on its calls], which an empty cache makes in every fresh process)
+    settle, settle_builds = [], []
+    for n in TRAIN_LENGTHS[:seen] * SETTLE_PASSES:
+        ids = _ids((2, n), n)
+        before = _builds()
+        t = time.perf_counter()
+        opt.zero_grad()
+        step(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        _synchronized()
+        settle.append(time.perf_counter() - t)
+        settle_builds.append(_builds() - before)
     return {"model": name, "backend": backend, "lengths": list(TRAIN_LENGTHS), "seconds": times, "full_gc_ms": full_gc,
             "kernel_builds": builds if backend == "fuseg" else None, **_plans(backend), "max_loss_diff": max(loss_diff),
             "max_grad_diff": max(grad_diff), "first": times[0], "second": times[1],
-            "new": statistics.median(times[2:seen]), "steady": statistics.median(times[seen:])}
+            "new": statistics.median(times[2:seen]), "steady": statistics.median(times[seen:]),
+            "seconds_settling": settle, "kernel_builds_settling": settle_builds if backend == "fuseg" else None,
+            "settled": statistics.median(settle[-seen:])}
 
 
 def _child(kind: str, name: str, backend: str, repeats: int, before: str | None = None,
@@ -446,8 +467,12 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out["fuseg_settled_after_builds_over_inductor"] = f["settled_after_builds"] / ind["steady"]
         out.update(fuseg_first_over_inductor=f["first"] / ind["first"], fuseg_steady_over_inductor=f["steady"] / ind["steady"],
                    inductor_new_over_steady=ind["new"] / ind["steady"])
+        if f.get("settled") and ind.get("settled"):  # (training: the unchecked passes, Note [a class measured on its calls])
+            out["fuseg_settled_over_inductor"] = f["settled"] / ind["settled"]
     if "eager" in by:
         out["fuseg_steady_over_eager"] = f["steady"] / by["eager"]["steady"]
+        if f.get("settled") and by["eager"].get("settled"):
+            out["fuseg_settled_over_eager"] = f["settled"] / by["eager"]["settled"]
     if f.get("kernel_builds") is not None:
         n = len(LENGTHS) if "tokens_equal_eager" in f else len(set(TRAIN_LENGTHS))
         out["fuseg_builds_from_third_length"] = sum(f["kernel_builds"][2:])

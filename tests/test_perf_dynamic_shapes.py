@@ -194,3 +194,18 @@ def test_each_forward_call_of_a_generate_is_timed() -> None:
     assert timer.take() == {"calls": 0}  # (taken)
     with torch.no_grad():
         assert torch.equal(got, ds._generate(ref, ids))
+
+
+def test_a_training_round_compares_the_settled_steps_of_each_backend() -> None:
+    """After the checked steps, every backend steps through the lengths again unchecked
+    (``settled``: a size class's first calls measure both ways on an empty cache, Note [a class
+    measured on its calls], so the checked steps' median holds trials): settled against settled."""
+    rows = [{"backend": "inductor", "first": 20.0, "second": 18.0, "new": 0.003, "steady": 0.003, "settled": 0.0025},
+            {"backend": "eager", "first": 0.01, "second": 0.003, "new": 0.003, "steady": 0.003, "settled": 0.0029},
+            {"backend": "fuseg", "first": 6.0, "second": 7.0, "new": 0.005, "steady": 0.004, "settled": 0.002,
+             "kernel_builds": [5, 4] + [0] * 10}]
+    r = ds._ratios(rows)
+    assert r["fuseg_settled_over_inductor"] == pytest.approx(0.8)
+    assert r["fuseg_settled_over_eager"] == pytest.approx(0.002 / 0.0029)
+    assert r["fuseg_steady_over_inductor"] == pytest.approx(0.004 / 0.003)  # (the checked steps' still there)
+    assert "fuseg_settled_over_inductor" not in ds._ratios([{**rows[0], "settled": None}, rows[2]])
