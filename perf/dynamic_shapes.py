@@ -2,7 +2,7 @@
 varying sequence lengths, under eager, ``aot_eager``, Inductor and fuseg (issue 41).
 
     python -m perf.dynamic_shapes [--models qwen2 phi3 ...] [--backends eager aot_eager inductor fuseg]
-                                  [--repeats 5] [--rounds 1] [--train] [--before DIR] [--device cuda]
+                                  [--repeats 5] [--rounds 1] [--train [--interleaved]] [--before DIR] [--device cuda]
                                   [--out perf/results/dynamic_shapes_cpu.json]
 
 Generation. Per model (a tiny config from ``transformers``, random weights, no download) and
@@ -42,6 +42,13 @@ was seen once give ``steady``. Then ``SETTLE_PASSES`` more passes over the lengt
 eager step between, as a training loop runs): the last pass gives ``settled`` (since 2026-11-28;
 in a fresh process fuseg's size classes measure both ways on their first calls, Note [a class
 measured on its calls], and those trials fall among the checked steps).
+
+Training interleaved (``--train --interleaved [--passes 8]``): every backend in one process,
+a copy of the model each, the length marked dynamic from the first step, four passes over the
+six lengths untimed, then ``--passes`` timed with the backends' steps on each batch one after
+another, the order rotating: settled step times compared without the spread between processes
+(large on a shared VM), losses against eager's. No first or second step there: those need fresh
+processes (the protocol above).
 
 ``--device cuda`` runs the same protocols on the GPU (models, prompts and batches on CUDA; a
 generate is timed to a ``torch.cuda.synchronize``); fuseg's builds counted there are NVRTC compiles
@@ -398,6 +405,57 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
             "settled": statistics.median(settle[-seen:])}
 
 
+#: passes over the lengths before ``--interleaved`` times any (compiles, size-class trials, builds)
+WARM_PASSES = 4
+
+
+def run_train_interleaved(name: str, backends: list[str], passes: int, warm: int = WARM_PASSES) -> dict[str, Any]:
+    """In this process: one copy of the model per backend (the same weights), the sequence length
+    marked dynamic from the first step (dynamo's graphs are symbolic from the start, as they are
+    from the second length without the mark), ``warm`` passes over the six lengths untimed, then
+    ``passes`` timed, the backends' steps on each batch one after another in an order that rotates
+    step by step. One process for all, so the step times compare without the spread between
+    processes (on this VM one loop took 1.54-2.99 ms a step across eight fuseg processes,
+    2.4-4.2 ms across four eager ones); each loss is compared with eager's where eager is among
+    ``backends``."""
+    import torch
+
+    models = {b: _model(name).train() for b in backends}
+    steps = {b: m if b == "eager" else torch.compile(m, backend=_named(b)) for b, m in models.items()}
+    opts = {b: torch.optim.SGD(m.parameters(), lr=0.01) for b, m in models.items()}
+    lengths = TRAIN_LENGTHS[:len(set(TRAIN_LENGTHS))]
+    times: dict[str, list[float]] = {b: [] for b in backends}
+    loss_diff: dict[str, float] = {b: 0.0 for b in backends if b != "eager"}
+    k = 0
+    for p in range(warm + passes):
+        for n in lengths:
+            ids = _ids((2, n), n)
+            torch._dynamo.mark_dynamic(ids, 1)
+            losses = {}
+            for b in backends[k % len(backends):] + backends[:k % len(backends)]:
+                t = time.perf_counter()
+                opts[b].zero_grad()
+                loss = steps[b](input_ids=ids, labels=ids).loss
+                loss.backward()
+                opts[b].step()
+                _synchronized()
+                if p >= warm:
+                    times[b].append(time.perf_counter() - t)
+                losses[b] = loss.item()
+            k += 1
+            if "eager" in losses:
+                for b in loss_diff:
+                    loss_diff[b] = max(loss_diff[b], abs(losses[b] - losses["eager"]))
+    median = {b: statistics.median(v) for b, v in times.items()}
+    out: dict[str, Any] = {"model": name, "backends": backends, "warm_passes": warm, "passes": passes,
+                           "lengths": list(lengths), "seconds": times, "median": median, **_plans("fuseg" if "fuseg" in backends else "")}
+    if "eager" in backends:
+        out["max_loss_diff_vs_eager"] = loss_diff
+    out["ratios"] = {f"{a}_over_{b}": median[a] / median[b] for a in backends for b in backends
+                     if a == "fuseg" and b != a}
+    return out
+
+
 def _child(kind: str, name: str, backend: str, repeats: int, before: str | None = None,
            device: str = "cpu") -> dict[str, Any]:
     """Run one (model, backend) in a fresh process with empty compiler caches. ``fuseg-foreground``
@@ -487,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1, help="the backends one after another, this many times per model")
     p.add_argument("--train", action="store_true", help="the training protocol instead of generation")
+    p.add_argument("--interleaved", action="store_true",
+                   help="with --train: every backend in one process, steps interleaved (settled step times only)")
+    p.add_argument("--passes", type=int, default=8, help="timed passes over the lengths with --interleaved")
     p.add_argument("--before", default=None, help="a checkout of the code to compare with: the backend fuseg-before")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the models run")
     p.add_argument("--profile", action="store_true",
@@ -500,12 +561,20 @@ def main(argv: list[str] | None = None) -> int:
         global _DEVICE
         kind, name, backend, repeats = args.child[:4]
         _DEVICE = args.child[4] if len(args.child) > 4 else "cpu"
-        result = run_train(name, backend) if kind == "train" else run_generate(name, backend, int(repeats))
+        if kind == "train-interleaved":
+            result = run_train_interleaved(name, backend.split(","), int(repeats))
+        else:
+            result = run_train(name, backend) if kind == "train" else run_generate(name, backend, int(repeats))
         print(json.dumps(result))
         return 0
     from .bench import environment, write_record
 
     kind = "train" if args.train else "generate"
+    if args.interleaved:
+        if not args.train or args.before or len(set(args.backends)) != len(args.backends) or any(
+                b not in BACKENDS for b in args.backends):
+            raise SystemExit(f"--interleaved: with --train, no --before, distinct backends among {', '.join(BACKENDS)}")
+        kind = "train-interleaved"
     if args.device != "cpu" and args.before:
         raise SystemExit("--before runs on the CPU only (an older checkout's protocol knows no device)")
     record: dict[str, Any] = {"benchmark": f"dynamic_shapes/{kind}", "environment": environment(args.device),
@@ -514,6 +583,12 @@ def main(argv: list[str] | None = None) -> int:
         rounds = []
         for r in range(args.rounds):
             rows = []
+            if args.interleaved:
+                print(f"{kind} {name} {' '.join(args.backends)} (round {r + 1}) ...", file=sys.stderr, flush=True)
+                row = _child(kind, name, ",".join(args.backends), args.passes, None, args.device)
+                print(f"  {json.dumps(row.get('ratios', row.get('error')))}", file=sys.stderr, flush=True)
+                rounds.append([row])
+                continue
             for backend in args.backends:
                 print(f"{kind} {name} {backend} (round {r + 1}) ...", file=sys.stderr, flush=True)
                 row = _child(kind, name, backend, args.repeats, args.before, args.device)
@@ -521,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
                 rows.append(row)
             rounds.append(rows)
+        if args.interleaved:  # (one process a round: its own ratios)
+            record["results"][name] = {"rounds": [rows[0] for rows in rounds]}
+            continue
         if args.rounds == 1:
             record["results"][name] = {"runs": rounds[0], "ratios": _ratios(rounds[0])}
         else:

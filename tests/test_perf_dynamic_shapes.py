@@ -209,3 +209,43 @@ def test_a_training_round_compares_the_settled_steps_of_each_backend() -> None:
     assert r["fuseg_settled_over_eager"] == pytest.approx(0.002 / 0.0029)
     assert r["fuseg_steady_over_inductor"] == pytest.approx(0.004 / 0.003)  # (the checked steps' still there)
     assert "fuseg_settled_over_inductor" not in ds._ratios([{**rows[0], "settled": None}, rows[2]])
+
+
+def test_interleaved_training_times_every_backend_in_one_process() -> None:
+    """``--train --interleaved``: the backends' copies of one model step on the same batches in
+    one process, the order rotating, the length marked dynamic; each timed pass gives every
+    backend one step a length, and each loss is compared with eager's."""
+    import torch
+
+    torch._dynamo.reset()
+    try:
+        out = ds.run_train_interleaved("qwen2", ["eager", "aot_eager"], passes=1, warm=1)
+    finally:
+        torch._dynamo.reset()
+    n = len(set(ds.TRAIN_LENGTHS))
+    assert {b: len(v) for b, v in out["seconds"].items()} == {"eager": n, "aot_eager": n}
+    assert set(out["median"]) == {"eager", "aot_eager"} and all(v > 0 for v in out["median"].values())
+    assert out["max_loss_diff_vs_eager"]["aot_eager"] < 1e-5
+    assert out["ratios"] == {}  # (fuseg's ratios only)
+
+
+def test_interleaved_training_is_refused_where_it_means_nothing(monkeypatch, tmp_path) -> None:
+    import json
+
+    for argv in (["--interleaved"], ["--train", "--interleaved", "--backends", "fuseg", "fuseg"],
+                 ["--train", "--interleaved", "--backends", "fuseg-before", "fuseg", "--before", "x"]):
+        with pytest.raises(SystemExit, match="--interleaved"):
+            ds.main(argv)
+    seen = []
+
+    def child(kind, name, backend, repeats, before=None, device="cpu"):
+        seen.append((kind, name, backend, repeats))
+        return {"model": name, "backend": backend, "ratios": {"fuseg_over_inductor": 0.9}}
+
+    monkeypatch.setattr(ds, "_child", child)
+    out = tmp_path / "r.json"
+    ds.main(["--train", "--interleaved", "--models", "qwen2", "--backends", "inductor", "fuseg", "--rounds", "2",
+             "--passes", "3", "--out", str(out)])
+    assert seen == [("train-interleaved", "qwen2", "inductor,fuseg", 3)] * 2
+    rounds = json.loads(out.read_text())["results"]["qwen2"]["rounds"]
+    assert [r["ratios"] for r in rounds] == [{"fuseg_over_inductor": 0.9}] * 2
