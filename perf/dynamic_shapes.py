@@ -350,6 +350,18 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
     return out
 
 
+def _timed_step(step: Any, opt: Any, ids: Any) -> tuple[float, Any]:
+    """One SGD step (forward with labels, backward, update) on ``ids``: its seconds (to the
+    device's end) and its loss."""
+    t = time.perf_counter()
+    opt.zero_grad()
+    loss = step(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    _synchronized()
+    return time.perf_counter() - t, loss
+
+
 def run_train(name: str, backend: str) -> dict[str, Any]:
     """In this process: one SGD step per batch of ``TRAIN_LENGTHS``, timed, against eager."""
     import copy
@@ -366,13 +378,8 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
         ids = _ids((2, n), n)
         before = _builds()
         collections.take()
-        t = time.perf_counter()
-        opt.zero_grad()
-        loss = step(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        _synchronized()
-        times.append(time.perf_counter() - t)
+        seconds, loss = _timed_step(step, opt, ids)
+        times.append(seconds)
         full_gc.append(collections.take())
         builds.append(_builds() - before)
         ref_opt.zero_grad()
@@ -390,12 +397,7 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
     for n in TRAIN_LENGTHS[:seen] * SETTLE_PASSES:
         ids = _ids((2, n), n)
         before = _builds()
-        t = time.perf_counter()
-        opt.zero_grad()
-        step(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        _synchronized()
-        settle.append(time.perf_counter() - t)
+        settle.append(_timed_step(step, opt, ids)[0])
         settle_builds.append(_builds() - before)
     return {"model": name, "backend": backend, "lengths": list(TRAIN_LENGTHS), "seconds": times, "full_gc_ms": full_gc,
             "kernel_builds": builds if backend == "fuseg" else None, **_plans(backend), "max_loss_diff": max(loss_diff),
@@ -415,8 +417,8 @@ def run_train_interleaved(name: str, backends: list[str], passes: int, warm: int
     from the second length without the mark), ``warm`` passes over the six lengths untimed, then
     ``passes`` timed, the backends' steps on each batch one after another in an order that rotates
     step by step. One process for all, so the step times compare without the spread between
-    processes (on this VM one loop took 1.54-2.99 ms a step across eight fuseg processes,
-    2.4-4.2 ms across four eager ones); each loss is compared with eager's where eager is among
+    processes (on this VM one loop's step took 1.5-3.0 ms across 13 fuseg processes, 2.4-4.2 ms
+    across four eager ones); each loss is compared with eager's where eager is among
     ``backends``."""
     import torch
 
@@ -433,14 +435,9 @@ def run_train_interleaved(name: str, backends: list[str], passes: int, warm: int
             torch._dynamo.mark_dynamic(ids, 1)
             losses = {}
             for b in backends[k % len(backends):] + backends[:k % len(backends)]:
-                t = time.perf_counter()
-                opts[b].zero_grad()
-                loss = steps[b](input_ids=ids, labels=ids).loss
-                loss.backward()
-                opts[b].step()
-                _synchronized()
+                seconds, loss = _timed_step(steps[b], opts[b], ids)
                 if p >= warm:
-                    times[b].append(time.perf_counter() - t)
+                    times[b].append(seconds)
                 losses[b] = loss.item()
             k += 1
             if "eager" in losses:
