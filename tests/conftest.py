@@ -40,6 +40,20 @@ def _builds_at_once(monkeypatch):
     yield
 
 
+def pytest_addoption(parser) -> None:  # noqa: ANN001 - pytest's hook signature
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (sizes past what CI affords: reductions over 2^26 elements)")
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's hook signature
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's hook signature
     import sys
 
