@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from . import cascade
 from . import index as ix
 from .kernel import Body, Param, parallel_if, store_output
 from .rows import Row, _identity, emit_reductions, full_index
@@ -69,11 +70,12 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
                 js.append(f"j_{d}")
         return decls, js
 
-    def element_pass(loop: str, each) -> None:  # noqa: ANN001 - each(body, idx) -> the lines after the body's
+    def element_pass(loop: str, each, chunk: bool = False) -> None:  # noqa: ANN001 - each(body, idx) -> the lines after the body's
         decls, js = j_terms()
         b = Body(lw, loop, "        ")  # run per row of the tile (t); ``outer`` indexes its kept dims
         after = each(b, row.index(outer, js))
-        lines.append(f"    for (FUSEG_I j = 0; j < {R}; ++j) {{")
+        start, end = ("fuseg_jc", "fuseg_je") if chunk else ("0", f"{R}")  # Note [sums in chunks]
+        lines.append(f"    for (FUSEG_I j = {start}; j < {end}; ++j) {{")
         lines.extend(decls)
         lines.extend(["#pragma omp simd", "      for (FUSEG_I t = 0; t < tn; ++t) {"])
         lines.extend(b.lines)
@@ -101,13 +103,27 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
         lines.append(f"    {acc_ct} {acc}[{tile}];")
         lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {acc}[t] = ({acc_ct})({_identity(combine, ct)});")
         stored = early and not written[0]
+        # Note [sums in chunks]: each accumulator adds one value per reduced element, so a float
+        # sum over many adds partials of COLUMN_CHUNK elements, compensated
+        chunk = combine == "fuseg_sum" and acc_ct in ("float", "double") and cascade.chunked(R, cascade.COLUMN_CHUNK)
+        into = acc
+        if chunk:
+            comp, into = lw.fresh("comp"), lw.fresh("part")
+            lines.append(f"    {acc_ct} {comp}[{tile}], {into}[{tile}];")
+            lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {comp}[t] = ({acc_ct})0;")
+            lines.extend(cascade.column_chunk_open(R))
+            lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {into}[t] = ({acc_ct})0;")
 
         def each(b: Body, idx: list[str]) -> list[str]:
-            update = f"        {acc}[t] = {combine}<{acc_ct}>({acc}[t], ({acc_ct})({element(b, idx)}));"
+            update = f"        {into}[t] = {combine}<{acc_ct}>({into}[t], ({acc_ct})({element(b, idx)}));"
             if stored:
                 write(b, idx)
             return [update]
-        element_pass(lw.fresh("P"), each)
+        element_pass(lw.fresh("P"), each, chunk)
+        if chunk:
+            lines.extend(["    for (FUSEG_I t = 0; t < tn; ++t) {", *cascade.chunk_close(acc_ct, f"{acc}[t]", f"{comp}[t]", f"{into}[t]")])
+            lines.append("    }")
+            lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {acc}[t] = fuseg_sum_total<{acc_ct}>({acc}[t], {comp}[t]);")
         if stored:
             written[0] = True
         return f"{acc}[t]"

@@ -159,6 +159,14 @@ template <class T> FUSEG_FN T fuseg_sum(T a, T b) { return (T)(a + b); }
 template <class T> FUSEG_FN T fuseg_max_ordered(T a, T b) { return a > b ? a : b; }
 template <class T> FUSEG_FN T fuseg_min_ordered(T a, T b) { return a < b ? a : b; }
 template <class T> FUSEG_FN T fuseg_any(T a, T b) { return (T)(a || b); }
+// Note [sums in chunks] (cascade.py): a chunk's partial sum added into the row's sum with its
+// rounding error kept aside (Neumaier); the total adds the error back where the sum is finite
+template <class T> FUSEG_FN void fuseg_sum_into(T& s, T& c, T x) {
+  const T t = s + x;
+  c += ((s < 0 ? -s : s) >= (x < 0 ? -x : x)) ? (T)((s - t) + x) : (T)((x - t) + s);
+  s = t;
+}
+template <class T> FUSEG_FN T fuseg_sum_total(T s, T c) { return s - s == 0 ? (T)(s + c) : s; }
 template <class T> FUSEG_FN T fuseg_all(T a, T b) { return (T)(a && b); }
 // Note [kernel sizes as arguments] (symsizes.py): a symbolic size divided as Python divides
 FUSEG_FN long long fuseg_fdiv(long long a, long long b) { long long q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }

@@ -26,6 +26,7 @@ import torch
 
 from segmenter import Node
 
+from . import cascade
 from . import index as ix
 from .checks import MAX_EXTENT, dims_arg, float_arg, permutation_arg, shape_ints
 from .ctypes_ import Declined, compute_type, literal
@@ -416,7 +417,9 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             outer.append(f"o_{d}")
     decl_at = len(lines)
 
-    def j_loop(loop: str) -> tuple[Body, list[str], list[str]]:
+    def j_loop(loop: str, chunk: bool = False) -> tuple[Body, list[str], list[str]]:
+        # Note [sums in chunks]: a chunked pass's CPU (and generic CUDA) loop covers its chunk
+        start, end = ("fuseg_jc + FUSEG_THREAD", "fuseg_je") if chunk else ("FUSEG_THREAD", f"{R}")
         b = Body(lw, loop, "      ")
         head = []
         js = []
@@ -432,7 +435,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
                          f"    FUSEG_UNROLL for (int it = 0; it < {lw.slots}; ++it) {{",
                          "      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;",
                          "#else",
-                         f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{",
+                         f"    for (FUSEG_I j = {start}; j < {end}; j += FUSEG_BLOCK_DIM) {{",
                          "#endif"])
             lw.cache_body = b
         elif cached:
@@ -446,10 +449,10 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
                          f" if (FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM < {R}) {{",
                          "      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;",
                          "#else",
-                         f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{",
+                         f"    for (FUSEG_I j = {start}; j < {end}; j += FUSEG_BLOCK_DIM) {{",
                          "#endif"])
         else:
-            head.append(f"    for (FUSEG_I j = FUSEG_THREAD; j < {R}; j += FUSEG_BLOCK_DIM) {{")
+            head.append(f"    for (FUSEG_I j = {start}; j < {end}; j += FUSEG_BLOCK_DIM) {{")
         return b, idx, head
 
     def simd(head: list[str], clause: str = "") -> list[str]:
@@ -465,11 +468,27 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         acc_ct = "int" if ct == "bool" else ct
         ident = _identity(combine, ct)
         acc, res = lw.fresh("acc"), lw.fresh("r")
-        b, idx, head = j_loop(lw.fresh("P"))
+        # Note [sums in chunks]: a float sum over a long row adds chunks' partials, compensated
+        chunk = (not cached and combine == "fuseg_sum" and acc_ct in ("float", "double")
+                 and cascade.chunked(R, cascade.ROW_CHUNK))
+        b, idx, head = j_loop(lw.fresh("P"), chunk)
         lw.cache_fill = True
         e = element(b, idx)
         lw.cache_fill = False
         lines.append(f"    {acc_ct} {acc} = ({acc_ct})({ident});")
+        if chunk:
+            comp, part = lw.fresh("comp"), lw.fresh("part")
+            lines.append(f"    {acc_ct} {comp} = ({acc_ct})0;")
+            lines.extend(cascade.row_chunk_open(R, head[0] == "#ifdef __CUDACC__"))
+            lines.append(f"    {acc_ct} {part} = ({acc_ct})0;")
+            lines.extend(simd(head, f" reduction(+:{part})"))
+            lines.extend(b.lines)
+            lines.append(f"      {part} = fuseg_sum<{acc_ct}>({part}, ({acc_ct})({e}));")
+            lines.append("    }")
+            lines.extend(cascade.chunk_close(acc_ct, acc, comp, part))
+            lines.append(f"    {acc} = fuseg_sum_total<{acc_ct}>({acc}, {comp});")
+            lines.append(f"    const {acc_ct} {res} = fuseg_block_reduce<{acc_ct}, {combine}<{acc_ct}>>({acc}, ({acc_ct})({ident}));")
+            return res
         flagged = not cached and acc_ct in ("float", "double") and combine in ("fuseg_max", "fuseg_min")
         if flagged:  # Note [max without a NaN chain]
             nan, x = lw.fresh("nan"), lw.fresh("x")
