@@ -23,8 +23,9 @@ device time of a compiled model, fuseg against Inductor).
 
 gpu_validate.sh runs the GPU tests and the GPU benchmarks in one go on a GPU machine, and
 gpu_summary.py summarizes what it left. experiments/ holds one-off measurements of single kernels
-and single changes, kept with their records. results/ holds the committed records (history, not
-rewritten; results/README.md says which script made those of the experiments).
+and single changes, kept with their records. results/ holds the committed records, one folder per
+machine (history, not rewritten); ``python -m perf.records`` (records.py) regenerates their index,
+results/README.md, and the README's results table (Note [records]).
 """
 
 __all__: list[str] = []

@@ -2,7 +2,7 @@
 change, each against eager in the same process, alternated in one run.
 
     python -m perf.before_after --before /path/to/old/checkout [MODEL ...]
-                                [--rounds 4] [--calls 20] [--first-call] [--out perf/results/before_after_cpu.json]
+                                [--rounds 4] [--calls 20] [--first-call] [--out perf/results/<machine>/before_after_cpu.json]
 
 Method. Per model and round, one fresh process per side (``before`` first on even rounds,
 ``after`` first on odd ones): it imports the side's ``runtime.dynamo.fuseg_backend`` (the

@@ -1,6 +1,6 @@
 """Time of the whole pipeline against graph size, per stage (a benchmark, not a test).
 
-    python -m perf.bench_pipeline [--out perf/results/pipeline_time.json] [--repeat 3]
+    python -m perf.bench_pipeline [--out perf/results/<machine>/pipeline_time.json] [--repeat 3]
                                   [--sizes 1000,10000,100000] [--backends torch,cpp]
 
 For each size, a fresh process (so that its peak RSS is that size's) builds a synthetic

@@ -1,6 +1,6 @@
 """Segmentation time against graph size (a benchmark, not a test).
 
-    python -m perf.bench_segment [--out perf/results/segment_time.json] [--repeat 3]
+    python -m perf.bench_segment [--out perf/results/<machine>/segment_time.json] [--repeat 3]
 
 Synthetic transformer-like graphs of 1k, 10k and 100k nodes (perf.synthetic), and the captured
 graph of a 32-layer Llama-2-7B config (fake weights on the meta device, so no weight memory).

@@ -4,7 +4,7 @@
 ``options={"cuda_graphs": True}`` beside them).
 
     python -m perf.compiled [MODEL ...] [--set default|unseen|all|gpu] [--rounds 5] [--calls 20] [--first-calls 3] [--no-first-call]
-                            [--device cpu|cuda] [--variants V,...] [--out perf/results/compiled_cpu.json] [--plot FILE.png]
+                            [--device cpu|cuda] [--variants V,...] [--out perf/results/<machine>/compiled_cpu.json] [--plot FILE.png]
 
 Models: the zoo's runnable entries and transformer-family models the project never tuned for
 (``HELD_OUT``: tiny configs from ``transformers``, random weights, batch 2, sequence 32); with

@@ -3,7 +3,7 @@ varying sequence lengths, under eager, ``aot_eager``, Inductor and fuseg (issue 
 
     python -m perf.dynamic_shapes [--models qwen2 phi3 ...] [--backends eager aot_eager inductor fuseg]
                                   [--repeats 5] [--rounds 1] [--train [--interleaved]] [--before DIR] [--device cuda]
-                                  [--out perf/results/dynamic_shapes_cpu.json]
+                                  [--out perf/results/<machine>/dynamic_shapes_cpu.json]
 
 Generation. Per model (a tiny config from ``transformers``, random weights, no download) and
 backend, one fresh process with empty Inductor and fuseg caches compiles ``model.forward`` and

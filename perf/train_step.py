@@ -3,7 +3,7 @@ shape: issue 42's goal 4.
 
     python -m perf.train_step [MODEL ...] [--rounds 5] [--steps 10] [--processes 1]
                               [--before /path/to/checkout [--repeats 2]] [--separate PAIRS]
-                              [--out perf/results/train_step_cpu.json]
+                              [--out perf/results/<machine>/train_step_cpu.json]
 
 Models (``TRAIN_MODELS``): tiny causal LMs (hidden 64, 2 layers, batch 2, 32 tokens), mid-size
 ones (hidden 256, 4 layers, batch 2, 128 tokens) and encoders with a masked-LM head, all from

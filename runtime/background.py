@@ -4,7 +4,7 @@ Note [kernels built in the background]: a symbolic plan (Note [symbolic plans]) 
 dynamo re-traces a graph with symbolic sizes, in the middle of the caller's run (the second
 prompt length of a generate); its kernels take sizes as arguments, so they are new sources, and
 their compiler runs summed 1.4-2.0 s (two groups in parallel) of the 1.85-2.63 s that fuseg's
-part of that call took (qwen2, phi3, both sides of perf/results/second_length_parts_cpu.json). With
+part of that call took (qwen2, phi3, both sides of perf/results/amd-epyc-zen3/second_length_parts_cpu.json). With
 background builds (the default for inference graphs; ``FusegCompiler(background_builds=...)``
 or FUSEG_BACKGROUND_BUILDS=1 / 0 sets them for every graph / none) a program's
 ``CompiledProgram(..., background=True)`` (a symbolic plan's, or one of fixed sizes: below):
@@ -39,7 +39,7 @@ codegen/build.py; the lowest nice value where there is no such policy), one tran
 core. Any thread of the caller's that wakes takes its core at once. Two weaker settings were
 measured on a tiny LM's generation first: the compilers at normal priority on all cores but
 one, where the generates that ran alongside (the third to sixth prompt lengths) took 3.1-7.8x a
-seen length (perf/results/background_builds_onoff_cpu.json); and nice 19 set on the compiler
+seen length (perf/results/x86-cpu-unrecorded/background_builds_onoff_cpu.json); and nice 19 set on the compiler
 after it started, which missed its children: each decode step took 15 ms instead of 0.7 while
 a build ran (torch's CPU attention waiting for its second OpenMP thread; scratch runs of that
 protocol with timers around each call and torch's profiler, not committed). A caller busy on
@@ -69,13 +69,13 @@ steps took 8-33 ms beside the compilers, and every one 0.8-2.6 ms with them stop
 each, scratch timers around each forward); its third generate took 0.20-0.37 s against
 0.02-0.11 s (four scratch processes before, three after). The builds get the time between
 calls, and all of it once a program waits for them (``WAIT_AFTER_S``). Before and after in one
-run: perf/results/dynamic_shapes_generate_trials_cpu.json ("new" and "steady", the generates
+run: perf/results/amd-epyc-zen4/dynamic_shapes_generate_trials_cpu.json ("new" and "steady", the generates
 during the builds: 24-74 / 43-86 ms against 88-333 / 58-239 before).
 
 Why it is on for inference graphs only: a training step keeps every core busy, so idle-only
 compilers got no time and its steps ran the interim program (6.5-16.3 ms against 4.0-7.1 ms
-with the builds on the caller's thread, perf/results/train_background_builds_cpu.json); for
-generation the README's dynamic shapes section and perf/results/dynamic_shapes_generate_cpu.json
+with the builds on the caller's thread, perf/results/amd-epyc-zen3/train_background_builds_cpu.json); for
+generation the README's dynamic shapes section and perf/results/amd-epyc-zen3/dynamic_shapes_generate_cpu.json
 and second_length_background_rounds_cpu.json time both.
 """
 

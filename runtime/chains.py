@@ -4,7 +4,7 @@ Note [one native call for a chain of kernels]: in llama-tiny's fast program (34 
 us a call outside dynamo), the work around each kernel was most of the call: a planned-layout
 allocation (``empty_strided``, ~0.4 us with its free), one ``data_ptr()`` per argument (~0.06
 us) and a ctypes call (~0.1 us) per launch (scratch micro-timings). As one chain, the program
-took 33 us (scratch; through torch.compile: perf/results/before_after_chains_cpu.json). A run of
+took 33 us (scratch; through torch.compile: perf/results/x86-cpu-unrecorded/before_after_chains_cpu.json). A run of
 consecutive launches that are all generated C++ kernels (with the views, folded segments and
 gathers passed as pointers between them, which make nothing) is therefore emitted as a *chain*:
 

@@ -17,7 +17,7 @@ The launch then copies that strided view of ``x`` into a fresh buffer of the pla
 output is new memory, as
 ATen's is (no aliasing), and ``x`` is only read inside its own extent (every index is in range;
 where ``x`` is a graph input, its storage is checked to hold that extent on every call).
-Measured in ``perf/results/before_after_gather_cpu.json``.
+Measured in ``perf/results/x86-cpu-unrecorded/before_after_gather_cpu.json``.
 """
 
 from __future__ import annotations

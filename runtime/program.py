@@ -493,7 +493,7 @@ class CompiledProgram:
         the check and the call is plain (``_plain_call``), else None, having run nothing.
         A call through the torch.compile backend went through ``accepts`` and ``run_checked``:
         five Python calls to check the inputs and pick the variant, where this is one generated
-        function. Measured (perf/results/before_after_entry_cpu.json, one alternated run):
+        function. Measured (perf/results/x86-cpu-unrecorded/before_after_entry_cpu.json, one alternated run):
         fuseg/eager after/before 0.95 (mlp) to 0.99 (rms-norm, softmax). Inputs that pass the
         guard learned from an earlier call are checked in Python only for what it leaves out
         (Note [learned layout guard] in runtime/guards.py). None sends the caller to the checked

@@ -23,7 +23,7 @@ Note [program parts]: Python's ``compile()`` of one function of 200k statements 
 graph) holds the whole tree in memory at once. Cut into functions of ~2000 lines compiled one by
 one, it took 1.31 s instead of 2.71 s and the process peaked at 545 MiB instead of 1051 MiB
 (medians of one interleaved run, ``python -m perf.experiments.compile_parts``; raw figures in
-perf/results/compile_parts_100k.json). So a long straight-line function is cut, at places its
+perf/results/x86-cpu-unrecorded/compile_parts_100k.json). So a long straight-line function is cut, at places its
 generator marked (``mark``: between two launches), into parts: each part is a function taking the
 values live where it starts and returning those live where it ends, and the function itself calls
 the parts in order. A call pays one Python call per part (~1 us each); a function under

@@ -372,7 +372,7 @@ def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.G
 # running the graph node by node on the same FakeTensors (qwen2's two graphs at a second prompt
 # length, captured from perf.dynamic_shapes' protocol and timed both ways in one process, twice:
 # 0.24 + 0.45 s against 0.14 + 0.28 s on this machine kind; the committed before/after of the
-# change is perf/results/second_length_parts_cpu.json, ``from_fx``). So such a graph is run by an
+# change is perf/results/amd-epyc-zen3/second_length_parts_cpu.json, ``from_fx``). So such a graph is run by an
 # fx Interpreter on a copy of itself and each node keeps the value it computed in ``meta['val']``:
 # the same dispatch, under the same modes, so the same questions and conditions. A graph that
 # writes is retraced (functionalized) as before. Since 2026-11-27 the propagation is the fallback:

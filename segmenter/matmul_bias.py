@@ -5,7 +5,7 @@ before a layer norm) instead of riding in the GEMM.
 Why: on CUDA in float32, ATen runs an ``addmm`` with a 1-D bias through cuBLASLt with a bias
 epilogue, and for the small products of a compiled model cuBLASLt picks a split-K kernel that
 needs three more launches (a memset, a scaling of C and a separate epilogue kernel): on an H100
-(perf/results/gpu_issue44_h100_run5, ``gpu_kernels_h100.log``) vit's twelve such products took
+(perf/results/nvidia-h100/issue44_run5, ``gpu_kernels_h100.log``) vit's twelve such products took
 ~11.6 us each against ~5.5 us for the GEMM and split-K reduction Inductor's plain ``mm`` gets
 (Inductor moves the bias into its pointwise kernels the same way). The rewrite is exact in what
 it computes (the same float32 product, then the same float32 add).

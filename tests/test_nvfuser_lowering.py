@@ -1,7 +1,7 @@
 """The nvFuser lowering against a recording stand-in for nvFuser's classic frontend.
 
 nvFuser does not run here (no GPU, no wheel for this Python) and its 0.2.35 wheel does not import
-beside torch 2.11 on the GPU machine (perf/results/gpu_nvfuser_probe_h100.txt), so the lowering
+beside torch 2.11 on the GPU machine (perf/results/nvidia-h100/nvfuser_probe_h100.json), so the lowering
 is UNVERIFIED on a real nvFuser; these tests check what can be checked without one: which
 frontend calls each segment becomes, that a mutated input becomes an ``alias_input`` output, and
 that what the lowering does not take is declined with the reason (the runtime then uses torch).

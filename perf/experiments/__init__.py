@@ -1,9 +1,9 @@
 """One-off measurements of single kernels and single changes, kept beside the records they made.
 
 Each script measured one thing, to choose a threshold or to check one change; its record is
-committed in perf/results/ and cited in the README. They are kept to be re-run, not as tools for
+committed in perf/results/<machine>/ (the one-off before/after ones are in git history only). They are kept to be re-run, not as tools for
 users (those are at perf/'s top level). Run one as ``python -m perf.experiments.NAME --help``.
-One line each: what it measured, and its record in perf/results/.
+One line each: what it measured, and its record (its file name, under perf/results/<machine>/).
 
   depthwise         depthwise 2-D convolutions, eager (oneDNN) against the generated kernel: depthwise_cpu.json
   onetap            one-tap convolutions, eager against the kernel (one thread, threaded) and im2col: onetap_cpu.json
@@ -28,7 +28,7 @@ The size caps the first three chose (``conv.MAX_MACS``, ``onetap.MAX_WORK``, ``p
 gone: kernel or ATen is measured on each machine (Note [choices by measurement] in runtime/autotune.py).
 ``patches.MIN_FILTERS`` went the same way (2026-11-28), and ``onetap.PARALLEL_WORK`` gave way to
 the matmul threshold measured on the machine (Note [thread thresholds measured here]).
-perf/results/README.md gives the command that made each record, under the script's old name.
+perf/results/README.md (generated) gives the command that made each record, under the script's old name.
 """
 
 __all__: list[str] = []

@@ -1,7 +1,7 @@
 """What a prompt crossing a power of two costs under ``backend="fuseg"`` (issue 41; a measurement).
 
     python -m perf.experiments.class_crossing --before DIR [--models qwen2 phi3] [--rounds 2]
-                                              [--out perf/results/class_crossing_cpu.json]
+                                              [--out perf/results/<machine>/class_crossing_cpu.json]
 
 Note [choices at the call] (runtime/backends/at_call.py): a symbolic plan's measured kernels were
 chosen once per power-of-two class of their sizes, that class a condition of the plan, so a

@@ -1,6 +1,6 @@
 """Python's ``compile()`` of a large generated program, as one function and in parts (a benchmark).
 
-    python -m perf.experiments.compile_parts [--nodes 100000] [--rounds 3] [--out perf/results/compile_parts_100k.json]
+    python -m perf.experiments.compile_parts [--nodes 100000] [--rounds 3] [--out perf/results/<machine>/compile_parts_100k.json]
 
 Note [program parts] (runtime/wrapper.py) cuts a long program into functions of about
 ``PART_LINES`` lines. Here, per round, one fresh process per side ("whole": no cut; "parts": the

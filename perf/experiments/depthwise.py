@@ -3,7 +3,7 @@
 the kernel (the cap ``conv.MAX_MACS`` these figures chose is now a measurement of each shape
 class: Note [choices by measurement] in runtime/autotune.py).
 
-    python -m perf.experiments.depthwise [--rounds 5] [--calls 40] [--out perf/results/depthwise_cpu.json]
+    python -m perf.experiments.depthwise [--rounds 5] [--calls 40] [--out perf/results/<machine>/depthwise_cpu.json]
 
 Method: each shape is compiled once (a program of the one convolution with its bias), then eager
 and the program are timed in ``--rounds`` interleaved rounds of ``--calls`` calls each; the

@@ -1,7 +1,7 @@
 """fp16/bf16 blocks on the CPU with and without the round trips of values already rounded and
 the F16C conversions (a benchmark).
 
-    python -m perf.experiments.half_round_trips [--rounds 5] [--out perf/results/half_round_trips_cpu.json]
+    python -m perf.experiments.half_round_trips [--rounds 5] [--out perf/results/<machine>/half_round_trips_cpu.json]
 
 Note [values already rounded] (runtime/codegen/kernel.py): the lowering no longer wraps a value
 that is already a half (a load, a view of one, a cat of them, an earlier rounding) in another

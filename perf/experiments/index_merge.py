@@ -1,7 +1,7 @@
 """Kernels built with and without merged split indices, in one process (Note [split indices
 merged] in runtime/codegen/index.py; a measurement).
 
-    python -m perf.experiments.index_merge [MODEL ...] [--rounds 9] [--out perf/results/index_merge_cpu.json]
+    python -m perf.experiments.index_merge [MODEL ...] [--rounds 9] [--out perf/results/<machine>/index_merge_cpu.json]
 
 Per model of ``perf.train_step`` (default: gpt2-tiny, llama-tiny, qwen2-tiny, gpt2-256), one
 process compiles the model twice through ``torch.compile`` and runs one training step with each:

@@ -1,6 +1,6 @@
 """The generated matmul and attention kernels against ATen's ops, shape by shape, on this machine.
 
-    python -m perf.experiments.kernel_choice [--rounds 7] [--out perf/results/kernel_choice_cpu.json]
+    python -m perf.experiments.kernel_choice [--rounds 7] [--out perf/results/<machine>/kernel_choice_cpu.json]
 
 Each shape is one op (a Linear's ``x @ w.t() + b``, a Conv1D's ``addmm``, a ``bmm``, or ATen's
 flash attention for the CPU with or without a causal mask) compiled as a program twice: on the

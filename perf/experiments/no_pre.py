@@ -1,7 +1,7 @@
 """Kernels built with and without g++'s PRE, in one process (Note [no partial redundancy
 elimination around inlined math] in runtime/codegen/kernel.py; a measurement).
 
-    python -m perf.experiments.no_pre [MODEL ...] [--rounds 9] [--out perf/results/no_pre_cpu.json]
+    python -m perf.experiments.no_pre [MODEL ...] [--rounds 9] [--out perf/results/<machine>/no_pre_cpu.json]
 
 Per model of ``perf.train_step`` (default: bert-tiny, bert-256, llama-256), one process compiles
 the model twice through ``torch.compile`` and runs one training step with each: "before" with

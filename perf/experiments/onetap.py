@@ -5,7 +5,7 @@ shape by shape, every shape as the kernel (the cap ``onetap.MAX_WORK`` these fig
 of each shape class: Note [choices by measurement] in runtime/autotune.py), so that the threading
 threshold (``onetap.PARALLEL_WORK``) is chosen from measured figures.
 
-    python -m perf.experiments.onetap [--rounds 5] [--calls 40] [--out perf/results/onetap_cpu.json]
+    python -m perf.experiments.onetap [--rounds 5] [--calls 40] [--out perf/results/<machine>/onetap_cpu.json]
 
 Method: each shape is compiled once per way (a program of the one convolution with its bias),
 then eager and the programs are timed in ``--rounds`` interleaved rounds of ``--calls`` calls

@@ -2,7 +2,7 @@
 (``backend="cpp"``, Note [column passes] in runtime/codegen/columns.py) and on the torch backend
 (what ran before those segments were generated: the generator declined them).
 
-    python -m perf.experiments.outer_reductions [--rounds 5] [--calls 30] [--out perf/results/outer_reductions_cpu.json]
+    python -m perf.experiments.outer_reductions [--rounds 5] [--calls 30] [--out perf/results/<machine>/outer_reductions_cpu.json]
 
 Method: each program is compiled once per backend, then eager and the two programs are timed in
 ``--rounds`` interleaved rounds of ``--calls`` calls each (fewer for the big ones); the record

@@ -4,7 +4,7 @@ as the kernel, so that ``patches.MIN_FILTERS`` and ``patches.MAX_WORK`` were cho
 figures (both now a measurement of each shape class: Note [choices by measurement] in
 runtime/autotune.py).
 
-    python -m perf.experiments.patches [--rounds 5] [--calls 40] [--out perf/results/patches_cpu.json]
+    python -m perf.experiments.patches [--rounds 5] [--calls 40] [--out perf/results/<machine>/patches_cpu.json]
 
 Method as ``python -m perf.experiments.onetap``: each shape compiled once, eager and the program timed in
 ``--rounds`` interleaved rounds of ``--calls`` calls; medians and their ratio. A program's time

@@ -1,7 +1,7 @@
 """The whole pipeline at 100k nodes, this tree against another checkout, interleaved (a benchmark).
 
     python -m perf.experiments.pipeline_ab --before <checkout> [--rounds 3] [--nodes 100000]
-                                           [--backends torch,cpp] [--out perf/results/pipeline_ab.json]
+                                           [--backends torch,cpp] [--out perf/results/<machine>/pipeline_ab.json]
 
 Per round and backend, one fresh process per side runs this file's ``--worker`` mode with the
 side's tree first on ``PYTHONPATH`` (so each side runs its own segmenter, alias pass and runtime;

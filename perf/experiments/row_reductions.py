@@ -1,7 +1,7 @@
 """Row max/min passes of the generated C++ kernels against eager, before and after a change (a benchmark).
 
     python -m perf.experiments.row_reductions [--before /path/to/old/checkout] [--rounds 5]
-                                              [--out perf/results/row_reductions_cpu.json]
+                                              [--out perf/results/<machine>/row_reductions_cpu.json]
 
 Each case is one function captured, segmented and compiled with the ``cpp`` backend (one
 generated row kernel), timed against eager in the same process: per round, blocks of calls of

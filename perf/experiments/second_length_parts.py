@@ -1,7 +1,7 @@
 """Where a second prompt length's time goes under ``backend="fuseg"`` (issue 41; a measurement).
 
     python -m perf.experiments.second_length_parts [--models qwen2 phi3] [--rounds 1] [--before DIR]
-                                                   [--out perf/results/second_length_parts_cpu.json]
+                                                   [--out perf/results/<machine>/second_length_parts_cpu.json]
 
 Per model, one fresh process with an empty kernel cache runs perf.dynamic_shapes' generation
 protocol for three prompt lengths (``generate``, greedy, 24 new tokens) with our own functions

@@ -1,6 +1,6 @@
 """Softmax row kernels on the CPU with and without their kept exps (a benchmark).
 
-    python -m perf.experiments.softmax_exps [--rounds 3] [--out perf/results/softmax_exps_cpu.json]
+    python -m perf.experiments.softmax_exps [--rounds 3] [--out perf/results/<machine>/softmax_exps_cpu.json]
 
 Note [softmax keeps its exps] (runtime/codegen/rows.py): the sum pass keeps each exp and the
 write reads it back, where it used to compute it again. Both kernels are built in one process

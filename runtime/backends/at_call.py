@@ -6,7 +6,7 @@ one source for every size, and whether it beats ATen depends on the sizes. Its v
 per power-of-two class of the sizes it reads, and that class a condition of the plan: a call in
 another class made a whole new plan (the import, segmentation, alias pass and lowering again:
 0.88-1.27 s for a tiny causal LM's generate on this machine kind, every time a prompt or a KV
-cache crossed a power of two; perf/results/class_crossing_cpu.json times it before and after),
+cache crossed a power of two; perf/results/amd-epyc-zen3/class_crossing_cpu.json times it before and after),
 although it compiled nothing. Now the plan keeps both ways and
 chooses at the call:
 

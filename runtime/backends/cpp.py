@@ -172,8 +172,8 @@ class CppBackend(Backend):
     def not_chosen_for(self, seg: Segment) -> str | None:
         # No rule here: whether ATen is faster is measured per shape class on this machine, once the
         # kernel is lowered (prepare) and built (build_all). Measured before that rule, a lone
-        # softmax was left to ATen always (perf/results/before_after_tanh_erf_softmax_cpu.json,
-        # perf/results/row_reductions_cpu.json: 1.13-1.75x ATen's time on one machine).
+        # softmax was left to ATen always (perf/results/x86-cpu-unrecorded/before_after_tanh_erf_softmax_cpu.json,
+        # perf/results/x86-cpu-unrecorded/row_reductions_cpu.json: 1.13-1.75x ATen's time on one machine).
         self._choosing.segment = seg
         return None
 

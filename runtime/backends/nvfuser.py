@@ -4,7 +4,7 @@ Python frontend of ``nvfuser`` 0.2.35: ``define_tensor``, ``fd.ops.*``, ``add_ou
 
 UNVERIFIED: this lowering has never run. The one nvFuser wheel that carries this API for CUDA 13
 (``nvfuser-cu130-torch210`` 0.2.35, built against torch 2.10) fails to import beside torch 2.11 on
-the GPU machine we had (``undefined symbol: c10::MessageLogger``; perf/results/gpu_nvfuser_probe_h100.txt),
+the GPU machine we had (``undefined symbol: c10::MessageLogger``; perf/results/nvidia-h100/nvfuser_probe_h100.json),
 and there is no nvFuser for this CPU machine. The API was read from nvFuser's own Python sources.
 Where ``nvfuser`` does not import, the backend says so and the chooser passes over it.
 

@@ -218,7 +218,7 @@ def _symbolic_dispatch() -> contextlib.AbstractContextManager:
 # that is SymInt arithmetic in sympy for every size and stride, and a model's layers repeat the
 # same nodes on the same symbolic layouts (under cProfile, qwen2's plan at its second prompt
 # length spent 0.39 of the 0.62 s of choosing and lowering its launches there; what keeping them
-# saves was not measured apart from the change it landed with, perf/results/second_length_parts_cpu.json). Results of nodes with symbolic sizes are kept per plan (``SymbolicSizes.
+# saves was not measured apart from the change it landed with, perf/results/amd-epyc-zen3/second_length_parts_cpu.json). Results of nodes with symbolic sizes are kept per plan (``SymbolicSizes.
 # meta_checks``: one ShapeEnv, so a hit hands back SymInts of the same symbols, and the conditions
 # the first run recorded are the plan's already), keyed by the op and its arguments with every
 # size as its expression (``size_key``: sizes equal only at the hints key apart). The

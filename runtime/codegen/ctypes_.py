@@ -114,7 +114,7 @@ FUSEG_FN unsigned short fuseg_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f
 // MXCSR as the software versions below do (tests/test_codegen.py checks every fp16 value and the
 // ties between them, bit for bit). GCC 12 does not vectorize them without AVX512-FP16, but the
 // branchy software versions did not vectorize either: an fp16 RoPE block's kernel took 9.4 ms
-// against eager's 0.46 here (perf/results/half_round_trips_cpu.json has the after).
+// against eager's 0.46 here (perf/results/amd-epyc-zen3/half_round_trips_cpu.json has the after).
 FUSEG_FN float fuseg_h2f(unsigned short h) { _Float16 x; __builtin_memcpy(&x, &h, 2); return (float)x; }
 FUSEG_FN unsigned short fuseg_f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; __builtin_memcpy(&h, &x, 2); return h; }
 #else

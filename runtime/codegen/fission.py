@@ -9,7 +9,7 @@ the loop is split where any of them changes value, and in each piece those tests
 the constants they are there (``if (1)``/``if (0)``: g++ drops the dead branch). Other tests stay
 as they were, in every piece. Done by hand on rope-seed's generated source first, its kernel went
 from 455 to 368 us a call (scratch); built, fuseg/eager after/before was 0.84 on rope-seed
-(perf/results/before_after_fission_cpu.json).
+(perf/results/x86-cpu-unrecorded/before_after_fission_cpu.json).
 
 Only the CPU nest is split, and only where it has an outer loop (OpenMP shares the outer loops;
 a single loop may be the shared one and stays whole), and into at most ``MAX_RANGES`` pieces.

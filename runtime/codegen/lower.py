@@ -649,7 +649,7 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
             loops.append(_pointwise_loop(lw, shape, ps, stores, "  "))
         R = row.R
         # 512 threads: on an H100, layer/RMS norm over rows of 4096 ran 1.3-1.7x faster than with 1024, softmax the same (FUSEG_ROW_BLOCK
-        # sweep, perf/results/gpu_row_block_sweep.json)
+        # sweep, perf/results/nvidia-h100/gpu_row_block_sweep_h100.json)
         block = _row_block(R)
         rows_body = row_loop(lw, row, full, rowouts, stores, block)
         if takes_columns(row):  # Note [column passes]: on the CPU, a tile of rows per thread
@@ -805,7 +805,7 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
 # its bytes: each element read x, its rotated partner, cos and sin. FUSEG_BCAST_EPT=0 turns it off.
 # A dim of at most 2 * ept that ept does not divide is taken whole, all of it a thread: Qwen2-7B's
 # 7 query heads per KV group, along which the copy of the expanded V is broadcast. H100 run 5
-# (perf/results/gpu_issue44_h100_run5, one run): rope-qwen2-7b 1.68x -> 1.49x the copy (kernel
+# (perf/results/nvidia-h100/issue44_run5, one run): rope-qwen2-7b 1.68x -> 1.49x the copy (kernel
 # 0.067 -> 0.057 ms), the other blocks within 0.96-1.02x, the GPU tests of the cases it changes
 # passing; so it is on. FUSEG_BCAST_WHOLE=0 turns it off (the before of that measurement).
 def _broadcast_dim(lw: _Lowerer, loop: str, shape: tuple[int, ...], idx_vars: list[str],

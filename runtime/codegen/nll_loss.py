@@ -36,7 +36,7 @@ its first sizes (Note [a lookup measured at the plan's first sizes] there); on t
 the kernels won by 2-9x
 (2.4 against 19.6 us, 2.0 against 4.6, gpt2-tiny's shapes: the verdicts of that measurement in
 one scratch run, 2026-11-28, not committed). ``python -m perf.experiments.embedding_backward
---kernels nll_loss`` times both in training steps (perf/results/nll_loss_kernels_cpu.json:
+--kernels nll_loss`` times both in training steps (perf/results/amd-epyc-zen4/nll_loss_kernels_cpu.json:
 steps 1.5-2.7% shorter on three tiny models).
 """
 

@@ -20,7 +20,7 @@ float32's tolerances. Taken: one ``aten.convolution`` of 1-D float32 values, not
 stride, padding, dilation and groups, an output whose positions are one element apart (NCL), a
 patch of at most ``BLOCK_FLOATS`` elements. Anything else is declined with the reason. Few
 filters a group make the copy dear (each copied element is read once per filter: 2.3x eager's
-time with 8 filters a group at 6.6M multiply-adds, 0.88x with 16, perf/results/patches_cpu.json,
+time with 8 filters a group at 6.6M multiply-adds, 0.88x with 16, perf/results/x86-cpu-unrecorded/patches_cpu.json,
 an AMD EPYC): that was a decline, 16 filters a group from 2^18 multiply-adds, set from that one
 machine; since 2026-11-28 the kernel and ATen are measured on the machine that runs them, as
 for any size (Note [choices by measurement] in runtime/autotune.py). (One-tap ones go to Note [one-tap convolutions] first, which reads the

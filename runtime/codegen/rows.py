@@ -345,7 +345,7 @@ EXP_SCRATCH_BYTES = 64 * 1024
 # A zero's sign, as before, is the one the order of visits leaves (+0 against -0). CUDA, the
 # row cache and integer rows keep ``fuseg_max``/``fuseg_min``. Measured with the row values
 # written without an ``if`` (row_loop; one interleaved run of before/after checkouts,
-# perf/results/row_reductions_cpu.json): amax over 512x512 from 9.07x eager's time to 0.86x,
+# perf/results/x86-cpu-unrecorded/row_reductions_cpu.json): amax over 512x512 from 9.07x eager's time to 0.86x,
 # logsumexp 4.86x to 0.54x, a lone softmax 1.75x to 1.13x; a row sum (neither change) 0.90x, 0.92x.
 
 
@@ -396,7 +396,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     O, inner = row.O, row.I  # noqa: E741
     R = row.R
     # off by default: measured slower on an H100 (softmax-4k 0.065 -> 0.080 ms, layer-norm-4k 0.113 ->
-    # 0.177; perf/results/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
+    # 0.177; perf/results/nvidia-h100/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
     # (the switch first: the comparison of a symbolic row would be a condition of the plan)
     cached = os.environ.get("FUSEG_ROW_CACHE", "0") == "1" and R <= 8 * block
     # Note [CUDA launch shapes]: with the block a constant of the source, a pass over a row of a

@@ -1,0 +1,302 @@
+"""The committed records: an index of them and the README's results table, both generated.
+
+    python -m perf.records            # rewrite perf/results/README.md and the README's table
+    python -m perf.records --check    # exit 1 if either is out of date (what tests/test_records.py runs)
+
+Note [records]: perf/results/ holds one folder per machine kind (``amd-epyc-zen4/``,
+``nvidia-h100/``, ...), each with a ``machine.json`` naming the machine. Every other ``*.json``
+under a machine's folder is a record: a JSON object whose ``"record"`` field says what it
+measures (``what``), when (``date``, YYYY-MM-DD), at which commit (``commit``, or null), and the
+command that made it (``command``); ``attachments`` names the non-JSON files of the same folder
+(logs, notes) that belong to it, and ``row`` puts the record in the README's results table under
+that name (the latest record of a row on each machine wins). A record whose environment names
+its CPU or GPU must match its folder's machine. A record is not rewritten when the code that
+made it changes: a command or path inside it is the one of its day.
+
+To add a record: run the benchmark with ``--out perf/results/<machine>/<name>.json``, add the
+``"record"`` field by hand, and run ``python -m perf.records``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "perf" / "results"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+class RecordError(ValueError):
+    """A malformed record or machine folder; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    folder: str
+    name: str
+    cpu: str | None
+    gpu: str | None
+    about: str
+
+
+@dataclass(frozen=True)
+class Record:
+    path: str  # relative to perf/results/
+    machine: Machine
+    what: str
+    date: str
+    commit: str | None
+    command: str
+    row: str | None
+    attachments: dict[str, str]
+    data: dict[str, Any]
+
+
+def _field(where: str, obj: dict[str, Any], name: str, kind: type, optional: bool = False) -> Any:
+    if name not in obj:
+        if optional:
+            return None
+        raise RecordError(f"{where}: missing field '{name}'")
+    value = obj[name]
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind):
+        raise RecordError(f"{where}: field '{name}' must be {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _load_json(path: Path, rel: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{rel}: not valid JSON ({e})") from None
+
+
+def load_machine(folder: Path) -> Machine:
+    rel = f"{folder.name}/machine.json"
+    if not (folder / "machine.json").is_file():
+        raise RecordError(f"{rel}: missing (every machine folder names its machine)")
+    m = _load_json(folder / "machine.json", rel)
+    if not isinstance(m, dict):
+        raise RecordError(f"{rel}: must be a JSON object")
+    return Machine(folder.name, _field(rel, m, "name", str), _field(rel, m, "cpu", str, True),
+                   _field(rel, m, "gpu", str, True), _field(rel, m, "about", str))
+
+
+def _check_machine(rel: str, data: dict[str, Any], machine: Machine) -> None:
+    env = data.get("environment")
+    if not isinstance(env, dict):
+        return
+    for key, want in (("cpu", machine.cpu), ("gpu", machine.gpu)):
+        got = env.get(key)
+        if isinstance(got, str) and want is not None and not got.startswith(want):
+            raise RecordError(f"{rel}: field 'environment.{key}' is {got!r}, not the folder's machine ({want!r})")
+
+
+def load_record(path: Path, machine: Machine, results: Path = RESULTS) -> Record:
+    rel = path.relative_to(results).as_posix()
+    data = _load_json(path, rel)
+    if not isinstance(data, dict):
+        raise RecordError(f"{rel}: a record must be a JSON object with a 'record' field")
+    head = _field(rel, data, "record", dict)
+    where = f"{rel}: record"
+    date = _field(where, head, "date", str)
+    if not _DATE.match(date):
+        raise RecordError(f"{rel}: field 'record.date' must be YYYY-MM-DD, not {date!r}")
+    attachments = _field(where, head, "attachments", dict, optional=True) or {}
+    for name in attachments:
+        if not (path.parent / name).is_file():
+            raise RecordError(f"{rel}: field 'record.attachments' names {name!r}, which is not in {path.parent.name}/")
+    _check_machine(rel, data, machine)
+    return Record(rel, machine, _field(where, head, "what", str), date, _field(where, head, "commit", str, True),
+                  _field(where, head, "command", str), _field(where, head, "row", str, True), dict(attachments), data)
+
+
+def load(results: Path = RESULTS) -> list[Record]:
+    """Every record under ``results``, checked (RecordError names the file and field)."""
+    records: list[Record] = []
+    for folder in sorted(p for p in results.iterdir() if p.is_dir()):
+        machine = load_machine(folder)
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "machine.json")
+        folder_records = [load_record(p, machine, results) for p in files if p.suffix == ".json"]
+        attached = {(Path(r.path).parent / a).as_posix() for r in folder_records for a in r.attachments}
+        for p in files:
+            rel = p.relative_to(results).as_posix()
+            if p.suffix != ".json" and rel not in attached:
+                raise RecordError(f"{rel}: not a record and no record of its folder lists it in 'record.attachments'")
+        records += folder_records
+    stray = [p.name for p in results.iterdir() if p.is_file() and p.name != "README.md"]
+    if stray:
+        raise RecordError(f"{stray[0]}: records live in a machine's folder (perf/results/<machine>/)")
+    return records
+
+
+# --- the README's table: one headline per kind of record -------------------------------------
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def _span(vs: list[float]) -> str:
+    vs = [v for v in vs if v is not None]
+    if not vs:
+        return "-"
+    return _x(vs[0]) if len(vs) == 1 or min(vs) == max(vs) else f"{min(vs):.2f}-{max(vs):.2f}x"
+
+
+def _compiled(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    s = d["summary"]["all"]
+    other = []
+    if s.get("median_first_call_vs_inductor") is not None:
+        other.append(f"first call {_x(s['median_first_call_vs_inductor'])} Inductor's")
+    if s.get("median_fuseg_graphs_vs_inductor") is not None:
+        other.append(f"with CUDA graphs {_x(s['median_fuseg_graphs_vs_inductor'])} Inductor's")
+    if s.get("median_fuseg_graphs_vs_inductor_ro") is not None:
+        other.append(f"{_x(s['median_fuseg_graphs_vs_inductor_ro'])} Inductor's with its CUDA graphs (reduce-overhead)")
+    return (f"{s['models']} models", _x(s["median_fuseg_vs_eager"]), _x(s["median_fuseg_vs_inductor"]),
+            "; ".join(other) or "-")
+
+
+def _train_step(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    s = d["summary"]
+    return (f"{len(d['results'])} models", _x(s["median_fuseg_over_eager"]), _x(s["median_fuseg_over_inductor"]),
+            f"gradients within {s['max_grad_diff']:.1e} of eager's")
+
+
+def _rounds(d: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for v in d["results"].values() for r in v["rounds"]]
+
+
+def _train_lengths(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    rs = _rounds(d)
+    return (f"{len(d['results'])} models, {len(rs)} runs", _span([r["ratios"]["fuseg_over_eager"] for r in rs]),
+            _span([r["ratios"]["fuseg_over_inductor"] for r in rs]), "settled step; nothing recompiled per length")
+
+
+def _generate(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    rs = [r["ratios"] for r in _rounds(d)]
+    return (f"{len(d['results'])} models, {len(rs)} runs", "-",
+            _span([r["fuseg_settled_after_builds_over_inductor"] for r in rs]),
+            f"settled generate; first generate {_span([r['fuseg_first_over_inductor'] for r in rs])} Inductor's")
+
+
+def _bandwidth(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    cases = d["summary"]["cases"].values()
+    return (f"{len(d['summary']['cases'])} blocks", _span(sorted(c["fuseg_vs_eager"] for c in cases)),
+            _span(sorted(c["fuseg_vs_inductor"] for c in cases)),
+            f"time of a copy of the same bytes: {_span(sorted(c['fuseg_vs_copy'] for c in cases))}")
+
+
+def _profile(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    rows = [r for r in d["rows"] if r.get("inductor_kernels")]
+    ratio = statistics.median(r["post_kernels"] / r["inductor_kernels"] for r in rows)
+    return (f"{len(d['rows'])} models", "-", "-",
+            f"our kernels per forward (post mode, matmuls and ATen ops included) over Inductor's generated "
+            f"kernels: median {ratio:.2f}x ({len(rows)} models Inductor ran)")
+
+
+def _kind(d: dict[str, Any]) -> Callable[[dict[str, Any]], tuple[str, str, str, str]] | None:
+    bench = str(d.get("benchmark", ""))
+    if bench.startswith("compiled models"):
+        return _compiled
+    if bench.startswith("dynamic_shapes/train"):
+        return _train_lengths
+    if bench.startswith("dynamic_shapes/generate"):
+        return _generate
+    if "median_fuseg_over_inductor" in d.get("summary", {}):
+        return _train_step
+    if "cases" in d.get("summary", {}) and "targets_vs_copy" in d["summary"]:
+        return _bandwidth
+    if isinstance(d.get("rows"), list) and d["rows"] and "post_kernels" in d["rows"][0]:
+        return _profile
+    return None
+
+
+def table(records: list[Record]) -> str:
+    latest: dict[tuple[str, str], Record] = {}
+    for r in records:
+        if r.row is None:
+            continue
+        key = (r.row, r.machine.folder)
+        if key in latest and latest[key].date == r.date:
+            raise RecordError(f"{r.path}: field 'record.row' {r.row!r} has two records of {r.date} on one machine")
+        if key not in latest or latest[key].date < r.date:
+            latest[key] = r
+    lines = ["| Workload | Machine | Measured | fuseg / eager | fuseg / Inductor | Also | Record (date) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(latest.values(), key=lambda r: (r.row or "", r.machine.name)):
+        kind = _kind(r.data)
+        if kind is None:
+            raise RecordError(f"{r.path}: field 'record.row' is set but no headline is known for this kind of record")
+        try:
+            measured, eager, inductor, also = kind(r.data)
+        except (KeyError, TypeError, ZeroDivisionError) as e:
+            raise RecordError(f"{r.path}: a field the table reads is missing or malformed ({e!r})") from None
+        lines.append(f"| {r.row} | {r.machine.name} | {measured} | {eager} | {inductor} | {also} | "
+                     f"[{Path(r.path).name}](perf/results/{r.path}) ({r.date}) |")
+    return "\n".join(lines) + "\n"
+
+
+def index(records: list[Record]) -> str:
+    out = ["# perf/results", "",
+           "Generated by `python -m perf.records` from the records' own `record` fields: do not edit by hand.",
+           "How a record is laid out and how to add one: Note [records] in `perf/records.py`. Records are",
+           "history: a command or path inside one is that of its day. Older records are in git history.", ""]
+    machines: dict[str, Machine] = {}
+    for r in records:
+        machines.setdefault(r.machine.folder, r.machine)
+    for folder, m in sorted(machines.items()):
+        out += [f"## {m.name} (`{folder}/`)", "", m.about, "",
+                "| Record | What it measures | Date | Commit | Command |", "|---|---|---|---|---|"]
+        for r in sorted((r for r in records if r.machine.folder == folder), key=lambda r: r.path):
+            name = r.path[len(folder) + 1:]
+            what = r.what + "".join(f"; `{a}`: {t}" for a, t in sorted(r.attachments.items()))
+            cmd = r.command.replace("|", "\\|").replace("\n", " ")
+            out.append(f"| `{name}` | {what} | {r.date} | {r.commit or '-'} | `{cmd}` |")
+        out.append("")
+    return "\n".join(out)
+
+
+def with_table(readme: str, generated: str) -> str:
+    """``readme`` with the text between the results markers replaced by ``generated``."""
+    if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
+        raise RecordError(f"README.md: needs one '{BEGIN}' line and one '{END}' line after it")
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{generated}{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m perf.records", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if the index or the README's table is out of date")
+    args = ap.parse_args(argv)
+    try:
+        records = load()
+        outputs = {RESULTS / "README.md": index(records), README: with_table(README.read_text(), table(records))}
+    except RecordError as e:
+        print(f"perf.records: {e}", file=sys.stderr)
+        return 2
+    stale = [p for p, text in outputs.items() if not p.exists() or p.read_text() != text]
+    if args.check:
+        for p in stale:
+            print(f"perf.records: {p.relative_to(ROOT)} is out of date: run python -m perf.records", file=sys.stderr)
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(outputs[p])
+        print(f"wrote {p.relative_to(ROOT)}")
+    print(f"{len(records)} records")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
