@@ -16,7 +16,7 @@ setup(
         "pandas",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest"],  # expecttest: op_db; xdist: -n 2
+        "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest", "ruff"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py
         "cuda": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.

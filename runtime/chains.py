@@ -230,7 +230,7 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
     made = set(order)
     own = [v for v in order if v in written and v in need]  # buffers of their own, made before the call
 
-    # Note [kernels side by side]: the steps of a group share one time
+    # See Note [kernels side by side]: the steps of a group share one time
     groups = _groups(steps, root)
     chain.groups = list(groups.values())
     when, t, left = [], -1, 0
@@ -372,7 +372,7 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
 # no other input (Note [in-place write-back] in runtime/inplace.py), so no other root names its
 # bytes.
 def _groups(steps: list[Any], root: Callable[[str], tuple[str, int]]) -> dict[int, int]:
-    """Note [kernels side by side]: first step -> steps in its group, for each group of two or more."""
+    """See Note [kernels side by side]: first step -> steps in its group, for each group of two or more."""
     def joins(launch: Any) -> bool:
         k = launch.kernel
         return k.returns == "void" and not k.symbols and beside(k)
@@ -403,7 +403,7 @@ def _groups(steps: list[Any], root: Callable[[str], tuple[str, int]]) -> dict[in
 
 
 class Ways:
-    """Note [kernels side by side]: a chain with groups (``grouped``) and the same one by one
+    """See Note [kernels side by side]: a chain with groups (``grouped``) and the same one by one
     (``plain``), alternated on its first calls until one is chosen (``chosen``), and tried again
     when the chosen way's calls drift from what the trial measured."""
 

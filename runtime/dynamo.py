@@ -185,7 +185,7 @@ class FusegCompiler:
             return tuple(next(it) if p else None for p in present)
 
         def hot(*args: Any) -> list[torch.Tensor] | None:
-            """Note [direct inference call]: the last program's outputs where its entry takes these
+            """See Note [direct inference call]: the last program's outputs where its entry takes these
             arguments, else None (nothing run)."""
             return last[0].entry(*args) if last and not numbers and len(args) == last[0].arity else None
 

@@ -88,7 +88,7 @@ def affine_view(x_shape: tuple[int, ...], x_stride: tuple[int, ...], indices: li
 
 
 class AffineGather(SegmentLaunch):
-    """Note [gathers at constant affine indices]: the gather as a copy of one strided view."""
+    """See Note [gathers at constant affine indices]: the gather as a copy of one strided view."""
 
     backend = "torch"
 

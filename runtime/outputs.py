@@ -80,7 +80,7 @@ View = tuple[int, str, int, TensorMeta, TensorMeta]
 
 
 def views_of_outputs(graph: FusionGraph, constants: set[str]) -> list[View] | None:
-    """Note [outputs that are views of outputs]: per output that was a view, where every view is
+    """See Note [outputs that are views of outputs]: per output that was a view, where every view is
     one of an output that is no view or of an input (Note [outputs that are inputs]), and nothing
     else needs ``finish``; else None."""
     if not _nothing_else(graph, repeats=True) or all(a is None for a in graph.output_aliases):

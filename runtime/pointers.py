@@ -44,7 +44,7 @@ Pointers = dict[str, tuple[str, int]]
 
 def pointer_views(plan: SegmentedFusion, launches: Mapping[int, object], folded: frozenset[int],
                   keep: set[str], materialize: frozenset[str]) -> Pointers:
-    """Note [views passed as pointers]: the views of the fast program that are not made, and the
+    """See Note [views passed as pointers]: the views of the fast program that are not made, and the
     gathers not copied."""
     if not any(getattr(launch, "reads_pointers", False) for launch in launches.values()):
         return {}  # no kernel that takes pointers (the torch backend): nothing to pass

@@ -161,7 +161,7 @@ class CompiledProgram:
             chosen[seg.index] = self._choose(kernel_choices, ctx, seg, backend == "auto")
         self._backends = [b for b, _ in choices]
         self._keep, self._materialize, self._use_chains = keep, materialize, chains
-        #: Note [kernels built in the background]: the build under way, and what the program is
+        #: See Note [kernels built in the background]: the build under way, and what the program is
         #: once it is done (its launches, and what ``backend_of``/``passed_over`` then say)
         self._building: Any = None
         self._building_since = 0.0  # (time.monotonic() when ``interim_launches`` started the builds)

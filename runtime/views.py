@@ -41,7 +41,7 @@ def _within(want: TensorMeta, have: TensorMeta) -> bool:
 
 
 def planned_views(graph: FusionGraph, seg: Segment, targets: Mapping[str, str]) -> dict[str, View]:
-    """Note [views from the plan]: node name -> view made from the plan, for a segment on ATen."""
+    """See Note [views from the plan]: node name -> view made from the plan, for a segment on ATen."""
     source = {v: v for v in seg.inputs}
     views: dict[str, View] = {}
     for node in seg.nodes:

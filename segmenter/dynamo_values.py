@@ -124,7 +124,7 @@ def _literal_symbols(a: object) -> bool:
 
 def translated(gm: fx.GraphModule, sizes: SymbolicSizes, placeholders: Sequence[object],
                storages: Sequence[int]) -> Translated | None:
-    """Note [dynamo's values, translated]: a copy of ``gm`` whose nodes' ``meta['val']`` are
+    """See Note [dynamo's values, translated]: a copy of ``gm`` whose nodes' ``meta['val']`` are
     their values in ``sizes``' symbols, or None where the graph's values are not all plain.
     ``placeholders`` are the graph's placeholder values as dynamo gave them (its FakeTensors);
     ``storages``, which of the call's tensor arguments share a storage (``storage_ids``)."""

@@ -46,7 +46,7 @@ def describe_segments(sf: SegmentedFusion, explain: bool = False) -> str:
 
 
 def describe_sizes(sizes: SymbolicSizes) -> list[str]:
-    """Note [symbolic plans]: one segmentation for every size where its conditions hold."""
+    """See Note [symbolic plans]: one segmentation for every size where its conditions hold."""
     ranges = []
     for sym in sizes.sources:
         vr = sizes.env.var_to_range[sym]

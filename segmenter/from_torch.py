@@ -245,8 +245,8 @@ def _capture(
     export_args = tuple(_fresh_copy(t) for t in user) if shared else tuple(user)
     export_program = program
     if seen.changes or seen.flat.needs_flattening:
-        # Note [metadata mutation]: trace the program on aliases of those arguments;
-        # Note [model outputs]: and with its outputs flattened to tensors (a cache object)
+        # See Note [metadata mutation]: trace the program on aliases of those arguments;
+        # See Note [model outputs]: and with its outputs flattened to tensors (a cache object)
         export_program = _Prepared(program, {c.index for c in seen.changes}, seen.flat.needs_flattening)
         export_args = tuple(_unbased(t) for t in export_args) if seen.changes else export_args
     try:

@@ -45,7 +45,7 @@ def _splittable(node: Node, metas: dict, force: bool) -> bool:
 
 
 def split_matmul_bias(graph: FusionGraph, force: bool = False) -> FusionGraph:
-    """Note [a matmul's bias after it]: ``graph`` with each ``addmm`` the rule takes as an ``mm``
+    """See Note [a matmul's bias after it]: ``graph`` with each ``addmm`` the rule takes as an ``mm``
     and an ``add``; the add keeps the addmm's name and output, so nothing downstream changes."""
     metas = graph.metas
     split = [_splittable(n, metas, force) for n in graph.nodes]

@@ -269,10 +269,12 @@ class Builder:
         self.nodes = kept[::-1]
 
     def graph(self, outputs: Sequence[TVal], mutations: Sequence[Mutation]) -> FusionGraph:
-        """The finished graph. Note [outputs that are views of inputs]: an output made from an
-        input by view ops only is handed back as a view of it, as nvFuser's own alias analysis
-        does (its "no_op" segments); not where the input is written in place (the view would see
-        the write) and not where a copy (``set``, a cast to the same dtype) is on the way."""
+        """The finished graph.
+
+        Note [outputs that are views of inputs]: an output made from an input by view ops only is
+        handed back as a view of it, as nvFuser's own alias analysis does (its "no_op" segments);
+        not where the input is written in place (the view would see the write) and not where a
+        copy (``set``, a cast to the same dtype) is on the way."""
         problem = view_depth_problem(self.nodes)
         if problem is not None:
             raise GraphFormatError(problem)

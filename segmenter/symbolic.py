@@ -345,7 +345,7 @@ class SymbolicSizes:
         return found
 
     def number_inputs(self) -> list[int]:
-        """Note [number inputs]: the graph's placeholders that are numbers and the only place a
+        """See Note [number inputs]: the graph's placeholders that are numbers and the only place a
         symbol is read from, in order: a symbolic program takes them after its tensors."""
         return sorted({src.input for s, src in self.sources.items() if src.dim is None and src.input >= 0
                        and self.sources_numbers.get(s, False)})

@@ -127,7 +127,7 @@ CASES: dict[str, tuple] = {
     "softmax-masked": (lambda x: torch.softmax(x.masked_fill(torch.ones(5, 5, dtype=torch.bool, device=x.device).triu(1), float("-inf")), -1),
                        [torch.randn(2, 5, 5)]),
     "softmax-fp16": (lambda x: torch.softmax(x, -1), [torch.randn(4, 64, dtype=torch.float16)]),
-    # Note [softmax keeps its exps]: kept exps read back by a later reduction and through a view;
+    # See Note [softmax keeps its exps]: kept exps read back by a later reduction and through a view;
     # a double row; a row longer than the array holds (computed again)
     "softmax-kept": (_softmax_kept, [torch.randn(4, 64), torch.randn(64)]),
     "softmax-kept-double": (lambda x: torch.softmax(x * 2, -1), [torch.randn(3, 100, dtype=torch.float64)]),
@@ -136,7 +136,7 @@ CASES: dict[str, tuple] = {
     "layer-norm-bf16": (lambda x: F.layer_norm(x, (40,)), [torch.randn(6, 40, dtype=torch.bfloat16)]),
     "rms-norm": (_rms, [torch.randn(2, 7, 48), torch.randn(48)]),
     "logsumexp-norm": (lambda x: (torch.logsumexp(x, -1), torch.linalg.vector_norm(x, dim=-1)), [torch.randn(5, 17)]),
-    # Note [permuted full values]: a normalized value re-indexed by transposes and permutes, and by
+    # See Note [permuted full values]: a normalized value re-indexed by transposes and permutes, and by
     # slices, cat, pad and flip along the reduced dim, written in its own layout
     "qk-norm-rope": (_qk_norm_rope, [torch.randn(2, 6, 3, 16), torch.randn(16), torch.randn(6, 16), torch.randn(6, 16)]),
     "norm-moved": (_norm_moved, [torch.randn(2, 4, 4, 16)]),
@@ -147,7 +147,7 @@ CASES: dict[str, tuple] = {
     "norm-windows": (_windows, [torch.randn(2, 64, 16), torch.randn(16), torch.randn(16)]),
     "softmax-dim1-transposed": (lambda x: torch.softmax(x, 1).transpose(0, 2) * 2, [torch.randn(3, 9, 5)]),
     "reduce-epilogue": (lambda x, y: ((x - x.mean(-1, keepdim=True)) * y, x.sum(-1) + 1), [torch.randn(4, 10), torch.randn(10)]),
-    # Note [reduced dims anywhere]: reductions over dims other than the innermost ones (a bias
+    # See Note [reduced dims anywhere]: reductions over dims other than the innermost ones (a bias
     # gradient's sum over the batch, softmax over channels), with prologue and epilogue, keepdim
     # or not, several dims, strided inputs, and a normalization written back over the full domain
     "sum-outer": (lambda x: (x.sum(0), x.mean(1, keepdim=True), (x * 2).amax((0, 2)), x.sum((0, 2), dtype=torch.float64)),
@@ -161,11 +161,11 @@ CASES: dict[str, tuple] = {
     # a 0-d value reduced over its dim 0 (or -1) is itself (op_db's logsumexp found the crash)
     "reduce-0d": (lambda x: (torch.logsumexp(x, 0), x.sum(-1), x.amax(0, keepdim=True), torch.softmax(x, 0)),
                   [torch.tensor(-8.4784)]),
-    # Note [column passes]: tiles shared among threads, a last tile shorter than the others
+    # See Note [column passes]: tiles shared among threads, a last tile shorter than the others
     # (150 = 64 + 64 + 22), kept dims before and after the reduced one
     "sum-outer-threaded": (lambda x: (x.sum(0), (x * x).mean(0, keepdim=True)), [torch.randn(300, 700)]),
     "mean-outer-tail": (lambda x: (x.mean(1), x.amax(1) - x.amin(1)), [torch.randn(2, 20, 3, 150)]),
-    # Note [full values stored in the first pass]: a bias gradient's segment (the values, and their
+    # See Note [full values stored in the first pass]: a bias gradient's segment (the values, and their
     # sum over the batch); a full value that depends on the reduction keeps a pass of its own
     "bias-grad-outer": (lambda g, x: (lambda y: (y, y.sum(0, keepdim=True)))(g * torch.tanh(x) + x),
                         [torch.randn(70, 130), torch.randn(70, 130)]),
@@ -179,7 +179,7 @@ CASES: dict[str, tuple] = {
                         [_strided(2, 5, 3, 4), torch.randn(5), torch.rand(5) + 0.5, torch.randn(5), torch.randn(5)]),
     "batch-norm-eval-bf16": (lambda x, m, v: F.batch_norm(x, m, v), [torch.randn(2, 6, 7, dtype=torch.bfloat16),
                                                                       torch.randn(6), torch.rand(6) + 0.5]),
-    # Note [elements along a broadcast dim]: on CUDA a thread takes four consecutive indices of dim
+    # See Note [elements along a broadcast dim]: on CUDA a thread takes four consecutive indices of dim
     # 0 (8, which w and b lack) or of dim 1 (12, which cos lacks; dim 0, of 3, cannot), the
     # innermost dim odd, a broadcast input read in a branch of a cat
     "bcast-rows": (lambda x, w, b: ((x * w).sin() + b, torch.cat((x[..., :3] * w[..., :3], -x[..., 3:]), -1) * w),
@@ -187,7 +187,7 @@ CASES: dict[str, tuple] = {
     "bcast-inner": (lambda x, c: x * c + x.flip(-1) * c, [torch.randn(3, 12, 9), torch.randn(3, 1, 9)]),
     # a GQA's V expanded over 7 query heads (Qwen2-7B's): FUSEG_BCAST_WHOLE=1 gives a thread all 7
     "bcast-seven": (lambda v, w: (v.expand(2, 7, 5, 6) * 2, v.expand(2, 7, 5, 6) + w), [torch.randn(2, 1, 5, 6), torch.randn(6)]),
-    # Note [row registers]: rows the block divides (768 over 256 would not be: 768 over 512 keeps
+    # See Note [row registers]: rows the block divides (768 over 256 would not be: 768 over 512 keeps
     # its bounds test), with the weight and bias read in the write pass, one iteration and two
     "layer-norm-1024": (lambda x, w, b: F.layer_norm(x, (1024,), w, b).relu(),
                         [torch.randn(3, 1024), torch.randn(1024), torch.randn(1024)]),

@@ -118,7 +118,7 @@ def test_rows_masked_out_whole_are_zeros_as_in_eager() -> None:
 
 
 def test_a_nan_reaches_the_rows_the_math_definition_sends_it_to() -> None:
-    """Note [attention kernels]: a NaN score makes its row NaN, as SDPA's math backend computes
+    """See Note [attention kernels]: a NaN score makes its row NaN, as SDPA's math backend computes
     it. ATen's flash kernel drops NaN from a row's max in ways that depend on the row's length
     (here a query row of NaN scores comes out as zeros, as if masked out); every row without a
     NaN matches eager's."""

@@ -193,7 +193,7 @@ _DECIDE = 5
 
 
 def test_a_symbolic_plans_verdict_is_one_per_size_class_chosen_at_the_call(cache, monkeypatch) -> None:
-    """Note [choices at the call]: the kernel is one source for every size; its verdict holds for
+    """See Note [choices at the call]: the kernel is one source for every size; its verdict holds for
     the power-of-two class of the sizes it reads, measured on the calls in that class (Note [a
     class measured on its calls]: each way timed on its own calls), and no condition of the plan:
     9 and 13 rows share a verdict (the kernel), 17 gets its own (ATen here), 5 its own (the
@@ -364,7 +364,7 @@ def test_launches_of_one_kernel_share_a_classs_trial(cache, monkeypatch) -> None
 
 
 def test_the_verdict_file_is_a_log_appended_a_line_a_verdict(cache) -> None:
-    """Note [the verdict file is a log]: the machine's line, then a line a verdict, appended; a
+    """See Note [the verdict file is a log]: the machine's line, then a line a verdict, appended; a
     line another process appended meanwhile is kept, a line cut short is no verdict, a later line
     for a key wins."""
     path = autotune.verdict_path()
@@ -481,7 +481,7 @@ def test_in_a_symbolic_plan_lookups_and_cumsums_are_measured_at_its_first_sizes(
 
 
 def test_a_choice_at_the_call_made_beside_builds_is_made_again_after_them(cache, monkeypatch) -> None:
-    """Note [torch's threads beside background compilers]: while builds are under way a program
+    """See Note [torch's threads beside background compilers]: while builds are under way a program
     runs torch with the cores the compilers leave (one of two here), and a class chosen at the call
     then is chosen for that thread count (its verdict's key says so). The way chosen was kept in
     the launch's table for good: once the builds were done, every later call in the class ran the

@@ -287,7 +287,7 @@ def test_by_default_inference_graphs_build_in_the_background_and_training_graphs
 
 @pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
 def test_a_program_waits_for_its_builds_after_the_grace_period(gate, monkeypatch) -> None:
-    """Note [kernels built in the background]: a build not done when ``WAIT_AFTER_S`` has passed
+    """See Note [kernels built in the background]: a build not done when ``WAIT_AFTER_S`` has passed
     since it started is waited for at the next call (a machine busy on every core gives a
     compiler that runs only on idle cores no time): that call runs the kernels."""
     from runtime import program as program_module
@@ -338,7 +338,7 @@ def test_the_builds_under_way_are_counted_and_can_be_waited_for(gate) -> None:
 
 @pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
 def test_a_remake_beside_other_builds_measures_with_torchs_own_threads(gate, monkeypatch) -> None:
-    """Note [torch's threads beside background compilers]: a program is made again at the first
+    """See Note [torch's threads beside background compilers]: a program is made again at the first
     call that finds its builds done, and times its measured kernels against ATen then (Note
     [choices by measurement]). Where other builds were still under way, that call ran torch on
     the threads the compilers leave, and the measurement with it, recorded under the key of

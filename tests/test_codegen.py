@@ -105,7 +105,7 @@ def _top_level_branches(body: str) -> tuple[str, str]:
 
 
 def test_outer_reductions_take_column_passes_on_the_cpu_and_rows_on_cuda() -> None:
-    """Note [column passes]: the body holds both variants; the C++ build takes the tiled one,
+    """See Note [column passes]: the body holds both variants; the C++ build takes the tiled one,
     shared among threads where the work is worth it, and the CUDA source the per-row one."""
     bodies = {}
     for case in ("sum-outer-threaded", "sum-outer", "sum-mean"):
@@ -167,7 +167,7 @@ def _rolled_kept_dim(x):
     return torch.cat([y[:, 1:], y[:, :1]], 1) * 2  # a roll along a kept dim: Swin's shifted windows
 
 
-# Note [permuted full values]: re-indexings of a reduced value that would read another row's
+# See Note [permuted full values]: re-indexings of a reduced value that would read another row's
 # registers (or write a position the row loop never visits) are declined, and the segment runs
 # on torch: a wrong result is never the price of a kernel
 _CROSS_ROW = {
@@ -302,7 +302,7 @@ def test_a_row_kernel_compiles_to_an_object_file() -> None:
 
 
 def test_cpu_prelude_includes_no_header() -> None:
-    """Note [no headers in the CPU prelude]: a cold cache compiles every kernel of a program before
+    """See Note [no headers in the CPU prelude]: a cold cache compiles every kernel of a program before
     its first call, and <cmath> alone was most of each build."""
     from runtime.codegen.ctypes_ import prelude
 
@@ -311,7 +311,7 @@ def test_cpu_prelude_includes_no_header() -> None:
 
 
 def test_cpu_exp_within_one_ulp_and_exact_at_the_edges() -> None:
-    """Note [vectorizable exp]: the C++ target's float exp against the exact value (in double)."""
+    """See Note [vectorizable exp]: the C++ target's float exp against the exact value (in double)."""
     x = torch.cat([torch.linspace(-103.9, 88.72, 1_000_003), torch.randn(10_000) * 10,
                    torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.73, -104.0, -87.5, -100.0])])
     prog = _program(lambda t: t.exp(), [x])
@@ -330,7 +330,7 @@ def test_cpu_exp_within_one_ulp_and_exact_at_the_edges() -> None:
 
 
 def test_cpu_tanh_and_erf_are_accurate() -> None:
-    """Note [vectorizable tanh and erf]: the C++ target's float tanh within 2 ulp of the exact
+    """See Note [vectorizable tanh and erf]: the C++ target's float tanh within 2 ulp of the exact
     value, its erf within 2e-7 absolute (1 ulp relative below 0.5), GELU against eager."""
     x = torch.cat([torch.linspace(-12, 12, 1_000_003), torch.randn(10_000) * 3, torch.logspace(-30, 0, 1000),
                    torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 0.625, -0.625, 0.5, -0.5])])
@@ -423,7 +423,7 @@ def test_cpu_gelu_backward_matches_aten(approximate: str) -> None:
 
 
 def test_values_of_outer_loops_are_computed_there() -> None:
-    """Note [hoisted per-loop values]: batch norm's per-channel scale and shift sit in the channel
+    """See Note [hoisted per-loop values]: batch norm's per-channel scale and shift sit in the channel
     loop, not per element, and only the loops above them are collapsed for OpenMP."""
     import torch.nn.functional as F
 
@@ -483,7 +483,7 @@ def _cpu_text(source: str) -> str:
 @pytest.mark.parametrize("case,cpu,total,regs", [("softmax-kept", 2, 2, "1"), ("softmax-kept", 2, 4, "0"),
                                                  ("softmax-kept-double", 1, 2, "1"), ("softmax-long-row", 2, 2, "1")])
 def test_softmax_keeps_its_exps_on_the_cpu(monkeypatch, case: str, cpu: int, total: int, regs: str) -> None:
-    """Note [softmax keeps its exps]: on the CPU each exp of a softmax is computed once, in the sum
+    """See Note [softmax keeps its exps]: on the CPU each exp of a softmax is computed once, in the sum
     pass, and read back where the softmax is read at the row's own index; a row longer than the
     array computes it again. The values are checked against eager by the kernel cases of the same
     names."""
@@ -496,7 +496,7 @@ def test_softmax_keeps_its_exps_on_the_cpu(monkeypatch, case: str, cpu: int, tot
     assert body.count("fuseg_exp(") == total
 
 
-# Note [work of a loop]: (program, input shape, whether its CPU loops are shared among threads)
+# See Note [work of a loop]: (program, input shape, whether its CPU loops are shared among threads)
 _THREADED = [
     ("add, 16k", lambda x: x + 1, (2, 32, 256), False),  # ~2 us of adds: threads cost more
     ("gelu, 16k", torch.nn.functional.gelu, (2, 32, 256), True),  # an erf per element: 8x the work
@@ -559,7 +559,7 @@ def _kernel_functions(prog) -> list[str]:
 
 
 def test_only_kernels_with_if_statements_lose_if_conversion() -> None:
-    """Note [no if-conversion of branches]: a cat along an outer dim (an ``if`` per row range,
+    """See Note [no if-conversion of branches]: a cat along an outer dim (an ``if`` per row range,
     a load in each arm) is built without loop if-conversion; a clamp (ternaries between computed
     values) keeps it; so does a cat along the last dim once loop fission made its tests constant."""
     x, y = torch.randn(64, 256), torch.randn(64, 256)
@@ -656,7 +656,7 @@ def _rope_table(inv, k):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_later_loops_read_earlier_outputs_back_on_the_cpu(dtype: torch.dtype) -> None:
-    """Note [outputs read back on the CPU]: llama's RoPE kernel (the segmenter cuts this program
+    """See Note [outputs read back on the CPU]: llama's RoPE kernel (the segmenter cuts this program
     in two; torch.compile's graph of llama-tiny gives the one kernel, merged here by hand): cos
     and sin of a 16x16 table are outputs of the first loop, and the loop of the key expanded to
     the query heads (2x2x16x16) reads them back on the CPU, where it called cos and sin again;

@@ -292,7 +292,7 @@ def test_a_row_of_one_warp_takes_the_plan_of_longer_rows(name: str) -> None:
 
 
 def test_a_symbolic_rows_block_is_computed_at_each_launch() -> None:
-    """Note [a row's block]: the row kernel's CUDA block is an expression of the row's length, which
+    """See Note [a row's block]: the row kernel's CUDA block is an expression of the row's length, which
     the launch computes from the call's sizes (runtime/backends/cupy.py): the row rounded up to
     whole warps, from 32 to 512 threads, at any row a plan made at another one serves."""
     fn, make = ROW_LENGTH_PROGRAMS["row-softmax"]

@@ -76,7 +76,7 @@ def test_same_tensor_for_two_mutated_arguments() -> None:
 
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_symbolic_sizes_planned_once_or_specialized_per_shape(dynamic: bool) -> None:
-    """Note [symbolic plans]: a graph with symbolic sizes gets one plan for every size (the
+    """See Note [symbolic plans]: a graph with symbolic sizes gets one plan for every size (the
     default); ``FusegCompiler(dynamic=False)`` specializes it to each call's shapes."""
     compiler = FusegCompiler(dynamic=dynamic)
     from torch._dynamo.backends.common import aot_autograd
@@ -98,7 +98,7 @@ def _scores(s, m):
 
 
 def test_safe_softmax_is_decomposed_into_one_row_kernel() -> None:
-    """Note [decompositions before segmenting]: SDPA's ``_safe_softmax`` (falcon's attention) is
+    """See Note [decompositions before segmenting]: SDPA's ``_safe_softmax`` (falcon's attention) is
     one normalization segment with the scale and mask before it, not an OPAQUE op on torch; a
     row that is all -inf gives zeros, a row with some -inf a softmax of the rest."""
     from runtime.codegen.build import cpu_compiler
@@ -122,7 +122,7 @@ def test_safe_softmax_is_decomposed_into_one_row_kernel() -> None:
 
 
 def test_a_callers_dispatch_mode_never_sees_the_compile() -> None:
-    """Note [compiling outside the caller's modes]: the first call compiles; a TorchDispatchMode the
+    """See Note [compiling outside the caller's modes]: the first call compiles; a TorchDispatchMode the
     caller has on sees the program run (real tensors), never our FakeTensor re-run of the graph."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx.experimental.proxy_tensor import make_fx

@@ -123,7 +123,7 @@ def _folded_gather(x):
 
 
 def test_a_gather_of_folded_values_is_folded() -> None:
-    """Note [folded segments]: an aten.index.Tensor whose every input is folded is folded too."""
+    """See Note [folded segments]: an aten.index.Tensor whose every input is folded is folded too."""
     x = torch.randn(1, 16)
     plan = apply_aliases(segment(capture(_folded_gather, [x])), "post")
     program = runtime.compile(plan)

@@ -159,7 +159,7 @@ def test_rows_of_any_length_run_one_plan_on_the_gpu(name: str) -> None:
 
 
 def test_half_conversions_on_the_gpu_are_bit_exact() -> None:
-    """Note [half conversions on the GPU]: the cvt instructions against torch's CUDA conversions,
+    """See Note [half conversions on the GPU]: the cvt instructions against torch's CUDA conversions,
     every fp16 bit pattern to float and back, and floats at and between fp16/bf16 values (ties
     included), subnormals, overflow and NaN, to fp16 and bf16; and with FUSEG_SOFT_HALF's software
     versions too (FUSEG_CUDA_TUNING=0), which the CPU test checks against torch's CPU conversions."""
@@ -194,7 +194,7 @@ def test_half_conversions_in_software_on_the_gpu(monkeypatch) -> None:
 
 @pytest.mark.parametrize("rows", [6, 9])
 def test_a_float32_bias_is_added_after_the_product_on_cuda(rows: int) -> None:
-    """Note [a matmul's bias after it]: by default on CUDA in float32 each addmm is an mm, its bias
+    """See Note [a matmul's bias after it]: by default on CUDA in float32 each addmm is an mm, its bias
     added in the CuPy kernel that reads the product; values and layouts match eager at two shapes."""
     import torch.nn.functional as F
 

@@ -128,7 +128,7 @@ EMBEDDINGS_DECLINED = [
 
 
 def test_a_recorded_output_meta_that_contradicts_the_op_is_declined() -> None:
-    """Note [checked source values]: the kernel is sized by the metas; one the op contradicts
+    """See Note [checked source values]: the kernel is sized by the metas; one the op contradicts
     (here rows twice as long as the weight's, which would read past each row) is not believed."""
     fn, inputs = EMBEDDINGS[0][1], EMBEDDINGS[0][2]
     graph = capture(fn, inputs)
@@ -206,7 +206,7 @@ def _positions(x):
 
 
 def test_a_cumsum_of_folded_values_is_folded() -> None:
-    """Note [folded segments]: a cumsum of position ids made from nothing (opt's mask) runs once."""
+    """See Note [folded segments]: a cumsum of position ids made from nothing (opt's mask) runs once."""
     x = torch.randn(2, 16)
     prog = _program(_positions, [x])
     assert _segment_of(prog, CUMSUM) in prog.folded

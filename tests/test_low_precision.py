@@ -65,7 +65,7 @@ def test_half_exact_recognizes_whole_conversions_only() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(2, 6, 40), (1, 5, 24)])
 def test_rope_rounds_only_what_eager_rounds(dtype, shape) -> None:
-    """Note [values already rounded]: a RoPE block's slices, cat and copies of half values make
+    """See Note [values already rounded]: a RoPE block's slices, cat and copies of half values make
     no conversion round trip of a value that is already a half (a load, or a view of one), and
     the kernel still matches eager, bit for bit, at two shapes."""
     import re

@@ -1,4 +1,4 @@
-"""Note [lowering memo]: segments of one structure are lowered once per program, and only
+"""See Note [lowering memo]: segments of one structure are lowered once per program, and only
 segments whose kernels are the same share one."""
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def _linear_segment(fn, inputs):
 
 
 def test_a_recorded_view_layout_is_not_believed() -> None:
-    """Note [checked source values]: the permute inside the segment is recorded with the strides
+    """See Note [checked source values]: the permute inside the segment is recorded with the strides
     of a weight that is not transposed; the kernel reads through torch's strides (the transpose),
     so the program still computes eager's values."""
     fn, inputs = MATMULS[0][1], MATMULS[0][2]

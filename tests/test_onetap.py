@@ -146,7 +146,7 @@ def test_a_one_tap_convolution_is_left_to_aten_where_that_is_this_machines_choic
 
 
 def test_a_recorded_output_that_contradicts_the_op_is_declined() -> None:
-    """Note [checked source values]: the kernel is sized by the metas; an output the op does not
+    """See Note [checked source values]: the kernel is sized by the metas; an output the op does not
     make (here twice the positions, which would read past each input row) is not believed."""
     import dataclasses
 

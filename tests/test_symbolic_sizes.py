@@ -80,7 +80,7 @@ def test_what_the_printers_do_not_know_is_refused() -> None:
 
 
 def test_a_number_input_may_be_negative_or_one() -> None:
-    """Note [number inputs]: a number dynamo lifts (a slice bound) is no size."""
+    """See Note [number inputs]: a number dynamo lifts (a slice bound) is no size."""
     sizes = SymbolicSizes()
     for v in (-3, 1, 0):
         s = sizes.symbol(v, SymbolSource(len(sizes.sources), None), number=True)

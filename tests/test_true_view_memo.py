@@ -66,7 +66,7 @@ def _symbolic_views():
 
 
 def test_symbolic_views_alike_share_one_answer(monkeypatch) -> None:
-    """Note [symbolic plans]: the layers of a model of symbolic sizes key alike by their size
+    """See Note [symbolic plans]: the layers of a model of symbolic sizes key alike by their size
     expressions (the key raised TypeError before, so each node was derived again: a sixth of
     fuseg's own time at a generate's second length); a view whose sizes are equal only at the
     hints (T for S) is answered on its own."""

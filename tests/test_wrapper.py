@@ -109,7 +109,7 @@ def test_torch_compile_options_choose_the_kernel_backend(monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_segments_reading_no_input_run_once_when_compiled(backend: str) -> None:
-    """Note [folded segments]: a triangular matrix built from arange is computed when compiled; the
+    """See Note [folded segments]: a triangular matrix built from arange is computed when compiled; the
     program's results do not change, and nothing folded is handed to the caller."""
     def fn(x):
         n = x.shape[-1]
@@ -173,7 +173,7 @@ def test_a_long_chain_runs_with_few_locals() -> None:
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_a_long_program_runs_in_parts_that_free_as_one_function_does(backend: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Note [program parts]: cut every few lines, the program gives eager's values, frees each
+    """See Note [program parts]: cut every few lines, the program gives eager's values, frees each
     intermediate at its last use (no frame holds a value a part deleted), and stays one
     function when it is short."""
     import runtime.wrapper as wrapper
@@ -218,7 +218,7 @@ def test_cuts_fall_only_at_marks_and_leave_no_short_tail(monkeypatch) -> None:
 
 
 def test_marks_closer_than_an_eighth_of_a_part_are_not_kept(monkeypatch) -> None:
-    """Note [program parts]: listing the live locals at every launch was a pass per launch; only
+    """See Note [program parts]: listing the live locals at every launch was a pass per launch; only
     marks at least PART_LINES // 8 lines apart are kept, and the cuts fall at those."""
     from runtime import wrapper
     from runtime.wrapper import Code
@@ -286,7 +286,7 @@ def test_entry_runs_only_on_exact_inputs_in_a_plain_call(backend: str) -> None:
 
 
 def test_learned_guard_passes_only_inputs_like_the_ones_it_learned() -> None:
-    """Note [learned layout guard]: nothing passes before anything is learned; afterwards exactly
+    """See Note [learned layout guard]: nothing passes before anything is learned; afterwards exactly
     what TensorGuards matches (type, dtype, device, sizes, strides, neg/conj bits, requires_grad,
     inference mode), and not storage offsets or storages, which the entry still checks itself."""
     w, x = torch.nn.Parameter(torch.randn(3, 4)), torch.randn(4, 5)

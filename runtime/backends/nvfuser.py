@@ -199,7 +199,7 @@ def lower_to_nvfuser(nvf: Any, graph: FusionGraph, seg: Segment, in_place: dict[
     the strides to define inputs with where not the planned ones (runtime/nvfuser_export.py)."""
     if seg.kind not in (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION):
         raise Declined(f"{seg.kind.value} segments run on torch")
-    # Note [checked source values]: sizes and strides checked, recorded metas recomputed first
+    # See Note [checked source values]: sizes and strides checked, recorded metas recomputed first
     layouts = {v: check_layout(graph.metas[v].shape, (strides or {}).get(v, graph.metas[v].stride), f"%{v}")
                for v in dict.fromkeys([*seg.inputs, *in_place.values()])}
     check_segment_metas(graph, seg, layouts)

@@ -265,7 +265,7 @@ def _threshold(ladder: list[tuple[int, float, float]], tie: float = TIE) -> int:
 
 
 def _beside(ladder: list[tuple[int, float, float]], alone: int) -> int:
-    """Note [how the thresholds are measured]: from where a kernel keeps to itself (``ladder``:
+    """See Note [how the thresholds are measured]: from where a kernel keeps to itself (``ladder``:
     size, a pair's ns side by side, one after the other each as it runs alone): above every size
     where side by side was faster by more than ``TIE``, from the first size where it was not,
     there and at the next; never below ``alone``; twice the largest size where side by side won

@@ -90,7 +90,7 @@ def _points(columns: dict[str, list[bool]], extent: int) -> list[int] | None:
 
 
 def fission(header: str, body: list[str], counter: str, extent: int, indent: str) -> list[str] | None:
-    """Note [one loop per branch range]: ``header`` (``for (FUSEG_I counter = 0; ...)``) and its
+    """See Note [one loop per branch range]: ``header`` (``for (FUSEG_I counter = 0; ...)``) and its
     ``body`` as one loop per range, or None (nothing to split, or more than ``MAX_RANGES``)."""
     values = _columns([m.group(3) for m in map(_TEST.match, body) if m], counter, extent)
     points = _points(values, extent)  # each test evaluated once, for the cuts and the constants

@@ -109,7 +109,7 @@ def _joined(a: tuple[str, str, int, int], sa: int, b: tuple[str, str, int, int],
 
 
 def _merged(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """Note [split indices merged]: (index, stride) terms with each quotient and remainder of one
+    """See Note [split indices merged]: (index, stride) terms with each quotient and remainder of one
     index that the strides put back together replaced by one term."""
     pairs = list(pairs)
     while (join := _first_join(pairs)) is not None:

@@ -185,7 +185,7 @@ def calls_inlined_math(body: str) -> bool:
 # for a before/after measurement in one run (perf/gpu_validate.sh). Read when a kernel is lowered
 # (EPT) or its source made (the rest).
 def cuda_tuning() -> bool:
-    """Note [CUDA launch shapes]: on unless FUSEG_CUDA_TUNING=0."""
+    """See Note [CUDA launch shapes]: on unless FUSEG_CUDA_TUNING=0."""
     return os.environ.get("FUSEG_CUDA_TUNING", "1") != "0"
 
 
@@ -243,7 +243,7 @@ _COSTLY = re.compile(r"\b(?:fuseg_exp|fuseg_tanh|fuseg_erf|exp2|expm1|log|log2|l
 
 
 def loop_work(elements: int, lines: list[str]) -> int:
-    """Note [work of a loop]: ``elements`` times the per-element cost of the body ``lines``."""
+    """See Note [work of a loop]: ``elements`` times the per-element cost of the body ``lines``."""
     costly = thresholds.current().costly_call  # (measured: Note [thread thresholds measured here])
     return elements * (1 + costly * sum(len(_COSTLY.findall(line)) for line in lines))
 

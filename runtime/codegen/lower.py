@@ -498,7 +498,7 @@ class _Lowerer:
         raise Declined(f"internal: {op} output {k} has no row value")  # pragma: no cover
 
     def unrolled_sum(self, b: Body, node: Node, idx: list[str]) -> str:
-        """Note [few-term sums unrolled]: a sum (or mean) of at most ``UNROLLED_TERMS`` elements per
+        """See Note [few-term sums unrolled]: a sum (or mean) of at most ``UNROLLED_TERMS`` elements per
         output, written out term by term in a pointwise loop."""
         terms = unrolled_terms(self, node)
         if terms is None:
@@ -585,7 +585,7 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
     (inputs) or must write it (outputs); ``in_place``: node name -> graph input it writes."""
     check_kind(seg)
     in_place = {n: t for n, t in (in_place or {}).items() if any(node.name == n for node in seg.nodes)}
-    # Note [checked source values]: every layout formatted is checked, no recorded meta believed
+    # See Note [checked source values]: every layout formatted is checked, no recorded meta believed
     layouts = {v: check_layout(*lay, f"%{v}") for v, lay in layouts.items()}
     values = [*seg.inputs, *(o for n in seg.nodes for o in n.outputs if o is not None)]
     for v in values:
@@ -810,7 +810,7 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
 # passing; so it is on. FUSEG_BCAST_WHOLE=0 turns it off (the before of that measurement).
 def _broadcast_dim(lw: _Lowerer, loop: str, shape: tuple[int, ...], idx_vars: list[str],
                    ept: int) -> tuple[int, int] | None:
-    """Note [elements along a broadcast dim]: the dim a CUDA thread's elements run along and how
+    """See Note [elements along a broadcast dim]: the dim a CUDA thread's elements run along and how
     many it takes, or None."""
     if ept == 1 or os.environ.get("FUSEG_BCAST_EPT", "1") == "0" or not all(type(n) is int for n in shape):
         return None

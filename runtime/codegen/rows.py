@@ -369,7 +369,7 @@ ROW_REGISTERS = 32
 
 
 def row_registers() -> bool:
-    """Note [row registers]: on unless FUSEG_ROW_REGS=0."""
+    """See Note [row registers]: on unless FUSEG_ROW_REGS=0."""
     return os.environ.get("FUSEG_ROW_REGS", "1") != "0"
 
 
@@ -399,11 +399,11 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     # 0.177; perf/results/nvidia-h100/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
     # (the switch first: the comparison of a symbolic row would be a condition of the plan)
     cached = os.environ.get("FUSEG_ROW_CACHE", "0") == "1" and R <= 8 * block
-    # Note [CUDA launch shapes]: with the block a constant of the source, a pass over a row of a
+    # See Note [CUDA launch shapes]: with the block a constant of the source, a pass over a row of a
     # known length has a known trip count per thread; up to 16, it is written as such (unrolled)
     counted = (-(-R // block) if cuda_tuning() and isinstance(R, int) and isinstance(block, int)
                and R <= 16 * block else 0)
-    # Note [row registers]: where the block divides the row, each thread's iterations need no guard
+    # See Note [row registers]: where the block divides the row, each thread's iterations need no guard
     # and the values its reduction passes read are kept in registers on CUDA
     lw.slots = counted if counted and not cached and R % block == 0 and row_registers() else 0
     lines = []
@@ -518,7 +518,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         return name
 
     def scratch(ct: str) -> str | None:
-        """Note [softmax keeps its exps]: the per-thread array of a row's exps, or None."""
+        """See Note [softmax keeps its exps]: the per-thread array of a row's exps, or None."""
         if cached or R * (8 if ct == "double" else 4) > EXP_SCRATCH_BYTES:
             return None
         name = lw.fresh("e")

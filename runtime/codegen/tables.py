@@ -56,7 +56,7 @@ def _span(shape: tuple, stride: tuple) -> int | None:
 
 def tabulate(lines: list[str], inputs: dict, loop_elements: int, fresh: Callable[[], str],
              threads: str | None = None) -> tuple[list[str], list[str]]:
-    """Note [tables of a small input's values]: ``lines`` (a CPU loop body) with each tabulated
+    """See Note [tables of a small input's values]: ``lines`` (a CPU loop body) with each tabulated
     call reading its table, and the statements that fill the tables (before the loop). ``inputs``
     maps a C parameter name to its (dtype, shape, stride); ``loop_elements`` is the loop's;
     ``fresh`` names each table (unique in the kernel: a kernel may have several loops);

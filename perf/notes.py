@@ -1,0 +1,172 @@
+"""``python -m perf.notes``: the index of the code's Notes, written to docs/notes.md.
+
+A Note is a paragraph in a comment or docstring that explains a rule, opened by the word Note, its
+title in square brackets and a colon at the start of a line (after ``#``, ``#:``, ``//`` or a
+docstring's quotes). Code that depends on the rule names the Note the same way without the colon
+(or with "See" before it), anywhere in a line; a title may run on into the next comment line.
+
+The index lists each Note's title, the file and line that define it, and the files that name it;
+then the names that match no definition (dangling) and the titles defined more than once. Both
+lists are empty in a healthy tree (tests/test_notes.py), and the written file equals what this
+module generates from the code (regenerate it after moving or adding a Note:
+``python -m perf.notes``; ``--check`` exits 1 where it differs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+__all__ = ["NoteIndex", "render", "scan", "scan_sources"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the folders and files scanned, relative to the repository root (the records under
+#: perf/results/ are not code and are left out)
+SCANNED = ("segmenter", "alias", "runtime", "perf", "tests", ".ci", "setup.py")
+SKIPPED_DIRS = frozenset({"__pycache__", "results", ".git", "build"})
+SUFFIXES = (".py", ".sh")
+OUTPUT = os.path.join("docs", "notes.md")
+
+_WORD = "No" + "te"  # (spelled apart so that this module's own source names no Note)
+#: a definition: the title and its colon open a line, after a comment mark or docstring quotes
+_DEFINITION = re.compile(rf"^[ \t]*(?:#:?|//|[rRuU]?\"\"\"|[rR]?''')?[ \t]*({_WORD}[ \t]+\[([^\]\n]+)\]):", re.M)
+#: any naming of a Note; the title may continue on the next line of a comment or string
+_NAMING = re.compile(rf"{_WORD}\s+\[([^\]]{{1,200}})\]")
+#: what joins a title broken over two lines: the comment mark or the closing and opening quotes
+_BREAK = re.compile(r"\s*\"?\s*\n\s*(?:#:?|//|\")?\s*")
+
+
+@dataclass
+class NoteIndex:
+    """Where each Note is defined and named."""
+
+    #: title -> [(path, line)] of its definitions (one in a healthy tree)
+    definitions: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
+    #: title -> {path: number of namings in that file}
+    references: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    #: (title, path, line) of each naming that matches no definition
+    dangling: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def duplicated(self) -> dict[str, list[tuple[str, int]]]:
+        return {t: sites for t, sites in self.definitions.items() if len(sites) > 1}
+
+
+def _title(raw: str) -> str:
+    return " ".join(_BREAK.sub(" ", raw).split())
+
+
+def scan_sources(sources: dict[str, str]) -> NoteIndex:
+    """The index of ``sources`` ({path relative to the root: text})."""
+    index = NoteIndex()
+    named: list[tuple[str, str, int]] = []
+    for path in sorted(sources):
+        text = sources[path]
+        starts = set()
+        for m in _DEFINITION.finditer(text):
+            starts.add(m.start(1))
+            index.definitions[_title(m.group(2))].append((path, text.count("\n", 0, m.start(1)) + 1))
+        for m in _NAMING.finditer(text):
+            if m.start() in starts or "\n\n" in m.group(1) or m.group(1).count("\n") > 1:
+                continue
+            named.append((_title(m.group(1)), path, text.count("\n", 0, m.start()) + 1))
+    for title, path, line in named:
+        if title in index.definitions:
+            index.references[title][path] += 1
+        else:
+            index.dangling.append((title, path, line))
+    return index
+
+
+def _files(root: str) -> dict[str, str]:
+    sources = {}
+    for top in SCANNED:
+        start = os.path.join(root, top)
+        if os.path.isfile(start):
+            walk = [(root, [], [top])]
+        else:
+            walk = os.walk(start)
+        for folder, dirs, files in walk:
+            dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(".egg-info"))
+            for name in sorted(files):
+                if name.endswith(SUFFIXES) or (folder.endswith(".ci") and "." not in name):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8") as f:
+                        sources[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+    return sources
+
+
+def scan(root: str = ROOT) -> NoteIndex:
+    """The index of the code under ``root`` (the repository)."""
+    return scan_sources(_files(root))
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render(index: NoteIndex) -> str:
+    """docs/notes.md for ``index``."""
+    lines = [
+        "# Notes in the code",
+        "",
+        f"Generated by `python -m perf.notes` from the code's `{_WORD} [title]:` paragraphs; do not edit by hand",
+        "(tests/test_notes.py fails when this file differs from what the code gives). A Note explains a rule",
+        "where the code keeps it; the code that depends on the rule names the Note. CONTRIBUTING.md says how",
+        "to write one.",
+        "",
+        f"{len(index.definitions)} Notes.",
+        "",
+        "| Note | defined at | named in |",
+        "|---|---|---|",
+    ]
+    order = sorted(index.definitions.items(), key=lambda item: (item[1][0], item[0]))
+    for title, sites in order:
+        where = ", ".join(f"`{p}:{n}`" for p, n in sites)
+        refs = index.references.get(title, {})
+        named = ", ".join(f"`{p}`" + (f" ({k})" if k > 1 else "") for p, k in sorted(refs.items())) or "-"
+        lines.append(f"| {_cell(title)} | {where} | {named} |")
+    lines += ["", "## Names that match no Note", ""]
+    if index.dangling:
+        lines += [f"- `{_cell(t)}` at `{p}:{n}`" for t, p, n in index.dangling]
+    else:
+        lines.append("None.")
+    lines += ["", "## Notes defined more than once", ""]
+    dup = index.duplicated
+    if dup:
+        lines += [f"- `{t}`: " + ", ".join(f"`{p}:{n}`" for p, n in sites) for t, sites in sorted(dup.items())]
+    else:
+        lines.append("None.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perf.notes", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 where docs/notes.md differs from the code")
+    parser.add_argument("--root", default=ROOT, help="the repository (default: this checkout)")
+    args = parser.parse_args(argv)
+    index = scan(args.root)
+    text = render(index)
+    path = os.path.join(args.root, OUTPUT)
+    if args.check:
+        try:
+            with open(path, encoding="utf-8") as f:
+                same = f.read() == text
+        except FileNotFoundError:
+            same = False
+        print(f"{OUTPUT}: {'up to date' if same else 'differs from the code: run python -m perf.notes'}")
+        return 0 if same and not index.dangling and not index.duplicated else 1
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {OUTPUT}: {len(index.definitions)} Notes, {len(index.dangling)} dangling names, "
+          f"{len(index.duplicated)} defined more than once")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
