@@ -103,7 +103,7 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
         lines.append(f"    {acc_ct} {acc}[{tile}];")
         lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {acc}[t] = ({acc_ct})({_identity(combine, ct)});")
         stored = early and not written[0]
-        # Note [sums in chunks]: each accumulator adds one value per reduced element, so a float
+        # (Note [sums in chunks]) each accumulator adds one value per reduced element, so a float
         # sum over many adds partials of COLUMN_CHUNK elements, compensated
         chunk = combine == "fuseg_sum" and acc_ct in ("float", "double") and cascade.chunked(R, cascade.COLUMN_CHUNK)
         into = acc

@@ -418,7 +418,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     decl_at = len(lines)
 
     def j_loop(loop: str, chunk: bool = False) -> tuple[Body, list[str], list[str]]:
-        # Note [sums in chunks]: a chunked pass's CPU (and generic CUDA) loop covers its chunk
+        # (Note [sums in chunks]) a chunked pass's CPU (and generic CUDA) loop covers its chunk
         start, end = ("fuseg_jc + FUSEG_THREAD", "fuseg_je") if chunk else ("FUSEG_THREAD", f"{R}")
         b = Body(lw, loop, "      ")
         head = []
@@ -468,7 +468,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         acc_ct = "int" if ct == "bool" else ct
         ident = _identity(combine, ct)
         acc, res = lw.fresh("acc"), lw.fresh("r")
-        # Note [sums in chunks]: a float sum over a long row adds chunks' partials, compensated
+        # (Note [sums in chunks]) a float sum over a long row adds chunks' partials, compensated
         chunk = (not cached and combine == "fuseg_sum" and acc_ct in ("float", "double")
                  and cascade.chunked(R, cascade.ROW_CHUNK))
         b, idx, head = j_loop(lw.fresh("P"), chunk)
