@@ -5,7 +5,7 @@ title in square brackets and a colon at the start of a line (after ``#``, ``#:``
 docstring's quotes). Code that depends on the rule names the Note the same way without the colon
 (or with "See" before it), anywhere in a line; a title may run on into the next comment line.
 
-The index lists each Note's title, the file and line that define it, and the files that name it;
+The index lists each Note's title, the file that defines it, and the files that name it;
 then the names that match no definition (dangling) and the titles defined more than once. Both
 lists are empty in a healthy tree (tests/test_notes.py), and the written file equals what this
 module generates from the code (regenerate it after moving or adding a Note:
@@ -126,7 +126,8 @@ def render(index: NoteIndex) -> str:
     ]
     order = sorted(index.definitions.items(), key=lambda item: (item[1][0], item[0]))
     for title, sites in order:
-        where = ", ".join(f"`{p}:{n}`" for p, n in sites)
+        # the file alone: a line number would make every edit above a Note stale the index
+        where = ", ".join(f"`{p}`" for p, _ in sites)
         refs = index.references.get(title, {})
         named = ", ".join(f"`{p}`" + (f" ({k})" if k > 1 else "") for p, k in sorted(refs.items())) or "-"
         lines.append(f"| {_cell(title)} | {where} | {named} |")

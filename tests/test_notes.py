@@ -64,7 +64,7 @@ def test_scan_finds_definitions_references_and_dangling_names() -> None:
     assert index.dangling == [("nowhere", "a.py", 5)]
     assert index.duplicated == {"kernel rule": [("b.sh", 1), ("c.py", 1)]}
     text = notes.render(index)
-    assert "| comment rule | `a.py:3` | `a.py` |" in text
+    assert "| comment rule | `a.py` | `a.py` |" in text  # the file alone: no line to go stale
     assert "- `nowhere` at `a.py:5`" in text and "- `kernel rule`: `b.sh:1`, `c.py:1`" in text
 
 
