@@ -16,6 +16,7 @@ pixels, so expanding a box costs it one pass over the segments, not a graph layo
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -199,11 +200,31 @@ def _changes(g: FusionGraph, tables: _Tables) -> tuple[dict[str, str], dict[str,
     return nodes, values
 
 
-def graph_data(plans: SegmentedFusion | Mapping[str, SegmentedFusion], name: str | None = None) -> dict[str, Any]:
+def graph_data(plans: SegmentedFusion | Mapping[str, SegmentedFusion], name: str | None = None,
+               base: SegmentedFusion | None = None, initial: str | None = None) -> dict[str, Any]:
     """The page's record of one graph. ``plans``: the segmenter's plan (straight from
     ``segmenter.segment``: the three alias modes are run on it), or plans by mode name (each drawn
-    as is, in the order given; their segments' origins are the plan whose ``alias_mode`` is None,
-    where one is among them)."""
+    as is, in the order given). ``base``: the segmenter's plan they came from, where known (each
+    segment then names the segment it came from, and shows what the alias pass did there).
+    ``initial``: the mode the page shows first (default: the first)."""
+    # the records free nothing until they are written: the cyclic collector would only rescan the
+    # graph on every allocation burst (most of the time on 10^4 nodes), as in segmenter.segment
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        record = _graph_data(plans, name, base)
+    finally:
+        if was_enabled:
+            gc.enable()
+    modes = [m["mode"] for m in record["modes"]]
+    if initial is not None and initial not in modes:
+        raise ValueError(f"no {initial!r} plan to show first: the plans are {', '.join(modes)}")
+    record["initial_mode"] = initial or modes[0]
+    return record
+
+
+def _graph_data(plans: SegmentedFusion | Mapping[str, SegmentedFusion], name: str | None,
+                base: SegmentedFusion | None) -> dict[str, Any]:
     from alias import MODES, apply_aliases
 
     if isinstance(plans, SegmentedFusion):
@@ -211,10 +232,11 @@ def graph_data(plans: SegmentedFusion | Mapping[str, SegmentedFusion], name: str
             base = plans
             by_mode = {m: apply_aliases(plans, m) for m in MODES}
         else:
-            base, by_mode = None, {plans.alias_mode: plans}
+            by_mode = {plans.alias_mode: plans}
     else:
         by_mode = dict(plans)
-        base = next((p for p in by_mode.values() if p.alias_mode is None), None)
+        if base is None:
+            base = next((p for p in by_mode.values() if p.alias_mode is None), None)
     if not by_mode:
         raise ValueError("no plan to draw")
     first = base if base is not None else next(iter(by_mode.values()))

@@ -2,6 +2,7 @@
 // from the graph reaches the page through textContent or an attribute, never as markup.
 (function () {
   'use strict';
+  var T0 = performance.now();
   var SVGNS = 'http://www.w3.org/2000/svg';
   var SEG_W = 210, SEG_H = 48, NODE_W = 176, NODE_H = 24, GAP_X = 30, GAP_Y = 44, PAD = 10, HEAD = 24,
     NODES_PER_ROW = 6, MARGIN = 20, LIST_MAX = 200;
@@ -390,7 +391,11 @@
     state.mode = k; state.expanded = new Set(); state.selected = null; state.reason = -1;
     showTabs(); refresh(); clear(document.getElementById('details')); saveHash();
   }
-  function setGraph(k) { state.graph = k; state.mode = 0; setMode(0); }
+  function initialMode(G) {
+    for (var k = 0; k < G.modes.length; k++) if (G.modes[k].mode === G.initial_mode) return k;
+    return 0;
+  }
+  function setGraph(k) { state.graph = k; setMode(initialMode(DATA.graphs[k])); }
   function scrollTo(x, y) {
     var c = document.getElementById('canvas');
     c.scrollLeft = Math.max(0, x - c.clientWidth / 2); c.scrollTop = Math.max(0, y - c.clientHeight / 3);
@@ -436,6 +441,7 @@
     });
     if (q.graph !== undefined && DATA.graphs[+q.graph]) state.graph = +q.graph;
     var G = DATA.graphs[state.graph];
+    state.mode = initialMode(G);
     G.modes.forEach(function (m, k) { if (m.mode === q.mode) state.mode = k; });
     var M = G.modes[state.mode];
     if (q.expand === 'all') M.segments.forEach(function (g, i) { state.expanded.add(i); });
@@ -532,6 +538,7 @@
     document.getElementById('expand-all').addEventListener('click', function () {
       current.M.segments.forEach(function (g, i) { state.expanded.add(i); }); draw(); saveHash();
     });
+    document.body.setAttribute('data-render-ms', String(Math.round(performance.now() - T0)));
     document.body.setAttribute('data-ready', '1');
   }
   try { init(); } catch (e) { reportError('script error: ' + (e && e.stack ? e.stack : e)); }
