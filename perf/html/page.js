@@ -316,14 +316,16 @@
       (st.bytes_floor ? ' (' + (st.bytes_moved / st.bytes_floor).toFixed(2) + '\u00d7)' : '')));
     box.appendChild(bar(st.bytes_moved / top));
     box.appendChild(bar(st.bytes_floor / top, 'floor'));
+    box = clear(document.getElementById('bytes'));
     var order = M.segments.map(function (g, i) { return i; }).filter(function (i) { return M.segments[i].bytes_moved > 0; })
       .sort(function (a, b) { return M.segments[b].bytes_moved - M.segments[a].bytes_moved; }).slice(0, 12);
-    var ul = h('ul', { 'class': 'plain' });
+    var ul = h('ul', { 'class': 'plain' }), most = order.length ? M.segments[order[0]].bytes_moved : 1;
     order.forEach(function (i) {
       var li = h('li');
       li.appendChild(h('span', { 'class': 'link mono', 'data-goto-seg': i }, segLabel(M, i)));
-      li.appendChild(h('span', { 'class': 'count' }, '  ' + bytes(M.segments[i].bytes_moved)));
-      li.appendChild(bar(M.segments[i].bytes_moved / top));
+      li.appendChild(h('span', { 'class': 'count' }, '  ' + bytes(M.segments[i].bytes_moved) + ' (' +
+        (100 * M.segments[i].bytes_moved / (st.bytes_moved || 1)).toFixed(1) + '%)'));
+      li.appendChild(bar(M.segments[i].bytes_moved / most));
       ul.appendChild(li);
     });
     if (order.length) box.appendChild(h('h2', null, 'segments moving the most bytes'));
@@ -361,11 +363,18 @@
       return h('li', { 'class': 'mono' }, '%' + (typeof p[0] === 'number' ? G.values[p[0]].name : p[0]) + ': ' + p[1]);
     }));
   }
+  function showHint() {
+    clear(document.getElementById('details')).appendChild(h('p', { 'class': 'note' },
+      'Click a segment for its ops, values, bytes, cuts and what the alias pass did there; + expands it. ' +
+      'Hover a node for its op, shape, strides, dtype and alias root, an edge for why the cut is there.'));
+  }
+  function plural(n, word) { return n + ' ' + word + (n === 1 ? '' : 's'); }
   function showTabs() {
     var G = DATA.graphs[state.graph], tabs = clear(document.getElementById('tabs'));
     G.modes.forEach(function (m, k) {
       var b = h('button', { 'class': 'tab' + (k === state.mode ? ' active' : ''), 'data-mode': k }, m.mode);
-      b.appendChild(h('span', { 'class': 'sub' }, m.stats.kernels + ' kernels \u00b7 ' + m.stats.metadata + ' metadata \u00b7 ' + bytes(m.stats.bytes_moved)));
+      b.appendChild(h('span', { 'class': 'sub' }, plural(m.stats.kernels, 'kernel') + ' \u00b7 ' + m.stats.metadata + ' metadata \u00b7 ' +
+        bytes(m.stats.bytes_moved)));
       tabs.appendChild(b);
     });
     document.getElementById('graph-info').textContent = G.name + ': ' + G.nodes.length + ' nodes, ' +
@@ -389,7 +398,7 @@
   function refresh() { draw(); showSummary(); showBoundaries(); showAlias(); showResults(); }
   function setMode(k) {
     state.mode = k; state.expanded = new Set(); state.selected = null; state.reason = -1;
-    showTabs(); refresh(); clear(document.getElementById('details')); saveHash();
+    showTabs(); refresh(); showHint(); saveHash();
   }
   function initialMode(G) {
     for (var k = 0; k < G.modes.length; k++) if (G.modes[k].mode === G.initial_mode) return k;
@@ -507,6 +516,7 @@
     document.getElementById('title').textContent = DATA.title;
     var legend = document.getElementById('legend');
     KINDS.forEach(function (k) { legend.appendChild(h('span', { 'class': 'k-' + k }, k.toUpperCase())); });
+    legend.appendChild(h('em', { 'class': 'note' }, 'dashed: no launch (metadata segment, view op)'));
     var pick = document.getElementById('graphs');
     if (DATA.graphs.length > 1) {
       DATA.graphs.forEach(function (G, k) { pick.appendChild(h('option', { value: k }, G.name)); });
@@ -516,7 +526,7 @@
     if (!DATA.graphs.length) { document.getElementById('graph-info').textContent = 'no graphs'; document.body.setAttribute('data-ready', '1'); return; }
     var select = loadHash();
     pick.value = String(state.graph);
-    showTable(); showTabs(); refresh();
+    showTable(); showTabs(); refresh(); showHint();
     if (select && select[0] === 's' && current.M.segments[+select.slice(1)]) selectSeg(+select.slice(1), true);
     else if (select && select[0] === 'n' && current.G.nodes[+select.slice(1)]) selectNode(+select.slice(1), true);
     document.addEventListener('click', onClick);

@@ -36,8 +36,9 @@ _SKELETON = """<!DOCTYPE html>
   <aside class="side">
     <section><input id="search" type="search" placeholder="find nodes by name or op (Enter: go to the first)" autocomplete="off">
       <div id="hitcount" class="note"></div><ul id="results"></ul></section>
-    <section id="details"></section>
     <section id="summary"></section>
+    <section id="details"></section>
+    <section id="bytes"></section>
     <section id="boundaries"></section>
     <section id="alias"></section>
   </aside>
