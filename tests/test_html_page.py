@@ -14,6 +14,7 @@ from alias import apply_aliases
 from perf import zoo
 from perf.cli import main
 from perf.html import graph_data, page_data, render_page, write_html
+from perf.targets import load_program
 from segmenter import SegmentedFusion, SegmenterOptions, segment
 from segmenter.from_torch import capture
 
@@ -176,3 +177,13 @@ def test_write_html_segments_a_graph_with_options(tmp_path) -> None:
     path = write_html(graph, str(tmp_path / "g.html"), options=SegmenterOptions(max_ops_per_segment=1))
     post = _embedded(open(path).read())["graphs"][0]["modes"][0]
     assert all(len(s["nodes"]) == 1 for s in post["segments"]) and len(post["segments"]) == len(graph.nodes)
+
+
+def test_symbolic_sizes_are_shown_as_expressions_with_the_plans_conditions() -> None:
+    """An nvFuser script's -1 dims are symbols: sizes and strides print as expressions."""
+    graph = load_program("nvfuser-1597").graph
+    record = graph_data(segment(graph))
+    x = record["values"][record["inputs"][0]]["meta"]
+    assert isinstance(x["shape"][1], str) and x["shape"][2] == 6144 and x["stride"][0] == f"6144*{x['shape'][1]}"
+    assert record["sizes"] and record["sizes"][0].startswith("symbolic sizes:")
+    assert graph_data(segment(capture(_lone_slice, [torch.randn(4, 8)])))["sizes"] == []

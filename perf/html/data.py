@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph, SegmentedFusion, op_info
+from segmenter.explain import describe_sizes
 from segmenter.ir import TensorMeta, view_roots
 from segmenter.symbolic import sizes_of
 
@@ -248,10 +249,13 @@ def _graph_data(plans: SegmentedFusion | Mapping[str, SegmentedFusion], name: st
     for m, key in zip(modes, by_mode):
         m["mode"] = key
     g = first.graph
+    sizes = sizes_of(g)
     return {"name": name or g.name, "nodes": tables.nodes, "values": tables.values,
             "inputs": [tables.value_index[i.name] for i in g.inputs],
             "outputs": [tables.value_index[v] for v in g.outputs if v in tables.value_index],
-            "reasons": reason_list, "modes": modes}
+            "reasons": reason_list, "modes": modes,
+            # a symbolic plan: its symbols' ranges and the conditions it holds under (bytes are at the hints)
+            "sizes": describe_sizes(sizes) if sizes is not None else []}
 
 
 def page_data(graphs: Iterable[dict[str, Any]], title: str = "fuseg segmentation",

@@ -311,6 +311,7 @@
     box.appendChild(h('h2', null, 'alias modes side by side'));
     box.appendChild(t);
     box.appendChild(h('p', { 'class': 'note' }, M.mode + ': ' + M.note));
+    G.sizes.forEach(function (line) { box.appendChild(h('p', { 'class': 'note mono' }, line)); });
     var st = M.stats, top = Math.max(st.bytes_moved, st.bytes_floor, 1);
     box.appendChild(h('div', { 'class': 'note' }, 'bytes moved ' + bytes(st.bytes_moved) + ' against the floor ' + bytes(st.bytes_floor) +
       (st.bytes_floor ? ' (' + (st.bytes_moved / st.bytes_floor).toFixed(2) + '\u00d7)' : '')));
