@@ -19,7 +19,8 @@ from pathlib import Path
 
 __all__ = ["PageLoad", "find_chromium", "load_page", "screenshot"]
 
-_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+# Ubuntu's chromium-browser is a snap, which cannot read the host's /tmp: last
+_NAMES = ("chromium", "google-chrome", "google-chrome-stable", "chrome", "chromium-browser")
 _CONSOLE = re.compile(r":CONSOLE[^\]]*\] \"(.*)\", source: (.*)$")
 
 
