@@ -64,6 +64,15 @@ def test_expand_and_search_on_rope_seed(tmp_path) -> None:
     assert sorted(hits) == sorted(n.name for n in post.graph.nodes if "neg" in n.name or "neg" in n.op)
     assert [g["data-kind"] for g in load.groups] == ["pointwise", "metadata"]
     assert all("open" in g["class"].split() for g in load.groups)
+    # a selected node opens its segment (and only that one); a selected segment is marked
+    view = names.index(post.segments[1].nodes[0].name)
+    load = load_page(path, f"select=n{view}")
+    _clean(load)
+    assert [g["data-seg"] for g in load.groups if "open" in g["class"].split()] == ["1"]
+    assert [n["data-node"] for n in load.nodes if "sel" in n["class"].split()] == [str(view)]
+    load = load_page(path, "mode=post&select=s1")
+    _clean(load)
+    assert [g["data-seg"] for g in load.groups if "sel" in g["class"].split()] == ["1"] and load.nodes == []
 
 
 def test_hostile_names_stay_text(tmp_path) -> None:

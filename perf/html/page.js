@@ -420,15 +420,23 @@
     if (state.selected && state.selected.seg === i && state.selected.node === undefined) showSegment(i);
     saveHash();
   }
+  function markSelected() {  // the selection's classes only: no redraw of 10^4 groups for a click
+    Array.prototype.forEach.call(current.svg.querySelectorAll('.sel'), function (e) { e.classList.remove('sel'); });
+    var sel = state.selected, e = null;
+    if (sel && sel.node !== undefined) e = current.svg.querySelector('g.node[data-node="' + sel.node + '"]');
+    else if (sel) e = current.svg.querySelector('g.seg[data-seg="' + sel.seg + '"]');
+    if (e) e.classList.add('sel');
+  }
   function selectSeg(i, scroll) {
-    state.selected = { seg: i }; draw(); showSegment(i);
+    state.selected = { seg: i }; markSelected(); showSegment(i);
     if (scroll) { var p = current.geo[i]; scrollTo(p.x + p.w / 2, p.y); }
     saveHash();
   }
   function selectNode(n, scroll) {
     var seg = segmentOf(current.M)[n];
     state.selected = { seg: seg, node: n };
-    state.expanded.add(seg); draw(); showNode(n);
+    if (!state.expanded.has(seg)) { state.expanded.add(seg); draw(); } else markSelected();
+    showNode(n);
     if (scroll) {
       var p = current.geo[seg], k = current.M.segments[seg].nodes.indexOf(n);
       scrollTo(p.x + p.pos[k][0] + NODE_W / 2, p.y + p.pos[k][1]);
