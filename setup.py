@@ -8,7 +8,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     # perf.fusions: nvFuser scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
-    packages=["segmenter", "alias", "runtime", "perf", "perf.fusions", "perf.experiments"],
+    packages=["segmenter", "alias", "runtime", "perf", "perf.fusions", "perf.experiments", "perf.html"],
+    package_data={"perf.html": ["page.css", "page.js"]},  # the segmentation page's own CSS and JS, inlined
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a CPU wheel); an open range on a machine
         # without torch would pull a multi-GB CUDA build.

@@ -1,10 +1,10 @@
 """The ``fuseg`` command line.
 
-    fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal] [--alias MODE]
+    fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal] [--alias MODE] [--html FILE]
     fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
     fuseg export TARGET --format nvfuser -o FILE.py   each kernel segment as an nvFuser FusionDefinition, and run()
     fuseg run TARGET [--alias MODE] [--json]   run it (torch backend) and check it against eager
-    fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE]
+    fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE] [--html FILE]
     fuseg bench [MODEL ...] [--device cpu|cuda] [--backend B ...] [--inductor] [--out FILE.json]
     fuseg report BASELINE.json CURRENT.json [--threshold 0.1] [--html FILE]   exit 1 on a regression
     fuseg examples                       list the built-in examples
@@ -121,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     seg.add_argument("--no-horizontal", action="store_true", help="no horizontal merging")
     seg.add_argument("--alias", choices=("post", "pre", "off"), default="post",
                      help="alias pass: post (after the cut, default), pre (graph outputs only, as fusers do today), off")
+    seg.add_argument("--html", default=None, metavar="FILE.html",
+                     help="write the segmentation as one self-contained page (every alias mode, --alias shown first)")
     exp = sub.add_parser("export", help="write a target's graph as JSON, or its segments as nvFuser fusions")
     exp.add_argument("target", help=target_help)
     exp.add_argument("-o", "--out", required=True, help="output file")
@@ -138,6 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", default=None, help="write to this file instead of stdout")
     prof.add_argument("--inductor", action="store_true", help="also count Inductor's generated kernels (slow)")
     prof.add_argument("--plot", default=None, metavar="FILE.png", help="bar chart of kernels per model per mode")
+    prof.add_argument("--html", default=None, metavar="FILE.html",
+                      help="every model's segmentation on one self-contained page, with the table")
     rep = sub.add_parser("report", help="compare two fuseg bench records; exit 1 on a regression")
     rep.add_argument("baseline")
     rep.add_argument("current")
@@ -260,9 +264,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _error(str(e))
         return 1 if rep.regressions else 0
     if args.command == "profile":
+        records: list[dict] = []
+        keep = None
+        if args.html:
+            from .html import graph_data
+
+            def keep(name: str, sf: object, plans: dict) -> None:
+                records.append(graph_data({m: plans[m] for m in ("post", "pre", "off")}, name=name, base=sf))
         try:
-            df = profile(args.models or [*zoo.ZOO, *fusions.FUSIONS], inductor=args.inductor)
+            df = profile(args.models or [*zoo.ZOO, *fusions.FUSIONS], inductor=args.inductor, keep=keep)
             text = render(df, args.format)
+            if args.html:
+                from .html import write_page
+
+                write_page(records, args.html, "fuseg profile", table=json.loads(df.to_json(orient="records")))
+                print(f"wrote {args.html}: {len(records)} graphs", file=sys.stderr)
             if args.format == "table" and side_by_side(df):
                 text += "\n\n" + side_by_side(df)
             if args.plot:
@@ -295,9 +311,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_ops is not None and args.max_ops < 1:
             return _error("--max-ops must be at least 1")
         options = SegmenterOptions(max_ops_per_segment=args.max_ops, allow_horizontal=not args.no_horizontal)
-        sf = apply_aliases(segment(graph, options), args.alias)
+        base = segment(graph, options)
+        sf = apply_aliases(base, args.alias)
     except (GraphError, TargetError, OSError) as e:
         return _error(str(e))
+    if args.html:
+        from .html import write_html
+
+        try:
+            write_html(base, args.html, initial=args.alias)
+        except OSError as e:
+            return _error(str(e))
+        print(f"wrote {args.html}: {len(graph.nodes)} nodes, {len(sf.segments)} segments ({args.alias})", file=sys.stderr)
+        if not (args.json or args.explain or args.graph):
+            return 0
     if args.json:
         record = {"graph": graph_to_dict(graph), "segmentation": segmentation_to_dict(sf)}
         if target.nvfuser is not None:  # what the script's -1 dims became

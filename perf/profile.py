@@ -17,12 +17,13 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from alias import apply_aliases
-from segmenter import OpKind, SegmenterOptions, SegmentKind, op_info, segment
+from segmenter import OpKind, SegmentedFusion, SegmenterOptions, SegmentKind, op_info, segment
 
 from . import fusions, zoo
 from .targets import load_program
@@ -56,7 +57,10 @@ def inductor_kernels(fn: Any, inputs: list[Any]) -> int | None:
 
 
 def profile(models: list[str], options: SegmenterOptions | None = None, progress: bool = True,
-            inductor: bool = False) -> pd.DataFrame:
+            inductor: bool = False, keep: Callable[[str, SegmentedFusion, dict[str, SegmentedFusion]], None] | None = None,
+            ) -> pd.DataFrame:
+    """One row per model (the module's docstring). ``keep(model, plan, plans_by_mode)``, where
+    given, receives each model's segmenter plan and its plan per alias mode (``--html``)."""
     for name in models:  # refuse a bad name before any work (and before any progress output)
         if ":" not in name and not name.endswith(".json") and not os.path.isfile(name) and name not in zoo.ZOO \
                 and name not in fusions.FUSIONS:
@@ -76,13 +80,16 @@ def profile(models: list[str], options: SegmenterOptions | None = None, progress
             "eager_launches": sum(op_info(n.op).kind != OpKind.VIEW for n in graph.nodes),
             "segment_ms": round((time.perf_counter() - t0) * 1e3, 2),
         }
+        plans: dict[str, SegmentedFusion] = {}
         for mode in MODES:
-            plan = apply_aliases(sf, mode)
+            plan = plans[mode] = apply_aliases(sf, mode)
             st = plan.stats()
             for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved"):
                 row[f"{mode}_{key}"] = st[key]
             row[f"{mode}_generated"] = sum(s.kind in _GENERATED for s in plan.segments)
             row["bytes_floor"] = st["bytes_floor"]
+        if keep is not None:
+            keep(name, sf, plans)
         row["inductor_kernels"] = inductor_kernels(target.fn, target.inputs or []) if inductor else None
         quoted = fusions.FUSIONS.get(name)
         row["nvfuser_segments_quoted"] = quoted.nvfuser_segments if quoted else None
