@@ -9,6 +9,7 @@ setup(
     python_requires=">=3.10",
     # perf.fusions: nvFuser scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
     packages=["segmenter", "alias", "runtime", "perf", "perf.fusions", "perf.experiments"],
+    py_modules=["fuseg"],  # the name TORCH_LOGS=+fuseg finds (runtime/logs.py)
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a CPU wheel); an open range on a machine
         # without torch would pull a multi-GB CUDA build.
@@ -16,7 +17,8 @@ setup(
         "pandas",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest"],  # expecttest: op_db; xdist: -n 2
+        "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest",
+             "tlparse"],  # expecttest: op_db; xdist: -n 2; tlparse: tests/test_torch_logs.py
         "cuda": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.
