@@ -25,9 +25,9 @@ from alias import apply_aliases
 from segmenter import OpKind, SegmenterOptions, SegmentKind, op_info, segment
 
 from . import fusions, zoo
-from .targets import load_program
+from .targets import Target, load_program
 
-__all__ = ["COLUMNS", "MODES", "plot_kernels", "profile", "render", "side_by_side"]
+__all__ = ["COLUMNS", "MODES", "plot_kernels", "profile", "profile_target", "render", "side_by_side"]
 
 MODES = ("off", "pre", "post")  # side by side in this order
 
@@ -55,8 +55,34 @@ def inductor_kernels(fn: Any, inputs: list[Any]) -> int | None:
     return metrics.generated_kernel_count
 
 
+def profile_target(name: str, target: Target, options: SegmenterOptions | None = None,
+                   inductor: bool = False) -> dict[str, Any]:
+    """One record (the module's keys) for a loaded target."""
+    graph = target.graph
+    t0 = time.perf_counter()
+    sf = segment(graph, options)
+    row: dict[str, Any] = {
+        "model": name, "nodes": len(graph.nodes),
+        "eager_launches": sum(op_info(n.op).kind != OpKind.VIEW for n in graph.nodes),
+        "segment_ms": round((time.perf_counter() - t0) * 1e3, 2),
+    }
+    for mode in MODES:
+        plan = apply_aliases(sf, mode)
+        st = plan.stats()
+        for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved"):
+            row[f"{mode}_{key}"] = st[key]
+        row[f"{mode}_generated"] = sum(s.kind in _GENERATED for s in plan.segments)
+        row["bytes_floor"] = st["bytes_floor"]
+    row["inductor_kernels"] = inductor_kernels(target.fn, target.inputs or []) if inductor else None
+    quoted = fusions.FUSIONS.get(name)
+    row["nvfuser_segments_quoted"] = quoted.nvfuser_segments if quoted else None
+    row["nvfuser_kernels_quoted"] = quoted.nvfuser_kernels if quoted else None
+    row["nvfuser_quote"] = f"{quoted.issue}: {quoted.quote}" if quoted else None
+    return row
+
+
 def profile(models: list[str], options: SegmenterOptions | None = None, progress: bool = True,
-            inductor: bool = False) -> pd.DataFrame:
+            inductor: bool = False, real_size: bool = False) -> pd.DataFrame:
     for name in models:  # refuse a bad name before any work (and before any progress output)
         if ":" not in name and not name.endswith(".json") and not os.path.isfile(name) and name not in zoo.ZOO \
                 and name not in fusions.FUSIONS:
@@ -67,28 +93,8 @@ def profile(models: list[str], options: SegmenterOptions | None = None, progress
             print(f"\r[{k + 1}/{len(models)}] {name:<20}", end="", file=sys.stderr, flush=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            target = load_program(name)
-            graph = target.graph
-        t0 = time.perf_counter()
-        sf = segment(graph, options)
-        row: dict[str, Any] = {
-            "model": name, "nodes": len(graph.nodes),
-            "eager_launches": sum(op_info(n.op).kind != OpKind.VIEW for n in graph.nodes),
-            "segment_ms": round((time.perf_counter() - t0) * 1e3, 2),
-        }
-        for mode in MODES:
-            plan = apply_aliases(sf, mode)
-            st = plan.stats()
-            for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved"):
-                row[f"{mode}_{key}"] = st[key]
-            row[f"{mode}_generated"] = sum(s.kind in _GENERATED for s in plan.segments)
-            row["bytes_floor"] = st["bytes_floor"]
-        row["inductor_kernels"] = inductor_kernels(target.fn, target.inputs or []) if inductor else None
-        quoted = fusions.FUSIONS.get(name)
-        row["nvfuser_segments_quoted"] = quoted.nvfuser_segments if quoted else None
-        row["nvfuser_kernels_quoted"] = quoted.nvfuser_kernels if quoted else None
-        row["nvfuser_quote"] = f"{quoted.issue}: {quoted.quote}" if quoted else None
-        rows.append(row)
+            target = load_program(name, real_size=real_size)
+        rows.append(profile_target(name, target, options, inductor))
     if progress:
         print(file=sys.stderr)
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -54,7 +54,16 @@ def _nvfuser_script(path: str) -> Target:
     return Target(fusion.graph, nvfuser=fusion)
 
 
-def load_program(spec: str) -> Target:
+def load_program(spec: str, real_size: bool = False) -> Target:
+    """``real_size``: an ``hf:`` target at its config's own sizes, on the meta device (perf/hf.py)."""
+    if spec.startswith("hf:"):
+        from . import hf
+
+        try:
+            model, inputs = hf.build(spec, real_size=real_size)
+        except hf.HfSpecError as e:
+            raise TargetError(str(e)) from None
+        return _from_factory((model, inputs), spec)
     if spec in fusions.FUSIONS:
         return _nvfuser_script(fusions.path_of(spec))
     if spec.endswith(".py"):
