@@ -141,6 +141,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="every architecture transformers ships (hf:ARCH), with a pass rate")
     prof.add_argument("--filter", default=None, metavar="RE", help="--suite: architectures whose name matches")
     prof.add_argument("--limit", type=int, default=None, help="--suite: the first N architectures (sorted)")
+    prof.add_argument("--arch-timeout", type=float, default=300,
+                      help="--suite: seconds one architecture may take before its row says so (default 300)")
     prof.add_argument("--shard", default=None, metavar="I/N", help="this machine's share of the sweep (1 <= I <= N); "
                       "--out FILE.json then writes a sweep record that 'fuseg report merge' joins")
     prof.add_argument("--real-size", action="store_true",
@@ -259,7 +261,8 @@ def _profile(args: argparse.Namespace) -> int:
             from .suite import names, run_suite, summary, write_table
 
             everything = names(args.filter, args.limit)
-            df = run_suite(select(everything, shard), real_size=args.real_size, inductor=args.inductor)
+            df = run_suite(select(everything, shard), real_size=args.real_size, inductor=args.inductor,
+                           timeout=args.arch_timeout)
             print(summary(df))
             sweep, rows_all = f"suite:{args.suite}", everything
         else:

@@ -10,7 +10,9 @@ Note [small by default]: a config's defaults are its real model's sizes (a 7B de
 4096, vocabulary 32000), too large to run on a CPU in a sweep. Each size field the config has
 (``SMALL``: widths, layers, heads, feed-forward widths, vocabulary, positions, images) is set
 small before the config is made, so derived fields (a head's width) follow; the user's
-``key=value`` pairs override them. ``real_size=True`` keeps the config's own sizes and builds the
+``key=value`` pairs override them. A model still over ``MAX_PARAMS`` parameters is refused
+before its weights exist (a sweep of every architecture must not fill a CPU machine's
+memory). ``real_size=True`` keeps the config's own sizes and builds the
 model and its inputs on the meta device: captured, segmented and profiled, never run.
 """
 
@@ -45,6 +47,10 @@ _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_tok
               "cls_token_id", "mask_token_id")
 
 BATCH, SEQ, DECODER_SEQ = 2, 16, 8
+#: Note [small by default]: a model that is still larger than this at the small sizes (a size
+#: field the table does not name) is refused before its weights are made: built on the meta
+#: device and counted first, it costs no memory
+MAX_PARAMS = 20_000_000
 
 
 class HfSpecError(ValueError):
@@ -76,6 +82,35 @@ def architectures() -> list[str]:
     return sorted(MODEL_MAPPING_NAMES)
 
 
+def _small(default: Any) -> dict[str, Any]:
+    """The small values of ``default``'s size fields (Note [small by default]); a nested config
+    (a multimodal model's ``text_config``, ``vision_config``) made small the same way, whole."""
+    from transformers import PretrainedConfig
+
+    fields = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
+    small = {k: v for k, v in SMALL.items() if k in fields and isinstance(getattr(default, k, None), int)
+             and not isinstance(getattr(default, k, None), bool)}
+    for k in ("hidden_size", "d_model", "n_embd"):  # keep a head's width a divisor of the width
+        if k in small and "head_dim" in fields and getattr(default, "head_dim", None) is None:
+            small.pop("head_dim", None)
+    for k in _TOKEN_IDS:  # special tokens inside the small vocabulary
+        if isinstance(getattr(default, k, None), int) and getattr(default, k) >= small.get("vocab_size", 1 << 62):
+            small[k] = 0
+    for k in ("num_heads", "num_attention_heads"):  # per stage (swin): 2, 4, 8, ... for a width that doubles
+        if isinstance(getattr(default, k, None), (list, tuple)):
+            small[k] = [2 << i for i in range(len(getattr(default, k)))]
+    if isinstance(getattr(default, "depths", None), (list, tuple)):
+        small["depths"] = [1] * len(default.depths)
+    patch = getattr(default, "patch_size", None)
+    if isinstance(patch, int) and "image_size" in small:
+        small["image_size"] = max(32, 4 * patch)
+    for k, sub in vars(default).items():
+        if isinstance(sub, PretrainedConfig):
+            small[k] = {**sub.to_dict(), **_small(sub)}
+    aliases = getattr(default, "attribute_map", {})
+    return {aliases.get(k, k): v for k, v in small.items()}
+
+
 def _config(arch: str, overrides: dict[str, Any], real_size: bool) -> Any:
     from transformers import AutoConfig
 
@@ -83,29 +118,11 @@ def _config(arch: str, overrides: dict[str, Any], real_size: bool) -> Any:
         default = AutoConfig.for_model(arch)
     except ValueError as e:
         raise HfSpecError(f"hf:{arch}: {str(e).splitlines()[0]}") from None
-    fields = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
-    small: dict[str, Any] = {}
-    if not real_size:
-        small = {k: v for k, v in SMALL.items() if k in fields and isinstance(getattr(default, k, None), int)
-                 and not isinstance(getattr(default, k, None), bool)}
-        for k in ("hidden_size", "d_model", "n_embd"):  # keep a head's width a divisor of the width
-            if k in small and "head_dim" in fields and getattr(default, "head_dim", None) is None:
-                small.pop("head_dim", None)
-        for k in _TOKEN_IDS:  # special tokens inside the small vocabulary
-            if isinstance(getattr(default, k, None), int) and getattr(default, k) >= small.get("vocab_size", 1 << 62):
-                small[k] = 0
-        for k in ("num_heads", "num_attention_heads"):  # per stage (swin): 2, 4, 8, ... for a width that doubles
-            if isinstance(getattr(default, k, None), (list, tuple)):
-                small[k] = [2 << i for i in range(len(getattr(default, k)))]
-        if isinstance(getattr(default, "depths", None), (list, tuple)):
-            small["depths"] = [1] * len(default.depths)
-        patch = getattr(default, "patch_size", None)
-        if isinstance(patch, int) and "image_size" in small:
-            small["image_size"] = max(32, 4 * patch)
+    small = {} if real_size else _small(default)
     # one name per field: a config's aliases (gpt2's num_hidden_layers is its n_layer) to the field,
     # so that the user's n_layer=1 replaces the small default whichever name either used
     aliases = getattr(default, "attribute_map", {})
-    kwargs = {aliases.get(k, k): v for k, v in small.items()}
+    kwargs = dict(small)
     kwargs.update({aliases.get(k, k): v for k, v in overrides.items()})
     try:
         config = AutoConfig.for_model(arch, **kwargs)
@@ -174,7 +191,8 @@ def _inputs(model: Any, config: Any, device: str, real_size: bool) -> tuple[tupl
     return (main,), [first]
 
 
-def build(spec: str, real_size: bool = False) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+def build(spec: str, real_size: bool = False, max_params: int = MAX_PARAMS,
+          ) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     """The model of an ``hf:`` target and its example inputs (Note [small by default])."""
     arch, overrides = parse(spec)
     config = _config(arch, overrides, real_size)
@@ -182,8 +200,16 @@ def build(spec: str, real_size: bool = False) -> tuple[torch.nn.Module, list[tor
     torch.manual_seed(0)
     device = "meta" if real_size else "cpu"
     try:
-        with torch.device(device):
+        with torch.device("meta"):  # (its size first: Note [small by default]'s guard)
             model = cls.from_config(config)
+        params = sum(p.numel() for p in model.parameters())
+        if not real_size and params > max_params:
+            raise HfSpecError(f"hf:{arch}: {params / 1e6:.1f}M parameters at the small sizes, over the "
+                              f"{max_params / 1e6:.0f}M that hf: targets build on the CPU (a size field "
+                              "the shrinking does not know: set it with key=value, or use --real-size)")
+        if device != "meta":
+            with torch.device(device):
+                model = cls.from_config(config)
     except ValueError as e:
         raise HfSpecError(f"hf:{arch}: {cls.__name__} has no model for it: {str(e).splitlines()[0]}") from None
     model = model.eval()

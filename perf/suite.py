@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -52,18 +54,42 @@ def _quiet() -> Iterator[None]:
             lg.setLevel(level)
 
 
+class ArchTimeout(Exception):
+    """An architecture that took longer than the suite gives one."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise ``ArchTimeout`` in this thread after ``seconds`` (SIGALRM: the main thread of a
+    Unix process only; elsewhere no limit), so one slow architecture cannot stall a sweep."""
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expired(_signum: int, _frame: Any) -> None:
+        raise ArchTimeout(f"took longer than {seconds:g} s (--arch-timeout)")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def _why(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}"[:300]
 
 
-def _one(arch: str, real_size: bool, inductor: bool) -> dict[str, Any]:
+def _one(arch: str, real_size: bool, inductor: bool, timeout: float | None = None) -> dict[str, Any]:
     spec = f"hf:{arch}"
     row: dict[str, Any] = {"model": arch, "status": "ok", "stage": "", "error": ""}
     t0 = time.perf_counter()
     stage = "build"
     try:
-        with _quiet():
+        with _quiet(), _time_limit(timeout):
             model, inputs = hf.build(spec, real_size=real_size)
             stage = "capture"
             target = _from_factory((model, inputs), spec)
@@ -81,15 +107,16 @@ def _one(arch: str, real_size: bool, inductor: bool) -> dict[str, Any]:
 
 
 def run_suite(archs: list[str], real_size: bool = False, inductor: bool = False,
-              progress: bool = True) -> pd.DataFrame:
-    """One row per architecture (``SUITE_COLUMNS``), with a progress bar on stderr."""
+              progress: bool = True, timeout: float | None = 300) -> pd.DataFrame:
+    """One row per architecture (``SUITE_COLUMNS``), with a progress bar on stderr; ``timeout``:
+    the seconds one architecture may take (its row then says so)."""
     from tqdm import tqdm
 
     rows = []
     bar = tqdm(archs, desc="transformers", unit="arch", disable=not progress, dynamic_ncols=True)
     for arch in bar:
         bar.set_postfix_str(arch)
-        rows.append(_one(arch, real_size, inductor))
+        rows.append(_one(arch, real_size, inductor, timeout))
     df = pd.DataFrame(rows, columns=SUITE_COLUMNS)
     for c in SUITE_COLUMNS[5:]:  # counts stay integers beside a failed row's empty cells
         if c != "segment_ms":

@@ -108,3 +108,17 @@ def test_suite_with_inductor_counts_its_kernels(monkeypatch) -> None:
                         else None)
     df = suite.run_suite(["bert"], inductor=True, progress=False)
     assert df.iloc[0]["status"] == "ok" and df.iloc[0]["inductor_kernels"] == 7
+
+
+def test_a_model_too_large_at_the_small_sizes_is_refused_before_its_weights_exist() -> None:
+    with pytest.raises(hf.HfSpecError, match="parameters at the small sizes, over the"):
+        hf.build("hf:gpt2:n_embd=512,vocab_size=50000", max_params=1_000_000)
+
+
+def test_a_slow_architecture_gets_a_row_with_the_time_limit(monkeypatch) -> None:
+    import time
+
+    monkeypatch.setattr(hf, "build", lambda spec, real_size=False: time.sleep(5))
+    row = suite._one("bert", real_size=False, inductor=False, timeout=0.2)
+    assert row["status"] == "failed" and row["stage"] == "build" and "took longer than 0.2 s" in row["error"]
+    assert row["seconds"] < 4
