@@ -42,6 +42,8 @@ SMALL: dict[str, Any] = {
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_source_positions", "max_target_positions",
                      "n_ctx"), 64),
     "image_size": 32, "num_mel_bins": 16, "window_size": 4,
+    # a mixture of experts routes to fewer experts than it has, in one group
+    "num_experts_per_tok": 2, "moe_topk": 2, "n_group": 1, "topk_group": 1,
 }
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
               "cls_token_id", "mask_token_id")
@@ -99,6 +101,11 @@ def _small(default: Any) -> dict[str, Any]:
     for k in ("num_heads", "num_attention_heads"):  # per stage (swin): 2, 4, 8, ... for a width that doubles
         if isinstance(getattr(default, k, None), (list, tuple)):
             small[k] = [2 << i for i in range(len(getattr(default, k)))]
+    layers = getattr(default, "num_hidden_layers", None)
+    if isinstance(layers, int) and "num_hidden_layers" in small:  # per-layer lists (layer_types) as long as the layers
+        for k, v in default.to_dict().items():
+            if isinstance(v, list) and len(v) == layers and k not in small:
+                small[k] = v[:small["num_hidden_layers"]]
     if isinstance(getattr(default, "depths", None), (list, tuple)):
         small["depths"] = [1] * len(default.depths)
     patch = getattr(default, "patch_size", None)
@@ -122,7 +129,9 @@ def _config(arch: str, overrides: dict[str, Any], real_size: bool) -> Any:
     # one name per field: a config's aliases (gpt2's num_hidden_layers is its n_layer) to the field,
     # so that the user's n_layer=1 replaces the small default whichever name either used
     aliases = getattr(default, "attribute_map", {})
-    kwargs = dict(small)
+    # a mixture of experts on its loop over experts: the grouped-matmul kernel transformers
+    # picks by default takes bfloat16 only on a CPU
+    kwargs: dict[str, Any] = {"experts_implementation": "eager", **small}
     kwargs.update({aliases.get(k, k): v for k, v in overrides.items()})
     try:
         config = AutoConfig.for_model(arch, **kwargs)
@@ -210,6 +219,8 @@ def build(spec: str, real_size: bool = False, max_params: int = MAX_PARAMS,
         if device != "meta":
             with torch.device(device):
                 model = cls.from_config(config)
+    except HfSpecError:
+        raise
     except ValueError as e:
         raise HfSpecError(f"hf:{arch}: {cls.__name__} has no model for it: {str(e).splitlines()[0]}") from None
     model = model.eval()
