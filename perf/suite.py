@@ -23,7 +23,7 @@ import pandas as pd
 
 from . import hf
 from .profile import COLUMNS, MODES, profile_target
-from .targets import _from_factory
+from .targets import from_factory
 
 __all__ = ["SUITE_COLUMNS", "names", "run_suite", "summary", "write_table"]
 
@@ -92,7 +92,7 @@ def _one(arch: str, real_size: bool, inductor: bool, timeout: float | None = Non
         with _quiet(), _time_limit(timeout):
             model, inputs = hf.build(spec, real_size=real_size)
             stage = "capture"
-            target = _from_factory((model, inputs), spec)
+            target = from_factory((model, inputs), spec)
             stage = "segment"
             row.update(profile_target(arch, target, inductor=False))
             if inductor and not real_size:
