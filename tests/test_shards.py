@@ -150,3 +150,19 @@ def test_report_on_sweeps_counts_a_missing_model(capsys, tmp_path: Path) -> None
     cur = _sweep(tmp_path, "cur.json", BASE[1:])
     got, out, _ = _cli(capsys, "report", base, cur)
     assert got == 1 and "a: missing from the current record" in out
+
+
+def test_a_sharded_bench_record_merges(monkeypatch, tmp_path: Path) -> None:
+    import perf.bench
+
+    monkeypatch.setattr(perf.bench, "bench", lambda models, device, **kw: [
+        {"model": m, "variant": v, "median_ms": 1.0} for m in models for v in ("eager", "fuseg-post-auto")])
+    models = ["softmax", "layer-norm", "rms-norm"]
+    paths = []
+    for i in (1, 2):
+        paths.append(str(tmp_path / f"b{i}.json"))
+        rec = perf.bench.run_bench(select(models, (i, 2)), "cpu", paths[-1], shard=((i, 2), models))
+        assert rec["kind"] == "fuseg-sweep" and rec["sweep"] == "bench" and rec["shards"] == [i]
+        assert rec["environment"]["device"] == "cpu"  # bench's own environment: where the times were taken
+    merged = merge(paths)
+    assert sorted({r["model"] for r in merged["rows"]}) == sorted(models) and len(merged["rows"]) == 6
