@@ -10,6 +10,7 @@ setup(
     # perf.fusions: nvFuser scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
     packages=["segmenter", "alias", "runtime", "perf", "perf.fusions", "perf.experiments", "perf.html"],
     package_data={"perf.html": ["page.css", "page.js"]},  # the segmentation page's own CSS and JS, inlined
+    py_modules=["fuseg"],  # the name TORCH_LOGS=+fuseg finds (runtime/logs.py)
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a CPU wheel); an open range on a machine
         # without torch would pull a multi-GB CUDA build.
@@ -17,7 +18,8 @@ setup(
         "pandas",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest", "ruff"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py
+        "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest", "ruff",
+                 "tlparse"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py; tlparse: tests/test_torch_logs.py
         "cuda": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.

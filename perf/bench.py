@@ -247,12 +247,20 @@ def bench(models: list[str], device: str = "cpu", modes: tuple[str, ...] = ("pos
     return rows
 
 
-def run_bench(models: list[str], device: str, out: str | None, **kw: Any) -> dict[str, Any]:
+def run_bench(models: list[str], device: str, out: str | None,
+              shard: tuple[tuple[int, int] | None, list[str]] | None = None, **kw: Any) -> dict[str, Any]:
+    """``shard``: (I, N) and the whole list of models, where ``models`` is one shard of it: the
+    record is then a sweep record that ``fuseg report merge`` joins (Note [shards of a sweep])."""
     import json
 
     if device == "cuda" and not torch.cuda.is_available():
         raise TargetError("--device cuda: no CUDA device here")
     result = {"benchmark": "fuseg bench", "environment": environment(device), "rows": bench(models, device, **kw)}
+    if shard is not None and shard[0] is not None:
+        from .shards import record
+
+        sweep = record("bench", shard[1], shard[0], result["rows"], {k: repr(v) for k, v in sorted(kw.items())})
+        result = {**sweep, **result}  # (bench's environment: where its times were taken)
     if out:
         with open(out, "w") as f:
             json.dump(result, f, indent=1)

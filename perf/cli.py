@@ -4,12 +4,14 @@
     fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
     fuseg export TARGET --format nvfuser -o FILE.py   each kernel segment as an nvFuser FusionDefinition, and run()
     fuseg run TARGET [--alias MODE] [--json]   run it (torch backend) and check it against eager
-    fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE] [--html FILE]
+    fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE] [--html FILE] [--real-size] [--shard I/N]
+    fuseg profile --suite transformers [--filter RE] [--limit N] [--shard I/N] [--inductor] [--out FILE.json|csv|md|html]
     fuseg bench [MODEL ...] [--device cpu|cuda] [--backend B ...] [--inductor] [--out FILE.json]
     fuseg report BASELINE.json CURRENT.json [--threshold 0.1] [--html FILE]   exit 1 on a regression
+    fuseg report merge A.json B.json ... --out ALL.json   join the shards of a sweep
     fuseg examples                       list the built-in examples
 
-TARGET is a JSON graph file, an nvFuser Python-frontend script (``FILE.py``, read as data, never
+TARGET is ``hf:ARCH[:key=value,...]`` (a transformers architecture from its config: perf/hf.py), a JSON graph file, an nvFuser Python-frontend script (``FILE.py``, read as data, never
 run), a built-in example name, or ``package.module:factory`` (a function of no arguments returning
 ``(fn_or_module, example_inputs)``). Errors are one line on stderr and exit status 2.
 """
@@ -135,7 +137,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--alias", choices=("post", "pre", "off"), default="post")
     run.add_argument("--json", action="store_true")
     prof = sub.add_parser("profile", help="segment, kernel and metadata counts per model, alias modes side by side")
-    prof.add_argument("models", nargs="*", help="targets (default: every built-in example)")
+    prof.add_argument("models", nargs="*", help="targets, hf:ARCH[:key=value,...] among them (default: every "
+                                                "built-in example)")
+    prof.add_argument("--suite", choices=("transformers",), default=None,
+                      help="every architecture transformers ships (hf:ARCH), with a pass rate")
+    prof.add_argument("--filter", default=None, metavar="RE", help="--suite: architectures whose name matches")
+    prof.add_argument("--limit", type=int, default=None, help="--suite: the first N architectures (sorted)")
+    prof.add_argument("--arch-timeout", type=float, default=300,
+                      help="--suite: seconds one architecture may take before its row says so (default 300)")
+    prof.add_argument("--shard", default=None, metavar="I/N", help="this machine's share of the sweep (1 <= I <= N); "
+                      "--out FILE.json then writes a sweep record that 'fuseg report merge' joins")
+    prof.add_argument("--real-size", action="store_true",
+                      help="hf: targets at their config's own sizes, on the meta device (profiled, never run)")
     prof.add_argument("--format", choices=("table", "csv", "json", "markdown"), default="table")
     prof.add_argument("--out", default=None, help="write to this file instead of stdout")
     prof.add_argument("--inductor", action="store_true", help="also count Inductor's generated kernels (slow)")
@@ -148,6 +161,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--threshold", type=float, default=0.10,
                      help="relative slowdown of the median that counts as a regression (default 0.10)")
     rep.add_argument("--html", default=None, metavar="FILE.html", help="also write an HTML report with a plot")
+    rep.add_argument("--floor-ms", type=float, default=5.0,
+                     help="sweep records: a segmentation time must also grow by this many ms (default 5)")
     bench = sub.add_parser("bench", help="time eager, our runtime per alias mode and backend, and torch.compile")
     bench.add_argument("models", nargs="*", help="built-in examples (default: the runnable ones)")
     bench.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
@@ -157,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int, default=50)
     bench.add_argument("--warmup", type=int, default=5)
     bench.add_argument("--out", default=None, help="write the JSON record here")
+    bench.add_argument("--shard", default=None, metavar="I/N", help="this machine's share of the models")
     sub.add_parser("examples", help="list the built-in examples")
     thr = sub.add_parser("threads", help="this machine's thread thresholds for generated CPU kernels "
                                          "(measured once and kept; Note [thread thresholds measured here])")
@@ -220,7 +236,91 @@ def _error(message: str) -> int:
     return 2
 
 
+def _merge(argv: Sequence[str]) -> int:
+    from .shards import ShardError, merge
+
+    p = argparse.ArgumentParser(prog="fuseg report merge", description="join the shards' records of one sweep")
+    p.add_argument("records", nargs="+", help="the shards' --out FILE.json records")
+    p.add_argument("--out", required=True, help="the merged record")
+    p.add_argument("--allow-missing", action="store_true", help="merge even where some shards are missing")
+    args = p.parse_args(argv)
+    try:
+        merged = merge(args.records, allow_missing=args.allow_missing)
+        with open(args.out, "w") as f:
+            json.dump(merged, f, indent=1)
+            f.write("\n")
+    except (ShardError, OSError) as e:
+        return _error(str(e))
+    print(f"wrote {args.out}: {len(merged['rows'])} rows from shards {merged['shards']} of {merged['shard_count']}",
+          file=sys.stderr)
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .shards import ShardError, parse_shard, record, select
+
+    try:
+        shard = parse_shard(args.shard) if args.shard else None
+        if args.suite:
+            from .suite import names, run_suite, summary, write_table
+
+            everything = names(args.filter, args.limit)
+            df = run_suite(select(everything, shard), real_size=args.real_size, inductor=args.inductor,
+                           timeout=args.arch_timeout)
+            print(summary(df))
+            sweep, rows_all = f"suite:{args.suite}", everything
+        else:
+            everything = args.models or [*zoo.ZOO, *fusions.FUSIONS]
+            records: list[dict] = []
+            keep = None
+            if args.html:
+                from .html import graph_data
+
+                def keep(name: str, sf: object, plans: dict) -> None:
+                    records.append(graph_data({m: plans[m] for m in ("post", "pre", "off")}, name=name, base=sf))
+            df = profile(select(everything, shard) if shard else everything, inductor=args.inductor,
+                         real_size=args.real_size, keep=keep)
+            sweep, rows_all = "profile", everything
+            if args.html:
+                from .html import write_page
+
+                write_page(records, args.html, "fuseg profile", table=json.loads(df.to_json(orient="records")))
+                print(f"wrote {args.html}: {len(records)} graphs", file=sys.stderr)
+        if args.plot:
+            from .profile import plot_kernels
+
+            plot_kernels(df[df["status"] == "ok"] if "status" in df else df, args.plot)
+        if args.out and args.out.endswith(".json") and (args.suite or shard):
+            rows = json.loads(df.to_json(orient="records"))
+            options = {"real_size": args.real_size, "inductor": args.inductor, "filter": args.filter,
+                       "limit": args.limit}
+            with open(args.out, "w") as f:
+                json.dump(record(sweep, rows_all, shard, rows, options), f, indent=1)
+                f.write("\n")
+            return 0
+        if args.suite:
+            if args.out:
+                write_table(df, args.out)
+            return 0
+        text = render(df, args.format)
+        if args.format == "table" and side_by_side(df):
+            text += "\n\n" + side_by_side(df)
+    except KeyError as e:
+        return _error(str(e.args[0]))
+    except (GraphError, TargetError, ShardError, OSError) as e:
+        return _error(str(e))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["report", "merge"]:
+        return _merge(argv[2:])
     args = _parser().parse_args(argv)
     if args.command == "examples":
         for e in zoo.ZOO.values():
@@ -240,7 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = args.models or [n for n, e in zoo.ZOO.items() if not any(w in e.description for w in (
             ("large", "meta") if device == "cpu" else ("meta",))) or (device == "cuda" and n.startswith("rope-"))]
         try:
-            result = run_bench(models, device, args.out, modes=tuple(args.mode or ("post", "pre", "off")),
+            from .shards import ShardError, parse_shard, select
+
+            shard = parse_shard(args.shard) if args.shard else None
+        except ShardError as e:
+            return _error(str(e))
+        try:
+            result = run_bench(select(models, shard), device, args.out, shard=(shard, models), modes=tuple(args.mode or ("post", "pre", "off")),
                                backends=tuple(args.backend or ("auto",)), inductor=args.inductor,
                                repeat=args.repeat, warmup=args.warmup)
         except (GraphError, TargetError, ValueError, OSError) as e:
@@ -254,9 +360,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "report":
         from .report import ReportError, compare, render_html, render_markdown
+        from .sweep_report import compare_sweeps, is_sweep
 
         try:
-            rep = compare(args.baseline, args.current, args.threshold)
+            if is_sweep(args.baseline) or is_sweep(args.current):
+                rep = compare_sweeps(args.baseline, args.current, args.threshold, args.floor_ms)
+            else:
+                rep = compare(args.baseline, args.current, args.threshold)
             print(render_markdown(rep))
             if args.html:
                 render_html(rep, args.html)
@@ -264,37 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _error(str(e))
         return 1 if rep.regressions else 0
     if args.command == "profile":
-        records: list[dict] = []
-        keep = None
-        if args.html:
-            from .html import graph_data
-
-            def keep(name: str, sf: object, plans: dict) -> None:
-                records.append(graph_data({m: plans[m] for m in ("post", "pre", "off")}, name=name, base=sf))
-        try:
-            df = profile(args.models or [*zoo.ZOO, *fusions.FUSIONS], inductor=args.inductor, keep=keep)
-            text = render(df, args.format)
-            if args.html:
-                from .html import write_page
-
-                write_page(records, args.html, "fuseg profile", table=json.loads(df.to_json(orient="records")))
-                print(f"wrote {args.html}: {len(records)} graphs", file=sys.stderr)
-            if args.format == "table" and side_by_side(df):
-                text += "\n\n" + side_by_side(df)
-            if args.plot:
-                from .profile import plot_kernels
-
-                plot_kernels(df, args.plot)
-        except KeyError as e:
-            return _error(str(e.args[0]))
-        except (GraphError, TargetError, OSError) as e:
-            return _error(str(e))
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
-        else:
-            print(text)
-        return 0
+        return _profile(args)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation noise

@@ -26,9 +26,9 @@ from alias import apply_aliases
 from segmenter import OpKind, SegmentedFusion, SegmenterOptions, SegmentKind, op_info, segment
 
 from . import fusions, zoo
-from .targets import load_program
+from .targets import Target, load_program
 
-__all__ = ["COLUMNS", "MODES", "plot_kernels", "profile", "render", "side_by_side"]
+__all__ = ["COLUMNS", "MODES", "plot_kernels", "profile", "profile_target", "render", "side_by_side"]
 
 MODES = ("off", "pre", "post")  # side by side in this order
 
@@ -56,11 +56,43 @@ def inductor_kernels(fn: Any, inputs: list[Any]) -> int | None:
     return metrics.generated_kernel_count
 
 
+def profile_target(name: str, target: Target, options: SegmenterOptions | None = None,
+                   inductor: bool = False,
+                   keep: Callable[[str, SegmentedFusion, dict[str, SegmentedFusion]], None] | None = None,
+                   ) -> dict[str, Any]:
+    """One record (the module's keys) for a loaded target. ``keep(model, plan, plans_by_mode)``,
+    where given, receives the segmenter's plan and the plan per alias mode (``--html``)."""
+    graph = target.graph
+    t0 = time.perf_counter()
+    sf = segment(graph, options)
+    row: dict[str, Any] = {
+        "model": name, "nodes": len(graph.nodes),
+        "eager_launches": sum(op_info(n.op).kind != OpKind.VIEW for n in graph.nodes),
+        "segment_ms": round((time.perf_counter() - t0) * 1e3, 2),
+    }
+    plans: dict[str, SegmentedFusion] = {}
+    for mode in MODES:
+        plan = plans[mode] = apply_aliases(sf, mode)
+        st = plan.stats()
+        for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved"):
+            row[f"{mode}_{key}"] = st[key]
+        row[f"{mode}_generated"] = sum(s.kind in _GENERATED for s in plan.segments)
+        row["bytes_floor"] = st["bytes_floor"]
+    if keep is not None:
+        keep(name, sf, plans)
+    row["inductor_kernels"] = inductor_kernels(target.fn, target.inputs or []) if inductor else None
+    quoted = fusions.FUSIONS.get(name)
+    row["nvfuser_segments_quoted"] = quoted.nvfuser_segments if quoted else None
+    row["nvfuser_kernels_quoted"] = quoted.nvfuser_kernels if quoted else None
+    row["nvfuser_quote"] = f"{quoted.issue}: {quoted.quote}" if quoted else None
+    return row
+
+
 def profile(models: list[str], options: SegmenterOptions | None = None, progress: bool = True,
-            inductor: bool = False, keep: Callable[[str, SegmentedFusion, dict[str, SegmentedFusion]], None] | None = None,
+            inductor: bool = False, real_size: bool = False,
+            keep: Callable[[str, SegmentedFusion, dict[str, SegmentedFusion]], None] | None = None,
             ) -> pd.DataFrame:
-    """One row per model (the module's docstring). ``keep(model, plan, plans_by_mode)``, where
-    given, receives each model's segmenter plan and its plan per alias mode (``--html``)."""
+    """One row per model (the module's docstring); ``keep``: as ``profile_target``'s."""
     for name in models:  # refuse a bad name before any work (and before any progress output)
         if ":" not in name and not name.endswith(".json") and not os.path.isfile(name) and name not in zoo.ZOO \
                 and name not in fusions.FUSIONS:
@@ -71,31 +103,8 @@ def profile(models: list[str], options: SegmenterOptions | None = None, progress
             print(f"\r[{k + 1}/{len(models)}] {name:<20}", end="", file=sys.stderr, flush=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            target = load_program(name)
-            graph = target.graph
-        t0 = time.perf_counter()
-        sf = segment(graph, options)
-        row: dict[str, Any] = {
-            "model": name, "nodes": len(graph.nodes),
-            "eager_launches": sum(op_info(n.op).kind != OpKind.VIEW for n in graph.nodes),
-            "segment_ms": round((time.perf_counter() - t0) * 1e3, 2),
-        }
-        plans: dict[str, SegmentedFusion] = {}
-        for mode in MODES:
-            plan = plans[mode] = apply_aliases(sf, mode)
-            st = plan.stats()
-            for key in ("segments", "kernels", "launches", "metadata", "opaque", "bytes_moved"):
-                row[f"{mode}_{key}"] = st[key]
-            row[f"{mode}_generated"] = sum(s.kind in _GENERATED for s in plan.segments)
-            row["bytes_floor"] = st["bytes_floor"]
-        if keep is not None:
-            keep(name, sf, plans)
-        row["inductor_kernels"] = inductor_kernels(target.fn, target.inputs or []) if inductor else None
-        quoted = fusions.FUSIONS.get(name)
-        row["nvfuser_segments_quoted"] = quoted.nvfuser_segments if quoted else None
-        row["nvfuser_kernels_quoted"] = quoted.nvfuser_kernels if quoted else None
-        row["nvfuser_quote"] = f"{quoted.issue}: {quoted.quote}" if quoted else None
-        rows.append(row)
+            target = load_program(name, real_size=real_size)
+        rows.append(profile_target(name, target, options, inductor, keep))
     if progress:
         print(file=sys.stderr)
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -35,6 +35,8 @@ class Report:
     improvements: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     threshold: float = 0.1
+    #: how times were compared (None: ``fuseg bench``'s rule, below)
+    time_rule: str | None = None
 
 
 def _load(path: str) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
@@ -112,7 +114,8 @@ def _markdown_table(df: pd.DataFrame) -> str:
 
 def render_markdown(rep: Report) -> str:
     out = [f"# fuseg report: {len(rep.regressions)} regression(s), {len(rep.improvements)} improvement(s)",
-           f"time threshold: {rep.threshold:.0%} on the median, with non-overlapping 10-90% spreads", ""]
+           rep.time_rule or f"time threshold: {rep.threshold:.0%} on the median, with non-overlapping 10-90% spreads",
+           ""]
     for title, items in (("Regressions", rep.regressions), ("Improvements", rep.improvements), ("Notes", rep.notes)):
         if items:
             out += [f"## {title}", *[f"- {i}" for i in items], ""]

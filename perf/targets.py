@@ -16,7 +16,7 @@ from segmenter.serialize import load
 
 from . import fusions, zoo
 
-__all__ = ["Target", "TargetError", "load_program", "load_target"]
+__all__ = ["Target", "TargetError", "from_factory", "load_program", "load_target"]
 
 
 class TargetError(ValueError):
@@ -35,7 +35,8 @@ class Target:
         return self.fn if isinstance(self.fn, torch.nn.Module) else None
 
 
-def _from_factory(result: Any, where: str) -> Target:
+def from_factory(result: Any, where: str) -> Target:
+    """A target from a factory's result, ``(fn_or_module, example_inputs[, example_kwargs])``, captured."""
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
         raise TargetError(f"{where} must return (fn_or_module, example_inputs[, example_kwargs])")
     fn, inputs, *rest = result
@@ -54,7 +55,16 @@ def _nvfuser_script(path: str) -> Target:
     return Target(fusion.graph, nvfuser=fusion)
 
 
-def load_program(spec: str) -> Target:
+def load_program(spec: str, real_size: bool = False) -> Target:
+    """``real_size``: an ``hf:`` target at its config's own sizes, on the meta device (perf/hf.py)."""
+    if spec.startswith("hf:"):
+        from . import hf
+
+        try:
+            model, inputs = hf.build(spec, real_size=real_size)
+        except hf.HfSpecError as e:
+            raise TargetError(str(e)) from None
+        return from_factory((model, inputs), spec)
     if spec in fusions.FUSIONS:
         return _nvfuser_script(fusions.path_of(spec))
     if spec.endswith(".py"):
@@ -74,12 +84,12 @@ def load_program(spec: str) -> Target:
         factory = getattr(module, attr, None)
         if not callable(factory):
             raise TargetError(f"{mod_name!r} has no callable {attr!r}")
-        return _from_factory(factory(), spec)
+        return from_factory(factory(), spec)
     try:
         entry = zoo.get(spec)
     except KeyError as e:
         raise TargetError(str(e.args[0])) from None
-    return _from_factory(entry.factory(), entry.name)
+    return from_factory(entry.factory(), entry.name)
 
 
 def load_target(spec: str) -> FusionGraph:

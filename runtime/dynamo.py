@@ -25,6 +25,7 @@ from segmenter import SegmenterOptions, from_fx, segment
 from segmenter.fx_import import has_symbolic_sizes, storage_ids
 from segmenter.symbolic import symbolic_hashing
 
+from . import logs
 from .codegen import pause
 from .cudagraphs import use_cuda_graphs
 from .program import CompiledProgram
@@ -122,6 +123,7 @@ class FusegCompiler:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         tokens = strip_effect_tokens(gm)
+        trace_id = logs.current_trace_id()  # (Note [fuseg in torch's logs]: the first call comes after)
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         outs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
         present = [o is not None for o in outs]
@@ -152,7 +154,7 @@ class FusegCompiler:
             # inputs match it exactly; None (nothing run) sends the call on to the checked path
             results = last[0].entry(*args) if last and not numbers and len(args) == last[0].arity else None
             if results is None and symbolic[0]:
-                results = self._run_symbolic(gm, plans, args, symbolic, background)
+                results = self._run_symbolic(gm, plans, args, symbolic, background, trace_id)
             if results is None:
                 key = _signature(args)
                 program, sizes = cache.get(key) or (None, {})
@@ -168,6 +170,7 @@ class FusegCompiler:
                         use_cuda_graphs(program)
                     cache[key] = program, sizes
                     self.compiled.append(program)
+                    logs.log_program(program, "specialized", trace_id)
                     STATS["specialized_programs"] += 1
                     if program._building is not None:
                         STATS["built_in_background"] += 1
@@ -192,7 +195,7 @@ class FusegCompiler:
         return self._register(run, hot, tokens, gm)
 
     def _run_symbolic(self, gm: fx.GraphModule, plans: list, args: list[Any], symbolic: list[bool],
-                      background: bool = False) -> list | None:
+                      background: bool = False, trace_id: Any = None) -> list | None:
         """The outputs of the first symbolic plan whose conditions these arguments meet, or of a
         new plan made for them; None where the graph cannot be planned symbolically (then
         ``symbolic[0]`` is False and the caller specializes). Note [symbolic plans]."""
@@ -222,12 +225,14 @@ class FusegCompiler:
                 raise
             why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
             self.symbolic_refused.append(why)
+            logs.log_specialized(f"aot_graph_{len(self.compiled)}", why, trace_id)
             STATS["symbolic_refused"].append(why)
             warnings.warn(f"fuseg: graph {len(self.graphs) - 1} is specialized per shape, not planned symbolically: "
                           f"{why}", stacklevel=2)
             symbolic[0] = False
             return None
         self.compiled.append(program)
+        logs.log_program(program, "symbolic plan", trace_id)
         STATS["symbolic_plans"] += 1
         if program._building is not None:
             STATS["built_in_background"] += 1
@@ -547,3 +552,4 @@ def _prepare_thresholds() -> None:
 
 
 _prepare_thresholds()
+logs.register()  # Note [fuseg in torch's logs] (runtime/logs.py)
