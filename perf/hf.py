@@ -25,7 +25,7 @@ import torch
 
 __all__ = ["HfSpecError", "SMALL", "architectures", "build", "parse"]
 
-#: Note [small by default]: field -> small value, set where the config has the field
+#: (Note [small by default]) field -> small value, set where the config has the field
 SMALL: dict[str, Any] = {
     **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "embedding_size", "word_embed_proj_dim",
                      "projection_dim"), 64),
@@ -49,7 +49,7 @@ _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_tok
               "cls_token_id", "mask_token_id")
 
 BATCH, SEQ, DECODER_SEQ = 2, 16, 8
-#: Note [small by default]: a model that is still larger than this at the small sizes (a size
+#: (Note [small by default]) a model that is still larger than this at the small sizes (a size
 #: field the table does not name) is refused before its weights are made: built on the meta
 #: device and counted first, it costs no memory
 MAX_PARAMS = 20_000_000

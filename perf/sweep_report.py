@@ -3,7 +3,9 @@
 
 Rows are matched by model. A regression is: a model that passed and now fails or is missing; a
 lower pass rate; more segments, kernels, launches or bytes moved in any alias mode; or a slower
-segmentation by the time rule. Note [one timing per row]: a sweep times each model's
+segmentation by the time rule.
+
+Note [one timing per row]: a sweep times each model's
 segmentation once, so there is no spread to compare as ``fuseg bench``'s rule does
 (perf/report.py); a row is slower when its time grew by more than ``threshold`` (relative) *and*
 by more than ``floor_ms`` (absolute), a noise floor standing for the spread it lacks; the sum
