@@ -1,0 +1,123 @@
+"""Graphs with sizes read from data, under ``torch.compile(backend="fuseg")`` (issue 63, goal 3).
+
+Note [sizes read from data run on torch]: with ``capture_scalar_outputs`` (``.item()``) and
+``capture_dynamic_output_shape_ops`` (``nonzero``, ``masked_select``, ``repeat_interleave``
+with tensor repeats) dynamo hands over one graph whose sizes include *unbacked* symbols: the
+data at each call says what they are, no input's size does. A plan's sizes are numbers or
+symbols read from its inputs' sizes (Note [symbolic plans] in segmenter/symbolic.py), and
+capture re-runs a graph on FakeTensors, where ``.item()`` has no value
+(``DataDependentOutputException``). So such a graph is cut in two kinds of parts:
+  * the nodes that make a data-dependent size, have one, or read an operand that has one
+    (``segmenter.unbacked.data_dependent_nodes``, each with its reason), and the number ops and
+    assertions around them, stay in the outer graph and run on torch, op by op, as eager runs them;
+  * every other node goes into parts chosen by torch.fx's ``CapabilityBasedPartitioner``
+    (maximal, never a cycle), each a graph of ordinary sizes compiled by fuseg as any graph is
+    (specialized per signature, or a symbolic plan where dynamo's sizes are symbolic: the
+    ``mark_dynamic`` dims), so they get our kernels.
+The outer graph calls the parts in order. A part's inputs are values the outer graph computed
+(on torch or in another part): a value whose size is read from data is never one of them, by
+the rule above, so every part's sizes are those of ordinary inputs. What ran on torch and why
+is recorded (``DataDependentSplit``, ``FusegCompiler.data_dependent``, ``STATS``).
+
+Planning the data-dependent parts too (binding each unbacked symbol after the op that makes it
+at each call) is left: their ops run on ATen, as eager's do, never a wrong size.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.utils import _pytree as pytree
+
+from segmenter.unbacked import data_dependent_nodes, describe_node
+
+__all__ = ["DataDependentSplit", "split_at_data"]
+
+log = logging.getLogger("fuseg")
+
+
+@dataclass(frozen=True)
+class DataDependentSplit:
+    """What of one graph runs on torch because its sizes are read from data, and why."""
+
+    graph: str
+    on_torch: tuple[tuple[str, str], ...]  # (node, why), in graph order
+    parts: int  # the parts compiled by fuseg
+
+    def describe(self) -> str:
+        lines = [f"{self.graph}: {len(self.on_torch)} ops run on torch because sizes are read from data "
+                 f"(Note [sizes read from data run on torch]); {self.parts} parts compiled by fuseg"]
+        lines += [f"  {node}: {why}" for node, why in self.on_torch]
+        return "\n".join(lines)
+
+
+def _plain_value(v: object) -> bool:
+    """A value a part can compute and hand back: tensors (strided) and sizes, or tuples of them."""
+    leaves = pytree.tree_leaves(v)
+    return bool(leaves) and all((isinstance(x, torch.Tensor) and x.layout == torch.strided)
+                                or isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) for x in leaves)
+
+
+class _Plannable(OperatorSupportBase):
+    """ATen ops whose values are plain and whose sizes are not read from data."""
+
+    def __init__(self, on_torch: dict[fx.Node, str]) -> None:
+        self.on_torch = on_torch
+
+    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:  # noqa: ARG002 - torch.fx's hook
+        if node.op != "call_function" or node in self.on_torch:
+            return False
+        if node.target is operator.getitem:
+            return True  # (the partitioner puts it with its producer)
+        return isinstance(node.target, torch._ops.OpOverload) and _plain_value(node.meta.get("val"))
+
+
+class _Part(torch.nn.Module):
+    """A part compiled by fuseg, called by the outer graph with its operands."""
+
+    def __init__(self, run: Callable[[list[Any]], Any], single: bool) -> None:
+        super().__init__()
+        self.run = run
+        self.single = single
+
+    def forward(self, *args: Any) -> Any:
+        out = self.run(list(args))
+        return out[0] if self.single else out
+
+
+def split_at_data(gm: fx.GraphModule, name: str, compile_part: Callable[[fx.GraphModule], Callable[[list[Any]], Any]],
+                  ) -> tuple[fx.GraphModule, DataDependentSplit]:
+    """Note [sizes read from data run on torch]: a copy of ``gm`` whose plannable ops are cut into
+    parts, each compiled by ``compile_part`` (a boxed callable taking its operands), and the
+    report of what runs on torch."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    outer = fx.GraphModule(gm, graph)
+    on_torch = data_dependent_nodes(outer)
+    partitioner = CapabilityBasedPartitioner(outer, _Plannable(on_torch), allows_single_node_partition=True)
+    partitions = [p for p in partitioner.propose_partitions()
+                  if any(n.target is not operator.getitem for n in p.nodes)]
+    report = DataDependentSplit(name, tuple((describe_node(n), why) for n, why in on_torch.items()), len(partitions))
+    if partitions:
+        outer = partitioner.fuse_partitions(partitions, prefix="fuseg_part_")
+    for node in list(outer.graph.nodes):
+        if node.op != "call_module" or not str(node.target).startswith("fuseg_part_"):
+            continue
+        sub = getattr(outer, node.target)
+        out_node = next(n for n in sub.graph.nodes if n.op == "output")
+        single = not isinstance(out_node.args[0], (tuple, list))
+        if single:  # every part hands back a tuple: the fuseg compiler's convention
+            out_node.args = ((out_node.args[0],),)
+            sub.recompile()
+        setattr(outer, node.target, _Part(compile_part(sub), single))
+    outer.recompile()
+    log.info("%s", report.describe())
+    return outer, report
