@@ -197,3 +197,78 @@ def test_explain_says_what_ran_on_torch_and_why(caplog) -> None:
     assert "%sum_1 (aten.sum.default): it reads %masked_select" in text
     assert "segments on generated kernels" in text
     assert "aten.masked_select.default" in caplog.text
+
+
+def _item_returned(x, y):
+    return x * 2, y.item()
+
+
+def _bool_mask(x):
+    return (x * 3)[x > 0.5] + 1, x.sum()
+
+
+def _float_item(x, y):
+    return (x * y.item()).sin()
+
+
+def _mutates_then_selects(x):
+    x.add_(1)
+    return x[x > 1.5] * 2
+
+
+def _item_as_view_shape(x, y):
+    z = y.item()
+    torch._check(z > 0)
+    torch._check(x.numel() % z == 0)
+    return (x.view(z, -1) * 2).sum(0)
+
+
+def _unique(x):
+    return torch.unique(x) * 2
+
+
+def _tolist_sizes(x, y):
+    a, b = y.tolist()
+    return x.new_zeros(a, b) + 1, x.cos()
+
+
+def _slice_of_input(x, y):
+    z = y.item()
+    torch._check(z <= x.shape[0])
+    return x[:z], x.relu()
+
+
+# (program, two or more argument lists: the data-dependent size 0 first where the program allows it)
+MORE = {
+    "item_returned": (_item_returned, [(torch.randn(3), torch.tensor(0)), (torch.randn(3), torch.tensor(4))]),
+    "bool_mask": (_bool_mask, [(torch.zeros(4, 3),), (torch.rand(4, 3),)]),
+    "float_item": (_float_item, [(torch.randn(4), torch.tensor(0.0)), (torch.randn(4), torch.tensor(2.5))]),
+    "mutates_then_selects": (_mutates_then_selects, [(torch.zeros(5),), (torch.rand(5) + 0.4,)]),
+    "item_as_view_shape": (_item_as_view_shape, [(torch.randn(12), torch.tensor(3)), (torch.randn(12), torch.tensor(4))]),
+    "unique": (_unique, [(torch.tensor([1.0, 1.0]),), (torch.tensor([3.0, 1.0, 2.0, 1.0]),)]),
+    "tolist_sizes": (_tolist_sizes, [(torch.randn(3), torch.tensor([0, 4])), (torch.randn(3), torch.tensor([2, 3]))]),
+    "slice_of_input": (_slice_of_input, [(torch.randn(5, 2), torch.tensor(0)), (torch.randn(5, 2), torch.tensor(3))]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_more_programs_with_sizes_from_data(name: str) -> None:
+    """Values, strides, numbers, inputs afterwards (mutation) and outputs that are views of inputs,
+    as eager's."""
+    fn, calls = MORE[name]
+    compiler = FusegCompiler()
+    compiled = _compiled(fn, compiler)
+    for args in calls:
+        ours, theirs = [a.clone() for a in args], [a.clone() for a in args]
+        expected, got = fn(*theirs), compiled(*ours)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        got = got if isinstance(got, tuple) else (got,)
+        _same([g for g in got if isinstance(g, torch.Tensor)], [e for e in expected if isinstance(e, torch.Tensor)])
+        assert [g for g in got if not isinstance(g, torch.Tensor)] == [e for e in expected if not isinstance(e, torch.Tensor)]
+        _same(ours, theirs)
+        for g, e in zip(got, expected):
+            if isinstance(e, torch.Tensor):
+                shares = [e.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in theirs]
+                assert shares == [g.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in ours]
+    # (dynamo breaks the graph at a float's .item() instead: no graph of ours reads it)
+    assert bool(compiler.data_dependent) == (name != "float_item")
