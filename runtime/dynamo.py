@@ -138,7 +138,13 @@ class FusegCompiler:
         are read from data run on torch, the rest in parts compiled as any graph; the boxed call
         and a ``hot`` that never runs (AOTAutograd's wrapper stays: its checks of dynamo's
         assertions on the data-dependent sizes are the graph's)."""
-        outer, report = split_at_data(gm, f"aot_graph_{len(self.graphs)}", lambda sub: self._compile(sub, frozenset())[0])
+        name = f"data_graph_{len(self.data_dependent)}"
+
+        def compile_part(sub: fx.GraphModule, k: int) -> Callable[..., Any]:
+            sub.meta["fuseg_name"] = f"{name}_part_{k}"  # (the programs' names in ``explain``)
+            return self._compile(sub, frozenset())[0]
+
+        outer, report = split_at_data(gm, name, compile_part)
         self.data_dependent.append(report)
         STATS["data_dependent_on_torch"] += len(report.on_torch)
 
@@ -189,7 +195,7 @@ class FusegCompiler:
                     # (Note [compilers paused while dynamo traces]: the background ones stop meanwhile)
                     with pause.held():
                         with _disable_current_modes():  # Note [compiling outside the caller's modes]
-                            graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}",
+                            graph = from_fx(gm, list(args), name=gm.meta.get("fuseg_name") or f"aot_graph_{len(self.compiled)}",
                                             number_outputs=sizes)
                         program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode),
                                                   self.backend, background=background and not self.cuda_graphs)
@@ -241,7 +247,7 @@ class FusegCompiler:
         try:
             # (Note [compilers paused while dynamo traces]: the background ones stop meanwhile)
             with _disable_current_modes(), symbolic_hashing(), pause.held():  # Note [compiling outside the caller's modes]
-                graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
+                graph = from_fx(gm, list(args), name=gm.meta.get("fuseg_name") or f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
                                 symbolic=True)
                 program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend,
                                           background=background)

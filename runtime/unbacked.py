@@ -54,7 +54,7 @@ class DataDependentSplit:
 
     def describe(self) -> str:
         lines = [f"{self.graph}: {len(self.on_torch)} ops run on torch because sizes are read from data "
-                 f"(Note [sizes read from data run on torch]); {self.parts} parts compiled by fuseg"]
+                 f"(Note [sizes read from data run on torch]); {self.parts} part{'' if self.parts == 1 else 's'} compiled by fuseg"]
         lines += [f"  {node}: {why}" for node, why in self.on_torch]
         return "\n".join(lines)
 
@@ -93,11 +93,12 @@ class _Part(torch.nn.Module):
         return out[0] if self.single else out
 
 
-def split_at_data(gm: fx.GraphModule, name: str, compile_part: Callable[[fx.GraphModule], Callable[[list[Any]], Any]],
+def split_at_data(gm: fx.GraphModule, name: str,
+                  compile_part: Callable[[fx.GraphModule, int], Callable[[list[Any]], Any]],
                   ) -> tuple[fx.GraphModule, DataDependentSplit]:
     """Note [sizes read from data run on torch]: a copy of ``gm`` whose plannable ops are cut into
-    parts, each compiled by ``compile_part`` (a boxed callable taking its operands), and the
-    report of what runs on torch."""
+    parts, each compiled by ``compile_part(part, k)`` (a boxed callable taking its operands), and
+    the report of what runs on torch."""
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     outer = fx.GraphModule(gm, graph)
@@ -108,16 +109,15 @@ def split_at_data(gm: fx.GraphModule, name: str, compile_part: Callable[[fx.Grap
     report = DataDependentSplit(name, tuple((describe_node(n), why) for n, why in on_torch.items()), len(partitions))
     if partitions:
         outer = partitioner.fuse_partitions(partitions, prefix="fuseg_part_")
-    for node in list(outer.graph.nodes):
-        if node.op != "call_module" or not str(node.target).startswith("fuseg_part_"):
-            continue
+    parts = [n for n in outer.graph.nodes if n.op == "call_module" and str(n.target).startswith("fuseg_part_")]
+    for k, node in enumerate(parts):
         sub = getattr(outer, node.target)
         out_node = next(n for n in sub.graph.nodes if n.op == "output")
         single = not isinstance(out_node.args[0], (tuple, list))
         if single:  # every part hands back a tuple: the fuseg compiler's convention
             out_node.args = ((out_node.args[0],),)
             sub.recompile()
-        setattr(outer, node.target, _Part(compile_part(sub), single))
+        setattr(outer, node.target, _Part(compile_part(sub, k), single))
     outer.recompile()
     log.info("%s", report.describe())
     return outer, report
