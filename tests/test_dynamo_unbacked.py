@@ -272,3 +272,17 @@ def test_more_programs_with_sizes_from_data(name: str) -> None:
                 assert shares == [g.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in ours]
     # (dynamo breaks the graph at a float's .item() instead: no graph of ours reads it)
     assert bool(compiler.data_dependent) == (name != "float_item")
+
+
+def test_automatic_dynamic_with_an_item_as_a_size() -> None:
+    """Dynamo's automatic dynamic shapes (a second row count recompiles with it symbolic) beside
+    the item's size: right at every row count and item, the part of ordinary sizes planned
+    symbolically once dynamo's graph has symbolic sizes."""
+    compiler = FusegCompiler()
+    fn = _compiled(_item_as_rows, compiler)
+    for n in (3, 5, 8):
+        x = torch.randn(n, 4)
+        for z in (0, 2):
+            _same(fn(x, torch.tensor(z)), _item_as_rows(x, torch.tensor(z)))
+    assert len(compiler.data_dependent) == 2  # the static graph, then the dynamic one
+    assert any(p.sizes is not None for p in compiler.compiled), compiler.symbolic_refused
