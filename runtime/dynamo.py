@@ -5,7 +5,9 @@ mutation as a ``copy_`` epilogue (inference) or as extra outputs it writes back 
 (training). Each graph is compiled on its first call with the real inputs, so graphs with
 symbolic sizes are specialized to the concrete shapes, and cached by the inputs' signature
 (shapes, strides, offsets, dtypes, devices, which inputs share storage): another signature
-compiles again, never misreads.
+compiles again, never misreads. A graph with sizes read from data (``.item()`` as a size,
+``nonzero``, ``masked_select``...) runs those ops on torch and the rest in parts compiled so
+(Note [sizes read from data run on torch] in runtime/unbacked.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ class SegmentsRun:
 
     def describe(self) -> str:
         backends = ", ".join(f"{b}: {n}" for b, n in sorted(self.kernels.items()))
-        text = f"{self.on_kernels} segments on generated kernels" + (f" ({backends})" if backends else "")
+        n = self.on_kernels
+        text = f"{n} segment{'' if n == 1 else 's'} on generated kernels" + (f" ({backends})" if backends else "")
         text += f", {self.waiting_for_builds} on torch while their kernels build in the background"
         text += f", {self.on_torch} on torch (ops or kernels torch runs), {self.metadata} metadata"
         return text

@@ -202,7 +202,7 @@ def test_run_says_which_way_it_ran(capsys) -> None:
     code, out, _ = run(capsys, "run", "rms-norm")
     assert code == 0 and "kernels built before the first call" in out
     if cpu_compiler() is not None:
-        assert "ran: 1 segments on generated kernels (cpp: 1), 0 on torch while their kernels build" in out
+        assert "ran: 1 segment on generated kernels (cpp: 1), 0 on torch while their kernels build" in out
     code, out, _ = run(capsys, "run", "rms-norm", "--json")
     result = json.loads(out)
     assert result["builds"] == "before the first call" and result["segments_run"]["waiting_for_builds"] == 0
