@@ -146,7 +146,7 @@ class FusegCompiler:
             sub.meta["fuseg_name"] = f"{name}_part_{k}"  # (the programs' names in ``explain``)
             return self._compile(sub, frozenset())[0]
 
-        outer, report = split_at_data(gm, name, compile_part)
+        outer, report = split_at_data(gm, name, compile_part, effects=bool(tokens))
         self.data_dependent.append(report)
         STATS["data_dependent_on_torch"] += len(report.on_torch)
 

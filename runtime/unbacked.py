@@ -35,8 +35,10 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils import _pytree as pytree
 
+from segmenter.fx_import import mutates_beyond_epilogue
 from segmenter.unbacked import data_dependent_nodes, describe_node
 
 __all__ = ["DataDependentSplit", "split_at_data"]
@@ -53,8 +55,8 @@ class DataDependentSplit:
     parts: int  # the parts compiled by fuseg
 
     def describe(self) -> str:
-        lines = [f"{self.graph}: {len(self.on_torch)} ops run on torch because sizes are read from data "
-                 f"(Note [sizes read from data run on torch]); {self.parts} part{'' if self.parts == 1 else 's'} compiled by fuseg"]
+        lines = [f"{self.graph}: sizes read from data: {len(self.on_torch)} ops run on torch, {self.parts} "
+                 f"part{'' if self.parts == 1 else 's'} compiled by fuseg (Note [sizes read from data run on torch])"]
         lines += [f"  {node}: {why}" for node, why in self.on_torch]
         return "\n".join(lines)
 
@@ -80,6 +82,11 @@ class _Plannable(OperatorSupportBase):
         return isinstance(node.target, torch._ops.OpOverload) and _plain_value(node.meta.get("val"))
 
 
+def _writers(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and n.target._schema.is_mutable]
+
+
 class _Part(torch.nn.Module):
     """A part compiled by fuseg, called by the outer graph with its operands."""
 
@@ -95,20 +102,38 @@ class _Part(torch.nn.Module):
 
 def split_at_data(gm: fx.GraphModule, name: str,
                   compile_part: Callable[[fx.GraphModule, int], Callable[[list[Any]], Any]],
-                  ) -> tuple[fx.GraphModule, DataDependentSplit]:
+                  effects: bool = False) -> tuple[fx.GraphModule, DataDependentSplit]:
     """Note [sizes read from data run on torch]: a copy of ``gm`` whose plannable ops are cut into
     parts, each compiled by ``compile_part(part, k)`` (a boxed callable taking its operands), and
-    the report of what runs on torch."""
+    the report of what runs on torch. ``effects``: the graph had effect tokens (its ops with
+    effects must keep their order: it runs whole on torch)."""
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     outer = fx.GraphModule(gm, graph)
     on_torch = data_dependent_nodes(outer)
-    partitioner = CapabilityBasedPartitioner(outer, _Plannable(on_torch), allows_single_node_partition=True)
-    partitions = [p for p in partitioner.propose_partitions()
-                  if any(n.target is not operator.getitem for n in p.nodes)]
-    report = DataDependentSplit(name, tuple((describe_node(n), why) for n, why in on_torch.items()), len(partitions))
+    writers = _writers(outer)
+    # Note [writes after the parts]: the parts run where their last op was, and what reads their
+    # values moves after them; a write into an input in a part could then land before a read of
+    # the input's old value on torch (``y = x[x > 0]; x.add_(1)``: the mask's part holds the
+    # write). So writes stay on torch and go last, after every read; a graph whose writes are
+    # not the epilogue AOTAutograd puts last (or that has effects to keep in order) runs whole.
+    whole = bool(effects) or mutates_beyond_epilogue(outer)
+    for n in writers:
+        on_torch.setdefault(n, "it writes an input: it runs last, after every read of the input's old value")
+    partitions = [] if whole else [
+        p for p in CapabilityBasedPartitioner(outer, _Plannable(on_torch), allows_single_node_partition=True
+                                              ).propose_partitions()
+        if any(n.target is not operator.getitem for n in p.nodes)]
+    reasons = tuple((describe_node(n), why) for n, why in on_torch.items())
+    if whole:
+        reasons += (("the whole graph", "it writes an input before its last read, or has effects to keep in order: "
+                                        "it runs as it is, on torch"),)
+    report = DataDependentSplit(name, reasons, len(partitions))
     if partitions:
-        outer = partitioner.fuse_partitions(partitions, prefix="fuseg_part_")
+        outer = fuse_by_partitions(outer, [p.nodes for p in partitions], prefix="fuseg_part_")
+        out_node = next(n for n in outer.graph.nodes if n.op == "output")
+        for n in _writers(outer):  # (the sort made new nodes; epilogue writes have no users)
+            out_node.prepend(n)
     parts = [n for n in outer.graph.nodes if n.op == "call_module" and str(n.target).startswith("fuseg_part_")]
     for k, node in enumerate(parts):
         sub = getattr(outer, node.target)

@@ -238,6 +238,18 @@ def _slice_of_input(x, y):
     return x[:z], x.relu()
 
 
+def _reads_then_mutates(x):
+    y = x[x > 0]
+    x.add_(1)
+    return y * 2
+
+
+def _item_then_mutates(x, n):
+    y = x.new_ones(n.item()) * x.sum()
+    x.mul_(3)
+    return y
+
+
 # (program, two or more argument lists: the data-dependent size 0 first where the program allows it)
 MORE = {
     "item_returned": (_item_returned, [(torch.randn(3), torch.tensor(0)), (torch.randn(3), torch.tensor(4))]),
@@ -247,6 +259,9 @@ MORE = {
     "item_as_view_shape": (_item_as_view_shape, [(torch.randn(12), torch.tensor(3)), (torch.randn(12), torch.tensor(4))]),
     "unique": (_unique, [(torch.tensor([1.0, 1.0]),), (torch.tensor([3.0, 1.0, 2.0, 1.0]),)]),
     "tolist_sizes": (_tolist_sizes, [(torch.randn(3), torch.tensor([0, 4])), (torch.randn(3), torch.tensor([2, 3]))]),
+    # Note [writes after the parts]: the write stays last, after the read of the old value on torch
+    "reads_then_mutates": (_reads_then_mutates, [(-torch.rand(6),), (torch.randn(6),)]),
+    "item_then_mutates": (_item_then_mutates, [(torch.randn(4), torch.tensor(0)), (torch.randn(4), torch.tensor(3))]),
     "slice_of_input": (_slice_of_input, [(torch.randn(5, 2), torch.tensor(0)), (torch.randn(5, 2), torch.tensor(3))]),
 }
 
