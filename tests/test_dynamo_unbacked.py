@@ -301,3 +301,25 @@ def test_automatic_dynamic_with_an_item_as_a_size() -> None:
             _same(fn(x, torch.tensor(z)), _item_as_rows(x, torch.tensor(z)))
     assert len(compiler.data_dependent) == 2  # the static graph, then the dynamic one
     assert any(p.sizes is not None for p in compiler.compiled), compiler.symbolic_refused
+
+
+def test_a_graph_that_writes_midway_runs_whole_on_torch() -> None:
+    """Note [writes after the parts]: a write that is not the epilogue (an in-place op read after
+    it, as a graph that is not functionalized has) keeps the whole graph on torch, in its order."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from runtime.unbacked import split_at_data
+
+    def f(x):
+        y = torch.nonzero(x > 0)
+        x.add_(1)
+        return y * 2, x * 2
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(6))
+    compiled: list[int] = []
+    outer, report = split_at_data(gm, "g", lambda sub, k: compiled.append(k))
+    assert report.parts == 0 and compiled == [] and "the whole graph" in report.describe()
+    for x in (-torch.rand(6), torch.randn(6)):
+        ours, theirs = x.clone(), x.clone()
+        _same(outer(ours), f(theirs))
+        _same(ours, theirs)
