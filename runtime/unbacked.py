@@ -17,7 +17,8 @@ capture re-runs a graph on FakeTensors, where ``.item()`` has no value
 The outer graph calls the parts in order. A part's inputs are values the outer graph computed
 (on torch or in another part): a value whose size is read from data is never one of them, by
 the rule above, so every part's sizes are those of ordinary inputs. What ran on torch and why
-is recorded (``DataDependentSplit``, ``FusegCompiler.data_dependent``, ``STATS``).
+is recorded (``DataDependentSplit``, ``FusegCompiler.data_dependent``, ``STATS``). Writes into
+inputs stay on torch, last (Note [writes after the parts], below).
 
 Planning the data-dependent parts too (binding each unbacked symbol after the op that makes it
 at each call) is left: their ops run on ATen, as eager's do, never a wrong size.
@@ -117,7 +118,8 @@ def split_at_data(gm: fx.GraphModule, name: str,
     # the input's old value on torch (``y = x[x > 0]; x.add_(1)``: the mask's part holds the
     # write). So writes stay on torch and go last, after every read; a graph whose writes are
     # not the epilogue AOTAutograd puts last (or that has effects to keep in order) runs whole.
-    whole = bool(effects) or mutates_beyond_epilogue(outer)
+    whole = (bool(effects) or mutates_beyond_epilogue(outer)
+             or any(u.op != "output" for n in writers for u in n.users))
     for n in writers:
         on_torch.setdefault(n, "it writes an input: it runs last, after every read of the input's old value")
     partitions = [] if whole else [
