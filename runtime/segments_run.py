@@ -34,7 +34,7 @@ class SegmentsRun:
         n = self.on_kernels
         text = f"{n} segment{'' if n == 1 else 's'} on generated kernels" + (f" ({backends})" if backends else "")
         text += f", {self.waiting_for_builds} on torch while their kernels build in the background"
-        text += f", {self.on_torch} on torch (ops or kernels torch runs), {self.metadata} metadata"
+        text += f", {self.on_torch} on torch (OPAQUE ops, or kernels passed over: the fallbacks say why), {self.metadata} metadata"
         return text
 
     def as_dict(self) -> dict[str, object]:
