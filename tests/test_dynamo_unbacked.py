@@ -323,3 +323,29 @@ def test_a_graph_that_writes_midway_runs_whole_on_torch() -> None:
         ours, theirs = x.clone(), x.clone()
         _same(outer(ours), f(theirs))
         _same(ours, theirs)
+
+
+def _gather_loss(x, w, _n):
+    h = (x * w).sigmoid()
+    return h[torch.nonzero(x > 0, as_tuple=True)].square().sum() + h.sum()
+
+
+def _item_loss(x, w, n):
+    k = n.item()
+    torch._check(k <= x.shape[0])
+    return (x * w)[:k].exp().sum() + torch.cat([x * w, x.new_ones(k, 3)]).sum()
+
+
+@pytest.mark.parametrize("loss", [_gather_loss, _item_loss])
+def test_training_gradients_with_sizes_from_data(loss: Callable) -> None:
+    """Backward graphs whose saved values have sizes read from data (a gather by nonzero, a slice
+    and a cat by an item): gradients as eager's, at the size 0 and another."""
+    fn = torch.compile(loss, backend="fuseg")
+    w = torch.randn(3)
+    for x, n in ((-torch.rand(4, 3), torch.tensor(0)), (torch.randn(4, 3), torch.tensor(3))):
+        w1, w2 = w.clone().requires_grad_(), w.clone().requires_grad_()
+        expected, got = loss(x, w1, n), fn(x, w2, n)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(w2.grad, w1.grad)
