@@ -3,7 +3,8 @@
     fuseg segment TARGET [--explain] [--json] [--graph] [--max-ops N] [--no-horizontal] [--alias MODE] [--html FILE]
     fuseg export TARGET -o FILE.json     write the captured graph as JSON (the documented schema)
     fuseg export TARGET --format nvfuser -o FILE.py   each kernel segment as an nvFuser FusionDefinition, and run()
-    fuseg run TARGET [--alias MODE] [--json]   run it (torch backend) and check it against eager
+    fuseg run TARGET [--alias MODE] [--json] [--background-builds]   run it once and check it against
+                                         eager; says which segments ran on generated kernels, which on torch
     fuseg profile [MODEL ...] [--format table|csv|json|markdown] [--out FILE] [--html FILE] [--real-size] [--shard I/N]
     fuseg profile --suite transformers [--filter RE] [--limit N] [--shard I/N] [--inductor] [--out FILE.json|csv|md|html]
     fuseg bench [MODEL ...] [--device cpu|cuda] [--backend B ...] [--inductor] [--out FILE.json]
@@ -132,10 +133,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="json: the graph (the documented schema); nvfuser: each kernel segment as a "
                           "FusionDefinition script, with run(inputs) running the whole segmentation")
     exp.add_argument("--alias", choices=("post", "pre", "off"), default="post", help="alias pass (nvfuser format)")
-    run = sub.add_parser("run", help="run a target end to end (torch backend) and check it against eager")
+    run = sub.add_parser("run", help="run a target end to end and check it against eager; says which way each "
+                                     "segment ran (generated kernel or torch)")
     run.add_argument("target", help=target_help)
     run.add_argument("--alias", choices=("post", "pre", "off"), default="post")
     run.add_argument("--json", action="store_true")
+    run.add_argument("--background-builds", action="store_true",
+                     help="build the kernels in the background, as torch.compile(backend='fuseg') does for "
+                          "inference: the call runs on torch the segments whose kernels are not built yet "
+                          "(default: every kernel is built before the call)")
     prof = sub.add_parser("profile", help="segment, kernel and metadata counts per model, alias modes side by side")
     prof.add_argument("models", nargs="*", help="targets, hf:ARCH[:key=value,...] among them (default: every "
                                                 "built-in example)")
@@ -224,6 +230,7 @@ def _print_run(result: dict, as_json: bool) -> int:
               f"{'agree' if result['mutated_inputs_agree'] else 'DIFFER'}")
         print(f"  peak memory: ours {result['peak_bytes_ours']} B (modeled {result['peak_bytes_modeled']} B), "
               f"eager {result['peak_bytes_eager']} B")
+        print(f"  ran: {result['ran']}; kernels built {result['builds']}")
         for f in result["fallbacks"]:
             print(f"  fallback: {f}")
         if not ok:
@@ -381,7 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = load_program(args.target)
         graph = target.graph
         if args.command == "run":
-            return _print_run(run_target(bound_at_hints(target), args.alias), args.json)
+            return _print_run(run_target(bound_at_hints(target), args.alias, background_builds=args.background_builds),
+                              args.json)
         if args.command == "export":
             if args.format == "nvfuser":
                 return _export_nvfuser(graph, args.alias, args.out)

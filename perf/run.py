@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 import runtime
 from alias import apply_aliases
 from runtime.memory import PeakTracker, modeled_peak
+from runtime.segments_run import segments_run
 from segmenter import FusionGraph, GraphError, SegmenterOptions, segment
 from segmenter.from_torch import bind_inputs
 from segmenter.reference import clone_inputs, run_graph, storage_key
@@ -49,13 +50,18 @@ def _storage(t: torch.Tensor) -> int:
     return storage_key(t)
 
 
-def run_target(target: Target, mode: str = "post", options: SegmenterOptions | None = None) -> dict[str, Any]:
+def run_target(target: Target, mode: str = "post", options: SegmenterOptions | None = None,
+               background_builds: bool = False) -> dict[str, Any]:
+    """Run ``target`` once and check it against eager (or the graph's semantics). The kernels are
+    built before that call, unless ``background_builds`` (what ``torch.compile(backend="fuseg")``
+    does for inference graphs: Note [kernels built in the background]); ``segments_run`` says
+    which way the call ran each segment."""
     graph = target.graph
     if any(i.meta.device_type == "meta" for i in graph.inputs):
         raise TargetError(f"{graph.name}: its inputs are meta tensors (shapes only); it can be segmented and "
                           "profiled, not run")
     plan = apply_aliases(segment(graph, options), mode)
-    program = runtime.compile(plan)
+    program = runtime.CompiledProgram(plan, background=background_builds)
     if target.fn is not None:
         ref_in = clone_inputs(target.inputs)
         our_user = clone_inputs(target.inputs)
@@ -83,6 +89,7 @@ def run_target(target: Target, mode: str = "post", options: SegmenterOptions | N
         base = torch.cuda.memory_allocated()
     with torch.no_grad(), PeakTracker() as our_peak:
         got = program(*ours_in)
+    ran = segments_run(program)  # (a program is made again with its kernels at the start of a call only)
     if on_cuda:
         torch.cuda.synchronize()
         our_peak.peak = torch.cuda.max_memory_allocated() - base
@@ -108,4 +115,6 @@ def run_target(target: Target, mode: str = "post", options: SegmenterOptions | N
         "peak_bytes_modeled": modeled_peak(program),
         "kernels": stats["kernels"], "launches": stats["launches"], "metadata": stats["metadata"],
         "fallbacks": program.fallbacks,
+        "builds": "in the background" if background_builds else "before the first call",
+        "segments_run": ran.as_dict(), "ran": ran.describe(),
     }

@@ -5,7 +5,9 @@ mutation as a ``copy_`` epilogue (inference) or as extra outputs it writes back 
 (training). Each graph is compiled on its first call with the real inputs, so graphs with
 symbolic sizes are specialized to the concrete shapes, and cached by the inputs' signature
 (shapes, strides, offsets, dtypes, devices, which inputs share storage): another signature
-compiles again, never misreads.
+compiles again, never misreads. A graph with sizes read from data (``.item()`` as a size,
+``nonzero``, ``masked_select``...) runs those ops on torch and the rest in parts compiled so
+(Note [sizes read from data run on torch] in runtime/unbacked.py).
 """
 
 from __future__ import annotations
@@ -24,19 +26,23 @@ from alias import apply_aliases
 from segmenter import SegmenterOptions, from_fx, segment
 from segmenter.fx_import import has_symbolic_sizes, storage_ids
 from segmenter.symbolic import symbolic_hashing
+from segmenter.unbacked import has_data_dependent_sizes
 
 from . import logs
 from .codegen import pause
 from .cudagraphs import use_cuda_graphs
 from .program import CompiledProgram
+from .segments_run import segments_run
+from .unbacked import DataDependentSplit, split_at_data
 
 __all__ = ["DECOMPOSED", "STATS", "FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend",
            "registered_by_name"]
 
 #: programs built in this process: symbolic plans, programs specialized to one signature, and why
-#: each graph with symbolic sizes was specialized instead (perf.dynamic_shapes reads them)
+#: each graph with symbolic sizes was specialized instead (perf.dynamic_shapes reads them); ops run on
+#: torch because their sizes are read from data (Note [sizes read from data run on torch])
 STATS: dict[str, Any] = {"symbolic_plans": 0, "specialized_programs": 0, "symbolic_refused": [],
-                         "built_in_background": 0}
+                         "built_in_background": 0, "data_dependent_on_torch": 0}
 
 
 def _signature(args: Sequence[Any]) -> tuple:
@@ -120,9 +126,40 @@ class FusegCompiler:
         #: else None); and why the last ``compile_with_aot`` refused a direct call (None: it did not)
         self.graphs: list[tuple[Callable[..., Any], Any]] = []
         self.direct_refused: str | None = None
+        #: per graph with sizes read from data, what of it ran on torch and why (Note [sizes read
+        #: from data run on torch] in runtime/unbacked.py)
+        self.data_dependent: list[DataDependentSplit] = []
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         tokens = strip_effect_tokens(gm)
+        if has_data_dependent_sizes(gm):
+            return self._register(*self._split_at_data(gm, tokens), tokens, gm)
+        return self._register(*self._compile(gm, tokens), tokens, gm)
+
+    def _split_at_data(self, gm: fx.GraphModule, tokens: frozenset[int]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """Note [sizes read from data run on torch] (runtime/unbacked.py): the ops whose sizes
+        are read from data run on torch, the rest in parts compiled as any graph; the boxed call
+        and a ``hot`` that never runs (AOTAutograd's wrapper stays: its checks of dynamo's
+        assertions on the data-dependent sizes are the graph's)."""
+        name = f"data_graph_{len(self.data_dependent)}"
+
+        def compile_part(sub: fx.GraphModule, k: int) -> Callable[..., Any]:
+            sub.meta["fuseg_name"] = f"{name}_part_{k}"  # (the programs' names in ``explain``)
+            return self._compile(sub, frozenset())[0]
+
+        outer, report = split_at_data(gm, name, compile_part, effects=bool(tokens))
+        self.data_dependent.append(report)
+        STATS["data_dependent_on_torch"] += len(report.on_torch)
+
+        def run(boxed: list[Any]) -> tuple[Any, ...]:
+            args = [a for i, a in enumerate(boxed) if i not in tokens] if tokens else list(boxed)
+            boxed.clear()
+            return tuple(outer(*args))
+
+        return run, lambda *args: None
+
+    def _compile(self, gm: fx.GraphModule, tokens: frozenset[int]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The boxed call of a graph (compiled at its first call) and its ``hot`` entry."""
         trace_id = logs.current_trace_id()  # (Note [fuseg in torch's logs]: the first call comes after)
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         outs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
@@ -162,7 +199,7 @@ class FusegCompiler:
                     # (Note [compilers paused while dynamo traces]: the background ones stop meanwhile)
                     with pause.held():
                         with _disable_current_modes():  # Note [compiling outside the caller's modes]
-                            graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}",
+                            graph = from_fx(gm, list(args), name=gm.meta.get("fuseg_name") or f"aot_graph_{len(self.compiled)}",
                                             number_outputs=sizes)
                         program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode),
                                                   self.backend, background=background and not self.cuda_graphs)
@@ -192,7 +229,7 @@ class FusegCompiler:
             arguments, else None (nothing run)."""
             return last[0].entry(*args) if last and not numbers and len(args) == last[0].arity else None
 
-        return self._register(run, hot, tokens, gm)
+        return run, hot
 
     def _run_symbolic(self, gm: fx.GraphModule, plans: list, args: list[Any], symbolic: list[bool],
                       background: bool = False, trace_id: Any = None) -> list | None:
@@ -215,7 +252,7 @@ class FusegCompiler:
         try:
             # (Note [compilers paused while dynamo traces]: the background ones stop meanwhile)
             with _disable_current_modes(), symbolic_hashing(), pause.held():  # Note [compiling outside the caller's modes]
-                graph = from_fx(gm, list(args), name=f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
+                graph = from_fx(gm, list(args), name=gm.meta.get("fuseg_name") or f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
                                 symbolic=True)
                 program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend,
                                           background=background)
@@ -242,13 +279,24 @@ class FusegCompiler:
             raise AssertionError(f"a symbolic plan refuses the call it was made for: {program.refusal(*inputs)}")
         return _with_sizes(program.run_checked(*inputs), sizes_fn, inputs)
 
+    def explain(self) -> str:
+        """What this compiler made of the graphs it was handed, in lines a person reads: per
+        program, which way its segments run now (``segments_run``); what of each graph runs on
+        torch because its sizes are read from data, and why (Note [sizes read from data run on
+        torch]); why a graph was specialized per shape instead of planned symbolically."""
+        lines = [f"{p.graph.name}: {len(p.plan.segments)} segments: {segments_run(p).describe()}" for p in self.compiled]
+        lines += [r.describe() for r in self.data_dependent]
+        lines += [f"specialized per shape, not planned symbolically: {why}" for why in self.symbolic_refused]
+        return "\n".join(lines)
+
     def wait_for_builds(self) -> None:
         """Wait for every kernel build started in the background (Note [kernels built in the
         background]); from then on each program runs its kernels."""
         for program in self.compiled:
             program.wait_for_builds()
 
-    def _as_it_is(self, gm: fx.GraphModule, tokens: frozenset[int], outs: list[Any]) -> Callable[..., Any]:
+    def _as_it_is(self, gm: fx.GraphModule, tokens: frozenset[int], outs: list[Any],
+                  ) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """A graph that returns no value (``x.sin(); return x``: dynamo returns the input itself
         and hands over the op nothing reads) is no program to segment (``from_fx`` refuses a
         graph with no outputs); it runs as it is, each op on ATen, so whatever it does to its
@@ -260,7 +308,7 @@ class FusegCompiler:
             gm(*args)
             return tuple(None for _ in outs)
 
-        return self._register(run, lambda *args: None, tokens, gm)
+        return run, lambda *args: None
 
     def _register(self, run: Callable[..., Any], hot: Callable[..., Any], tokens: frozenset[int],
                   gm: fx.GraphModule) -> Callable[..., Any]:

@@ -192,3 +192,49 @@ def test_bench_unknown_model(capsys) -> None:
 def test_bench_refuses_meta_weights(capsys) -> None:
     code, _, err = run(capsys, "bench", "bert-base", "--device", "cpu")
     assert code == 2 and "meta device" in err and err.count("\n") == 1
+
+
+def test_run_says_which_way_it_ran(capsys) -> None:
+    """Issue 63, goal 4: by default every kernel is built before the call, and the output says how
+    many segments ran on generated kernels and how many on torch."""
+    from runtime.codegen.build import cpu_compiler
+
+    code, out, _ = run(capsys, "run", "rms-norm")
+    assert code == 0 and "kernels built before the first call" in out
+    if cpu_compiler() is not None:
+        assert "ran: 1 segment on generated kernels (cpp: 1), 0 on torch while their kernels build" in out
+    code, out, _ = run(capsys, "run", "rms-norm", "--json")
+    result = json.loads(out)
+    assert result["builds"] == "before the first call" and result["segments_run"]["waiting_for_builds"] == 0
+    assert result["segments_run"]["on_kernels"] + result["segments_run"]["on_torch"] == result["launches"]
+
+
+def test_run_with_background_builds_says_torch_ran(capsys, tmp_path, monkeypatch) -> None:
+    """``--background-builds``: a kernel not built yet when the call comes (held back here, in a
+    cold cache) runs on torch, and the output says so; the values still match eager."""
+    import threading
+
+    from runtime.codegen import build
+
+    if build.cpu_compiler() is None:
+        pytest.skip("no C++ compiler: no kernels to build")
+    monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(build, "_CPU", {})
+    gate = threading.Event()
+    real = build.build_cpu_many
+
+    def held(*args, **kwargs):
+        gate.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "build_cpu_many", held)
+    try:
+        code, out, _ = run(capsys, "run", "rms-norm", "--background-builds", "--json")
+    finally:
+        gate.set()
+        build.wait_for_background_builds()
+    result = json.loads(out)
+    assert code == 0 and result["builds"] == "in the background" and result["max_abs_diff"] < 1e-5
+    assert result["segments_run"] == {"on_kernels": 0, "kernels_by_backend": {}, "waiting_for_builds": 1,
+                                      "on_torch": 0, "metadata": 0}
+    assert "0 segments on generated kernels, 1 on torch while their kernels build" in result["ran"]
