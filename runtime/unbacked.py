@@ -104,7 +104,7 @@ class _Part(torch.nn.Module):
 def split_at_data(gm: fx.GraphModule, name: str,
                   compile_part: Callable[[fx.GraphModule, int], Callable[[list[Any]], Any]],
                   effects: bool = False) -> tuple[fx.GraphModule, DataDependentSplit]:
-    """Note [sizes read from data run on torch]: a copy of ``gm`` whose plannable ops are cut into
+    """See Note [sizes read from data run on torch]: a copy of ``gm`` whose plannable ops are cut into
     parts, each compiled by ``compile_part(part, k)`` (a boxed callable taking its operands), and
     the report of what runs on torch. ``effects``: the graph had effect tokens (its ops with
     effects must keep their order: it runs whole on torch)."""

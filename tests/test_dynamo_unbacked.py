@@ -259,7 +259,7 @@ MORE = {
     "item_as_view_shape": (_item_as_view_shape, [(torch.randn(12), torch.tensor(3)), (torch.randn(12), torch.tensor(4))]),
     "unique": (_unique, [(torch.tensor([1.0, 1.0]),), (torch.tensor([3.0, 1.0, 2.0, 1.0]),)]),
     "tolist_sizes": (_tolist_sizes, [(torch.randn(3), torch.tensor([0, 4])), (torch.randn(3), torch.tensor([2, 3]))]),
-    # Note [writes after the parts]: the write stays last, after the read of the old value on torch
+    # (Note [writes after the parts]) the write stays last, after the read of the old value on torch
     "reads_then_mutates": (_reads_then_mutates, [(-torch.rand(6),), (torch.randn(6),)]),
     "item_then_mutates": (_item_then_mutates, [(torch.randn(4), torch.tensor(0)), (torch.randn(4), torch.tensor(3))]),
     "slice_of_input": (_slice_of_input, [(torch.randn(5, 2), torch.tensor(0)), (torch.randn(5, 2), torch.tensor(3))]),
@@ -304,7 +304,7 @@ def test_automatic_dynamic_with_an_item_as_a_size() -> None:
 
 
 def test_a_graph_that_writes_midway_runs_whole_on_torch() -> None:
-    """Note [writes after the parts]: a write that is not the epilogue (an in-place op read after
+    """See Note [writes after the parts]: a write that is not the epilogue (an in-place op read after
     it, as a graph that is not functionalized has) keeps the whole graph on torch, in its order."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
