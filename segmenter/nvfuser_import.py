@@ -158,6 +158,14 @@ def _per_dim(b: Builder, contiguity: tuple, order: tuple[int, ...], ndim: int) -
     return tuple(contiguity[ndim - 1 - order[d]] for d in range(ndim))
 
 
+def _stride_order(b: Builder, order: tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    """``stride_order`` checked, negative entries counted from the end (nvFuser's
+    ``normalizeStrideOrder``): a permutation of the dims, or empty."""
+    if order and (len(order) != ndim or sorted(o % ndim if -ndim <= o < ndim else -1 for o in order) != list(range(ndim))):
+        b.fail(f"stride_order {list(order)} is not a permutation of the {ndim} dims")
+    return tuple(o % ndim for o in order)
+
+
 def _layout_problem(shape: tuple[int, ...], stride: tuple[int, ...], contiguity: tuple, order: tuple[int, ...],
                     declared: tuple[int, ...]) -> str | None:
     """Where a bound input's strides break what ``contiguity`` (per dim) and ``stride_order``
@@ -366,7 +374,9 @@ class _Importer:
             contiguity = tuple(None if n == 1 else contiguity for n in declared)
         if not isinstance(contiguity, tuple) or not all(c is None or isinstance(c, bool) for c in contiguity):
             self.b.fail("contiguity must be a list of True/False/None, or one bool")
-        order = a.ints("stride_order", 0, MAX_RANK) if key == "shape" else ()
+        order = _stride_order(self.b, a.ints("stride_order", -MAX_RANK, MAX_RANK), len(declared)) if key == "shape" else ()
+        if is_cpu and declared:  # nvFuser: "CPU non-scalar tensor is not supported"
+            self.b.fail(f"is_cpu=True is for 0-dim tensors (a CPU scalar), not shape={list(declared)}")
         if not contiguity:  # nvFuser's default: nothing known about the strides
             contiguity = tuple(None if n == 1 else False for n in declared)
         elif not isinstance(a.get("contiguity" if key == "shape" else "contiguous"), bool):

@@ -91,6 +91,11 @@ ROWS = [
         T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], {F32}, stride_order=[0, 1])
         fd.add_output(fd.ops.add(T0, 1.0))
     """, lambda n: [torch.randn(n + 2, n).t()], lambda a: (a + 1.0,)),
+    # negative stride_order entries count from the end (nvFuser's normalizeStrideOrder): [-2, -1] is [0, 1]
+    Row("stride_order_negative", f"""
+        T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], {F32}, stride_order=[-2, -1])
+        fd.add_output(fd.ops.sub(T0, 1.0))
+    """, lambda n: [torch.randn(n + 2, n).t()], lambda a: (a - 1.0,)),
     # allocation order: contiguity[0] is the outer dim (dim 1, strided), contiguity[1] the inner (dim 0)
     Row("stride_order_alloc_contiguity", f"""
         T0 = fd.define_tensor(shape=[-1, -1], contiguity=[False, True], {F32}, stride_order=[0, 1])
