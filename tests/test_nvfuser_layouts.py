@@ -61,6 +61,13 @@ def _sum_0d_update(t1: torch.Tensor, t2: torch.Tensor) -> tuple:
     return t1 * old, t1 + old
 
 
+def _crossed_updates(t1: torch.Tensor, t2: torch.Tensor, t3: torch.Tensor) -> tuple:
+    new_t3, new_t2 = (t1 + t2).sum(), t3 + 1.0
+    t3.copy_(new_t3)
+    t2.copy_(new_t2)
+    return ()
+
+
 def _neg_update(t0: torch.Tensor, t1: torch.Tensor) -> tuple:
     out = t1 + t0
     t0.neg_()
@@ -165,6 +172,26 @@ ROWS = [
         fd.add_output(T9)
         fd.add_output(T10)
     """, lambda n: [torch.randn(n), torch.tensor(0.5)], _sum_0d_update),
+    # in place with a value the other output reads: that output sees the NEW value (it reads T4)
+    Row("in_place_value_read_by_others", f"""
+        T1 = fd.define_tensor(shape=[-1], contiguity=[True], {F32}, stride_order=[0])
+        T2 = fd.define_tensor(shape=[], contiguity=[], {F32})
+        T4 = fd.ops.add(T2, 1.0)
+        T7 = fd.ops.broadcast_in_dim(T4, shape=T1.shape(), broadcast_dims=[])
+        fd.add_output(T4, T2)
+        fd.add_output(fd.ops.mul(T1, T7))
+    """, lambda n: [torch.randn(n), torch.tensor(0.25)], lambda t1, t2: (t1 * t2.add_(1.0),)),
+    # two in-place updates, each made from the other's value before the updates
+    Row("in_place_crossed_updates", f"""
+        T1 = fd.define_tensor(shape=[-1], contiguity=[True], {F32}, stride_order=[0])
+        T2 = fd.define_tensor(shape=[], contiguity=[], {F32})
+        T3 = fd.define_tensor(shape=[], contiguity=[], {F32})
+        T4 = fd.ops.broadcast_in_dim(T2, shape=T1.shape(), broadcast_dims=[])
+        T6 = fd.ops.sum(fd.ops.add(T1, T4), dims=[0], keepdim=False)
+        T7 = fd.ops.add(T3, 1.0)
+        fd.add_output(T6, T3)
+        fd.add_output(T7, T2)
+    """, lambda n: [torch.randn(n), torch.tensor(0.5), torch.tensor(-2.0)], _crossed_updates),
     # in place on a broadcast-dim input (contiguity None), read by another output
     Row("in_place_broadcast_dim_input", f"""
         T0 = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], {F32}, stride_order=[1, 0])
