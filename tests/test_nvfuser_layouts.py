@@ -356,3 +356,37 @@ def test_in_place_update_at_nvfusers_size() -> None:
     t9, t10 = program(t1, ours)
     assert torch.equal(t9, t1 * t2) and torch.equal(t10, t1 + t2)
     torch.testing.assert_close(ours, t2.expand(n).sum())
+
+
+# -- a script's own inputs list with expanded tensors (nvFuser's test_issue1706 writes these) --------
+
+@pytest.mark.parametrize("n,m", [(4, 6), (9, 33)])
+def test_a_scripts_inputs_list_reads_expanded_tensors(n: int, m: int) -> None:
+    src = fusion(f"""
+        T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[None, True, None], {F32}, stride_order=[2, 1, 0])
+        fd.add_output(fd.ops.mul(T0, 3.0))
+    """, inputs=f"[torch.randn(({n}, 1), dtype=torch.float32, device='cuda:0').expand(2, -1, {m})]")
+    graph = from_nvfuser(src, symbolic=False)  # bound to the script's list
+    (inp,) = graph.inputs
+    assert (inp.meta.shape, inp.meta.stride) == ((2, n, m), (0, 1, 0))
+    x = torch.randn(n, 1).expand(2, n, m)
+    (out,) = _program(graph)(x)
+    torch.testing.assert_close(out, x * 3.0)
+
+
+@pytest.mark.parametrize("call,message", [
+    ("torch.randn(4, 3).expand(4, 5)", r"line 9: inputs: expand: dim 1 of size 3 cannot become 5"),
+    ("torch.randn(4, 1).expand(5)", r"line 9: inputs: expand sizes must be at most 64 integers .* at least the tensor's 2"),
+    ("torch.randn(4, 1).expand(-1, 4611686018427387904)", r"line 9: inputs: expand sizes must be .* integers in \[-1, "),
+    ("torch.randn(4, 1).expand(2**40, 4, 1)", r"line 9: inputs: a BinOp is not a literal argument"),
+    ("torch.randn(4, 1).expand(-2, 4, 1)", r"line 9: inputs: expand sizes must be"),
+    ("torch.randn(4, 1).expand('a', 2)", r"line 9: inputs: expand sizes must be"),
+    ("torch.randn(4, 1).expand(1048576, 1048576, 4, 1048576)", r"line 9: inputs: size \[1048576, 1048576, 4, 1048576\]"),
+])
+def test_expand_in_an_inputs_list_is_checked(call: str, message: str) -> None:
+    src = fusion(f"""
+        T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, None], {F32})
+        fd.add_output(T0)
+    """, inputs=f"[{call}]")
+    with pytest.raises(GraphFormatError, match=message):
+        from_nvfuser(src, symbolic=False)
