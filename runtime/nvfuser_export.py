@@ -211,7 +211,10 @@ def _symbolic_layout(sizes: SymbolicSizes, shape: list, stride: list) -> tuple[l
         contiguity[d] = sympy.expand(sizes.env.replace(st) - inner) == 0
         n = shape[d].node.expr if isinstance(shape[d], torch.SymInt) else sympy.Integer(shape[d])
         inner = sympy.expand(sizes.env.replace(st * n))
-    return [-1 if isinstance(n, torch.SymInt) else n for n in shape], contiguity, order
+    # nvFuser reads contiguity in allocation order, outermost first (Note [contiguity in allocation
+    # order] in segmenter/nvfuser_import.py)
+    in_allocation_order = [contiguity[d] for d in sorted(range(ndim), key=lambda d: -order[d])]
+    return [-1 if isinstance(n, torch.SymInt) else n for n in shape], in_allocation_order, order
 
 
 # -- segments -------------------------------------------------------------------------------------

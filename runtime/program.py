@@ -27,7 +27,7 @@ import torch
 from alias.check import PlanError, plan_problems
 from segmenter import Segment, SegmentedFusion, SegmentKind, TensorMeta
 from segmenter.ir import Alias, view_roots
-from segmenter.reference import FinishView, InputView, check_inputs, finish
+from segmenter.reference import FinishView, InputView, check_inputs, finish, numbers_as_tensors
 from segmenter.symbolic import NotSymbolic, is_symbolic, sizes_of
 
 from . import threads, trial
@@ -713,6 +713,13 @@ class CompiledProgram:
             out = self.entry(*inputs)
             if out is not None:
                 return out
+        if any(not isinstance(t, torch.Tensor) for t in inputs[:len(self.graph.inputs)]):
+            # Note [numbers for 0-dim inputs] (segmenter/reference.py): fd.execute([t0, 2.5])
+            inputs = tuple(numbers_as_tensors(self.graph, inputs[:len(self.graph.inputs)])) + inputs[len(self.graph.inputs):]
+            if len(inputs) == self.arity:
+                out = self.entry(*inputs)
+                if out is not None:
+                    return out
         try:
             ok = self._check(*inputs)
         except (AttributeError, TypeError):  # not a tensor: check_inputs says which

@@ -39,6 +39,7 @@ from .nvfuser_ops import OPS
 from .nvfuser_script import Call, DType, InputRef, Ref, Script, read_script
 from .nvfuser_shape_ops import stride_order
 from .nvfuser_sizes import DEFAULT_HINT, DimSizes
+from .reference import number_fits, numbers_as_tensors
 from .serialize import GraphFormatError
 from .symbolic import SymbolicSizes, sizes_of, symbolic_hashing
 
@@ -77,8 +78,7 @@ class NvFuserFusion:
         """The graph's inputs for nvFuser-style ``values``: numbers become 0-dim tensors."""
         if len(values) != len(self.graph.inputs):
             raise ValueError(f"{len(values)} values for {len(self.graph.inputs)} inputs")
-        return [v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=inp.meta.dtype)
-                for v, inp in zip(values, self.graph.inputs)]
+        return numbers_as_tensors(self.graph, values)  # type: ignore[return-value]
 
 
 def _signature(params: tuple[str, ...], **defaults: object) -> FrontendOp:
@@ -108,21 +108,28 @@ def _device(specs: Sequence[InputSpec] | None, from_user: bool) -> tuple[str, li
     return "cpu", ["the fusion is written for CUDA; this machine has none, so the graph is built on the CPU"]
 
 
-def _layout(b: Builder, shape: tuple[int, ...], contiguity: tuple, order: tuple[int, ...]) -> tuple[int, ...]:
+def _layout(b: Builder, shape: tuple[int, ...], order: tuple[int, ...],
+            expanded: tuple[bool, ...] = ()) -> tuple[int, ...]:
     """Dense strides in ``order`` (innermost rank 0; default row-major), products of the sizes
-    where they are symbolic. A dim declared non-contiguous (``False``) has a stride nvFuser does
-    not know; dense is one such stride."""
+    where they are symbolic; stride 0 for an ``expanded`` dim (Note [contiguity in allocation
+    order]). A dim declared non-contiguous (``False``) has a stride nvFuser does not know; dense
+    is one such stride."""
     ndim = len(shape)
     order = order or tuple(range(ndim - 1, -1, -1))
     if sorted(order) != list(range(ndim)):
         b.fail(f"stride_order {list(order)} is not a permutation of the {ndim} dims")
-    if len(contiguity) != ndim:
-        b.fail(f"contiguity has {len(contiguity)} entries for {ndim} dims")
     strides, acc = [0] * ndim, 1
     for d in sorted(range(ndim), key=lambda d: order[d]):
+        if expanded and expanded[d]:
+            continue
         strides[d] = acc
         acc = acc * (shape[d] if isinstance(shape[d], torch.SymInt) else max(shape[d], 1))  # a symbol is >= 2
     return tuple(strides)
+
+
+def _expanded(declared: tuple[int, ...], contiguity: tuple) -> tuple[bool, ...]:
+    """Which dims are expanded broadcasts: None in ``contiguity`` (per dim), a size other than 1."""
+    return tuple(c is None and n != 1 for n, c in zip(declared, contiguity)) if contiguity else ()
 
 
 def _order_of(stride: tuple[int, ...]) -> tuple[int, ...]:
@@ -131,17 +138,53 @@ def _order_of(stride: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(ranked.index(d) for d in range(len(stride)))
 
 
-def _claims_hold(shape: tuple[int, ...], stride: tuple[int, ...], contiguity: tuple, order: tuple[int, ...]) -> bool:
-    """Whether a bound input's strides are what ``contiguity`` (True entries) and ``stride_order`` say."""
+# Note [contiguity in allocation order]: nvFuser's ``define_tensor(shape, contiguity,
+# stride_order)`` gives ``contiguity`` in the order of the allocation (outermost first): entry k
+# is the dim ``d`` with ``stride_order[d] == ndim - 1 - k`` (entry d for dim d where stride_order
+# is empty). ``None`` marks a broadcast dim: of size 1 where the shape says 1, else an expanded
+# dim (nvFuser's ``getExpanded``), whose stride is 0 wherever its size is not 1. An input
+# matches where, from the innermost dim outwards, each True dim of size > 1 has the stride the
+# dims inside it make (the last stride times that dim's size, broadcast and size-1 dims
+# skipped), as nvFuser's ``validateAllocationSizesAndStrides`` checks at its execute. The
+# importer keeps contiguity per dim (``_per_dim``) once read.
+def _per_dim(b: Builder, contiguity: tuple, order: tuple[int, ...], ndim: int) -> tuple:
+    """``contiguity`` as written (allocation order) made per dim (Note [contiguity in allocation order])."""
+    if len(contiguity) != ndim:
+        b.fail(f"contiguity has {len(contiguity)} entries for {ndim} dims")
+    if not order:
+        return contiguity
+    if sorted(order) != list(range(ndim)):
+        b.fail(f"stride_order {list(order)} is not a permutation of the {ndim} dims")
+    return tuple(contiguity[ndim - 1 - order[d]] for d in range(ndim))
+
+
+def _stride_order(b: Builder, order: tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    """``stride_order`` checked, negative entries counted from the end (nvFuser's
+    ``normalizeStrideOrder``): a permutation of the dims, or empty."""
+    if order and (len(order) != ndim or sorted(o % ndim if -ndim <= o < ndim else -1 for o in order) != list(range(ndim))):
+        b.fail(f"stride_order {list(order)} is not a permutation of the {ndim} dims")
+    return tuple(o % ndim for o in order)
+
+
+def _layout_problem(shape: tuple[int, ...], stride: tuple[int, ...], contiguity: tuple, order: tuple[int, ...],
+                    declared: tuple[int, ...]) -> str | None:
+    """Where a bound input's strides break what ``contiguity`` (per dim) and ``stride_order``
+    declare, which dim and how; None where they hold (Note [contiguity in allocation order])."""
     ndim = len(shape)
-    dims = [d for d in sorted(range(ndim), key=lambda d: (order or tuple(range(ndim - 1, -1, -1)))[d])
-            if shape[d] != 1]
-    inner_stride, inner_size = 1, 1
-    for d in dims:
-        if contiguity[d] is True and stride[d] != inner_stride * inner_size:
-            return False
-        inner_stride, inner_size = stride[d], shape[d]
-    return True
+    rank = order or tuple(range(ndim - 1, -1, -1))
+    expected = 1
+    for d in sorted(range(ndim), key=lambda d: rank[d]):  # innermost first
+        n, st = shape[d], stride[d]
+        if contiguity[d] is None:  # a broadcast dim: size 1 (any stride) or expanded (stride 0)
+            if declared[d] != 1 and n > 1 and st != 0:
+                return f"dim {d} is a broadcast dim (contiguity None) of size {n} with stride {st}, not 0"
+            continue
+        if n <= 1:  # addresses nothing: skipped, as nvFuser does
+            continue
+        if contiguity[d] and st != expected:
+            return f"dim {d} is declared contiguous (stride {expected}), its stride is {st}"
+        expected = st * n
+    return None
 
 
 class _Importer:
@@ -254,9 +297,10 @@ class _Importer:
             if fixed:
                 b.fail(f"input {self.n_inputs - 1} has sizes {list(spec.shape)} where the fusion fixes {list(declared)}")
             assert spec.stride is not None
-            if contiguity and not _claims_hold(spec.shape, spec.stride, contiguity, order):
-                b.fail(f"input {self.n_inputs - 1} has strides {list(spec.stride)}, not the layout contiguity="
-                       f"{list(contiguity)} stride_order={list(order)} declares")
+            problem = _layout_problem(spec.shape, spec.stride, contiguity, order, declared) if contiguity else None
+            if problem is not None:
+                b.fail(f"input {self.n_inputs - 1} has sizes {list(spec.shape)} and strides {list(spec.stride)}, not "
+                       f"the layout contiguity and stride_order={list(order)} declare: {problem}")
         name = b.fresh()
         layout = None
         if self.dims is not None and symbolic:
@@ -270,7 +314,7 @@ class _Importer:
         else:
             shape, offset = declared, 0
             if strides is None:
-                strides = _layout(b, shape, contiguity or (None,) * len(shape), order)
+                strides = _layout(b, shape, order, _expanded(declared, contiguity))
         device = spec.device if spec is not None and self.from_user else ("cpu" if is_cpu else b.device)
         meta = TensorMeta(tuple(shape), tuple(strides), offset, dtype, device)
         v = b.add_input(meta, name=name)
@@ -285,12 +329,12 @@ class _Importer:
         stride order (Note [symbolic dims of a fusion]); None where the sizes given bind it
         instead: strides that are no dense layout, or an offset."""
         assert self.dims is not None
-        b, ndim = self.b, len(declared)
+        b = self.b
         given = spec.shape if spec is not None else declared
         given_strides = spec.stride if spec is not None else strides
         if given_strides is not None:
             order = order or _order_of(given_strides)
-            dense = _layout(b, given, (None,) * ndim, order)
+            dense = _layout(b, given, order, _expanded(declared, contiguity))
             if (spec is not None and spec.offset) or any(n > 1 and st != want for n, st, want in
                                                          zip(given, given_strides, dense)):
                 self.notes.append(f"{name} (line {b.line}) is bound to its sizes {list(given)}: its strides "
@@ -299,7 +343,7 @@ class _Importer:
                 return None
         shape = tuple(self.dims.dim((self.n_inputs - 1, d), name, None if n == -1 else n, b.fail) if d in symbolic
                       else n for d, n in enumerate(given))
-        return shape, _layout(b, shape, contiguity or (None,) * ndim, order), 0
+        return shape, _layout(b, shape, order, _expanded(declared, contiguity)), 0
 
     def define_tensor(self, call: Call) -> TVal:
         kw = dict(call.kwargs)
@@ -330,9 +374,13 @@ class _Importer:
             contiguity = tuple(None if n == 1 else contiguity for n in declared)
         if not isinstance(contiguity, tuple) or not all(c is None or isinstance(c, bool) for c in contiguity):
             self.b.fail("contiguity must be a list of True/False/None, or one bool")
+        order = _stride_order(self.b, a.ints("stride_order", -MAX_RANK, MAX_RANK), len(declared)) if key == "shape" else ()
+        if is_cpu and declared:  # nvFuser: "CPU non-scalar tensor is not supported"
+            self.b.fail(f"is_cpu=True is for 0-dim tensors (a CPU scalar), not shape={list(declared)}")
         if not contiguity:  # nvFuser's default: nothing known about the strides
             contiguity = tuple(None if n == 1 else False for n in declared)
-        order = a.ints("stride_order", 0, MAX_RANK) if key == "shape" else ()
+        elif not isinstance(a.get("contiguity" if key == "shape" else "contiguous"), bool):
+            contiguity = _per_dim(self.b, contiguity, order, len(declared))
         symbolic = tuple(d for d, n in enumerate(declared) if n == -1)
         return self.tensor_input(declared, None, contiguity, order, dtype, is_cpu, symbolic, spec)
 
@@ -359,14 +407,14 @@ class _Importer:
             dtype = dtype or torch.float64
             spec = self.next_spec()
             fits = spec is None or (spec.dtype == dtype if spec.shape == () else
-                                    spec.shape is None and _fits(spec.value, dtype))  # a 0-dim tensor, or a number
+                                    spec.shape is None and number_fits(spec.value, dtype))  # a 0-dim tensor, or a number
             if not fits:
                 self.b.fail(f"input {self.n_inputs - 1} is not a {dtype} number")
             return self.b.add_input(TensorMeta((), (), 0, dtype, "cpu"), scalar=True)
         if not isinstance(value, bool | int | float | complex):
             self.b.fail(f"value must be a number, got {type(value).__name__}")
         dtype = dtype or {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}[type(value)]
-        if not _fits(value, dtype):
+        if not number_fits(value, dtype):
             self.b.fail(f"{value!r} is not a {dtype} value")
         return Const(torch.tensor(value).to(dtype).item(), dtype)  # rounded as the dtype holds it
 
@@ -412,16 +460,6 @@ class _Importer:
             self.b.fail(f"a {src.dtype} {self.b.text(src.shape)} value cannot be written into input {target.name} "
                         f"({dst.dtype} {self.b.text(dst.shape)})")
         self.mutations.append(Mutation(k, out.name))
-
-
-def _fits(value: object, dtype: torch.dtype) -> bool:
-    if dtype == torch.bool:
-        return isinstance(value, bool)
-    if dtype.is_complex:
-        return isinstance(value, bool | int | float | complex) and not isinstance(value, bool)
-    if dtype.is_floating_point:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_nvfuser(source: str, inputs: Sequence[object] | None = None, name: str | None = None,

@@ -140,6 +140,9 @@ def _tensor(node: ast.Call) -> InputSpec:
             offset = margs[2] if len(margs) > 2 else mkw.get("storage_offset", 0)
             if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < MAX_DIM:
                 raise _fail(m, "as_strided offset must be an integer in [0, 2^48)")
+        elif meth == "expand":
+            shape, stride = _expand(shape, stride, margs[0] if len(margs) == 1 and isinstance(margs[0], tuple)
+                                    else tuple(margs), m)
         elif meth == "to":
             for v in (*margs, *mkw.values()):
                 if isinstance(v, torch.dtype):
@@ -163,6 +166,32 @@ def _tensor(node: ast.Call) -> InputSpec:
     if len(shape) != len(stride) or math.prod(shape) >= MAX_DIM:
         raise _fail(node, f"size {list(shape)} with stride {list(stride)}")
     return InputSpec(node.lineno, shape, stride, offset, dtype, device)
+
+
+def _expand(shape: tuple[int, ...], stride: tuple[int, ...], sizes: object,
+            node: ast.AST) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``t.expand(*sizes)`` as torch does it: new leading dims and size-1 dims repeat (stride 0),
+    -1 keeps a dim; any other size change is refused."""
+    if not isinstance(sizes, tuple) or not len(shape) <= len(sizes) <= MAX_RANK or not all(
+            isinstance(n, int) and not isinstance(n, bool) and -1 <= n < MAX_DIM for n in sizes):
+        raise _fail(node, f"expand sizes must be at most {MAX_RANK} integers in [-1, {MAX_DIM}), "
+                          f"at least the tensor's {len(shape)} dims")
+    lead = len(sizes) - len(shape)
+    out_shape, out_stride = [], []
+    for k, n in enumerate(sizes):
+        if k < lead:  # a new dim
+            if n < 0:
+                raise _fail(node, f"expand: a new dim of size {n}")
+            out_shape.append(n)
+            out_stride.append(0)
+            continue
+        old, st = shape[k - lead], stride[k - lead]
+        n = old if n == -1 else n
+        if n != old and old != 1:
+            raise _fail(node, f"expand: dim {k - lead} of size {old} cannot become {n}")
+        out_shape.append(n)
+        out_stride.append(st if n == old else 0)
+    return tuple(out_shape), tuple(out_stride)
 
 
 def read_inputs(node: ast.expr) -> tuple[InputSpec, ...]:

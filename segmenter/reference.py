@@ -18,7 +18,8 @@ import torch
 from .ir import Alias, FusionGraph, GraphConstant, GraphError, Mutation, TensorMeta
 from .meta import run_node
 
-__all__ = ["FinishView", "InputView", "check_inputs", "clone_inputs", "evaluate", "finish", "fresh_in_layout", "run_graph", "storage_key"]
+__all__ = ["FinishView", "InputView", "check_inputs", "clone_inputs", "evaluate", "finish", "fresh_in_layout",
+           "number_fits", "numbers_as_tensors", "run_graph", "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -44,6 +45,52 @@ class FinishView:
     constants: tuple[GraphConstant, ...]
     scalar_outputs: tuple[int, ...]
     metas: dict[str, TensorMeta]
+
+
+def number_fits(value: object, dtype: torch.dtype) -> bool:
+    """Whether a Python number is a value of ``dtype``'s kind: a bool for bool, an int for an
+    integer dtype, an int or float for a floating one (nvFuser's scalar inputs take them so)."""
+    if isinstance(value, torch.Tensor):
+        return False
+    if dtype == torch.bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if dtype.is_complex:
+        return isinstance(value, int | float | complex)
+    if dtype.is_floating_point:
+        return isinstance(value, int | float)
+    return isinstance(value, int)
+
+
+# Note [numbers for 0-dim inputs]: nvFuser's scalar inputs (``fd.define_scalar(dtype=...)``) are
+# graph inputs of 0-dim CPU tensors (segmenter/nvfuser_import.py), and nvFuser's execute takes a
+# Python number for them (``fd.execute([t0, 2.5])``). So does a graph's call: a number given for a
+# 0-dim CPU input becomes a tensor of that input's dtype, where it is a value of that dtype's
+# kind (``number_fits``) and in its range. Not for an input the graph writes (the caller could
+# never see the write) nor for one an output is a view of (that view would be of a tensor the
+# caller never had).
+def numbers_as_tensors(graph: FusionGraph, inputs: Sequence[object]) -> list[object]:
+    """``inputs`` with every number given for a 0-dim CPU input made that input's tensor (Note
+    [numbers for 0-dim inputs]); anything else as given (``check_inputs`` judges it)."""
+    out = list(inputs)
+    for k, (spec, v) in enumerate(zip(graph.inputs, inputs)):
+        if isinstance(v, torch.Tensor) or not isinstance(v, bool | int | float | complex):
+            continue
+        m = spec.meta
+        if m.shape != () or m.device_type != "cpu":
+            continue
+        if any(mu.input == k for mu in graph.mutations) or any(
+                a is not None and a.source == "input" and a.index == k for a in graph.output_aliases):
+            raise GraphError(f"input {spec.name!r}: the graph writes it or returns a view of it, so it takes a "
+                             f"tensor, not the number {v!r}")
+        if not number_fits(v, m.dtype):
+            raise GraphError(f"input {spec.name!r}: {type(v).__name__} {v!r} is not a {m.dtype} value")
+        try:
+            out[k] = torch.tensor(v, dtype=m.dtype)
+        except (RuntimeError, OverflowError, ValueError) as e:  # out of the dtype's range
+            raise GraphError(f"input {spec.name!r}: {v!r} is not a {m.dtype} value ({e})") from None
+    return out
 
 
 def check_inputs(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> None:
@@ -184,7 +231,9 @@ def _rebase_output_views(graph: FusionGraph, env: dict[str, torch.Tensor], fresh
 
 
 def run_graph(graph: FusionGraph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run the graph as the original program would: mutations land, views stay views."""
+    """Run the graph as the original program would: mutations land, views stay views (numbers
+    for 0-dim inputs as Note [numbers for 0-dim inputs] says)."""
+    inputs = numbers_as_tensors(graph, inputs)  # type: ignore[assignment]
     check_inputs(graph, inputs)
     return finish(graph, inputs, evaluate(graph, inputs))
 

@@ -228,9 +228,18 @@ def _1597_torch(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return _qkv_rope_1597_torch(*args)
 
 
+SIZE_ONE_OUTERMOST = """
+    T0 = fd.define_tensor(shape=[-1, -1, 1], contiguity=[None, True, True], dtype=DataType.Float, stride_order=[1, 0, 2])
+    fd.add_output(fd.ops.mul(T0, 2.0))
+"""
+
 SYMBOLIC_EXPORTS = [  # (script, inputs at a size, torch program, sizes)
     ("rotate_half", lambda: fusion(_symbolic_case("rotate_half").body), lambda n: [torch.randn(3 + n, 2 * n + 1)],
      lambda x: _symbolic_case("rotate_half").torch_fn(x), (2, 5, 8)),
+    # a size-1 dim outermost in the allocation: contiguity is written in allocation order
+    # ([None, True, True]), as nvFuser reads it, not per dim ([True, True, None])
+    ("size_one_outermost", lambda: fusion(SIZE_ONE_OUTERMOST), lambda n: [torch.randn(1, n, n + 2).permute(1, 2, 0)],
+     lambda x: (x * 2.0,), (2, 5, 8)),
     ("nvfuser-1597", lambda: open(__import__("perf.fusions").fusions.path_of("nvfuser-1597"), encoding="utf-8").read(),
      lambda t: [_bf16(1, t, 6144), _bf16(t, 128), _bf16(t, 128)], _1597_torch, (4, 9, 16)),
 ]
