@@ -346,16 +346,21 @@ def test_in_place_update_leaves_other_outputs_reading_the_old_value(n: int) -> N
     torch.testing.assert_close(ours, t2.expand(n).sum())
 
 
-@pytest.mark.xfail(strict=True, reason="issue 63 goal 1: the generated sum adds 2^22 values into one float "
-                   "accumulator (the readers are right; the written sum is off by ~0.3%)")
-def test_in_place_update_at_nvfusers_size() -> None:
-    n = 1 << 22  # nvFuser #2664's size
+@pytest.mark.parametrize("n", [1 << 22, (1 << 22) + 3])
+def test_in_place_update_at_nvfusers_size(n: int) -> None:
+    """nvFuser #2664's size (2^22): the readers see T2 before the update, and the sum written into
+    it is near eager's (it was ~0.3% off while a float accumulator added 2^22 values one by one;
+    Note [sums in chunks]). 2^22 copies of one value are the chunks' worst input: each lane's
+    rounding errors all lean the same way, and ours is up to ~4x eager's error against the exact
+    sum there (2.6e-6 against 6.8e-7 relative at 2^22), which this bounds."""
     t1, t2 = torch.randn(n), torch.tensor(0.7)
     program = _program(from_nvfuser(fusion(IN_PLACE_2664.body), [t1, t2]))
     ours = t2.clone()
     t9, t10 = program(t1, ours)
     assert torch.equal(t9, t1 * t2) and torch.equal(t10, t1 + t2)
-    torch.testing.assert_close(ours, t2.expand(n).sum())
+    exact = t2.double() * n
+    eager_error = (t2.expand(n).sum().double() - exact).abs().item()
+    assert (ours.double() - exact).abs().item() <= 5 * eager_error + 1.0, (ours.item(), exact.item())
 
 
 # -- a script's own inputs list with expanded tensors (nvFuser's test_issue1706 writes these) --------
