@@ -259,3 +259,18 @@ def cases(names: list[str] | None = None) -> list[Case]:
             dtype = next((t.dtype for t in ts if t.is_floating_point()), torch.float32)
             out.append(Case(name, dtype, ts, fn))
     return out
+
+
+# --- Python numbers and sizes read from data, captured into the graph (dynamo's
+# ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops``, as its tests of unbacked
+# sizes set them). name -> (function, inputs at a size n)
+SCALAR_PROGRAMS: dict[str, tuple[Callable[..., object], Callable[[int], list[torch.Tensor]]]] = {
+    "item-as-a-float-scale": (lambda x: x * x.sum().item(), lambda n: [_r(n, 4)]),
+    "tolist-as-floats": (lambda x: x * sum(x.tolist()), lambda n: [_r(n)]),
+    "int-item-in-arithmetic": (lambda x, k: x * (k.item() + 1), lambda n: [_r(n), torch.tensor(n)]),
+    "item-as-a-size": (lambda x, k: torch.cat([x, x.new_ones(k.item(), x.shape[1])]),
+                       lambda n: [_r(3, 2), torch.tensor(n - 2)]),
+    "nonzero": (lambda x: x.nonzero(), lambda n: [(_r(n) > 0).float()]),
+    "masked-select-then-sum": (lambda x: x.masked_select(x > 0).sum(), lambda n: [_r(n)]),
+    "branch-on-a-bool-item": (lambda x: x * 2 if bool((x > 0).all()) else x - 1, lambda n: [_r(n).abs()]),
+}

@@ -26,6 +26,7 @@ failing batch is split until the case at fault is alone, and a wrong result is j
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import traceback
@@ -43,7 +44,7 @@ from segmenter.reference import clone_inputs
 
 from .opdb_sweep import TOLERANCES, Case, _compare
 
-__all__ = ["Outcome", "PeerTally", "run_compiled", "sweep"]
+__all__ = ["Outcome", "PeerTally", "grown", "judge", "run_compiled", "sweep", "sweep_dynamic"]
 
 
 @dataclass
@@ -131,13 +132,14 @@ def _kernels(record: list[FusegCompiler]) -> int:
     return sum(b != "torch" for c in record for p in c.compiled for b in p.backend_of.values())
 
 
-def _accurate(case: Case, e_out: list, g_out: list) -> str | None:
+def _accurate(case: Case, e_out: list, g_out: list, inputs: Sequence[torch.Tensor] | None = None) -> str | None:
     """Each floating output's error against float64 (the program on the inputs in float64) within
     twice eager's, or two units in the last place of its dtype, relative to the output's largest
     magnitude; None where all are."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = _flat(case.fn(*[t.double() if t.is_floating_point() else t.clone() for t in case.tensors]))
+        ref = _flat(case.fn(*[t.double() if t.is_floating_point() else t.clone()
+                              for t in (case.tensors if inputs is None else inputs)]))
     for j, (e, g, r) in enumerate(zip(e_out, g_out, ref)):
         if not isinstance(e, torch.Tensor) or not e.is_floating_point() or e.numel() == 0:
             continue
@@ -159,8 +161,10 @@ def _accurate(case: Case, e_out: list, g_out: list) -> str | None:
     return None
 
 
-def judge(case: Case, e_in: list, e_out: list, g_in: list, g_out: list, t_off: int = 0, o_off: int = 0) -> str | None:
-    """What differs between eager and ours for one case (None: nothing). Values that differ beyond
+def judge(case: Case, e_in: list, e_out: list, g_in: list, g_out: list, t_off: int = 0, o_off: int = 0,
+          inputs: Sequence[torch.Tensor] | None = None) -> str | None:
+    """What differs between eager and ours for one case (None: nothing; ``inputs``: what the call
+    took, where not ``case.tensors``). Values that differ beyond
     the dtype's tolerance pass where ours are as accurate as eager's (``_accurate``): a sum of
     values of 100 that cancels to 0.01 differs in its fifth digit between two orders of addition."""
     bad = _compare(case, e_in, e_out, g_in, g_out, t_off, o_off)
@@ -175,7 +179,7 @@ def judge(case: Case, e_in: list, e_out: list, g_in: list, g_out: list, t_off: i
             torch.testing.assert_close(g, e, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False)
         except AssertionError:
             return f"input {i} after the call differs"
-    return _accurate(case, e_out, g_out[o_off:o_off + len(e_out)])
+    return _accurate(case, e_out, g_out[o_off:o_off + len(e_out)], inputs)
 
 
 class _Failed(Exception):
@@ -259,5 +263,57 @@ def sweep(cases: Sequence[Case], source: str, batch: int = 8) -> PeerTally:
     for c in cases:
         if not c.batchable:
             go([c])
+    tally.seconds = time.perf_counter() - start
+    return tally
+
+
+def grown(t: torch.Tensor, by: int = 3, seed: int = 7) -> torch.Tensor:
+    """A tensor like ``t`` with every dim of two or more elements ``by`` longer: floating values
+    drawn anew, integer and bool ones ``t``'s repeated (their range often means something: class
+    indices, counts)."""
+    shape = [n + by if n > 1 else n for n in t.shape]
+    if t.is_floating_point():
+        return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(t.dtype)
+    flat = t.flatten() if t.numel() else torch.zeros(1, dtype=t.dtype)
+    n = math.prod(shape)
+    return flat.repeat(n // flat.numel() + 1)[:n].reshape(shape).clone()
+
+
+def sweep_dynamic(cases: Sequence[Case], source: str) -> PeerTally:
+    """Each case compiled alone with ``dynamic=True`` (Note [symbolic plans]: one plan for every
+    size) and called twice, on its tensors and on ``grown`` ones; each call against eager. A grown
+    call that eager refuses (a program written for its sizes) is not made."""
+    tally = PeerTally(source + ", dynamic=True at two sizes")
+    start = time.perf_counter()
+    for case in cases:
+        record: list[FusegCompiler] = []
+        torch._dynamo.reset()
+        f = torch.compile(case.fn, backend=_fuseg(record), dynamic=True)
+        verdict, detail = "pass", ""
+        for call, ts in enumerate((case.tensors, [grown(t) for t in case.tensors])):
+            try:
+                e_in = clone_inputs(ts)
+                torch.manual_seed(0)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    e_out = _flat(case.fn(*e_in))
+            except Exception:  # noqa: BLE001 - not a program for these sizes
+                continue
+            g_in = clone_inputs(ts)
+            torch.manual_seed(0)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    g_out = _flat(f(*g_in))
+            except Exception as e:  # noqa: BLE001 - judged: a crash of ours
+                verdict, detail = "crash", f"call {call}: {type(e).__name__}: {str(e).strip()[:300]}"
+                break
+            bad = judge(case, e_in, e_out, g_in, g_out, inputs=ts)
+            if bad is not None:
+                verdict, detail = "wrong", f"call {call} ({[tuple(t.shape) for t in ts]}): {bad}"
+                break
+        tally.compiles += 1
+        tally.kernels += _kernels(record)
+        tally.outcomes.append(Outcome(case, verdict, detail))
     tally.seconds = time.perf_counter() - start
     return tally
