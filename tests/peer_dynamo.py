@@ -251,6 +251,94 @@ def _(x):
     return F.layer_norm(x, (64,)), x.var(-1)
 
 
+# --- more of test_repros' and test_misc's kinds: metadata updates of inputs, views written
+# through, strided and expanded outputs, advanced indexing
+@program("unsqueeze-in-place-of-input", (3, 4))
+def _(x):
+    x.unsqueeze_(0)
+    return x, x.sum(-1)
+
+
+@program("transpose-in-place-of-input", (3, 4))
+def _(x):
+    x.t_()
+    return x * 2
+
+
+@program("copy-a-broadcast-into-input", (3, 4), (4,))
+def _(x, y):
+    x.copy_(y.expand_as(x))
+    return x.mean()
+
+
+@program("write-a-view-read-the-base", (5, 4))
+def _(x):
+    y = x[1:]
+    y.mul_(2)
+    return x.sum(0)
+
+
+@program("as-strided-view", (4, 4))
+def _(x):
+    return x.as_strided((2, 2), (1, 2)), x.as_strided((3,), (5,), 1) * 2
+
+
+@program("zero-in-place-returns-input", (3, 3))
+def _(x):
+    return x.zero_()
+
+
+@program("add-out-to-an-intermediate", (3, 4))
+def _(x):
+    out = torch.empty_like(x)
+    torch.add(x, 1, out=out)
+    return out.sum(1)
+
+
+@program("expanded-output", (3, 4))
+def _(x):
+    return x.sum(0, keepdim=True).expand_as(x), x.mean(1, keepdim=True).expand(3, 4)
+
+
+@program("transposed-intermediate-output", (3, 4))
+def _(x):
+    return (x * 2).t(), x.softmax(0).t()
+
+
+@program("channels-last-copy", (2, 3, 4, 5))
+def _(x):
+    y = x.contiguous(memory_format=torch.channels_last)
+    return y, y.sum((2, 3))
+
+
+@program("bool-mask-assign", (4, 5))
+def _(x):
+    x[x > 0] = 0.0
+    return x.sum()
+
+
+@program("index-add-in-place", (5, 3), make=lambda: [_r(5, 3), torch.tensor([0, 2, 2]), _r(3, 3, seed=1)])
+def _(x, i, v):
+    x.index_add_(0, i, v)
+    return x.sum(1)
+
+
+@program("fancy-index-increment", (5, 3))
+def _(x):
+    x[[0, 2]] += 1
+    return x.amax(0)
+
+
+@program("zeros-of-input-size", (4, 2))
+def _(x):
+    return torch.zeros(x.size(0), 3) + x.sum(1, keepdim=True), x.new_full((2,), x.shape[1])
+
+
+@program("type-as-and-repeat-interleave", (3, 2), make=lambda: [_r(3, 2), torch.arange(3)])
+def _(x, i):
+    return x.type_as(i), x.repeat_interleave(2, dim=0).sum(0)
+
+
 def cases(names: list[str] | None = None) -> list[Case]:
     out = []
     for name, (fn, make) in PROGRAMS.items():
