@@ -67,6 +67,8 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest'
         terminalreporter.write_line("hostile JSON mutants: " + ", ".join(f"{k}={v}" for k, v in items))
     for line in getattr(sys.modules.get("tests.test_opdb"), "SUMMARY", ()):
         terminalreporter.write_line(line)
+    for line in getattr(sys.modules.get("tests.test_peer_suite"), "SUMMARY", ()):
+        terminalreporter.write_line(line)
     moduledb = sys.modules.get("tests.test_moduledb")
     if moduledb is not None and moduledb.TALLY:
         terminalreporter.write_line("module_db: " + ", ".join(f"{k}={v}" for k, v in sorted(moduledb.TALLY.items())))

@@ -130,40 +130,47 @@ def make_cases(ops: Sequence, dtypes: Sequence[torch.dtype]) -> tuple[list[Case]
             if s is None:
                 skipped["no sample"] += 1
                 continue
-            leaves, spec = pytree.tree_flatten((s.input, s.args, s.kwargs))
-            pos = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-            if not pos or any(leaves[i].layout != torch.strided or leaves[i].requires_grad for i in pos):
-                skipped["no dense tensor input"] += 1
-                continue
-            f = op.op
-
-            def fn(*ts, _leaves=leaves, _pos=pos, _spec=spec, _f=f):
-                args = list(_leaves)
-                for i, t in zip(_pos, ts):
-                    args[i] = t
-                inp, a, kw = pytree.tree_unflatten(args, _spec)
-                return _f(inp, *a, **kw)
-
-            tensors = [leaves[i] for i in pos]
-            name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
-            probe = _Random()
-            try:
-                outs = [_run_eager(fn, tensors, 0, probe), _run_eager(fn, tensors, 1)]
-            except Exception:  # noqa: BLE001 - the sample does not run in eager: nothing to compare
-                skipped["eager raises on the sample"] += 1
-                continue
-            flat = _flat_outputs(outs[0])
-            tensor_out = all(isinstance(t, torch.Tensor) for t in flat) and flat
-            try:
-                same = tensor_out and all(
-                    torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, equal_nan=True))
-                    for a, b in zip(flat, _flat_outputs(outs[1])) if a.layout == torch.strided)
-            except (RuntimeError, NotImplementedError):  # a dtype torch cannot compare: layouts only
-                same = False
-            values = bool(same) and not probe.seen and not _GARBAGE.search(name)
-            alone = not tensor_out or probe.effects or _data_dependent(fn, tensors)
-            cases.append(Case(name, dtype, tensors, fn, values, batchable=not alone))
+            case = case_of_sample(op, dtype, s)
+            if isinstance(case, str):
+                skipped[case] += 1
+            else:
+                cases.append(case)
     return cases, skipped
+
+
+def case_of_sample(op, dtype: torch.dtype, s) -> Case | str:  # noqa: ANN001 - an OpInfo and its SampleInput
+    """The case of one OpInfo sample, or why there is none (no dense tensor input, eager raises)."""
+    leaves, spec = pytree.tree_flatten((s.input, s.args, s.kwargs))
+    pos = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if not pos or any(leaves[i].layout != torch.strided or leaves[i].requires_grad for i in pos):
+        return "no dense tensor input"
+    f = op.op
+
+    def fn(*ts, _leaves=leaves, _pos=pos, _spec=spec, _f=f):
+        args = list(_leaves)
+        for i, t in zip(_pos, ts):
+            args[i] = t
+        inp, a, kw = pytree.tree_unflatten(args, _spec)
+        return _f(inp, *a, **kw)
+
+    tensors = [leaves[i] for i in pos]
+    name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+    probe = _Random()
+    try:
+        outs = [_run_eager(fn, tensors, 0, probe), _run_eager(fn, tensors, 1)]
+    except Exception:  # noqa: BLE001 - the sample does not run in eager: nothing to compare
+        return "eager raises on the sample"
+    flat = _flat_outputs(outs[0])
+    tensor_out = all(isinstance(t, torch.Tensor) for t in flat) and flat
+    try:
+        same = tensor_out and all(
+            torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, equal_nan=True))
+            for a, b in zip(flat, _flat_outputs(outs[1])) if a.layout == torch.strided)
+    except (RuntimeError, NotImplementedError):  # a dtype torch cannot compare: layouts only
+        same = False
+    values = bool(same) and not probe.seen and not _GARBAGE.search(name)
+    alone = not tensor_out or probe.effects or _data_dependent(fn, tensors)
+    return Case(name, dtype, tensors, fn, values, batchable=not alone)
 
 
 class _Random(TorchDispatchMode):
