@@ -118,19 +118,13 @@ def test_opinfo_reductions_at_large_sizes() -> None:
     _check(_sweep(cases, "OpInfo reductions at 2^20 and 2^23"), least_kernels=len(cases) // 4)
 
 
-DATA_DEPENDENT = {"int-item-in-arithmetic", "item-as-a-size", "nonzero", "masked-select-then-sum", "branch-on-a-bool-item"}
-
-
 @pytest.mark.parametrize("n", [5, 9])
 @pytest.mark.parametrize("name", sorted(peer_dynamo.SCALAR_PROGRAMS))
-def test_numbers_and_sizes_read_from_data(name: str, n: int, request) -> None:  # noqa: ANN001
+def test_numbers_and_sizes_read_from_data(name: str, n: int) -> None:
     """dynamo's programs with ``.item()``/``.tolist()``/``nonzero`` captured (no graph break).
-    The ones that read an integer or a size from data are refused by capture today
-    (CaptureError: ... DataDependentOutputException / DynamicOutputShapeException; aot_eager runs
-    them): the class of issue 63 goal 3, another engineer's (segmenter/metadata_mutation.py,
-    runtime/dynamo.py)."""
-    if name in DATA_DEPENDENT:
-        request.applymarker(pytest.mark.xfail(strict=False, reason="data-dependent sizes: issue 63 goal 3"))
+    Those that read an integer or a size from data were refused by capture (CaptureError: ...
+    DataDependentOutputException); their ops now run on torch and the rest on our kernels (Note
+    [sizes read from data run on torch], runtime/unbacked.py)."""
     fn, make = peer_dynamo.SCALAR_PROGRAMS[name]
     with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
         check_alone(fn, make(n), kernels=False)
