@@ -22,8 +22,12 @@ def _kernels_not_timings():
     same test on every later run), so tests take every kernel the generator builds; the tests of
     the measuring itself (tests/test_autotune.py) set their own choice and cache."""
     from runtime.autotune import fixed
+    from runtime.trial import program_checks
 
-    with fixed("kernel"):
+    # (Note [a program against its ATen path] in runtime/trial.py: tests that set measuring on
+    # must not have their programs tried against ATen by a timing either; tests/test_program_check.py
+    # turns it on with its own clock)
+    with fixed("kernel"), program_checks(False):
         yield
 
 
