@@ -220,6 +220,8 @@ class CompiledProgram:
         threads.register(self)  # Note [torch's threads beside background compilers] (runtime/threads.py)
         if lost and self.sizes is None and self._building is None:
             trial.start(self, chosen, lost, functools.partial(self._finish, build=False))
+        elif build and self.sizes is None and self._building is None:  # Note [a program against its ATen path]
+            trial.against_aten(self, chosen, functools.partial(self._finish, build=False))
 
     # --- Note [kernels built in the background] ---------------------------------------------
 

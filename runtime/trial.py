@@ -1,5 +1,5 @@
 """Kernels that ATen beat alone, tried again inside their program (Note [a kernel tried in its
-program]).
+program]); a program against its own ATen path (Note [a program against its ATen path]).
 
 Note [a kernel tried in its program]: Note [choices by measurement] (runtime/autotune.py) times a
 kernel's launch alone against the segment on ATen, each called from Python on made-up inputs.
@@ -31,17 +31,19 @@ calls a slow way costs are the trial's only cost, and that bounds them.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from . import autotune, threads
 
-__all__ = ["CALLS", "GIVE_UP", "Trial", "alternating", "start"]
+__all__ = ["CALLS", "GIVE_UP", "Trial", "against_aten", "alternating", "program_checks", "program_key", "start"]
 
 #: calls timed each way
 CALLS = 6
@@ -67,10 +69,11 @@ class Trial:
     """The two ways of a program, alternated on its calls until one is chosen."""
 
     def __init__(self, program: Any, ways: dict[str, dict[str, Any]], keys: dict[int, tuple[str, autotune.Verdict]],
-                 ) -> None:
+                 key: str | None = None) -> None:
         self.program = program
         self.ways = ways  # "aten" / "kernel" -> the program's attributes that way
         self.keys = keys  # segment -> (its verdict's key, its isolated verdict)
+        self.key = key  # the whole program's verdict key (Note [a program against its ATen path]), or None
         self.times: dict[str, list[float]] = {"aten": [], "kernel": []}
         self.calls = 0
 
@@ -103,6 +106,10 @@ class Trial:
         program.entry = threads.entry_now(program.entry)
         program.trial_result = {"kernels": kernels, "kernel_us": k * 1e6, "aten_us": a * 1e6,
                                 "segments": sorted(self.keys), "calls": {w: len(t) for w, t in self.times.items()}}
+        if self.key is not None:  # Note [a program against its ATen path]
+            program.trial_result["against"] = "its ATen path"
+            autotune.record(self.key, autotune.Verdict(kernels, k * 1e6, a * 1e6))
+            return
         keys = sorted(key for key, _ in self.keys.values())
         name = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
         autotune.record(f"program {name} ({len(keys)} kernels ATen beat alone); threads {torch.get_num_threads()}",
@@ -146,3 +153,83 @@ def start(program: Any, chosen: dict[int, Any], lost: dict[int, Any],
     _become(program, aten)
     program.trial = trial
     program.entry = threads.entry_now(trial.entry)
+
+
+# Note [a program against its ATen path]: every choice of a program can be right and the program
+# still lose to eager: a kernel measured alone against its ATen op on made-up inputs (Note
+# [choices by measurement]) does not see the threads, caches and launch costs of the program
+# around it, and the CPU at hand is not the one its rules were written on. So a program of fixed
+# sizes on the CPU that runs any generated kernel is tried, on its first calls, against the same
+# plan with every segment on torch (the ATen ops eager runs, in the plan's order, without the
+# Python between them): the calls alternate as in Note [a kernel tried in its program] and the
+# faster way keeps the program. The verdict is kept beside the kernels' (the verdict file,
+# keyed by the program's kernels, whose names hash their sources and layouts, and torch's thread
+# count): a later process with the same cache takes the same way without a trial. Every call runs
+# the plan exactly, either way; where ATen wins, ``backend_of`` says torch and ``passed_over``
+# why. Not tried: symbolic plans (their kernels are chosen per size class, Note [choices at the
+# call]), programs on CUDA (a host timer does not time a stream), a program whose kernels ATen
+# beat alone (it has its own trial), while choices are fixed (``autotune.fixed``: the tests) and
+# under ``torch.use_deterministic_algorithms(True)``, where nothing is chosen by timing: the
+# program keeps its kernels, so its bits do not depend on a timing. A verdict is not measured again
+# when timings drift later in the process; a new process with an empty cache measures afresh.
+_CHECKS: contextvars.ContextVar[bool] = contextvars.ContextVar("fuseg_program_checks", default=True)
+
+
+@contextlib.contextmanager
+def program_checks(on: bool) -> Iterator[None]:
+    """Within: programs are (``True``, the default) or are not tried against their ATen path."""
+    token = _CHECKS.set(on)
+    try:
+        yield
+    finally:
+        _CHECKS.reset(token)
+
+
+def program_key(chosen: dict[int, Any]) -> str:
+    """The verdict key of a program against its ATen path: its kernels (by name) and torch's threads."""
+    names = sorted(launch.kernel.name for launch in chosen.values() if hasattr(launch, "kernel"))
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+    return f"program {digest} against its ATen path ({len(names)} kernels); threads {torch.get_num_threads()}"
+
+
+def against_aten(program: Any, chosen: dict[int, Any], finish: Callable[[dict[int, Any]], None]) -> None:
+    """Try ``program`` (just finished with ``chosen``) against its ATen path, or take the way a
+    verdict kept for its kernels says (Note [a program against its ATen path])."""
+    from .backends.torch_backend import TorchLaunch
+
+    if (not _CHECKS.get() or autotune.policy() != "measure" or torch.are_deterministic_algorithms_enabled()
+            or program.ctx.device.type != "cpu"):
+        return
+    generated = {i: launch for i, launch in chosen.items() if launch.backend != "torch"}
+    if not generated:
+        return
+    key = program_key(chosen)
+    known = autotune.lookup(key)
+    if known is not None and known.kernel:
+        return
+    kernel = dict(program.__dict__)
+    on_torch = dict(chosen)
+    passed_over, backend_of = dict(program.passed_over), dict(program.backend_of)
+    why = ("the program measured slower on this CPU than its ATen path (Note [a program against its ATen path])"
+           if known is None else f"the program's ATen path kept for this CPU: {known.reason()}")
+    for i, launch in generated.items():
+        on_torch[i] = TorchLaunch(program.ctx, launch.segment)
+        passed_over[i] = (*passed_over.get(i, ()), (launch.backend, why))
+        backend_of[i] = "torch"
+    program.passed_over, program.backend_of = passed_over, backend_of
+    try:
+        finish(on_torch)
+    except Exception:  # noqa: BLE001 - the ATen way could not be made: the program with its kernels, untried
+        _become(program, kernel)
+        return
+    if known is not None:  # ATen's path won in an earlier process: the program is that way now
+        program.trial_result = {"kernels": False, "kernel_us": known.kernel_us, "aten_us": known.aten_us,
+                                "against": "its ATen path", "kept": True}
+        return
+    aten = dict(program.__dict__)
+    for way in (aten, kernel):  # (the trial's entry is set below; each way keeps its own)
+        way["entry"] = threads.unwrapped(way["entry"])
+    t = Trial(program, {"aten": aten, "kernel": kernel}, {}, key=key)
+    _become(program, kernel)
+    program.trial = t
+    program.entry = threads.entry_now(t.entry)
