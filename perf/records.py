@@ -205,8 +205,19 @@ def _profile(d: dict[str, Any]) -> tuple[str, str, str, str]:
             f"kernels: median {ratio:.2f}x ({len(rows)} models Inductor ran)")
 
 
+def _reductions(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    acc = d.get("accuracy", [])
+    also = f"error against float64: {d['accuracy_summary']['chunked']}" if acc else "-"
+    speed = d.get("summary", {}).get("chunked_over_one_loop_range")
+    if speed:
+        also += f"; chunked over one loop {_span(speed)} on rows past the chunk"
+    return (f"{len(acc)} reductions, 2^12..2^26 elements", "-", "-", also)
+
+
 def _kind(d: dict[str, Any]) -> Callable[[dict[str, Any]], tuple[str, str, str, str]] | None:
     bench = str(d.get("benchmark", ""))
+    if bench == "reductions":
+        return _reductions
     if bench.startswith("compiled models"):
         return _compiled
     if bench.startswith("dynamic_shapes/train"):
