@@ -611,8 +611,12 @@ def emit_reductions(lw, R: int, reduce_pass, row_let, scratch_array) -> None:  #
                     lw.regs[(node.name, 1)] = mean
         elif name in ("_softmax", "_log_softmax", "logsumexp"):
             m = reduce_pass(ct, "fuseg_max", xval)
-            # exp(x - m) with m = -inf (a row of -inf) is exp(nan): use 0 as the shift there, as torch does
-            shift = row_let(ct, f"(({m}) == -{literal(float('inf'), ct)} ? ({ct})0 : {m})")
+            # exp(x - m) with m = -inf (a row of -inf) is exp(nan): use 0 as the shift there, as torch does;
+            # logsumexp shifts by 0 wherever m is infinite (ATen's masked_fill of |max| == inf): a row
+            # holding +inf then sums exp(+inf) and gives +inf, where softmax's NaN is eager's too
+            inf = literal(float("inf"), ct)
+            infinite = f"({m}) == {inf} || ({m}) == -{inf}" if name == "logsumexp" else f"({m}) == -{inf}"
+            shift = row_let(ct, f"(({infinite}) ? ({ct})0 : {m})")
             scratch = scratch_array(ct) if name == "_softmax" else None  # Note [softmax keeps its exps]
 
             def exp_element(b: Body, idx: list[str], xval=xval, shift=shift, scratch=scratch, ct=ct,
