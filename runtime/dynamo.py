@@ -24,7 +24,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from alias import apply_aliases
 from segmenter import SegmenterOptions, from_fx, segment
-from segmenter.fx_import import has_symbolic_sizes, storage_ids
+from segmenter.fx_import import has_symbolic_sizes
+from segmenter.storages import storage_ids
 from segmenter.symbolic import symbolic_hashing
 from segmenter.unbacked import has_data_dependent_sizes
 

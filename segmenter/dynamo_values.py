@@ -32,6 +32,7 @@ generation graphs).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -41,9 +42,10 @@ from torch.utils import _pytree as pytree
 
 from .ir import TensorMeta
 from .meta import fakeable
-from .symbolic import SymbolicSizes
+from .storages import storage_ids
+from .symbolic import NotSymbolic, SymbolicSizes, SymbolSource
 
-__all__ = ["Translated", "translated"]
+__all__ = ["Translated", "symbolic_inputs", "translated"]
 
 
 class _Untranslatable(Exception):
@@ -128,7 +130,6 @@ def translated(gm: fx.GraphModule, sizes: SymbolicSizes, placeholders: Sequence[
     their values in ``sizes``' symbols, or None where the graph's values are not all plain.
     ``placeholders`` are the graph's placeholder values as dynamo gave them (its FakeTensors);
     ``storages``, which of the call's tensor arguments share a storage (``storage_ids``)."""
-    from .fx_import import storage_ids
 
     if not sizes.from_dynamo:
         return None
@@ -158,3 +159,100 @@ def translated(gm: fx.GraphModule, sizes: SymbolicSizes, placeholders: Sequence[
         return None
     return Translated(copy, list(placeholders), outputs, ours)
 
+
+# -- inputs ---------------------------------------------------------------------------------
+
+# Note [number inputs]: dynamo lifts the ints a function takes (``dynamic=True``: a slice bound,
+# a step) into graph inputs with symbolic values, as it does sizes. Such a number is no tensor's
+# size: it may be negative, and 0 or 1 is no special case, so its symbol is made without the
+# assumptions of a size. A FusionGraph's inputs are tensors; a symbolic program takes the numbers
+# its sizes need after its tensors (``number_inputs``, in placeholder order), and the
+# torch.compile backend passes them there.
+
+def symbolic_inputs(placeholders: Sequence[Any], args: Sequence[Any]) -> tuple[SymbolicSizes, list[Any]]:
+    """Our symbols for the symbols of ``placeholders`` (the graph's placeholder values: dynamo's
+    FakeTensors and SymInts), hinted by the first call's ``args``, and FakeTensors (SymInts for
+    number inputs) of our ShapeEnv with each placeholder's symbolic layout. Raises NotSymbolic
+    where the arguments do not have the layouts the placeholders say (then the graph is
+    specialized)."""
+    sizes = SymbolicSizes()
+    ours: dict[sympy.Symbol, sympy.Expr] = {}
+
+    def expr_of(v: object) -> sympy.Expr:
+        if isinstance(v, torch.SymInt):
+            if free_unbacked_symbols(v):
+                raise NotSymbolic(f"a data-dependent size {v}")
+            return v.node.expr
+        return sympy.Integer(int(v))
+
+    # symbols first, from every place a placeholder's size is one bare symbol of dynamo's: a
+    # symbol some tensor has as a size is a size (from its first such place); one only numbers
+    # are is a number (a slice bound may be negative: Note [number inputs])
+    found: dict[sympy.Symbol, tuple[int, SymbolSource]] = {}
+    for i, (v, a) in enumerate(zip(placeholders, args)):
+        pairs: list[tuple[object, object, int | None]] = []
+        if isinstance(v, torch.SymInt):
+            pairs.append((v, a, None))
+        elif isinstance(v, torch.Tensor):
+            if not isinstance(a, torch.Tensor) or a.dim() != v.dim():
+                raise NotSymbolic(f"argument {i} is not a tensor of rank {v.dim()}")
+            pairs.extend((s, n, d) for d, (s, n) in enumerate(zip(v.shape, a.shape)))
+        for s, actual, dim in pairs:
+            e = expr_of(s)
+            if isinstance(e, sympy.Symbol) and (e not in found or (dim is not None and found[e][1].dim is None)):
+                if not isinstance(actual, int) or isinstance(actual, bool):
+                    raise NotSymbolic(f"argument {i} is a {type(actual).__name__} where the graph takes a size")
+                found[e] = (int(actual), SymbolSource(i, dim))
+    for e, (actual, src) in found.items():
+        ours[e] = sizes.symbol(actual, src, number=src.dim is None)
+    sizes.from_dynamo = ours
+
+    def value(s: object, hint: int, what: str) -> int | torch.SymInt:
+        e = expr_of(s)
+        if not e.free_symbols <= set(ours):
+            raise NotSymbolic(f"{what}: {e} has a symbol that no input size gives")
+        sub = e.xreplace(ours)
+        got = sympy.sympify(sub.xreplace({k: sympy.Integer(v) for k, v in sizes.hints.items()}))
+        if not got.is_number or int(got) != hint:
+            raise NotSymbolic(f"{what}: the argument has {hint} where the graph says {e}")
+        return sizes.symint(sub, hint)
+
+    fakes: list[Any] = []
+    bases: dict[int, torch.Tensor] = {}
+    tensor_args = [a for a in args if isinstance(a, torch.Tensor)]
+    storage_of = dict(zip(map(id, tensor_args), storage_ids(tensor_args)))
+    extents: dict[int, Any] = {}
+    layouts: list[tuple | None] = []
+    for i, (v, a) in enumerate(zip(placeholders, args)):
+        if isinstance(v, torch.SymInt):
+            layouts.append(None)
+            continue
+        if not isinstance(v, torch.Tensor):
+            layouts.append(None)
+            continue
+        if a.layout != torch.strided:
+            raise NotSymbolic(f"argument {i} is a {a.layout} tensor")
+        shape = tuple(value(s, n, f"argument {i} size {d}") for d, (s, n) in enumerate(zip(v.shape, a.shape)))
+        stride = tuple(value(s, n, f"argument {i} stride {d}") for d, (s, n) in enumerate(zip(v.stride(), a.stride())))
+        offset = value(v.storage_offset(), a.storage_offset(), f"argument {i} storage offset")
+        layouts.append((shape, stride, offset))
+        extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+        key = storage_of[id(a)]
+        extents[key] = extent if key not in extents else torch.sym_max(extents[key], extent)
+    with sizes.mode:
+        for i, (v, a) in enumerate(zip(placeholders, args)):
+            if isinstance(v, torch.SymInt):
+                fakes.append(value(v, a, f"argument {i}"))
+                continue
+            if not isinstance(v, torch.Tensor):
+                fakes.append(a)
+                continue
+            shape, stride, offset = layouts[i]
+            key = storage_of[id(a)]
+            if key not in bases:
+                bases[key] = torch.empty(extents[key], dtype=a.dtype, device=fakeable(str(a.device)))
+            t = bases[key].as_strided(shape, stride, offset)
+            if a.requires_grad:
+                t.requires_grad_(True)
+            fakes.append(t)
+    return sizes, fakes

@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from .dynamo_values import translated
+from .dynamo_values import symbolic_inputs, translated
 from .ir import (
     Alias,
     Arg,
@@ -45,6 +45,7 @@ from .ir import (
 from .meta import fake_mode, quiet_fake_errors, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .ops import NOT_COMPUTE, op_info, op_name, resolve_op
+from .storages import storage_ids
 
 __all__ = ["CaptureError", "ScalarRead", "eliminate_dead_nodes", "from_fx", "storage_ids"]
 
@@ -62,12 +63,6 @@ class _Converted:
     env: dict[fx.Node, Arg]
     outputs: list[Arg]
     constants: list[GraphConstant]  # tensors read with get_attr, held by value
-
-
-def storage_ids(tensors: Sequence[torch.Tensor]) -> list[int]:
-    """For each tensor, the index of the first tensor sharing its storage (real or fake)."""
-    first: dict[StorageWeakRef, int] = {}
-    return [first.setdefault(StorageWeakRef(t.untyped_storage()), i) for i, t in enumerate(tensors)]
 
 
 @dataclass(frozen=True)
@@ -431,8 +426,6 @@ def from_fx(
         raise CaptureError(f"graph has {len(placeholders)} placeholders but {len(example_inputs)} example inputs")
     sizes = None
     if symbolic:
-        from .symbolic import symbolic_inputs
-
         dynamo_values = [ph.meta.get("val") for ph in placeholders]
         sizes, example_inputs = symbolic_inputs(dynamo_values, example_inputs)
     for i, t in enumerate(example_inputs):

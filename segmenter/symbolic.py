@@ -4,7 +4,7 @@ Note [symbolic plans]: dynamo and AOTAutograd hand a backend graphs whose sizes 
 a dim has changed between calls (``dynamic=True``, ``mark_dynamic``, automatic dynamic shapes).
 Such a graph is planned once, with its sizes kept symbolic:
 
-    symbolic_inputs(placeholder values, first real arguments)
+    symbolic_inputs(placeholder values, first real arguments)  (segmenter/dynamo_values.py)
         -> FakeTensors of our own ShapeEnv (one symbol per symbol of dynamo's, hinted by the
            first call's sizes)
     from_fx / segment / apply_aliases / runtime.compile
@@ -45,7 +45,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unb
 
 from .torch_compat import backed_hints
 
-__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing", "symbolic_inputs"]
+__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing"]
 
 
 _HASHING: contextvars.ContextVar[bool] = contextvars.ContextVar("fuseg_symbolic_hashing", default=False)
@@ -444,105 +444,3 @@ def _print(e: sympy.Basic, names: dict[sympy.Symbol, str], lang: str) -> str:
         raise NotSymbolic(f"cannot print {type(x).__name__} {x}")
 
     return p(e)
-
-
-# -- inputs ---------------------------------------------------------------------------------
-
-# Note [number inputs]: dynamo lifts the ints a function takes (``dynamic=True``: a slice bound,
-# a step) into graph inputs with symbolic values, as it does sizes. Such a number is no tensor's
-# size: it may be negative, and 0 or 1 is no special case, so its symbol is made without the
-# assumptions of a size. A FusionGraph's inputs are tensors; a symbolic program takes the numbers
-# its sizes need after its tensors (``number_inputs``, in placeholder order), and the
-# torch.compile backend passes them there.
-
-def symbolic_inputs(placeholders: Sequence[Any], args: Sequence[Any]) -> tuple[SymbolicSizes, list[Any]]:
-    """Our symbols for the symbols of ``placeholders`` (the graph's placeholder values: dynamo's
-    FakeTensors and SymInts), hinted by the first call's ``args``, and FakeTensors (SymInts for
-    number inputs) of our ShapeEnv with each placeholder's symbolic layout. Raises NotSymbolic
-    where the arguments do not have the layouts the placeholders say (then the graph is
-    specialized)."""
-    from .meta import fakeable
-
-    sizes = SymbolicSizes()
-    ours: dict[sympy.Symbol, sympy.Expr] = {}
-
-    def expr_of(v: object) -> sympy.Expr:
-        if isinstance(v, torch.SymInt):
-            if free_unbacked_symbols(v):
-                raise NotSymbolic(f"a data-dependent size {v}")
-            return v.node.expr
-        return sympy.Integer(int(v))
-
-    # symbols first, from every place a placeholder's size is one bare symbol of dynamo's: a
-    # symbol some tensor has as a size is a size (from its first such place); one only numbers
-    # are is a number (a slice bound may be negative: Note [number inputs])
-    found: dict[sympy.Symbol, tuple[int, SymbolSource]] = {}
-    for i, (v, a) in enumerate(zip(placeholders, args)):
-        pairs: list[tuple[object, object, int | None]] = []
-        if isinstance(v, torch.SymInt):
-            pairs.append((v, a, None))
-        elif isinstance(v, torch.Tensor):
-            if not isinstance(a, torch.Tensor) or a.dim() != v.dim():
-                raise NotSymbolic(f"argument {i} is not a tensor of rank {v.dim()}")
-            pairs.extend((s, n, d) for d, (s, n) in enumerate(zip(v.shape, a.shape)))
-        for s, actual, dim in pairs:
-            e = expr_of(s)
-            if isinstance(e, sympy.Symbol) and (e not in found or (dim is not None and found[e][1].dim is None)):
-                if not isinstance(actual, int) or isinstance(actual, bool):
-                    raise NotSymbolic(f"argument {i} is a {type(actual).__name__} where the graph takes a size")
-                found[e] = (int(actual), SymbolSource(i, dim))
-    for e, (actual, src) in found.items():
-        ours[e] = sizes.symbol(actual, src, number=src.dim is None)
-    sizes.from_dynamo = ours
-
-    def value(s: object, hint: int, what: str) -> int | torch.SymInt:
-        e = expr_of(s)
-        if not e.free_symbols <= set(ours):
-            raise NotSymbolic(f"{what}: {e} has a symbol that no input size gives")
-        sub = e.xreplace(ours)
-        got = sympy.sympify(sub.xreplace({k: sympy.Integer(v) for k, v in sizes.hints.items()}))
-        if not got.is_number or int(got) != hint:
-            raise NotSymbolic(f"{what}: the argument has {hint} where the graph says {e}")
-        return sizes.symint(sub, hint)
-
-    fakes: list[Any] = []
-    bases: dict[int, torch.Tensor] = {}
-    from .fx_import import storage_ids
-
-    tensor_args = [a for a in args if isinstance(a, torch.Tensor)]
-    storage_of = dict(zip(map(id, tensor_args), storage_ids(tensor_args)))
-    extents: dict[int, Any] = {}
-    layouts: list[tuple | None] = []
-    for i, (v, a) in enumerate(zip(placeholders, args)):
-        if isinstance(v, torch.SymInt):
-            layouts.append(None)
-            continue
-        if not isinstance(v, torch.Tensor):
-            layouts.append(None)
-            continue
-        if a.layout != torch.strided:
-            raise NotSymbolic(f"argument {i} is a {a.layout} tensor")
-        shape = tuple(value(s, n, f"argument {i} size {d}") for d, (s, n) in enumerate(zip(v.shape, a.shape)))
-        stride = tuple(value(s, n, f"argument {i} stride {d}") for d, (s, n) in enumerate(zip(v.stride(), a.stride())))
-        offset = value(v.storage_offset(), a.storage_offset(), f"argument {i} storage offset")
-        layouts.append((shape, stride, offset))
-        extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-        key = storage_of[id(a)]
-        extents[key] = extent if key not in extents else torch.sym_max(extents[key], extent)
-    with sizes.mode:
-        for i, (v, a) in enumerate(zip(placeholders, args)):
-            if isinstance(v, torch.SymInt):
-                fakes.append(value(v, a, f"argument {i}"))
-                continue
-            if not isinstance(v, torch.Tensor):
-                fakes.append(a)
-                continue
-            shape, stride, offset = layouts[i]
-            key = storage_of[id(a)]
-            if key not in bases:
-                bases[key] = torch.empty(extents[key], dtype=a.dtype, device=fakeable(str(a.device)))
-            t = bases[key].as_strided(shape, stride, offset)
-            if a.requires_grad:
-                t.requires_grad_(True)
-            fakes.append(t)
-    return sizes, fakes
