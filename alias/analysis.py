@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
-from segmenter.symbolic import is_symbolic, size_key
+from segmenter.ir.symbolic import is_symbolic, size_key
 
 from .layout import Layout, NeedsCopy, apply_view_op
 

@@ -25,8 +25,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 from alias import apply_aliases
 from segmenter import SegmenterOptions, from_fx, segment
 from segmenter.fx_import import has_symbolic_sizes
+from segmenter.ir.symbolic import symbolic_hashing
 from segmenter.storages import storage_ids
-from segmenter.symbolic import symbolic_hashing
 from segmenter.unbacked import has_data_dependent_sizes
 
 from . import logs
@@ -176,7 +176,7 @@ class FusegCompiler:
         # a graph that returns sizes (Note [size outputs]) always takes the keyed path, which adds them
         numbers = any(isinstance(o, fx.Node) and isinstance(o.meta.get("val"), (int, torch.SymInt))
                       for o in outs if o is not None)
-        # Note [symbolic plans] (segmenter/symbolic.py): a graph with symbolic sizes gets plans
+        # Note [symbolic plans] (segmenter/ir/symbolic.py): a graph with symbolic sizes gets plans
         # that serve every size where their conditions hold; the keyed, specialized path is what a
         # graph falls back to where a symbolic plan cannot be made (``symbolic_refused`` says why)
         symbolic = [self.dynamic and has_symbolic_sizes(gm)]
@@ -347,7 +347,7 @@ class FusegCompiler:
 
 def _program_inputs(program: CompiledProgram, tensors: list[Any], args: list[Any]) -> list[Any]:
     """A symbolic program's arguments: the tensors, then the numbers it reads symbols from
-    (Note [number inputs] in segmenter/symbolic.py)."""
+    (Note [number inputs] in segmenter/ir/symbolic.py)."""
     if not program.numbers:
         return tensors
     return [*tensors, *(args[i] for i in program.sizes.number_inputs())]

@@ -18,7 +18,7 @@ Importing a segment's script (``segmenter.from_nvfuser``) gives back the segment
 once casts to a value's own dtype are dropped, and the same values (tests/test_nvfuser_export.py).
 
 Note [exported symbolic sizes]: a plan whose sizes are symbolic (Note [symbolic plans] in
-segmenter/symbolic.py) is written as nvFuser writes its own fusions: an input with a symbolic dim
+segmenter/ir/symbolic.py) is written as nvFuser writes its own fusions: an input with a symbolic dim
 is ``define_tensor(shape=[-1, ...], contiguity=[...], stride_order=[...])`` (contiguity True
 where a stride is the product its inner dim makes, for every size), and a size an op takes (a
 reshape's shape, a slice's end) is a scalar computed in the fusion from its inputs' sizes
@@ -39,12 +39,12 @@ import torch
 
 from segmenter import FusionGraph, GraphInput, Segment, SegmentedFusion, SegmentKind, TensorMeta
 from segmenter.explain import describe_sizes
-from segmenter.ir import OpRef, ValueRef
+from segmenter.ir.graph import OpRef, ValueRef
+from segmenter.ir.ops import op_name_problem, resolve_op
+from segmenter.ir.symbolic import NotSymbolic, SymbolicSizes, size_hint, size_key, sizes_of
 from segmenter.nvfuser_ops import DTYPES, OPS
 from segmenter.nvfuser_script import DType, Ref
-from segmenter.ops import op_name_problem, resolve_op
 from segmenter.recorded import overlaps_itself
-from segmenter.symbolic import NotSymbolic, SymbolicSizes, size_hint, size_key, sizes_of
 
 from .backends.nvfuser import lower_to_nvfuser
 from .codegen import Declined

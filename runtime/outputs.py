@@ -30,8 +30,8 @@ them (the input object, not ``finish``'s ``as_strided`` of it: the same storage 
 from __future__ import annotations
 
 from segmenter import FusionGraph, TensorMeta
-from segmenter.ir import view_roots
-from segmenter.symbolic import size_key
+from segmenter.ir.graph import view_roots
+from segmenter.ir.symbolic import size_key
 
 from .wrapper import Code
 

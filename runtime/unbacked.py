@@ -4,7 +4,7 @@ Note [sizes read from data run on torch]: with ``capture_scalar_outputs`` (``.it
 ``capture_dynamic_output_shape_ops`` (``nonzero``, ``masked_select``, ``repeat_interleave``
 with tensor repeats) dynamo hands over one graph whose sizes include *unbacked* symbols: the
 data at each call says what they are, no input's size does. A plan's sizes are numbers or
-symbols read from its inputs' sizes (Note [symbolic plans] in segmenter/symbolic.py), and
+symbols read from its inputs' sizes (Note [symbolic plans] in segmenter/ir/symbolic.py), and
 capture re-runs a graph on FakeTensors, where ``.item()`` has no value
 (``DataDependentOutputException``). So such a graph is cut in two kinds of parts:
   * the nodes that make a data-dependent size, have one, or read an operand that has one

@@ -2,9 +2,9 @@
 
 from .from_torch import capture
 from .fx_import import CaptureError, from_fx
-from .ir import Alias, FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .ir.graph import Alias, FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from .ir.ops import OPAQUE_OPS, OpInfo, OpKind, op_info
 from .nvfuser_import import NvFuserFusion, from_nvfuser, read_nvfuser
-from .ops import OPAQUE_OPS, OpInfo, OpKind, op_info
 from .options import SegmenterOptions
 from .partition import segment
 from .segments import Boundary, Segment, SegmentedFusion, SegmentKind

@@ -2,7 +2,7 @@
 
 Note [dynamo's values, translated]: a graph that AOTAutograd hands a backend already carries, in
 every node's ``meta['val']``, the FakeTensor (or SymInt) it computes, with sizes over dynamo's
-symbols. A symbolic plan (Note [symbolic plans] in segmenter/symbolic.py) needs those values over
+symbols. A symbolic plan (Note [symbolic plans] in segmenter/ir/symbolic.py) needs those values over
 its own symbols. It used to get them by running the graph again, node by node, on FakeTensors of
 its own ShapeEnv (Note [symbolic graphs propagated, not retraced] in segmenter/fx_import.py):
 torch's meta kernels asked every size question again, ~3900 SymNode operations and 0.34-0.50 s
@@ -40,10 +40,10 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from .ir import TensorMeta
+from .ir.graph import TensorMeta
+from .ir.symbolic import NotSymbolic, SymbolicSizes, SymbolSource
 from .meta import fakeable
 from .storages import storage_ids
-from .symbolic import NotSymbolic, SymbolicSizes, SymbolSource
 
 __all__ = ["Translated", "symbolic_inputs", "translated"]
 

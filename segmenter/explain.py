@@ -6,8 +6,8 @@ from typing import Any
 
 import sympy
 
+from .ir.symbolic import SymbolicSizes, sizes_of
 from .segments import SegmentedFusion
-from .symbolic import SymbolicSizes, sizes_of
 
 __all__ = ["describe_segments", "segmentation_to_dict"]
 

@@ -32,7 +32,7 @@ from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
-from .ir import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
+from .ir.graph import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
 from .meta import propagate_metas
 from .observe import check_write_back, module_state, observe, user_outputs
 from .outputs import output_tensors

@@ -19,9 +19,9 @@ import torch
 import torch.fx as fx
 
 from .fx_import import CaptureError, from_fx
-from .ir import Alias, Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
+from .ir.graph import Alias, Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
+from .ir.ops import resolve_op
 from .meta import fake_inputs, fake_mode, fakeable, quiet_fake_errors, shallow
-from .ops import resolve_op
 
 __all__ = ["functionalize"]
 

@@ -28,7 +28,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from .dynamo_values import symbolic_inputs, translated
-from .ir import (
+from .ir.graph import (
     Alias,
     Arg,
     FusionGraph,
@@ -42,9 +42,9 @@ from .ir import (
     ValueRef,
     view_roots,
 )
+from .ir.ops import NOT_COMPUTE, op_info, op_name, resolve_op
 from .meta import fake_mode, quiet_fake_errors, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
-from .ops import NOT_COMPUTE, op_info, op_name, resolve_op
 from .storages import storage_ids
 
 __all__ = ["CaptureError", "ScalarRead", "eliminate_dead_nodes", "from_fx", "storage_ids"]
@@ -97,7 +97,7 @@ def _meta_of(val: object, where: str, symbolic: bool = False) -> TensorMeta:
         raise CaptureError(f"{where}: expected a tensor value, got {type(val).__name__}")
     sizes = (*val.shape, *val.stride(), val.storage_offset())
     if symbolic and not _data_dependent(sizes):
-        return TensorMeta.from_tensor(val)  # Note [symbolic plans] in segmenter/symbolic.py
+        return TensorMeta.from_tensor(val)  # Note [symbolic plans] in segmenter/ir/symbolic.py
     if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
         raise CaptureError(f"{where}: " + _symbolic(f"the shape {tuple(val.shape)}", (*val.shape, *val.stride())))
     return TensorMeta.from_tensor(val)
@@ -131,7 +131,7 @@ def convert_graph(gm: fx.GraphModule, placeholders: Mapping[fx.Node, Arg], symbo
     ``placeholders`` maps each placeholder to what it stands for: a ValueRef to a graph input,
     or a literal (a specialized int argument, or a SymInt under ``symbolic``). ``copy_`` onto a
     placeholder is left in the node list as ``aten.copy_.default`` for the caller to turn into a
-    Mutation. Under ``symbolic`` (Note [symbolic plans] in segmenter/symbolic.py) sizes may be
+    Mutation. Under ``symbolic`` (Note [symbolic plans] in segmenter/ir/symbolic.py) sizes may be
     SymInts of our ShapeEnv: in metas, and as literal arguments where the graph computes them.
     """
     env: dict[fx.Node, Arg] = dict(placeholders)
@@ -359,7 +359,7 @@ def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.G
 
 
 # Note [symbolic graphs propagated, not retraced]: a graph with symbolic sizes gets its values
-# again on FakeTensors of our own ShapeEnv (Note [symbolic plans] in segmenter/symbolic.py), so that
+# again on FakeTensors of our own ShapeEnv (Note [symbolic plans] in segmenter/ir/symbolic.py), so that
 # every size question torch's meta functions ask becomes a condition of our plan. Where the graph
 # writes nothing (AOTAutograd's inference and forward graphs, which are functional already),
 # there is nothing for ``functionalize`` to do, and re-tracing it with ``make_fx`` (a proxy per
@@ -416,7 +416,7 @@ def from_fx(
 
     ``symbolic``: where the placeholders' values have symbolic sizes (dynamo's), the graph keeps
     them symbolic, as SymInts of a ShapeEnv of our own hinted by ``example_inputs`` (real
-    arguments); Note [symbolic plans] in segmenter/symbolic.py. Raises NotSymbolic where that
+    arguments); Note [symbolic plans] in segmenter/ir/symbolic.py. Raises NotSymbolic where that
     cannot be done (the caller specializes instead). ``translate``: a graph that writes nothing
     takes its values from dynamo's, translated to our symbols (Note [dynamo's values, translated]
     in segmenter/dynamo_values.py); False runs it on FakeTensors of ours instead.

@@ -29,9 +29,9 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .elements import within
-from .ir import TensorMeta
-from .ops import op_name
+from .ir.elements import within
+from .ir.graph import TensorMeta
+from .ir.ops import op_name
 
 __all__ = ["ForeignWrite", "LayoutChange", "LayoutWatch", "refusal", "watch_layouts"]
 

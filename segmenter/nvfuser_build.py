@@ -22,13 +22,13 @@ from typing import NoReturn, Union
 
 import torch
 
-from .ir import Alias, FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef, view_roots
-from .limits import MAX_BYTES, MAX_DIM, MAX_RANK, view_depth_problem
+from .ir.graph import Alias, FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef, view_roots
+from .ir.limits import MAX_BYTES, MAX_DIM, MAX_RANK, view_depth_problem
+from .ir.ops import OpKind, op_info, resolve_op
+from .ir.symbolic import SymbolicSizes, is_symbolic, size_hint
 from .meta import fake_mode, fakeable, quiet_fake_errors, shallow
-from .ops import OpKind, op_info, resolve_op
 from .recorded import check_recorded_effects
 from .serialize import GraphFormatError
-from .symbolic import SymbolicSizes, is_symbolic, size_hint
 
 __all__ = ["MAX_NODES", "NULL", "Args", "Builder", "Const", "FrontendOp", "TVal", "Value", "Vec", "nv_promote"]
 
@@ -58,7 +58,7 @@ class Const:
 
     def number(self) -> Const:
         """This scalar where a number is needed: a symbolic size is pinned to its hint, which the
-        plan records as a condition (Note [symbolic plans] in segmenter/symbolic.py)."""
+        plan records as a condition (Note [symbolic plans] in segmenter/ir/symbolic.py)."""
         return Const(int(self.value), self.dtype) if isinstance(self.value, torch.SymInt) else self
 
 
@@ -236,7 +236,7 @@ class Builder:
                 self.fail(f"{type(e).__name__}: {self.named((str(e).splitlines() or [''])[0][:300])}")
         results = list(result) if isinstance(result, (tuple, list)) else [result]
         assert len(results) == n, (op, len(results))
-        for r in results:  # sizes are bounded as a graph file's are (segmenter/limits.py), at the hints
+        for r in results:  # sizes are bounded as a graph file's are (segmenter/ir/limits.py), at the hints
             if size_hint(r.numel()) * r.element_size() >= MAX_BYTES:
                 self.fail(f"a {r.dtype} result of {self.text(r.shape)}: {size_hint(r.numel()) * r.element_size()} bytes "
                           f"(at most {MAX_BYTES})")

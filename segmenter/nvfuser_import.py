@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .ir import FusionGraph, Mutation, TensorMeta
-from .limits import MAX_DIM, MAX_RANK
+from .ir.graph import FusionGraph, Mutation, TensorMeta
+from .ir.limits import MAX_DIM, MAX_RANK
+from .ir.symbolic import SymbolicSizes, sizes_of, symbolic_hashing
 from .nvfuser_build import Args, Builder, Const, FrontendOp, TVal, Value, Vec
 from .nvfuser_inputs import InputSpec
 from .nvfuser_ops import OPS
@@ -41,7 +42,6 @@ from .nvfuser_shape_ops import stride_order
 from .nvfuser_sizes import DEFAULT_HINT, DimSizes
 from .reference import number_fits, numbers_as_tensors
 from .serialize import GraphFormatError
-from .symbolic import SymbolicSizes, sizes_of, symbolic_hashing
 
 __all__ = ["NvFuserFusion", "SymbolicDims", "from_nvfuser", "read_nvfuser"]
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .ir import _contiguous_strides
-from .limits import MAX_DIM, MAX_RANK
+from .ir.graph import _contiguous_strides
+from .ir.limits import MAX_DIM, MAX_RANK
 from .serialize import GraphFormatError
 
 __all__ = ["MAX_INPUTS", "InputSpec", "read_inputs"]

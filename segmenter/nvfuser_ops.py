@@ -25,9 +25,9 @@ import dataclasses
 
 import torch
 
+from .ir.ops import resolve_op
 from .nvfuser_build import Args, Builder, Const, FrontendOp, TVal, Value, nv_promote
 from .nvfuser_shape_ops import SHAPE_OPS
-from .ops import resolve_op
 
 __all__ = ["BINARY", "DTYPES", "OPS", "UNARY"]
 

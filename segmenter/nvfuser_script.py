@@ -10,7 +10,7 @@ and a label in messages. Only known calls are read: ``fd.define_*``, ``fd.from_p
 statement is refused with its line (``__import__``, ``getattr``, ``fd.ops.add.__globals__``, a
 loop). Numbers are literals: bounded integers, floats, ``float("inf")``; module-level constants
 (``bsz = 2``) and integer arithmetic on them are read as values. Sizes are bounded by
-segmenter/limits.py when the graph is built. At module level only imports of torch and nvFuser,
+segmenter/ir/limits.py when the graph is built. At module level only imports of torch and nvFuser,
 the fusion itself, ``inputs = [...]`` (known tensor constructors with literal arguments, read for
 their sizes, strides and dtypes, never called) and ``fd.execute(...)`` are accepted.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .limits import MAX_NAME, MAX_NESTING
+from .ir.limits import MAX_NAME, MAX_NESTING
 from .nvfuser_build import NULL
 from .nvfuser_inputs import InputSpec, read_inputs
 from .nvfuser_ops import DTYPES, OPS

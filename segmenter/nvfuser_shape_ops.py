@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from .limits import MAX_DIM, MAX_RANK
+from .ir.limits import MAX_DIM, MAX_RANK
+from .ir.symbolic import is_symbolic
 from .nvfuser_build import Args, Builder, Const, FrontendOp, TVal, Value, Vec
-from .symbolic import is_symbolic
 
 __all__ = ["SHAPE_OPS", "reshape", "stride_order"]
 

@@ -2,7 +2,7 @@
 
 Note [symbolic dims of a fusion]: nvFuser's ``define_tensor(shape=[-1, ...])`` leaves a dim's size
 to the call: one fusion for every size. Read without ``inputs`` (or with ``symbolic=True``), each
-such dim is a symbol of a symbolic plan (Note [symbolic plans] in segmenter/symbolic.py), made by
+such dim is a symbol of a symbolic plan (Note [symbolic plans] in segmenter/ir/symbolic.py), made by
 ``SymbolicSizes.declare``:
 
 * named after its tensor and dim, ``T0_1`` for dim 1 of ``T0``, where that is a graph file's
@@ -29,7 +29,7 @@ asks of two symbols hinted alike would pin them equal). Where the second run fai
 break a relation that is no equality, ``a * b == c``), the first run's plan is kept: its conditions
 hold, it is only less general.
 
-Sizes are bounded as a graph file's are (segmenter/limits.py: 2**48 bytes a tensor) at the hints,
+Sizes are bounded as a graph file's are (segmenter/ir/limits.py: 2**48 bytes a tensor) at the hints,
 when the graph is built: a hostile ``inputs`` list is refused there, and no size the import computes
 can overflow. They are no condition of the plan: at a call the tensors exist, torch refuses what
 would overflow, and the kernels record the bounds their index math needs as conditions of their own
@@ -46,7 +46,7 @@ from typing import NoReturn
 import sympy
 import torch
 
-from .symbolic import SymbolicSizes
+from .ir.symbolic import SymbolicSizes
 from .symbolic_json import MAX_SYMBOL_NAME
 
 __all__ = ["DEFAULT_HINT", "MAX_DIMS", "MAX_SIZE", "MIN_SIZE", "DimPlan", "DimSizes", "distinct_hint"]

@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from .fx_import import CaptureError, ScalarRead
-from .ir import GraphInput, ValueRef
+from .ir.graph import GraphInput, ValueRef
 from .meta import fake_mode, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .outputs import FlatOutputs, output_tensors

@@ -24,13 +24,13 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .ir import FusionGraph
+from .ir.graph import FusionGraph
+from .ir.ops import OpKind
+from .ir.symbolic import size_hint, size_key
 from .matmul_bias import split_matmul_bias
-from .ops import OpKind
 from .options import SegmenterOptions
 from .rules import NodeTraits, Traits, combine, node_traits, too_big, traits_of
 from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, build_segment
-from .symbolic import size_hint, size_key
 
 __all__ = ["segment"]
 

@@ -1,6 +1,6 @@
 """Check what a graph records about its original program against what its ops do.
 
-A functional graph carries three facts it cannot compute itself (segmenter/ir.py):
+A functional graph carries three facts it cannot compute itself (segmenter/ir/graph.py):
 ``output_aliases`` (an output was a view of an input or of an earlier output), ``mutations``
 (input ``k`` ends holding value ``v``) and storage groups (inputs that share a storage). Every
 later stage believes them: ``reference.finish`` hands an aliased output back as a view of the
@@ -37,9 +37,9 @@ from collections.abc import Sequence
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .ir import Alias, FusionGraph, GraphError, TensorMeta
+from .ir.graph import Alias, FusionGraph, GraphError, TensorMeta
+from .ir.ops import OpKind, op_info
 from .meta import fake_inputs, fakeable, quiet_fake_errors, run_node, shallow
-from .ops import OpKind, op_info
 
 __all__ = ["check_recorded_effects"]
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from .ir import Alias, FusionGraph, GraphConstant, GraphError, Mutation, TensorMeta
+from .ir.graph import Alias, FusionGraph, GraphConstant, GraphError, Mutation, TensorMeta
 from .meta import run_node
 
 __all__ = ["FinishView", "InputView", "check_inputs", "clone_inputs", "evaluate", "finish", "fresh_in_layout",
@@ -36,7 +36,7 @@ class InputView(NamedTuple):
 @dataclass(frozen=True)
 class FinishView:
     """What ``finish`` reads of a graph, with concrete layouts: a symbolic plan's graph at one
-    call's sizes (Note [symbolic plans] in segmenter/symbolic.py), made by the program at the call."""
+    call's sizes (Note [symbolic plans] in segmenter/ir/symbolic.py), made by the program at the call."""
 
     inputs: tuple[InputView, ...]
     outputs: tuple[str, ...]

@@ -20,11 +20,11 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .ir import FusionGraph, Node
-from .ops import OpKind, op_info, resolve_op
+from .ir.graph import FusionGraph, Node
+from .ir.ops import OpKind, op_info, resolve_op
+from .ir.symbolic import size_key
 from .options import SegmenterOptions
 from .segments import SegmentKind
-from .symbolic import size_key
 
 __all__ = ["Domain", "NodeTraits", "Traits", "combine", "node_traits", "too_big"]
 

@@ -41,8 +41,8 @@ is functionalized on the way in (segmenter/functionalize.py), and its output ali
 write-backs are then read from what its in-place ops do.
 
 A file is untrusted input, and these checks run whatever the loader's flags: names and sizes
-(segmenter/limits.py), op names (Note [op names are data] in segmenter/ops.py), each node's
-arguments against its op's schema (segmenter/schema.py), and the recorded aliasing, write-backs
+(segmenter/ir/limits.py), op names (Note [op names are data] in segmenter/ir/ops.py), each node's
+arguments against its op's schema (segmenter/ir/schema.py), and the recorded aliasing, write-backs
 and shared storages against the ops (Note [an alias claim must hold] in segmenter/recorded.py).
 ``check_metas`` adds the check of every recorded shape, stride and dtype against the ops.
 """
@@ -60,9 +60,9 @@ from typing import Any
 
 import torch
 
-from .constants import BYTE_DTYPES
 from .functionalize import functionalize
-from .ir import (
+from .ir.constants import BYTE_DTYPES
+from .ir.graph import (
     Alias,
     Arg,
     FusionGraph,
@@ -75,7 +75,7 @@ from .ir import (
     TensorMeta,
     ValueRef,
 )
-from .limits import (
+from .ir.limits import (
     MAX_BYTES,
     MAX_DIM,
     MAX_NESTING,
@@ -86,10 +86,10 @@ from .limits import (
     name_problem,
     view_depth_problem,
 )
-from .ops import op_info, op_name_problem, op_refusal, resolve_op
+from .ir.ops import op_info, op_name_problem, op_refusal, resolve_op
+from .ir.schema import args_problem
+from .ir.symbolic import symbolic_hashing
 from .recorded import check_recorded_effects
-from .schema import args_problem
-from .symbolic import symbolic_hashing
 from .symbolic_json import at_maxima, declared, size_in, size_out, symbols_in, symbols_out
 
 __all__ = ["MAX_VIEW_DEPTH", "SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",

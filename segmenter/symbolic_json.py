@@ -14,7 +14,7 @@ read by a parser of its own (``parse_size``), never evaluated: integers, declare
 ``*`` and parentheses, at most ``MAX_EXPRESSION`` characters and ``MAX_DEPTH`` parentheses deep.
 Each symbol has a range (``min`` at least 2: sizes 0 and 1 are specialized, as dynamo
 specializes them; ``max`` at most ``MAX_SYMBOL``) and a ``hint`` in it, the value a plan is made
-at (Note [symbolic plans] in segmenter/symbolic.py). Sizes stay bounded: every size is checked at
+at (Note [symbolic plans] in segmenter/ir/symbolic.py). Sizes stay bounded: every size is checked at
 the symbols' maxima (expressions of non-negative integers by ``+`` and ``*`` grow with each
 symbol), against the same limits as numbers. The graph is then segmented once for all sizes in
 the ranges; where a decision depends on a size, the plan records it as a condition.
@@ -32,9 +32,9 @@ from typing import Any
 import sympy
 import torch
 
-from .ir import GraphError
-from .limits import MAX_DIM
-from .symbolic import SymbolicSizes, sizes_of
+from .ir.graph import GraphError
+from .ir.limits import MAX_DIM
+from .ir.symbolic import SymbolicSizes, sizes_of
 
 __all__ = ["MAX_SYMBOL", "MAX_SYMBOLS", "at_maxima", "declared", "parse_size", "size_in", "size_out", "symbols_in", "symbols_out"]
 

@@ -4,7 +4,7 @@ With ``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops`` dynamo ke
 ``nonzero``, ``masked_select``, ``repeat_interleave`` with tensor repeats (and ``torch._check``
 on what they give) in the graph; the sizes they give are *unbacked* symbols: no input's size
 says what they are, only the data at the call does. A FusionGraph's sizes are numbers or
-symbols read from the inputs' sizes (Note [symbolic plans] in segmenter/symbolic.py), so a node
+symbols read from the inputs' sizes (Note [symbolic plans] in segmenter/ir/symbolic.py), so a node
 whose value, or any of whose operands, has such a size cannot be planned; this module says which
 nodes those are and why (runtime/unbacked.py runs them on torch and plans the rest).
 """
@@ -17,7 +17,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, has_free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from .ops import op_name
+from .ir.ops import op_name
 
 __all__ = ["data_dependent_nodes", "describe_node", "has_data_dependent_sizes"]
 

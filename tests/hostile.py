@@ -29,7 +29,7 @@ import runtime
 from alias import apply_aliases, check
 from perf.run import random_inputs
 from segmenter import segment
-from segmenter.ir import FusionGraph, GraphError
+from segmenter.ir.graph import FusionGraph, GraphError
 from segmenter.reference import clone_inputs, evaluate, run_graph, storage_key
 from segmenter.serialize import from_json
 

@@ -16,7 +16,7 @@ import torch
 import runtime
 from alias import apply_aliases, check
 from segmenter import capture, segment
-from segmenter.ir import GraphError
+from segmenter.ir.graph import GraphError
 from segmenter.reference import clone_inputs, run_graph, storage_key
 from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 

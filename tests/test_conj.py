@@ -1,4 +1,4 @@
-"""Conjugate and negative bits (segmenter.ir Note [conjugate and negative bits]): programs whose
+"""Conjugate and negative bits (segmenter.ir.graph Note [conjugate and negative bits]): programs whose
 outputs are lazy conj/neg views, in every alias mode and backend, against eager: values (after
 resolving the bits), the bits themselves, strides, aliasing, mutated inputs."""
 

@@ -16,7 +16,7 @@ from alias import apply_aliases
 from runtime import cudagraphs
 from runtime.cudagraphs import _copier, node_refusal, plan_refusal, use_cuda_graphs
 from segmenter import TensorMeta, capture, segment
-from segmenter.ir import Node, ValueRef
+from segmenter.ir.graph import Node, ValueRef
 from segmenter.reference import clone_inputs
 
 

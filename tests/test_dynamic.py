@@ -60,7 +60,7 @@ def test_training_on_several_sequence_lengths() -> None:
             torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=f"length {length}: {name}")
 
 
-# -- one symbolic plan for every size (Note [symbolic plans] in segmenter/symbolic.py) ---------
+# -- one symbolic plan for every size (Note [symbolic plans] in segmenter/ir/symbolic.py) ---------
 
 def _rms(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w

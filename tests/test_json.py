@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from segmenter.ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
-from segmenter.ops import OpKind, op_info
+from segmenter.ir.graph import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from segmenter.ir.ops import OpKind, op_info
 from segmenter.serialize import GraphFormatError, dump, from_json, graph_from_dict, graph_to_dict, load, to_json
 
 F32, BF16 = torch.float32, torch.bfloat16

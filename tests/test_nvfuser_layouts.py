@@ -23,7 +23,7 @@ import torch
 import runtime
 from alias import apply_aliases
 from segmenter import from_nvfuser, segment
-from segmenter.ir import GraphError
+from segmenter.ir.graph import GraphError
 from segmenter.reference import clone_inputs, run_graph
 from segmenter.serialize import GraphFormatError
 

@@ -14,8 +14,8 @@ import torch
 from alias import apply_aliases
 from runtime.program import CompiledProgram
 from segmenter import segment
+from segmenter.ir.symbolic import sizes_of
 from segmenter.serialize import GraphFormatError, from_json, graph_from_dict, to_json
-from segmenter.symbolic import sizes_of
 
 
 def _meta(shape, stride, dtype="float32"):

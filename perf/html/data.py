@@ -24,8 +24,8 @@ import torch
 
 from segmenter import FusionGraph, SegmentedFusion, op_info
 from segmenter.explain import describe_sizes
-from segmenter.ir import TensorMeta, view_roots
-from segmenter.symbolic import sizes_of
+from segmenter.ir.graph import TensorMeta, view_roots
+from segmenter.ir.symbolic import sizes_of
 
 __all__ = ["MODE_NOTES", "PAGE_VERSION", "graph_data", "page_data"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
-from segmenter.ir import ValueRef
+from segmenter.ir.graph import ValueRef
 from segmenter.nvfuser_ops import BINARY, DTYPES, UNARY
 
 from .. import layout

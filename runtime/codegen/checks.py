@@ -29,10 +29,10 @@ from collections.abc import Iterable
 import torch
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
-from segmenter.ir import OpRef, ValueRef
-from segmenter.ops import resolve_op
-from segmenter.symbolic import is_symbolic, size_key
-from segmenter.torch_compat import ShapeEnvGuardError
+from segmenter.ir.graph import OpRef, ValueRef
+from segmenter.ir.ops import resolve_op
+from segmenter.ir.symbolic import is_symbolic, size_key
+from segmenter.ir.torch_compat import ShapeEnvGuardError
 
 from .ctypes_ import Declined
 from .symsizes import active_sizes, sizes_active

@@ -95,7 +95,7 @@ class TensorMeta:
     @classmethod
     def from_tensor(cls, t: torch.Tensor, device: str | None = None) -> TensorMeta:
         """The layout of ``t``; a FakeTensor's symbolic sizes stay SymInts (Note [symbolic plans]
-        in segmenter/symbolic.py), numbers are plain ints."""
+        in segmenter/ir/symbolic.py), numbers are plain ints."""
         return cls(
             tuple(_size(s) for s in t.shape),
             tuple(_size(s) for s in t.stride()),

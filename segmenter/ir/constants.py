@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from .ir import GraphError, TensorMeta
+from .graph import GraphError, TensorMeta
 
 __all__ = ["BYTE_DTYPES", "tensor_bytes", "tensor_from_bytes"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .ir import TensorMeta
+from .graph import TensorMeta
 
 __all__ = ["within"]
 

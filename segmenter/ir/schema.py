@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import torch
 
-from .ir import Arg, OpRef, ValueRef
+from .graph import Arg, OpRef, ValueRef
 
 __all__ = ["args_problem"]
 

@@ -7,7 +7,7 @@ value) is used as a key and printed in messages, never as code (see segmenter/fu
 Note [no name reaches generated code]). So any printable text is a name; what is refused is
 what breaks messages and logs: empty names, control and format characters (newlines, bidi
 overrides), and names longer than MAX_NAME. Keyword-argument names go into torch calls: they
-must be Python identifiers, not keywords and not dunders. Op names: segmenter.ops.op_name_problem.
+must be Python identifiers, not keywords and not dunders. Op names: segmenter.ir.ops.op_name_problem.
 
 Sizes are bounded so that no number in a file can overflow torch's int64 arithmetic or make
 loading superlinear: see the constants.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import keyword
 from collections.abc import Sequence
 
-from .ir import Node
+from .graph import Node
 from .ops import OpKind, op_info
 
 __all__ = ["MAX_BYTES", "MAX_DIM", "MAX_NAME", "MAX_NESTING", "MAX_RANK", "MAX_STRING", "MAX_VIEW_DEPTH",
