@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph
-from segmenter.from_torch import capture
+from segmenter.capturing.from_torch import capture
 from segmenter.nvfuser_import import NvFuserFusion, read_nvfuser
 from segmenter.serialize import load
 

@@ -26,9 +26,9 @@ import torch
 
 from alias.check import PlanError, plan_problems
 from segmenter import Segment, SegmentedFusion, SegmentKind, TensorMeta
+from segmenter.capturing.reference import FinishView, InputView, check_inputs, finish, numbers_as_tensors
 from segmenter.ir.graph import Alias, view_roots
 from segmenter.ir.symbolic import NotSymbolic, is_symbolic, sizes_of
-from segmenter.reference import FinishView, InputView, check_inputs, finish, numbers_as_tensors
 
 from . import threads, trial
 from .backends import BuildContext, SegmentLaunch, backends_for
@@ -714,7 +714,7 @@ class CompiledProgram:
             if out is not None:
                 return out
         if any(not isinstance(t, torch.Tensor) for t in inputs[:len(self.graph.inputs)]):
-            # Note [numbers for 0-dim inputs] (segmenter/reference.py): fd.execute([t0, 2.5])
+            # Note [numbers for 0-dim inputs] (segmenter/capturing/reference.py): fd.execute([t0, 2.5])
             inputs = tuple(numbers_as_tensors(self.graph, inputs[:len(self.graph.inputs)])) + inputs[len(self.graph.inputs):]
             if len(inputs) == self.arity:
                 out = self.entry(*inputs)
@@ -782,7 +782,7 @@ class ModuleProgram:
         self.program = program
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        from segmenter.from_torch import bind_inputs
+        from segmenter.capturing.from_torch import bind_inputs
 
         return self.program(*bind_inputs(self.program.graph, self.module, inputs))
 

@@ -8,7 +8,7 @@ symbols read from its inputs' sizes (Note [symbolic plans] in segmenter/ir/symbo
 capture re-runs a graph on FakeTensors, where ``.item()`` has no value
 (``DataDependentOutputException``). So such a graph is cut in two kinds of parts:
   * the nodes that make a data-dependent size, have one, or read an operand that has one
-    (``segmenter.unbacked.data_dependent_nodes``, each with its reason), and the number ops and
+    (``segmenter.capturing.unbacked.data_dependent_nodes``, each with its reason), and the number ops and
     assertions around them, stay in the outer graph and run on torch, op by op, as eager runs them;
   * every other node goes into parts chosen by torch.fx's ``CapabilityBasedPartitioner``
     (maximal, never a cycle), each a graph of ordinary sizes compiled by fuseg as any graph is
@@ -39,8 +39,8 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils import _pytree as pytree
 
-from segmenter.fx_import import mutates_beyond_epilogue
-from segmenter.unbacked import data_dependent_nodes, describe_node
+from segmenter.capturing.fx_import import mutates_beyond_epilogue
+from segmenter.capturing.unbacked import data_dependent_nodes, describe_node
 
 __all__ = ["DataDependentSplit", "split_at_data"]
 

@@ -1,7 +1,7 @@
 """Fusion graphs: the IR, the op table, capture from PyTorch, JSON in/out, and segmentation."""
 
-from .from_torch import capture
-from .fx_import import CaptureError, from_fx
+from .capturing.from_torch import capture
+from .capturing.fx_import import CaptureError, from_fx
 from .ir.graph import Alias, FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
 from .ir.ops import OPAQUE_OPS, OpInfo, OpKind, op_info
 from .nvfuser_import import NvFuserFusion, from_nvfuser, read_nvfuser

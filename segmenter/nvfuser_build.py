@@ -22,12 +22,12 @@ from typing import NoReturn, Union
 
 import torch
 
+from .capturing.meta import fake_mode, fakeable, quiet_fake_errors, shallow
+from .capturing.recorded import check_recorded_effects
 from .ir.graph import Alias, FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef, view_roots
 from .ir.limits import MAX_BYTES, MAX_DIM, MAX_RANK, view_depth_problem
 from .ir.ops import OpKind, op_info, resolve_op
 from .ir.symbolic import SymbolicSizes, is_symbolic, size_hint
-from .meta import fake_mode, fakeable, quiet_fake_errors, shallow
-from .recorded import check_recorded_effects
 from .serialize import GraphFormatError
 
 __all__ = ["MAX_NODES", "NULL", "Args", "Builder", "Const", "FrontendOp", "TVal", "Value", "Vec", "nv_promote"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .capturing.reference import number_fits, numbers_as_tensors
 from .ir.graph import FusionGraph, Mutation, TensorMeta
 from .ir.limits import MAX_DIM, MAX_RANK
 from .ir.symbolic import SymbolicSizes, sizes_of, symbolic_hashing
@@ -40,7 +41,6 @@ from .nvfuser_ops import OPS
 from .nvfuser_script import Call, DType, InputRef, Ref, Script, read_script
 from .nvfuser_shape_ops import stride_order
 from .nvfuser_sizes import DEFAULT_HINT, DimSizes
-from .reference import number_fits, numbers_as_tensors
 from .serialize import GraphFormatError
 
 __all__ = ["NvFuserFusion", "SymbolicDims", "from_nvfuser", "read_nvfuser"]

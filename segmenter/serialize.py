@@ -37,13 +37,13 @@ they are sorted topologically, and a cycle is an error naming its nodes. Every e
 field that is wrong (``nodes[3] ("add_1").args[0]: ...``); nothing half-loaded survives. An op
 unknown to the op table loads with a warning and runs as OPAQUE (one torch does not have is
 refused when the graph is compiled). A graph may hold in-place nodes (``aten.add_.Tensor``): it
-is functionalized on the way in (segmenter/functionalize.py), and its output aliasing and
+is functionalized on the way in (segmenter/capturing/functionalize.py), and its output aliasing and
 write-backs are then read from what its in-place ops do.
 
 A file is untrusted input, and these checks run whatever the loader's flags: names and sizes
 (segmenter/ir/limits.py), op names (Note [op names are data] in segmenter/ir/ops.py), each node's
 arguments against its op's schema (segmenter/ir/schema.py), and the recorded aliasing, write-backs
-and shared storages against the ops (Note [an alias claim must hold] in segmenter/recorded.py).
+and shared storages against the ops (Note [an alias claim must hold] in segmenter/capturing/recorded.py).
 ``check_metas`` adds the check of every recorded shape, stride and dtype against the ops.
 """
 
@@ -60,7 +60,8 @@ from typing import Any
 
 import torch
 
-from .functionalize import functionalize
+from .capturing.functionalize import functionalize
+from .capturing.recorded import check_recorded_effects
 from .ir.constants import BYTE_DTYPES
 from .ir.graph import (
     Alias,
@@ -89,7 +90,6 @@ from .ir.limits import (
 from .ir.ops import op_info, op_name_problem, op_refusal, resolve_op
 from .ir.schema import args_problem
 from .ir.symbolic import symbolic_hashing
-from .recorded import check_recorded_effects
 from .symbolic_json import at_maxima, declared, size_in, size_out, symbols_in, symbols_out
 
 __all__ = ["MAX_VIEW_DEPTH", "SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
@@ -590,7 +590,7 @@ def from_json(text: str, check_metas: bool = True) -> FusionGraph:
     whose metadata contradicts its ops is refused, naming the node."""
     graph = _parse(text)
     if check_metas:
-        from .meta import meta_mismatches
+        from .capturing.meta import meta_mismatches
 
         try:
             problems = meta_mismatches(graph)

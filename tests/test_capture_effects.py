@@ -13,7 +13,7 @@ import torch
 from alias import apply_aliases, check
 from runtime.program import CompiledProgram
 from segmenter import CaptureError, capture, segment
-from segmenter.reference import clone_inputs, run_graph
+from segmenter.capturing.reference import clone_inputs, run_graph
 from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 
 

@@ -135,7 +135,7 @@ def _run_dynamic(fn, make, sizes, tol=None):
 
 def check_size(compiled, fn, make, n: int, tol=None) -> None:
     """``compiled`` against ``fn`` on ``make(n)``: values, strides, aliasing, inputs afterwards."""
-    from segmenter.reference import clone_inputs
+    from segmenter.capturing.reference import clone_inputs
 
     from .test_fuzz_dynamo import _close, _tensors
     from .util import alias_pattern, layout

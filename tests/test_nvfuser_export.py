@@ -22,9 +22,9 @@ from alias import apply_aliases
 from perf.run import random_inputs
 from runtime.nvfuser_export import defined_strides, export_nvfuser, packed_strides, segment_graph
 from segmenter import OpKind, SegmentedFusion, TensorMeta, capture, from_nvfuser, op_info, read_nvfuser, segment
+from segmenter.capturing.meta import propagate_metas
+from segmenter.capturing.reference import run_graph
 from segmenter.ir.symbolic import size_hint
-from segmenter.meta import propagate_metas
-from segmenter.reference import run_graph
 
 from .test_nvfuser_import import fusion
 from .util import assert_matches_eager

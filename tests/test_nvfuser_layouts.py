@@ -23,8 +23,8 @@ import torch
 import runtime
 from alias import apply_aliases
 from segmenter import from_nvfuser, segment
+from segmenter.capturing.reference import clone_inputs, run_graph
 from segmenter.ir.graph import GraphError
-from segmenter.reference import clone_inputs, run_graph
 from segmenter.serialize import GraphFormatError
 
 from .test_nvfuser_import import fusion

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from perf import zoo
 from segmenter import FusionGraph, GraphInput, Node, OpKind, TensorMeta, ValueRef, op_info
-from segmenter.from_torch import capture
-from segmenter.meta import propagate_metas
+from segmenter.capturing.from_torch import capture
+from segmenter.capturing.meta import propagate_metas
 from segmenter.options import SegmenterOptions
 from segmenter.partition import segment
 from segmenter.rules import node_traits

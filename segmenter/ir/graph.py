@@ -16,7 +16,7 @@ graph cannot say by itself:
 * ``constants``: tensors the graph holds by value (``GraphConstant``), used by name like inputs
   but never passed in;
 * ``GraphInput.final_layout``: the caller's tensor ends with this layout (``t_()``,
-  ``unsqueeze_()``... on the input: see Note [metadata mutation] in segmenter/metadata_mutation.py).
+  ``unsqueeze_()``... on the input: see Note [metadata mutation] in segmenter/capturing/metadata_mutation.py).
 
 Every value carries a TensorMeta (shape, stride, storage offset, dtype, device). Passes never
 mutate a graph; they build a new one.
@@ -283,7 +283,7 @@ def _fmt_arg(a: object) -> str:
     return str(a)
 
 
-# "storage": a flat view of a storage that several arguments share (see segmenter/from_torch.py)
+# "storage": a flat view of a storage that several arguments share (see segmenter/capturing/from_torch.py)
 InputRole = Literal["user", "parameter", "buffer", "constant", "storage"]
 
 

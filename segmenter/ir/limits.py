@@ -3,7 +3,7 @@
 Each check returns what is wrong (None: nothing); the loader raises it with the field named.
 
 Note [names are identifiers of the graph only]: a name (of the graph, an input, a node, a
-value) is used as a key and printed in messages, never as code (see segmenter/functionalize.py,
+value) is used as a key and printed in messages, never as code (see segmenter/capturing/functionalize.py,
 Note [no name reaches generated code]). So any printable text is a name; what is refused is
 what breaks messages and logs: empty names, control and format characters (newlines, bidi
 overrides), and names longer than MAX_NAME. Keyword-argument names go into torch calls: they

@@ -4,7 +4,7 @@ Note [symbolic plans]: dynamo and AOTAutograd hand a backend graphs whose sizes 
 a dim has changed between calls (``dynamic=True``, ``mark_dynamic``, automatic dynamic shapes).
 Such a graph is planned once, with its sizes kept symbolic:
 
-    symbolic_inputs(placeholder values, first real arguments)  (segmenter/dynamo_values.py)
+    symbolic_inputs(placeholder values, first real arguments)  (segmenter/capturing/dynamo_values.py)
         -> FakeTensors of our own ShapeEnv (one symbol per symbol of dynamo's, hinted by the
            first call's sizes)
     from_fx / segment / apply_aliases / runtime.compile
@@ -175,7 +175,7 @@ class SymbolicSizes:
     def __init__(self) -> None:
         self.env = ShapeEnv()
         self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
-        self.mode.cache_enabled = False  # Note [fake tensor cache] in segmenter/meta.py
+        self.mode.cache_enabled = False  # Note [fake tensor cache] in segmenter/capturing/meta.py
         self.sources: dict[sympy.Symbol, SymbolSource] = {}
         #: symbols that are numbers the graph takes, no tensor's size (Note [number inputs])
         self.sources_numbers: dict[sympy.Symbol, bool] = {}
@@ -187,7 +187,7 @@ class SymbolicSizes:
         #: layouts, for this plan only (Note [checking a plan's metas once] in runtime/codegen/checks.py)
         self.meta_checks: dict[object, list[object]] = {}
         #: dynamo's symbols as ours, where the plan's inputs came from dynamo's placeholders
-        #: (``symbolic_inputs``; Note [dynamo's values, translated] in segmenter/dynamo_values.py)
+        #: (``symbolic_inputs``; Note [dynamo's values, translated] in segmenter/capturing/dynamo_values.py)
         self.from_dynamo: dict[sympy.Symbol, sympy.Expr] = {}
         self.env.fuseg_sizes = self  # type: ignore[attr-defined] - found again from any SymInt (sizes_of)
 

@@ -8,7 +8,7 @@ was a view of an input in the original program (``y = x[0]; x.add_(1); return y`
 ``select(add(x, 1), 0)``, while eager returns a view of ``x``). So capture also runs the original
 program once on FakeTensor copies of the inputs (no compute, no memory) and records which outputs
 share a storage with an input or an earlier output, and the layout eager gives them
-(segmenter/observe.py).
+(segmenter/capturing/observe.py).
 
 Note [inputs that share a storage]: export misreads ``f(x, x)`` and ``f(base, base[:2])``. Capture
 detects the overlap, exports on distinct copies (same layouts, fresh storages) and records the
@@ -31,8 +31,8 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
+from ..ir.graph import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
 from .fx_import import CaptureError, convert_graph, observed_aliases, storage_ids
-from .ir.graph import FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, TensorMeta, ValueRef
 from .meta import propagate_metas
 from .observe import check_write_back, module_state, observe, user_outputs
 from .outputs import output_tensors
@@ -184,7 +184,7 @@ def capture(
         if t.layout != torch.strided:
             raise CaptureError(f"{graph_name}: {where} is a {t.layout} tensor: only strided tensors are supported")
     names = _param_names(fn_or_module, example_inputs)
-    # Capture draws no random numbers of the caller's (the run on real copies in segmenter/observe.py
+    # Capture draws no random numbers of the caller's (the run on real copies in segmenter/capturing/observe.py
     # would: dropout before an .item()).
     devices = sorted({t.device.index or 0 for t in (*user, *module_state(program).values()) if t.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices):

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from .ir.graph import Alias, FusionGraph, GraphConstant, GraphError, Mutation, TensorMeta
+from ..ir.graph import Alias, FusionGraph, GraphConstant, GraphError, Mutation, TensorMeta
 from .meta import run_node
 
 __all__ = ["FinishView", "InputView", "check_inputs", "clone_inputs", "evaluate", "finish", "fresh_in_layout",

@@ -1,7 +1,7 @@
 """What the original program does, seen by running it once on FakeTensors (or on real copies).
 
 Capture exports the program, but an exported program is functional and its outputs flat: which
-outputs share a storage with an input (Note [what export loses] in segmenter/from_torch.py), which
+outputs share a storage with an input (Note [what export loses] in segmenter/capturing/from_torch.py), which
 inputs end with another layout (Note [metadata mutation]), and what the program returns beyond
 tensors (Note [model outputs]) are read here, from the program as written; and matched with
 the export afterwards.
@@ -22,8 +22,8 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
+from ..ir.graph import GraphInput, ValueRef
 from .fx_import import CaptureError, ScalarRead
-from .ir.graph import GraphInput, ValueRef
 from .meta import fake_mode, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .outputs import FlatOutputs, output_tensors
@@ -131,7 +131,7 @@ def check_write_back(inp: GraphInput, value: str, conv: Any, seen: Observed, use
     input's layout as a write (``resize_as_``): refuse, naming the op. An input whose elements
     share memory (a stride-0 dim) cannot take a write-back at all: eager's write through a view
     reaches every element that shares the memory, the functional value only the one written (the
-    loader refuses such a graph with the same words: segmenter/recorded.py)."""
+    loader refuses such a graph with the same words: segmenter/capturing/recorded.py)."""
     if overlaps_itself(inp.meta):
         raise CaptureError(f"{graph_name}: input {inp.name!r} ({inp.meta}) is written, and its elements that share "
                            "memory cannot be written back as eager writes them: not supported (clone() the input)")

@@ -11,7 +11,7 @@ that changed each. Such a program is then traced with those arguments replaced b
 and every data write reaches the input through the alias as an ordinary mutation in the input's
 own layout. The graph records the layout the input ends with (``GraphInput.final_layout``), and
 the run applies it to the caller's tensor with ``as_strided_`` after the write-back
-(segmenter/reference.py ``finish``), as eager leaves it: same storage, same bytes, new layout.
+(segmenter/capturing/reference.py ``finish``), as eager leaves it: same storage, same bytes, new layout.
 
 What is refused (before anything runs, naming the op and the input): an input given another
 storage (``set_``, a ``resize_`` that outgrows its storage), and a final layout that reaches
@@ -29,9 +29,9 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .ir.elements import within
-from .ir.graph import TensorMeta
-from .ir.ops import op_name
+from ..ir.elements import within
+from ..ir.graph import TensorMeta
+from ..ir.ops import op_name
 
 __all__ = ["ForeignWrite", "LayoutChange", "LayoutWatch", "refusal", "watch_layouts"]
 

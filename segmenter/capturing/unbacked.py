@@ -17,7 +17,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, has_free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from .ir.ops import op_name
+from ..ir.ops import op_name
 
 __all__ = ["data_dependent_nodes", "describe_node", "has_data_dependent_sizes"]
 

@@ -4,7 +4,7 @@ Note [dynamo's values, translated]: a graph that AOTAutograd hands a backend alr
 every node's ``meta['val']``, the FakeTensor (or SymInt) it computes, with sizes over dynamo's
 symbols. A symbolic plan (Note [symbolic plans] in segmenter/ir/symbolic.py) needs those values over
 its own symbols. It used to get them by running the graph again, node by node, on FakeTensors of
-its own ShapeEnv (Note [symbolic graphs propagated, not retraced] in segmenter/fx_import.py):
+its own ShapeEnv (Note [symbolic graphs propagated, not retraced] in segmenter/capturing/fx_import.py):
 torch's meta kernels asked every size question again, ~3900 SymNode operations and 0.34-0.50 s
 for a tiny causal LM's two graphs at its second prompt length, a third of what a new length cost
 beyond ``aot_eager``. The answers are dynamo's already: ``symbolic_inputs`` maps each of dynamo's
@@ -40,8 +40,8 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from .ir.graph import TensorMeta
-from .ir.symbolic import NotSymbolic, SymbolicSizes, SymbolSource
+from ..ir.graph import TensorMeta
+from ..ir.symbolic import NotSymbolic, SymbolicSizes, SymbolSource
 from .meta import fakeable
 from .storages import storage_ids
 

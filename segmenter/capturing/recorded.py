@@ -17,7 +17,7 @@ made by a chain of view ops (possibly empty) from a root ``r``, and either
      ``v``'s elements once ``j`` holds ``v``: view ops map logical indices, so they do;
      ``as_strided`` maps storage positions, so it does only where ``v`` and ``j`` have one dense
      layout and the view stays inside it. This is the legit ``y = x[0]; x.add_(1); return y``,
-     exported as ``select(add(x, 1), 0)`` (Note [what export loses] in segmenter/from_torch.py);
+     exported as ``select(add(x, 1), 0)`` (Note [what export loses] in segmenter/capturing/from_torch.py);
 
 and the chain (from ``r``, or from ``v``), replayed on FakeTensors from input ``j`` itself (its real layout, which
 ``check_inputs`` enforces at every call), gives a view of ``k``'s storage with layout ``L``.
@@ -37,8 +37,8 @@ from collections.abc import Sequence
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .ir.graph import Alias, FusionGraph, GraphError, TensorMeta
-from .ir.ops import OpKind, op_info
+from ..ir.graph import Alias, FusionGraph, GraphError, TensorMeta
+from ..ir.ops import OpKind, op_info
 from .meta import fake_inputs, fakeable, quiet_fake_errors, run_node, shallow
 
 __all__ = ["check_recorded_effects"]

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import torch
 import torch.fx as fx
 
+from ..ir.graph import Alias, Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
+from ..ir.ops import resolve_op
 from .fx_import import CaptureError, from_fx
-from .ir.graph import Alias, Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
-from .ir.ops import resolve_op
 from .meta import fake_inputs, fake_mode, fakeable, quiet_fake_errors, shallow
 
 __all__ = ["functionalize"]

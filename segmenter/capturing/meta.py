@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .ir.graph import Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
-from .ir.ops import OpKind, op_info, resolve_op, why_not_runnable
-from .ir.torch_compat import disable_fake_tensor_cache
+from ..ir.graph import Arg, FusionGraph, GraphConstant, GraphError, GraphInput, Node, OpRef, TensorMeta, ValueRef
+from ..ir.ops import OpKind, op_info, resolve_op, why_not_runnable
+from ..ir.torch_compat import disable_fake_tensor_cache
 
 __all__ = ["fake_constants", "fake_inputs", "fake_mode", "fakeable", "meta_mismatches", "propagate_metas",
            "quiet_fake_errors", "shallow", "uncached"]

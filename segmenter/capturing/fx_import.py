@@ -27,8 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from .dynamo_values import symbolic_inputs, translated
-from .ir.graph import (
+from ..ir.graph import (
     Alias,
     Arg,
     FusionGraph,
@@ -42,7 +41,8 @@ from .ir.graph import (
     ValueRef,
     view_roots,
 )
-from .ir.ops import NOT_COMPUTE, op_info, op_name, resolve_op
+from ..ir.ops import NOT_COMPUTE, op_info, op_name, resolve_op
+from .dynamo_values import symbolic_inputs, translated
 from .meta import fake_mode, quiet_fake_errors, uncached
 from .metadata_mutation import LayoutChange, refusal, watch_layouts
 from .storages import storage_ids
@@ -352,7 +352,7 @@ def _retrace(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> fx.G
     if fakes:
         with uncached(fakes[0].fake_mode), _symbolic_dispatch(fakes[0].fake_mode):  # Note [fake tensor cache] in meta.py
             return make_fx(fn, tracing_mode="real")(*example_inputs)
-    mode = fake_mode()  # Note [fake tensor cache] in segmenter/meta.py
+    mode = fake_mode()  # Note [fake tensor cache] in segmenter/capturing/meta.py
     fake_args = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     with mode:
         return make_fx(fn, tracing_mode="real")(*fake_args)
@@ -419,7 +419,7 @@ def from_fx(
     arguments); Note [symbolic plans] in segmenter/ir/symbolic.py. Raises NotSymbolic where that
     cannot be done (the caller specializes instead). ``translate``: a graph that writes nothing
     takes its values from dynamo's, translated to our symbols (Note [dynamo's values, translated]
-    in segmenter/dynamo_values.py); False runs it on FakeTensors of ours instead.
+    in segmenter/capturing/dynamo_values.py); False runs it on FakeTensors of ours instead.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
@@ -545,7 +545,7 @@ def _output_views_in_graph_layout(graph: FusionGraph) -> FusionGraph:
 
 def _aliased(gm: fx.GraphModule, which: set[int]) -> Callable[..., Any]:
     """``gm`` called on ``aten.alias`` of the arguments whose metadata it changes (Note [metadata
-    mutation] in segmenter/metadata_mutation.py)."""
+    mutation] in segmenter/capturing/metadata_mutation.py)."""
 
     def run(*args: Any) -> Any:
         return gm(*[torch.ops.aten.alias.default(a) if i in which else a for i, a in enumerate(args)])
