@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from segmenter import Boundary, FusionGraph, Node, OpKind, Segment, SegmentedFusion, SegmentKind, op_info
 from segmenter.ir.graph import view_roots
-from segmenter.segments import build_segment
+from segmenter.partition.segments import build_segment
 
 from .analysis import SegmentAliases, analyze_segment, is_true_view
 from .elide import elide_copies

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 
 from alias import apply_aliases
 from segmenter import FusionGraph, GraphError, OpKind, SegmenterOptions, op_info, segment
-from segmenter.explain import describe_segments, segmentation_to_dict
 from segmenter.ir.ops import resolve_op
 from segmenter.ir.symbolic import hinted
 from segmenter.nvfuser_import import NvFuserFusion, read_nvfuser
+from segmenter.partition.explain import describe_segments, segmentation_to_dict
 from segmenter.serialize import dump, graph_to_dict
 
 from . import fusions, zoo

@@ -39,12 +39,12 @@ import torch
 
 from segmenter import FusionGraph, GraphInput, Segment, SegmentedFusion, SegmentKind, TensorMeta
 from segmenter.capturing.recorded import overlaps_itself
-from segmenter.explain import describe_sizes
 from segmenter.ir.graph import OpRef, ValueRef
 from segmenter.ir.ops import op_name_problem, resolve_op
 from segmenter.ir.symbolic import NotSymbolic, SymbolicSizes, size_hint, size_key, sizes_of
 from segmenter.nvfuser_ops import DTYPES, OPS
 from segmenter.nvfuser_script import DType, Ref
+from segmenter.partition.explain import describe_sizes
 
 from .backends.nvfuser import lower_to_nvfuser
 from .codegen import Declined

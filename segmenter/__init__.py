@@ -5,9 +5,9 @@ from .capturing.fx_import import CaptureError, from_fx
 from .ir.graph import Alias, FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
 from .ir.ops import OPAQUE_OPS, OpInfo, OpKind, op_info
 from .nvfuser_import import NvFuserFusion, from_nvfuser, read_nvfuser
-from .options import SegmenterOptions
-from .partition import segment
-from .segments import Boundary, Segment, SegmentedFusion, SegmentKind
+from .partition.greedy import segment
+from .partition.options import SegmenterOptions
+from .partition.segments import Boundary, Segment, SegmentedFusion, SegmentKind
 
 __all__ = [
     "OPAQUE_OPS",

@@ -98,7 +98,7 @@ def test_round_trip_keeps_names_ranges_and_expressions() -> None:
 
 
 def test_segment_shows_one_segmentation_for_all_sizes() -> None:
-    from segmenter.explain import describe_segments
+    from segmenter.partition.explain import describe_segments
 
     sf = segment(from_json(json.dumps(RMS)))
     text = describe_segments(sf)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .ir.graph import FusionGraph, Node, TensorMeta, view_roots
+from ..ir.graph import FusionGraph, Node, TensorMeta, view_roots
 
 __all__ = ["Boundary", "Segment", "SegmentKind", "SegmentedFusion"]
 
@@ -108,7 +108,7 @@ def bytes_floor(sf: SegmentedFusion) -> int:
 
 
 def _bytes_floor(g: FusionGraph) -> int:
-    from .ir.ops import OpKind, op_info  # local: ops is below segments in the import order
+    from ..ir.ops import OpKind, op_info  # local: ops is below segments in the import order
 
     root = view_roots(g)
     metas = _modeled_metas(g)
@@ -175,7 +175,7 @@ def _modeled_metas(graph: FusionGraph) -> dict[str, TensorMeta]:
     metas = graph.metas
     cache = graph.__dict__.get("_modeled_metas")
     if cache is None:
-        from .ir.symbolic import hinted, sizes_of
+        from ..ir.symbolic import hinted, sizes_of
 
         cache = metas if sizes_of(graph) is None else {v: hinted(m) for v, m in metas.items()}
         graph.__dict__["_modeled_metas"] = cache
@@ -189,7 +189,7 @@ def build_segment(
     """A segment over ``nodes`` (any order; kept in graph order), with its inputs, outputs and
     modeled bytes. Values in ``materialized`` cross segment boundaries as contiguous copies
     (the "pre" and "off" alias modes): they are read and written whole."""
-    from .ir.ops import OpKind, op_info  # local: ops is below segments in the import order
+    from ..ir.ops import OpKind, op_info  # local: ops is below segments in the import order
 
     if len(nodes) > 1:
         position = graph.node_index

@@ -24,9 +24,9 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .ir.graph import FusionGraph
-from .ir.ops import OpKind
-from .ir.symbolic import size_hint, size_key
+from ..ir.graph import FusionGraph
+from ..ir.ops import OpKind
+from ..ir.symbolic import size_hint, size_key
 from .matmul_bias import split_matmul_bias
 from .options import SegmenterOptions
 from .rules import NodeTraits, Traits, combine, node_traits, too_big, traits_of

@@ -27,7 +27,7 @@ class SegmenterOptions:
     max_rounds: int = 8
     #: Nodes (by name) the backend cannot run: each stays alone as OPAQUE, as an unknown op would.
     opaque_nodes: frozenset[str] = frozenset()
-    #: Note [a matmul's bias after it] (segmenter/matmul_bias.py): an ``addmm``'s 1-D bias added
+    #: Note [a matmul's bias after it] (segmenter/partition/matmul_bias.py): an ``addmm``'s 1-D bias added
     #: after a plain ``mm``, in the pointwise kernel that reads the product. None: float32 on CUDA
     #: (where it was measured faster); False: never; True: every float32 addmm of a 1-D bias.
     bias_after_matmul: bool | None = None

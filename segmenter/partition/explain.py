@@ -6,7 +6,7 @@ from typing import Any
 
 import sympy
 
-from .ir.symbolic import SymbolicSizes, sizes_of
+from ..ir.symbolic import SymbolicSizes, sizes_of
 from .segments import SegmentedFusion
 
 __all__ = ["describe_segments", "segmentation_to_dict"]

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .ir.graph import FusionGraph, Node
-from .ir.ops import OpKind, op_info, resolve_op
-from .ir.symbolic import size_key
+from ..ir.graph import FusionGraph, Node
+from ..ir.ops import OpKind, op_info, resolve_op
+from ..ir.symbolic import size_key
 from .options import SegmenterOptions
 from .segments import SegmentKind
 

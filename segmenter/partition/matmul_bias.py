@@ -22,8 +22,8 @@ import dataclasses
 
 import torch
 
-from .ir.graph import FusionGraph, Node, ValueRef
-from .ir.symbolic import size_key
+from ..ir.graph import FusionGraph, Node, ValueRef
+from ..ir.symbolic import size_key
 
 __all__ = ["split_matmul_bias"]
 
