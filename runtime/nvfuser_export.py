@@ -39,11 +39,11 @@ import torch
 
 from segmenter import FusionGraph, GraphInput, Segment, SegmentedFusion, SegmentKind, TensorMeta
 from segmenter.capturing.recorded import overlaps_itself
+from segmenter.formats.nvfuser.ops import DTYPES, OPS
+from segmenter.formats.nvfuser.script import DType, Ref
 from segmenter.ir.graph import OpRef, ValueRef
 from segmenter.ir.ops import op_name_problem, resolve_op
 from segmenter.ir.symbolic import NotSymbolic, SymbolicSizes, size_hint, size_key, sizes_of
-from segmenter.nvfuser_ops import DTYPES, OPS
-from segmenter.nvfuser_script import DType, Ref
 from segmenter.partition.explain import describe_sizes
 
 from .backends.nvfuser import lower_to_nvfuser
@@ -212,7 +212,7 @@ def _symbolic_layout(sizes: SymbolicSizes, shape: list, stride: list) -> tuple[l
         n = shape[d].node.expr if isinstance(shape[d], torch.SymInt) else sympy.Integer(shape[d])
         inner = sympy.expand(sizes.env.replace(st * n))
     # nvFuser reads contiguity in allocation order, outermost first (Note [contiguity in allocation
-    # order] in segmenter/nvfuser_import.py)
+    # order] in segmenter/formats/nvfuser/importer.py)
     in_allocation_order = [contiguity[d] for d in sorted(range(ndim), key=lambda d: -order[d])]
     return [-1 if isinstance(n, torch.SymInt) else n for n in shape], in_allocation_order, order
 

@@ -2,9 +2,9 @@
 
 from .capturing.from_torch import capture
 from .capturing.fx_import import CaptureError, from_fx
+from .formats.nvfuser.importer import NvFuserFusion, from_nvfuser, read_nvfuser
 from .ir.graph import Alias, FusionGraph, GraphConstant, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
 from .ir.ops import OPAQUE_OPS, OpInfo, OpKind, op_info
-from .nvfuser_import import NvFuserFusion, from_nvfuser, read_nvfuser
 from .partition.greedy import segment
 from .partition.options import SegmenterOptions
 from .partition.segments import Boundary, Segment, SegmentedFusion, SegmentKind

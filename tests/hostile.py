@@ -30,8 +30,8 @@ from alias import apply_aliases, check
 from perf.run import random_inputs
 from segmenter import segment
 from segmenter.capturing.reference import clone_inputs, evaluate, run_graph, storage_key
+from segmenter.formats.serialize import from_json
 from segmenter.ir.graph import FusionGraph, GraphError
-from segmenter.serialize import from_json
 
 __all__ = ["MUTATORS", "Finding", "check_mutant", "mutate", "payloads"]
 

@@ -17,8 +17,8 @@ import runtime
 from alias import apply_aliases, check
 from segmenter import capture, segment
 from segmenter.capturing.reference import clone_inputs, run_graph, storage_key
+from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 from segmenter.ir.graph import GraphError
-from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 
 from .util import assert_matches_eager
 

@@ -18,7 +18,7 @@ from runtime.program import CompiledProgram
 from segmenter import FusionGraph, GraphConstant, GraphError, GraphInput, Node, TensorMeta, ValueRef, capture, segment
 from segmenter.capturing.from_torch import bind_inputs
 from segmenter.capturing.reference import clone_inputs, run_graph
-from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
+from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 
 from .util import assert_matches_eager
 

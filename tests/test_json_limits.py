@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from perf.cli import main
-from segmenter.serialize import MAX_VIEW_DEPTH, GraphFormatError, from_json, load
+from segmenter.formats.serialize import MAX_VIEW_DEPTH, GraphFormatError, from_json, load
 
 
 def _meta(shape: list[int], stride: list[int] | None = None) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from alias import apply_aliases
 from runtime.program import CompiledProgram
 from segmenter import CaptureError, FusionGraph, capture, from_fx, segment
 from segmenter.capturing.reference import clone_inputs, run_graph
+from segmenter.formats.serialize import GraphFormatError, _arg_out, _meta_out, from_json, graph_from_dict, graph_to_dict
 from segmenter.ir.ops import op_name
-from segmenter.serialize import GraphFormatError, _arg_out, _meta_out, from_json, graph_from_dict, graph_to_dict
 
 from .util import alias_pattern, layout
 

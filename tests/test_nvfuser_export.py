@@ -278,7 +278,7 @@ def test_a_lowering_that_needs_a_number_runs_that_segment_on_torch(monkeypatch) 
     written to run on torch (its reason said), and run() still takes every size."""
     import json
 
-    from segmenter.serialize import from_json
+    from segmenter.formats.serialize import from_json
 
     meta = lambda shape, stride: {"shape": shape, "stride": stride, "storage_offset": 0, "dtype": "float32",  # noqa: E731
                                   "device": "cpu"}

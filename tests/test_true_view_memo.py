@@ -9,7 +9,7 @@ import torch
 
 from alias.analysis import _plain, is_true_view
 from segmenter import capture
-from segmenter.serialize import from_json, to_json
+from segmenter.formats.serialize import from_json, to_json
 
 
 def _two_slices():

@@ -64,7 +64,7 @@ def number_fits(value: object, dtype: torch.dtype) -> bool:
 
 
 # Note [numbers for 0-dim inputs]: nvFuser's scalar inputs (``fd.define_scalar(dtype=...)``) are
-# graph inputs of 0-dim CPU tensors (segmenter/nvfuser_import.py), and nvFuser's execute takes a
+# graph inputs of 0-dim CPU tensors (segmenter/formats/nvfuser/importer.py), and nvFuser's execute takes a
 # Python number for them (``fd.execute([t0, 2.5])``). So does a graph's call: a number given for a
 # 0-dim CPU input becomes a tensor of that input's dtype, where it is a value of that dtype's
 # kind (``number_fits``) and in its range. Not for an input the graph writes (the caller could

@@ -1,4 +1,4 @@
-"""What a graph file may hold: names, keyword names, sizes (segmenter/serialize.py reads it).
+"""What a graph file may hold: names, keyword names, sizes (segmenter/formats/serialize.py reads it).
 
 Each check returns what is wrong (None: nothing); the loader raises it with the field named.
 

@@ -1,9 +1,9 @@
 """nvFuser's Python-frontend ops (``fd.ops.*``) as ATen ops with the same semantics.
 
-One table per family, read by the importer (segmenter/nvfuser_import.py) and, reversed, by the
+One table per family, read by the importer (segmenter/formats/nvfuser/importer.py) and, reversed, by the
 lowering of segments to nvFuser (runtime/backends/nvfuser.py): the names on both sides are these.
 Each frontend op has its frontend signature (argument names and defaults, as nvFuser's bindings
-declare them) and a builder that emits ATen nodes through segmenter/nvfuser_build.py. An op that
+declare them) and a builder that emits ATen nodes through segmenter/formats/nvfuser/build.py. An op that
 is not here is refused by name. The semantics were read from nvFuser's own sources
 (csrc/ops/alias.cpp, arith.cpp, type_promotion.cpp, python_frontend/python_bindings.cpp):
 
@@ -16,7 +16,7 @@ is not here is refused by name. The semantics were read from nvFuser's own sourc
 * ``pad`` widths run from the last dim outwards, as ``F.pad``'s; the value defaults to 0;
 * ``sum`` of integers or bools is int64; ``var``/``var_mean`` take ``correction``;
 * a cast to the value's own dtype, ``set`` and ``segment_set`` are copies (no node; see
-  Note [outputs that are views of inputs] in segmenter/nvfuser_build.py).
+  Note [outputs that are views of inputs] in segmenter/formats/nvfuser/build.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import dataclasses
 
 import torch
 
-from .ir.ops import resolve_op
-from .nvfuser_build import Args, Builder, Const, FrontendOp, TVal, Value, nv_promote
-from .nvfuser_shape_ops import SHAPE_OPS
+from ...ir.ops import resolve_op
+from .build import Args, Builder, Const, FrontendOp, TVal, Value, nv_promote
+from .shape_ops import SHAPE_OPS
 
 __all__ = ["BINARY", "DTYPES", "OPS", "UNARY"]
 
@@ -60,7 +60,7 @@ BINARY: dict[str, tuple[str, str | None]] = {
                                                             "bitwise_or", "bitwise_xor")},
 }
 # frontend names that read as another name's ops: ``mod`` is C's % (torch's fmod); ``div`` is
-# truediv on floats and truncating division on integers (segmenter/nvfuser_ops.py:_elementwise)
+# truediv on floats and truncating division on integers (segmenter/formats/nvfuser/ops.py:_elementwise)
 _SAME_AS = {"mod": "fmod", "div": "truediv"}
 
 

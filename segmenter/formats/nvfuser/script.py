@@ -3,9 +3,9 @@
 Note [a fusion script is data]: a repro script (``def nvfuser_fusion_id0(fd: FusionDefinition)``,
 ``with FusionDefinition() as fd:``, ``fd.execute(inputs)``) is Python, and is never run, imported
 or evaluated here: the source is parsed and its nodes are read as a graph file's fields are. The
-rules are those of segmenter/serialize.py. Names are keys: a variable name is the key of a value
+rules are those of segmenter/formats/serialize.py. Names are keys: a variable name is the key of a value
 and a label in messages. Only known calls are read: ``fd.define_*``, ``fd.from_pytorch``,
-``fd.add_output``, ``fd.ops.<op>`` for the ops of segmenter/nvfuser_ops.py, ``T.shape()``,
+``fd.add_output``, ``fd.ops.<op>`` for the ops of segmenter/formats/nvfuser/ops.py, ``T.shape()``,
 ``T.size(d)``, ``V[i]`` and the tensor operators (``a + b``); any other call, attribute or
 statement is refused with its line (``__import__``, ``getattr``, ``fd.ops.add.__globals__``, a
 loop). Numbers are literals: bounded integers, floats, ``float("inf")``; module-level constants
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .ir.limits import MAX_NAME, MAX_NESTING
-from .nvfuser_build import NULL
-from .nvfuser_inputs import InputSpec, read_inputs
-from .nvfuser_ops import DTYPES, OPS
-from .serialize import GraphFormatError
+from ...ir.limits import MAX_NAME, MAX_NESTING
+from ..serialize import GraphFormatError
+from .build import NULL
+from .inputs import InputSpec, read_inputs
+from .ops import DTYPES, OPS
 
 __all__ = ["FD_METHODS", "MAX_CALLS", "MAX_SOURCE", "Call", "DType", "InputRef", "Ref", "Script", "read_script"]
 
@@ -65,7 +65,7 @@ class InputRef:
 
 @dataclass(frozen=True)
 class DType:
-    """``DataType.<name>``: a name of segmenter/nvfuser_ops.py's DTYPES, or Null."""
+    """``DataType.<name>``: a name of segmenter/formats/nvfuser/ops.py's DTYPES, or Null."""
 
     name: str
 
@@ -344,7 +344,7 @@ class _Fusion:
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and f.value.attr == "ops" and \
                 isinstance(f.value.value, ast.Name) and f.value.value.id == self.fd:
             if f.attr not in OPS:
-                raise _fail(node, f"fd.ops.{f.attr[:60]} is not an op this reader knows (see segmenter/nvfuser_ops.py)")
+                raise _fail(node, f"fd.ops.{f.attr[:60]} is not an op this reader knows (see segmenter/formats/nvfuser/ops.py)")
             return f"ops.{f.attr}", None
         if isinstance(f, ast.Attribute) and f.attr in ("shape", "size") and isinstance(f.value, ast.Name) and \
                 f.value.id in self.defined:

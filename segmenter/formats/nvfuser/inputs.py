@@ -9,7 +9,7 @@ nvFuser's repro scripts end with the inputs they ran on::
     ]
 
 Only the known constructors below, with literal arguments, are read (Note [a fusion script is
-data] in segmenter/nvfuser_script.py); nothing is called. Each entry becomes an InputSpec: a
+data] in segmenter/formats/nvfuser/script.py); nothing is called. Each entry becomes an InputSpec: a
 tensor's shape, strides, offset, dtype and device, or a Python number (a scalar input).
 """
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .ir.graph import _contiguous_strides
-from .ir.limits import MAX_DIM, MAX_RANK
-from .serialize import GraphFormatError
+from ...ir.graph import _contiguous_strides
+from ...ir.limits import MAX_DIM, MAX_RANK
+from ..serialize import GraphFormatError
 
 __all__ = ["MAX_INPUTS", "InputSpec", "read_inputs"]
 

@@ -1,5 +1,5 @@
 """nvFuser's shape, reduction, factory, gather and matmul ops as ATen ops (the elementwise ones
-and the module's Note are in segmenter/nvfuser_ops.py)."""
+and the module's Note are in segmenter/formats/nvfuser/ops.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from .ir.limits import MAX_DIM, MAX_RANK
-from .ir.symbolic import is_symbolic
-from .nvfuser_build import Args, Builder, Const, FrontendOp, TVal, Value, Vec
+from ...ir.limits import MAX_DIM, MAX_RANK
+from ...ir.symbolic import is_symbolic
+from .build import Args, Builder, Const, FrontendOp, TVal, Value, Vec
 
 __all__ = ["SHAPE_OPS", "reshape", "stride_order"]
 

@@ -1,12 +1,12 @@
 """The graph an nvFuser fusion script becomes: values, ATen nodes run on FakeTensors, and the
-frontend's type promotion. segmenter/nvfuser_ops.py says which nodes each frontend op emits;
-segmenter/nvfuser_import.py reads the script and binds its inputs.
+frontend's type promotion. segmenter/formats/nvfuser/ops.py says which nodes each frontend op emits;
+segmenter/formats/nvfuser/importer.py reads the script and binds its inputs.
 
-Every node is built from an op name of the fixed tables in segmenter/nvfuser_ops.py, never from
+Every node is built from an op name of the fixed tables in segmenter/formats/nvfuser/ops.py, never from
 a name in the file, and run on FakeTensors as it is added: its metas are torch's own, and an op
 torch refuses (a shape that does not broadcast, a squeeze of a dim that is not 1) is refused with
 the script's line and call named. Where the fusion's sizes are symbolic (Note [symbolic dims of
-a fusion] in segmenter/nvfuser_sizes.py) the FakeTensors are those of the plan's ShapeEnv and
+a fusion] in segmenter/formats/nvfuser/sizes.py) the FakeTensors are those of the plan's ShapeEnv and
 run through the Python dispatcher: every size a node computes is a SymInt, and every question
 torch asks of one is a condition of the plan.
 """
@@ -22,13 +22,13 @@ from typing import NoReturn, Union
 
 import torch
 
-from .capturing.meta import fake_mode, fakeable, quiet_fake_errors, shallow
-from .capturing.recorded import check_recorded_effects
-from .ir.graph import Alias, FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef, view_roots
-from .ir.limits import MAX_BYTES, MAX_DIM, MAX_RANK, view_depth_problem
-from .ir.ops import OpKind, op_info, resolve_op
-from .ir.symbolic import SymbolicSizes, is_symbolic, size_hint
-from .serialize import GraphFormatError
+from ...capturing.meta import fake_mode, fakeable, quiet_fake_errors, shallow
+from ...capturing.recorded import check_recorded_effects
+from ...ir.graph import Alias, FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef, view_roots
+from ...ir.limits import MAX_BYTES, MAX_DIM, MAX_RANK, view_depth_problem
+from ...ir.ops import OpKind, op_info, resolve_op
+from ...ir.symbolic import SymbolicSizes, is_symbolic, size_hint
+from ..serialize import GraphFormatError
 
 __all__ = ["MAX_NODES", "NULL", "Args", "Builder", "Const", "FrontendOp", "TVal", "Value", "Vec", "nv_promote"]
 
@@ -218,7 +218,7 @@ class Builder:
         return a
 
     def emit(self, op: str, *args: object, n: int = 1, **kwargs: object) -> TVal:
-        """Add one node of ``op`` (a name from segmenter/nvfuser_ops.py's tables) and run it on
+        """Add one node of ``op`` (a name from segmenter/formats/nvfuser/ops.py's tables) and run it on
         FakeTensors; its first output (``emit_all`` for every output)."""
         return self.emit_all(op, *args, n=n, **kwargs)[0]
 
@@ -319,7 +319,7 @@ class Args:
 
     def operand(self, key: str, sizes: bool = False) -> TVal | Const:
         """A tensor or a scalar; a symbolic size read back made a number (``Const.number``)
-        unless ``sizes``: the caller folds it as a size (segmenter/nvfuser_ops.py: ``fold``)."""
+        unless ``sizes``: the caller folds it as a size (segmenter/formats/nvfuser/ops.py: ``fold``)."""
         v = self.values.get(key)
         if isinstance(v, bool | int | float | complex):  # a bare number: the scalar nvFuser would make of it
             v = Const(v, _py_dtype(v))

@@ -32,9 +32,9 @@ from typing import Any
 import sympy
 import torch
 
-from .ir.graph import GraphError
-from .ir.limits import MAX_DIM
-from .ir.symbolic import SymbolicSizes, sizes_of
+from ..ir.graph import GraphError
+from ..ir.limits import MAX_DIM
+from ..ir.symbolic import SymbolicSizes, sizes_of
 
 __all__ = ["MAX_SYMBOL", "MAX_SYMBOLS", "at_maxima", "declared", "parse_size", "size_in", "size_out", "symbols_in", "symbols_out"]
 

@@ -1,14 +1,14 @@
 """``from_nvfuser``: an nvFuser Python-frontend fusion (a repro script, a function, a
 ``with FusionDefinition() as fd:`` block) as a FusionGraph, read as data.
 
-    script text --ast (segmenter/nvfuser_script.py)--> frontend calls
-                --op table (segmenter/nvfuser_ops.py)--> ATen nodes on FakeTensors
+    script text --ast (segmenter/formats/nvfuser/script.py)--> frontend calls
+                --op table (segmenter/formats/nvfuser/ops.py)--> ATen nodes on FakeTensors
                 --inputs bound here--> FusionGraph
 
 Note [symbolic or bound sizes]: nvFuser's ``shape=[-1, ...]`` makes a dim symbolic, and so it
 is here by default: without the ``inputs`` argument, each -1 dim is a symbol of a symbolic plan,
-hinted by the script's own ``inputs = [...]`` (segmenter/nvfuser_inputs.py) where it has one
-(Note [symbolic dims of a fusion] in segmenter/nvfuser_sizes.py): the graph, its segmentation
+hinted by the script's own ``inputs = [...]`` (segmenter/formats/nvfuser/inputs.py) where it has one
+(Note [symbolic dims of a fusion] in segmenter/formats/nvfuser/sizes.py): the graph, its segmentation
 and its compiled program hold for every size where the plan's conditions do. With ``inputs``
 (tensors and numbers in the order the fusion defines its inputs) the fusion is bound to their
 sizes, strides and dtypes, as a user who hands tensors expects (explicit binding wins), unless
@@ -31,17 +31,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .capturing.reference import number_fits, numbers_as_tensors
-from .ir.graph import FusionGraph, Mutation, TensorMeta
-from .ir.limits import MAX_DIM, MAX_RANK
-from .ir.symbolic import SymbolicSizes, sizes_of, symbolic_hashing
-from .nvfuser_build import Args, Builder, Const, FrontendOp, TVal, Value, Vec
-from .nvfuser_inputs import InputSpec
-from .nvfuser_ops import OPS
-from .nvfuser_script import Call, DType, InputRef, Ref, Script, read_script
-from .nvfuser_shape_ops import stride_order
-from .nvfuser_sizes import DEFAULT_HINT, DimSizes
-from .serialize import GraphFormatError
+from ...capturing.reference import number_fits, numbers_as_tensors
+from ...ir.graph import FusionGraph, Mutation, TensorMeta
+from ...ir.limits import MAX_DIM, MAX_RANK
+from ...ir.symbolic import SymbolicSizes, sizes_of, symbolic_hashing
+from ..serialize import GraphFormatError
+from .build import Args, Builder, Const, FrontendOp, TVal, Value, Vec
+from .inputs import InputSpec
+from .ops import OPS
+from .script import Call, DType, InputRef, Ref, Script, read_script
+from .shape_ops import stride_order
+from .sizes import DEFAULT_HINT, DimSizes
 
 __all__ = ["NvFuserFusion", "SymbolicDims", "from_nvfuser", "read_nvfuser"]
 
@@ -503,7 +503,7 @@ def _shown(n: int | torch.SymInt, sizes: SymbolicSizes | None) -> int | str:
 
 def _symbolic_import(script: Script, specs: Sequence[InputSpec] | None, device: str, from_user: bool) -> _Importer:
     """The fusion with its -1 dims as symbols, in one run or two (Note [symbolic dims of a fusion]
-    in segmenter/nvfuser_sizes.py)."""
+    in segmenter/formats/nvfuser/sizes.py)."""
     with symbolic_hashing():  # Note [hashing symbolic sizes]
         first = _Importer(script, specs, device, from_user, DimSizes())
         try:
@@ -528,7 +528,7 @@ def _symbolic_import(script: Script, specs: Sequence[InputSpec] | None, device: 
 def from_nvfuser(source: str, inputs: Sequence[object] | None = None, name: str | None = None,
                  symbolic: bool | None = None) -> FusionGraph:
     """An nvFuser Python-frontend fusion as a FusionGraph, never executed (Note [a fusion script
-    is data] in segmenter/nvfuser_script.py; sizes as in Note [symbolic or bound sizes])."""
+    is data] in segmenter/formats/nvfuser/script.py; sizes as in Note [symbolic or bound sizes])."""
     fusion = read_nvfuser(source, inputs, name, warn=False, symbolic=symbolic)
     for note in fusion.notes:
         warnings.warn(f"{fusion.graph.name}: {note}", stacklevel=2)

@@ -60,10 +60,10 @@ from typing import Any
 
 import torch
 
-from .capturing.functionalize import functionalize
-from .capturing.recorded import check_recorded_effects
-from .ir.constants import BYTE_DTYPES
-from .ir.graph import (
+from ..capturing.functionalize import functionalize
+from ..capturing.recorded import check_recorded_effects
+from ..ir.constants import BYTE_DTYPES
+from ..ir.graph import (
     Alias,
     Arg,
     FusionGraph,
@@ -76,7 +76,7 @@ from .ir.graph import (
     TensorMeta,
     ValueRef,
 )
-from .ir.limits import (
+from ..ir.limits import (
     MAX_BYTES,
     MAX_DIM,
     MAX_NESTING,
@@ -87,9 +87,9 @@ from .ir.limits import (
     name_problem,
     view_depth_problem,
 )
-from .ir.ops import op_info, op_name_problem, op_refusal, resolve_op
-from .ir.schema import args_problem
-from .ir.symbolic import symbolic_hashing
+from ..ir.ops import op_info, op_name_problem, op_refusal, resolve_op
+from ..ir.schema import args_problem
+from ..ir.symbolic import symbolic_hashing
 from .symbolic_json import at_maxima, declared, size_in, size_out, symbols_in, symbols_out
 
 __all__ = ["MAX_VIEW_DEPTH", "SCHEMA", "SCHEMA_VERSION", "GraphFormatError", "dump", "from_json", "graph_from_dict", "graph_to_dict",
@@ -590,7 +590,7 @@ def from_json(text: str, check_metas: bool = True) -> FusionGraph:
     whose metadata contradicts its ops is refused, naming the node."""
     graph = _parse(text)
     if check_metas:
-        from .capturing.meta import meta_mismatches
+        from ..capturing.meta import meta_mismatches
 
         try:
             problems = meta_mismatches(graph)

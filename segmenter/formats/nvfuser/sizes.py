@@ -46,8 +46,8 @@ from typing import NoReturn
 import sympy
 import torch
 
-from .ir.symbolic import SymbolicSizes
-from .symbolic_json import MAX_SYMBOL_NAME
+from ...ir.symbolic import SymbolicSizes
+from ..symbolic_json import MAX_SYMBOL_NAME
 
 __all__ = ["DEFAULT_HINT", "MAX_DIMS", "MAX_SIZE", "MIN_SIZE", "DimPlan", "DimSizes", "distinct_hint"]
 
