@@ -8,10 +8,14 @@ other. On a big-endian host each element's bytes are reversed on the way out and
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 
-from .graph import GraphError, TensorMeta
+from .errors import GraphError
+
+if TYPE_CHECKING:  # annotations only: graph.py imports this module
+    from .graph import TensorMeta
 
 __all__ = ["BYTE_DTYPES", "tensor_bytes", "tensor_from_bytes"]
 

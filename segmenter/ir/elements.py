@@ -7,9 +7,12 @@ functional graph over the input knows.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .graph import TensorMeta
+if TYPE_CHECKING:  # annotations only: graph.py imports this module
+    from .graph import TensorMeta
 
 __all__ = ["within"]
 

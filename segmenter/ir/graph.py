@@ -33,6 +33,10 @@ from typing import Literal, Union
 
 import torch
 
+from .constants import tensor_bytes, tensor_from_bytes
+from .elements import within
+from .errors import GraphError
+
 __all__ = [
     "Alias",
     "Arg",
@@ -48,10 +52,6 @@ __all__ = [
     "iter_value_refs",
     "view_roots",
 ]
-
-
-class GraphError(ValueError):
-    """A FusionGraph that breaks an invariant; the message names the node and field."""
 
 
 # Note [conjugate and negative bits]: torch makes ``x.conj()`` (complex) and ``x.conj().imag``
@@ -324,8 +324,6 @@ class GraphConstant:
 
     @classmethod
     def from_tensor(cls, name: str, t: torch.Tensor, device: str | None = None) -> GraphConstant:
-        from .constants import tensor_bytes
-
         t = t.detach()
         meta = TensorMeta.from_tensor(t.contiguous() if t.device.type == "meta" else t, device)
         if not meta.is_contiguous() or meta.storage_offset != 0:
@@ -334,8 +332,6 @@ class GraphConstant:
 
     def tensor(self, device: str | torch.device | None = None) -> torch.Tensor:
         """A fresh tensor holding the constant, on ``device`` (default: its own)."""
-        from .constants import tensor_from_bytes
-
         if self.data is None:
             raise GraphError(f"constant {self.name!r} was captured without its values (on fake or meta tensors)")
         t = tensor_from_bytes(self.data, self.meta)
@@ -570,8 +566,6 @@ def _check_final_layout(inp: GraphInput, where: str) -> None:
     if final.dtype != inp.meta.dtype or final.device != inp.meta.device:
         raise GraphError(f"{where}: {final} on {final.device} changes the dtype or device of {inp.meta} on "
                          f"{inp.meta.device}")
-    from .elements import within  # local: elements imports ir
-
     if not within(final, inp.meta):
         raise GraphError(f"{where}: {final} reaches outside the storage elements of the input ({inp.meta})")
 
