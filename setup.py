@@ -19,7 +19,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest", "ruff",
-                 "tlparse"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py; tlparse: tests/test_torch_logs.py
+                 "tlparse", "import-linter"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py;
+        # tlparse: tests/test_torch_logs.py; import-linter: tests/test_layers.py (pyproject.toml's contracts)
         "cuda": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.
