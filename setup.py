@@ -8,7 +8,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     # perf.fusions: nvFuser scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
-    packages=["segmenter", "alias", "runtime", "perf", "perf.fusions", "perf.experiments", "perf.html"],
+    packages=["segmenter", "segmenter.ir", "segmenter.capturing", "segmenter.partition", "segmenter.formats", "segmenter.formats.nvfuser", "alias", "runtime", "perf", "perf.fusions", "perf.experiments", "perf.html"],
     package_data={"perf.html": ["page.css", "page.js"]},  # the segmentation page's own CSS and JS, inlined
     py_modules=["fuseg"],  # the name TORCH_LOGS=+fuseg finds (runtime/logs.py)
     install_requires=[
@@ -19,7 +19,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest", "ruff",
-                 "tlparse"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py; tlparse: tests/test_torch_logs.py
+                 "tlparse", "import-linter"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py;
+        # tlparse: tests/test_torch_logs.py; import-linter: tests/test_layers.py (pyproject.toml's contracts)
         "cuda": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.

@@ -3,7 +3,7 @@
 Answers questions; changes nothing (the rewrite is alias/rewrite.py).
 
 Note [views from metas]: every value's TensorMeta was computed by torch's own meta functions on
-FakeTensors whose storages are shared exactly as at run time (segmenter.meta), so a VIEW op's
+FakeTensors whose storages are shared exactly as at run time (segmenter.capturing.meta), so a VIEW op's
 output meta *is* its layout in its root's storage, absolute offset included. An op counts as a
 view only when torch guarantees one: ATen view ops always alias (``view`` errors rather than
 copy); ``reshape`` aliases only when a view is possible, which the layout algebra decides.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from segmenter import FusionGraph, Node, OpKind, Segment, TensorMeta, op_info
-from segmenter.symbolic import is_symbolic, size_key
+from segmenter.ir.symbolic import is_symbolic, size_key
 
 from .layout import Layout, NeedsCopy, apply_view_op
 

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from segmenter import FusionGraph, GraphError, SegmentedFusion, SegmentKind
-from segmenter.meta import meta_mismatches
+from segmenter.capturing.meta import meta_mismatches
 
 from .analysis import is_true_view
 
@@ -100,7 +100,7 @@ def plan_problems(plan: SegmentedFusion) -> list[str]:
 def check(original: SegmentedFusion | FusionGraph, rewritten: SegmentedFusion, metas: bool = True) -> list[str]:
     """The invariants ``rewritten`` breaks (empty: none): ``plan_problems``, the original
     program's aliasing and write-backs kept, and with ``metas``, every value's recorded layout
-    what FakeTensor propagation computes (segmenter.meta)."""
+    what FakeTensor propagation computes (segmenter.capturing.meta)."""
     orig = original.graph if isinstance(original, SegmentedFusion) else original
     g = rewritten.graph
     problems: list[str] = meta_mismatches(g) if metas else []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from segmenter import FusionGraph, GraphError, Node, OpKind, SegmentKind, op_info
-from segmenter.meta import propagate_metas
+from segmenter.capturing.meta import propagate_metas
 
 __all__ = ["elide_copies"]
 

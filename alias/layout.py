@@ -35,7 +35,7 @@ class Layout:
     stride: tuple[int, ...]
     offset: int
     dtype: torch.dtype
-    conj: bool = False  # torch's lazy view bits (segmenter.ir Note [conjugate and negative bits])
+    conj: bool = False  # torch's lazy view bits (segmenter.ir.graph Note [conjugate and negative bits])
     neg: bool = False
 
     @classmethod

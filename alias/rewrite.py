@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from segmenter import Boundary, FusionGraph, Node, OpKind, Segment, SegmentedFusion, SegmentKind, op_info
-from segmenter.ir import view_roots
-from segmenter.segments import build_segment
+from segmenter.ir.graph import view_roots
+from segmenter.partition.segments import build_segment
 
 from .analysis import SegmentAliases, analyze_segment, is_true_view
 from .elide import elide_copies

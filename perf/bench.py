@@ -31,8 +31,8 @@ from torch.utils import _pytree as pytree
 from alias import apply_aliases
 from runtime.program import CompiledProgram
 from segmenter import capture, segment
-from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs
+from segmenter.capturing.from_torch import bind_inputs
+from segmenter.capturing.reference import clone_inputs
 
 from . import zoo
 from .targets import TargetError

@@ -25,8 +25,8 @@ import torch
 import runtime
 from alias import MODES, apply_aliases
 from segmenter import SegmenterOptions, capture, segment
-from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs
+from segmenter.capturing.from_torch import bind_inputs
+from segmenter.capturing.reference import clone_inputs
 
 from . import zoo
 

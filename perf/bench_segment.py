@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph, segment
-from segmenter.from_torch import capture
+from segmenter.capturing.from_torch import capture
 
 from .bench import write_record
 from .synthetic import block_graph, synthetic_transformer

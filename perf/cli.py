@@ -30,11 +30,11 @@ from collections.abc import Sequence
 
 from alias import apply_aliases
 from segmenter import FusionGraph, GraphError, OpKind, SegmenterOptions, op_info, segment
-from segmenter.explain import describe_segments, segmentation_to_dict
-from segmenter.nvfuser_import import NvFuserFusion, read_nvfuser
-from segmenter.ops import resolve_op
-from segmenter.serialize import dump, graph_to_dict
-from segmenter.symbolic import hinted
+from segmenter.formats.nvfuser.importer import NvFuserFusion, read_nvfuser
+from segmenter.formats.serialize import dump, graph_to_dict
+from segmenter.ir.ops import resolve_op
+from segmenter.ir.symbolic import hinted
+from segmenter.partition.explain import describe_segments, segmentation_to_dict
 
 from . import fusions, zoo
 from .profile import profile, render, side_by_side
@@ -63,7 +63,7 @@ def describe_ops(graph: FusionGraph) -> str:
 
 def describe_nvfuser(fusion: NvFuserFusion) -> str:
     """What an nvFuser script's -1 dims became (Note [symbolic or bound sizes] in
-    segmenter/nvfuser_import.py): symbols (their ranges and the plan's conditions are printed with
+    segmenter/formats/nvfuser/importer.py): symbols (their ranges and the plan's conditions are printed with
     the segments), or the sizes they were bound to."""
     if fusion.bound:
         lines = [f"nvFuser script: sizes from {fusion.bound_from}"]

@@ -2,7 +2,7 @@
 
 For a program (an example or module:factory) the reference is eager PyTorch on the same inputs;
 for a JSON graph, which has no program, it is the graph's reference semantics
-(``segmenter.reference.run_graph``) on random inputs laid out as the graph says.
+(``segmenter.capturing.reference.run_graph``) on random inputs laid out as the graph says.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from alias import apply_aliases
 from runtime.memory import PeakTracker, modeled_peak
 from runtime.segments_run import segments_run
 from segmenter import FusionGraph, GraphError, SegmenterOptions, segment
-from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs, run_graph, storage_key
+from segmenter.capturing.from_torch import bind_inputs
+from segmenter.capturing.reference import clone_inputs, run_graph, storage_key
 
 from .targets import Target, TargetError
 

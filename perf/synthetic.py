@@ -13,7 +13,7 @@ import dataclasses
 import torch
 
 from segmenter import FusionGraph, Node, ValueRef
-from segmenter.from_torch import capture
+from segmenter.capturing.from_torch import capture
 
 __all__ = ["block_graph", "synthetic_transformer"]
 

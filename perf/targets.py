@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph
-from segmenter.from_torch import capture
-from segmenter.nvfuser_import import NvFuserFusion, read_nvfuser
-from segmenter.serialize import load
+from segmenter.capturing.from_torch import capture
+from segmenter.formats.nvfuser.importer import NvFuserFusion, read_nvfuser
+from segmenter.formats.serialize import load
 
 from . import fusions, zoo
 
@@ -45,7 +45,7 @@ def from_factory(result: Any, where: str) -> Target:
 
 
 def _nvfuser_script(path: str) -> Target:
-    """An nvFuser Python-frontend script, read as data (segmenter/nvfuser_script.py): never imported."""
+    """An nvFuser Python-frontend script, read as data (segmenter/formats/nvfuser/script.py): never imported."""
     try:
         with open(path, encoding="utf-8") as f:
             source = f.read(1 << 25)

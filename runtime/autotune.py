@@ -125,7 +125,7 @@ def class_key(kernel_name: str, classes: dict[int, tuple[int, int]]) -> str:
 def size_class(n: int | torch.SymInt) -> tuple[int, int]:
     """[lo, hi): the power-of-two class of a size (0 is a class of its own). For a symbolic size,
     the class of its value at the first call, and ``lo <= n < hi`` a condition of the plan."""
-    from segmenter.symbolic import size_hint
+    from segmenter.ir.symbolic import size_hint
 
     h = size_hint(n)
     lo, hi = class_of_bits(max(h, 0).bit_length())

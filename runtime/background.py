@@ -129,7 +129,7 @@ def rebuild(program: CompiledProgram) -> None:
     conditions of the program (a call that breaks one gets a plan of its own)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from segmenter.symbolic import symbolic_hashing
+    from segmenter.ir.symbolic import symbolic_hashing
 
     chosen, backend_of, passed_over = program._after_build  # type: ignore[misc]
     program._building, program._after_build = None, None

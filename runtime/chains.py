@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind
-from segmenter.symbolic import is_symbolic, size_hint
+from segmenter.ir.symbolic import is_symbolic, size_hint
 
 from . import layout, threads
 from .backends.kernels import _numel, span_bytes
@@ -466,7 +466,7 @@ def _span(p: Any) -> int:
 
 
 # Note [chains of symbolic sizes]: under a symbolic plan (Note [symbolic plans] in
-# segmenter/symbolic.py) a value's bytes, its offset in the arena and a view's distance from its
+# segmenter/ir/symbolic.py) a value's bytes, its offset in the arena and a view's distance from its
 # base may be symbolic. The runner's steps are fixed when compiled, so such an address is a slot
 # of its own, computed at the call (``_arena.data_ptr() + <expression>``) with 0 bytes past it;
 # and the arena is no longer shared by lifetimes (first fit compares sizes, which would make every

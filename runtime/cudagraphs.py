@@ -54,8 +54,8 @@ from typing import Any, Protocol
 import torch
 
 from segmenter import SegmentedFusion, SegmentKind
-from segmenter.ir import FusionGraph, Node, iter_value_refs
-from segmenter.ops import resolve_op
+from segmenter.ir.graph import FusionGraph, Node, iter_value_refs
+from segmenter.ir.ops import resolve_op
 
 from .codegen.index import dense_strides
 

@@ -24,9 +24,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from alias import apply_aliases
 from segmenter import SegmenterOptions, from_fx, segment
-from segmenter.fx_import import has_symbolic_sizes, storage_ids
-from segmenter.symbolic import symbolic_hashing
-from segmenter.unbacked import has_data_dependent_sizes
+from segmenter.capturing.fx_import import has_symbolic_sizes
+from segmenter.capturing.storages import storage_ids
+from segmenter.capturing.unbacked import has_data_dependent_sizes
+from segmenter.ir.symbolic import symbolic_hashing
 
 from . import logs
 from .codegen import pause
@@ -175,7 +176,7 @@ class FusegCompiler:
         # a graph that returns sizes (Note [size outputs]) always takes the keyed path, which adds them
         numbers = any(isinstance(o, fx.Node) and isinstance(o.meta.get("val"), (int, torch.SymInt))
                       for o in outs if o is not None)
-        # Note [symbolic plans] (segmenter/symbolic.py): a graph with symbolic sizes gets plans
+        # Note [symbolic plans] (segmenter/ir/symbolic.py): a graph with symbolic sizes gets plans
         # that serve every size where their conditions hold; the keyed, specialized path is what a
         # graph falls back to where a symbolic plan cannot be made (``symbolic_refused`` says why)
         symbolic = [self.dynamic and has_symbolic_sizes(gm)]
@@ -215,7 +216,7 @@ class FusegCompiler:
                 tensors = [a for a in args if isinstance(a, torch.Tensor)]
                 del args
                 results = program(*tensors)
-                if sizes:  # Note [size outputs] in segmenter/fx_import.py
+                if sizes:  # Note [size outputs] in segmenter/capturing/fx_import.py
                     results = list(results)
                     for pos in sorted(sizes):
                         results.insert(pos, sizes[pos])
@@ -337,7 +338,7 @@ class FusegCompiler:
 # whatever dispatch modes are on then: AOTAutograd's own (its runtime wrapper runs the first call
 # under a mode that checks custom ops for aliasing), or the caller's (a FLOP counter, a memory
 # tracker). ``from_fx`` re-runs the graph on FakeTensors of its own (Note [fake tensor cache] in
-# segmenter/meta.py); under those modes every fake op went through them too. A caller's mode then
+# segmenter/capturing/meta.py); under those modes every fake op went through them too. A caller's mode then
 # counted ops that never ran, and with AOTAutograd's mode bart-tiny's re-run took 0.30-0.39 s,
 # against 0.25-0.28 s without it (three alternated first calls each). So the re-run happens with
 # the mode stack set aside; the program itself, folded segments included, runs where it did
@@ -346,14 +347,14 @@ class FusegCompiler:
 
 def _program_inputs(program: CompiledProgram, tensors: list[Any], args: list[Any]) -> list[Any]:
     """A symbolic program's arguments: the tensors, then the numbers it reads symbols from
-    (Note [number inputs] in segmenter/symbolic.py)."""
+    (Note [number inputs] in segmenter/ir/symbolic.py)."""
     if not program.numbers:
         return tensors
     return [*tensors, *(args[i] for i in program.sizes.number_inputs())]
 
 
 def _with_sizes(results: list[Any], sizes_fn: Callable[..., list[int]] | None, tensors: list[Any]) -> list[Any]:
-    """Note [size outputs] (segmenter/fx_import.py): the sizes the graph returns, at their places."""
+    """Note [size outputs] (segmenter/capturing/fx_import.py): the sizes the graph returns, at their places."""
     if sizes_fn is None:
         return results
     return sizes_fn(results, *tensors)
@@ -376,7 +377,7 @@ def _sizes_function(program: CompiledProgram, sizes: dict[int, Any]) -> Callable
 
 
 def strip_effect_tokens(gm: fx.GraphModule) -> frozenset[int]:
-    """Note [effect tokens] (segmenter/from_torch.py), for AOTAutograd's graphs: AOTAutograd passes
+    """Note [effect tokens] (segmenter/capturing/from_torch.py), for AOTAutograd's graphs: AOTAutograd passes
     each effect token in as an input (None at run time) and drops the token outputs. Each
     ``with_effects(token, op, *args)`` becomes a plain call of ``op`` in the same place (run for
     its effect; the segmenter keeps ops that return nothing), the token outputs become None and

@@ -27,7 +27,7 @@ import math
 import torch
 
 from segmenter import Segment, SegmentKind
-from segmenter.ir import ValueRef
+from segmenter.ir.graph import ValueRef
 
 from . import layout
 from .backends.base import BuildContext, SegmentLaunch

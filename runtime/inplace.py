@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from segmenter import Node, OpKind, SegmentedFusion, SegmentKind, op_info
-from segmenter.ir import view_roots
+from segmenter.ir.graph import view_roots
 
 __all__ = ["out_overload", "plan_in_place_writes"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from segmenter import GraphError, TensorMeta
-from segmenter.reference import fresh_in_layout
+from segmenter.capturing.reference import fresh_in_layout
 
 # the stride rules live in codegen/index.py (the generator needs them without torch); re-exported here
 from .codegen.index import contiguous_strides, dense_strides

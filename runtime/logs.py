@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from segmenter.explain import describe_sizes, segmentation_to_dict
+from segmenter.partition.explain import describe_sizes, segmentation_to_dict
 
 __all__ = ["current_trace_id", "log", "log_program", "log_specialized", "register"]
 

@@ -10,7 +10,7 @@ runtime/views.py).
 from __future__ import annotations
 
 from segmenter import FusionGraph, Segment, TensorMeta
-from segmenter.symbolic import size_key
+from segmenter.ir.symbolic import size_key
 
 from . import layout
 from .backends.torch_backend import emit_nodes

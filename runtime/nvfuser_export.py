@@ -18,7 +18,7 @@ Importing a segment's script (``segmenter.from_nvfuser``) gives back the segment
 once casts to a value's own dtype are dropped, and the same values (tests/test_nvfuser_export.py).
 
 Note [exported symbolic sizes]: a plan whose sizes are symbolic (Note [symbolic plans] in
-segmenter/symbolic.py) is written as nvFuser writes its own fusions: an input with a symbolic dim
+segmenter/ir/symbolic.py) is written as nvFuser writes its own fusions: an input with a symbolic dim
 is ``define_tensor(shape=[-1, ...], contiguity=[...], stride_order=[...])`` (contiguity True
 where a stride is the product its inner dim makes, for every size), and a size an op takes (a
 reshape's shape, a slice's end) is a scalar computed in the fusion from its inputs' sizes
@@ -38,13 +38,13 @@ import sympy
 import torch
 
 from segmenter import FusionGraph, GraphInput, Segment, SegmentedFusion, SegmentKind, TensorMeta
-from segmenter.explain import describe_sizes
-from segmenter.ir import OpRef, ValueRef
-from segmenter.nvfuser_ops import DTYPES, OPS
-from segmenter.nvfuser_script import DType, Ref
-from segmenter.ops import op_name_problem, resolve_op
-from segmenter.recorded import overlaps_itself
-from segmenter.symbolic import NotSymbolic, SymbolicSizes, size_hint, size_key, sizes_of
+from segmenter.capturing.recorded import overlaps_itself
+from segmenter.formats.nvfuser.ops import DTYPES, OPS
+from segmenter.formats.nvfuser.script import DType, Ref
+from segmenter.ir.graph import OpRef, ValueRef
+from segmenter.ir.ops import op_name_problem, resolve_op
+from segmenter.ir.symbolic import NotSymbolic, SymbolicSizes, size_hint, size_key, sizes_of
+from segmenter.partition.explain import describe_sizes
 
 from .backends.nvfuser import lower_to_nvfuser
 from .codegen import Declined
@@ -212,7 +212,7 @@ def _symbolic_layout(sizes: SymbolicSizes, shape: list, stride: list) -> tuple[l
         n = shape[d].node.expr if isinstance(shape[d], torch.SymInt) else sympy.Integer(shape[d])
         inner = sympy.expand(sizes.env.replace(st * n))
     # nvFuser reads contiguity in allocation order, outermost first (Note [contiguity in allocation
-    # order] in segmenter/nvfuser_import.py)
+    # order] in segmenter/formats/nvfuser/importer.py)
     in_allocation_order = [contiguity[d] for d in sorted(range(ndim), key=lambda d: -order[d])]
     return [-1 if isinstance(n, torch.SymInt) else n for n in shape], in_allocation_order, order
 

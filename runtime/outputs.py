@@ -4,7 +4,7 @@ or, where outputs were views of other outputs, with a generated test instead of 
 Note [outputs that are views of outputs]: AOTAutograd's training forward graphs return the values
 the backward saves, and many of them are views of one another (an attention output detached
 and a reshape of it, a matmul's result and its view, an rsqrt and its detach): the graph records
-them as views of an earlier output. ``finish`` (segmenter/reference.py) hands such outputs back
+them as views of an earlier output. ``finish`` (segmenter/capturing/reference.py) hands such outputs back
 right whatever the plan did (it rebuilds a pair's storage where the plan copied one of them),
 but it is generic: storage keys of every input, a check of every group, an ``as_strided`` per
 view, about 250 us a call of a tiny Llama's training forward with its 41 views (1.3 ms of its
@@ -30,8 +30,8 @@ them (the input object, not ``finish``'s ``as_strided`` of it: the same storage 
 from __future__ import annotations
 
 from segmenter import FusionGraph, TensorMeta
-from segmenter.ir import view_roots
-from segmenter.symbolic import size_key
+from segmenter.ir.graph import view_roots
+from segmenter.ir.symbolic import size_key
 
 from .wrapper import Code
 

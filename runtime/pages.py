@@ -78,7 +78,7 @@ _empty = layout.empty_fn(True, torch.device("cpu"))
 
 def empty_sized(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
     """``empty_huge`` from ``HUGE_MIN`` bytes, else a plain buffer: the choice at the call, for a
-    symbolic plan's buffers (Note [symbolic plans] in segmenter/symbolic.py)."""
+    symbolic plan's buffers (Note [symbolic plans] in segmenter/ir/symbolic.py)."""
     return (empty_huge if nbytes >= HUGE_MIN else _empty)(shape, stride, dtype)
 
 

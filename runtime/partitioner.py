@@ -23,7 +23,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from alias import apply_aliases
 from segmenter import SegmentedFusion, SegmenterOptions, SegmentKind, from_fx, segment
-from segmenter.fx_import import needs_functionalization
+from segmenter.capturing.fx_import import needs_functionalization
 
 __all__ = ["FusegPartitioner"]
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from segmenter import FusionGraph, SegmentedFusion, SegmentKind
-from segmenter.ir import view_roots
+from segmenter.ir.graph import view_roots
 
 from .views import metadata_views
 

@@ -26,9 +26,9 @@ import torch
 
 from alias.check import PlanError, plan_problems
 from segmenter import Segment, SegmentedFusion, SegmentKind, TensorMeta
-from segmenter.ir import Alias, view_roots
-from segmenter.reference import FinishView, InputView, check_inputs, finish, numbers_as_tensors
-from segmenter.symbolic import NotSymbolic, is_symbolic, sizes_of
+from segmenter.capturing.reference import FinishView, InputView, check_inputs, finish, numbers_as_tensors
+from segmenter.ir.graph import Alias, view_roots
+from segmenter.ir.symbolic import NotSymbolic, is_symbolic, sizes_of
 
 from . import threads, trial
 from .backends import BuildContext, SegmentLaunch, backends_for
@@ -121,11 +121,11 @@ class CompiledProgram:
                             + "; ".join(problems[:5]) + more)
         self.plan = plan
         self.graph = graph = plan.graph
-        #: Note [symbolic plans] (segmenter/symbolic.py): the plan's symbols, where sizes are
+        #: Note [symbolic plans] (segmenter/ir/symbolic.py): the plan's symbols, where sizes are
         #: symbolic, and which input size each is read from at a call
         self.sizes = sizes_of(graph)
         self.symbol_sources = self.sizes.read_from([i.meta for i in graph.inputs]) if self.sizes else {}
-        #: numbers the program takes after its tensors (Note [number inputs] in segmenter/symbolic.py)
+        #: numbers the program takes after its tensors (Note [number inputs] in segmenter/ir/symbolic.py)
         self.numbers = len(self.sizes.number_inputs()) if self.sizes else 0
         # the graph's constants, bound now on the device the program used: never passed in, read
         # like values computed when compiled (Note [folded segments])
@@ -716,7 +716,7 @@ class CompiledProgram:
             if out is not None:
                 return out
         if any(not isinstance(t, torch.Tensor) for t in inputs[:len(self.graph.inputs)]):
-            # Note [numbers for 0-dim inputs] (segmenter/reference.py): fd.execute([t0, 2.5])
+            # Note [numbers for 0-dim inputs] (segmenter/capturing/reference.py): fd.execute([t0, 2.5])
             inputs = tuple(numbers_as_tensors(self.graph, inputs[:len(self.graph.inputs)])) + inputs[len(self.graph.inputs):]
             if len(inputs) == self.arity:
                 out = self.entry(*inputs)
@@ -784,7 +784,7 @@ class ModuleProgram:
         self.program = program
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        from segmenter.from_torch import bind_inputs
+        from segmenter.capturing.from_torch import bind_inputs
 
         return self.program(*bind_inputs(self.program.graph, self.module, inputs))
 

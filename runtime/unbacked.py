@@ -4,11 +4,11 @@ Note [sizes read from data run on torch]: with ``capture_scalar_outputs`` (``.it
 ``capture_dynamic_output_shape_ops`` (``nonzero``, ``masked_select``, ``repeat_interleave``
 with tensor repeats) dynamo hands over one graph whose sizes include *unbacked* symbols: the
 data at each call says what they are, no input's size does. A plan's sizes are numbers or
-symbols read from its inputs' sizes (Note [symbolic plans] in segmenter/symbolic.py), and
+symbols read from its inputs' sizes (Note [symbolic plans] in segmenter/ir/symbolic.py), and
 capture re-runs a graph on FakeTensors, where ``.item()`` has no value
 (``DataDependentOutputException``). So such a graph is cut in two kinds of parts:
   * the nodes that make a data-dependent size, have one, or read an operand that has one
-    (``segmenter.unbacked.data_dependent_nodes``, each with its reason), and the number ops and
+    (``segmenter.capturing.unbacked.data_dependent_nodes``, each with its reason), and the number ops and
     assertions around them, stay in the outer graph and run on torch, op by op, as eager runs them;
   * every other node goes into parts chosen by torch.fx's ``CapabilityBasedPartitioner``
     (maximal, never a cycle), each a graph of ordinary sizes compiled by fuseg as any graph is
@@ -39,8 +39,8 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils import _pytree as pytree
 
-from segmenter.fx_import import mutates_beyond_epilogue
-from segmenter.unbacked import data_dependent_nodes, describe_node
+from segmenter.capturing.fx_import import mutates_beyond_epilogue
+from segmenter.capturing.unbacked import data_dependent_nodes, describe_node
 
 __all__ = ["DataDependentSplit", "split_at_data"]
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from alias.analysis import is_true_view
 from segmenter import FusionGraph, OpKind, Segment, TensorMeta, op_info
-from segmenter.ir import ValueRef
+from segmenter.ir.graph import ValueRef
 
 __all__ = ["metadata_views", "planned_views"]
 

@@ -45,7 +45,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from segmenter.symbolic import NotSymbolic, SymbolicSizes, is_symbolic
+from segmenter.ir.symbolic import NotSymbolic, SymbolicSizes, is_symbolic
 
 __all__ = ["Code"]
 
@@ -55,7 +55,7 @@ _RAW_SYMBOL = re.compile(r"\b[su]\d+\b")
 
 
 # Note [sizes in generated source]: under a symbolic plan (Note [symbolic plans] in
-# segmenter/symbolic.py) a shape, stride, offset or argument may hold SymInts. Such a value is
+# segmenter/ir/symbolic.py) a shape, stride, offset or argument may hold SymInts. Such a value is
 # never bound as an object (the program would then hand a SymInt to an op at run time, which
 # raises once the plan is sealed): ``const`` prints it as an expression over the symbols' locals
 # (``_z0``...), which the program binds from its inputs at each call; a TensorMeta becomes a

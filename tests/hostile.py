@@ -29,9 +29,9 @@ import runtime
 from alias import apply_aliases, check
 from perf.run import random_inputs
 from segmenter import segment
-from segmenter.ir import FusionGraph, GraphError
-from segmenter.reference import clone_inputs, evaluate, run_graph, storage_key
-from segmenter.serialize import from_json
+from segmenter.capturing.reference import clone_inputs, evaluate, run_graph, storage_key
+from segmenter.formats.serialize import from_json
+from segmenter.ir.graph import FusionGraph, GraphError
 
 __all__ = ["MUTATORS", "Finding", "check_mutant", "mutate", "payloads"]
 

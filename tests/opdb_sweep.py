@@ -39,8 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import runtime
 from alias import PlanError, apply_aliases, check
 from segmenter import GraphError, capture, segment
-from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs
+from segmenter.capturing.from_torch import bind_inputs
+from segmenter.capturing.reference import clone_inputs
 
 from .util import alias_pattern, layout
 

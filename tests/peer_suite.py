@@ -40,7 +40,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from runtime.dynamo import FusegCompiler, compile_with_aot
-from segmenter.reference import clone_inputs
+from segmenter.capturing.reference import clone_inputs
 
 from .opdb_sweep import TOLERANCES, Case, _compare
 

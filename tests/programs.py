@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
-from segmenter.reference import clone_inputs
+from segmenter.capturing.reference import clone_inputs
 
 Step = tuple  # (kind, *args)
 

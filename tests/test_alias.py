@@ -13,7 +13,7 @@ import runtime
 from alias import MODES, apply_aliases, check
 from perf import zoo
 from segmenter import SegmentedFusion, SegmenterOptions, SegmentKind, capture, segment
-from segmenter.from_torch import bind_inputs
+from segmenter.capturing.from_torch import bind_inputs
 
 from .util import assert_matches_eager
 
@@ -60,7 +60,7 @@ def _attention_inputs() -> list[torch.Tensor]:
 TABLE = [
     # two outputs that are views of one intermediate, the second recorded as a view of the first:
     # post makes both views (eager's sharing), where it copied the first and then rebuilt the
-    # pair's storage at every call (segmenter/reference.py, _rebase_output_views)
+    # pair's storage at every call (segmenter/capturing/reference.py, _rebase_output_views)
     ("views-of-an-opaque-result-share-it", _attention_output_and_its_view, _attention_inputs, None,
      {"off": (2, 0), "pre": (2, 0), "post": (0, 2)}),
     ("clone-stays-a-copy", lambda x: x.clone(), lambda: [torch.randn(4, 6)], None,
@@ -296,7 +296,7 @@ def test_final_value_written_straight_into_the_input(fn, in_place, why) -> None:
 
 def test_old_value_read_after_the_write_keeps_the_copy() -> None:
     from segmenter import FusionGraph, GraphInput, Mutation, Node, TensorMeta, ValueRef
-    from segmenter.reference import run_graph
+    from segmenter.capturing.reference import run_graph
 
     m = TensorMeta((6,), (1,), 0, torch.float32)
     graph = FusionGraph(  # the new value is made first, the old one read after it
@@ -348,7 +348,7 @@ def test_view_kind_ops_the_algebra_does_not_model_stay_kernels() -> None:
     """``contiguous`` has a view schema but copies when its input is not contiguous: from a JSON
     graph it became a metadata op reading the transposed storage as contiguous (wrong values)."""
     from segmenter import FusionGraph, GraphInput, Node, TensorMeta, ValueRef
-    from segmenter.reference import run_graph
+    from segmenter.capturing.reference import run_graph
 
     xt = TensorMeta((3, 4), (1, 3), 0, torch.float32)
     out = TensorMeta((3, 4), (4, 1), 0, torch.float32)

@@ -1,7 +1,7 @@
 """Recorded aliasing, write-backs and shared storages must agree with the ops (issue 14, item 4).
 
 Legit captured programs round-trip and still match eager; claims the ops contradict are refused
-naming the field (Note [an alias claim must hold] in segmenter/recorded.py), whatever the flags.
+naming the field (Note [an alias claim must hold] in segmenter/capturing/recorded.py), whatever the flags.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import runtime
 from alias import apply_aliases, check
 from segmenter import capture, segment
-from segmenter.ir import GraphError
-from segmenter.reference import clone_inputs, run_graph, storage_key
-from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
+from segmenter.capturing.reference import clone_inputs, run_graph, storage_key
+from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict, to_json
+from segmenter.ir.graph import GraphError
 
 from .util import assert_matches_eager
 

@@ -11,8 +11,8 @@ from alias import apply_aliases
 from perf import zoo
 from runtime.program import CompiledProgram
 from segmenter import OPAQUE_OPS, Alias, FusionGraph, OpKind, TensorMeta, op_info, segment
-from segmenter.from_torch import bind_inputs, capture
-from segmenter.reference import clone_inputs, evaluate, run_graph
+from segmenter.capturing.from_torch import bind_inputs, capture
+from segmenter.capturing.reference import clone_inputs, evaluate, run_graph
 
 from .util import alias_pattern, assert_matches_eager, layout
 
@@ -161,7 +161,7 @@ def test_batch_norm_running_stats_are_buffer_mutations() -> None:
     assert {"running_mean", "running_var", "num_batches_tracked"} <= mutated
     assert all(graph.inputs[i].role == "buffer" for i in graph.mutated_inputs)
     eager_bn, graph_bn = copy.deepcopy(bn), copy.deepcopy(bn)
-    from segmenter.reference import run_graph
+    from segmenter.capturing.reference import run_graph
 
     expected = eager_bn(x)
     (got,) = run_graph(graph, bind_inputs(graph, graph_bn, [x]))
@@ -272,7 +272,7 @@ def _causal_lm(name: str) -> torch.nn.Module:
 def test_causal_lm_with_its_default_cache_is_captured(name: str) -> None:
     """use_cache is on by default: the model returns a cache object, flattened to its tensors
     (logits, then each layer's keys and values) with a warning saying so."""
-    from segmenter.outputs import output_tensors
+    from segmenter.capturing.outputs import output_tensors
 
     torch.manual_seed(0)
     model = _causal_lm(name)

@@ -1,4 +1,4 @@
-"""SDPA captured at ATen level (Note [attention kept whole] in segmenter/from_torch.py): a table of
+"""SDPA captured at ATen level (Note [attention kept whole] in segmenter/capturing/from_torch.py): a table of
 attention programs, each captured, segmented in every alias mode, compiled for the torch and the
 generated C++ backends and checked against eager (values, strides, aliasing); the attention output
 is read by a pointwise op too, whose layout follows it."""

@@ -13,8 +13,8 @@ import torch
 from alias import apply_aliases, check
 from runtime.program import CompiledProgram
 from segmenter import CaptureError, capture, segment
-from segmenter.reference import clone_inputs, run_graph
-from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
+from segmenter.capturing.reference import clone_inputs, run_graph
+from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 
 
 def _spd(n: int = 3) -> torch.Tensor:

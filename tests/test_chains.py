@@ -175,7 +175,7 @@ def test_a_value_named_like_the_arena_is_its_own_slot() -> None:
     chain's buffer (the arena's slot is keyed by no name)."""
     import json
 
-    from segmenter.serialize import from_json, to_json
+    from segmenter.formats.serialize import from_json, to_json
 
     inputs = _small()()
     graph = capture(_three_pointwise, inputs)

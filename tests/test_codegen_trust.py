@@ -33,7 +33,7 @@ from segmenter import (
     capture,
     segment,
 )
-from segmenter.serialize import from_json, to_json
+from segmenter.formats.serialize import from_json, to_json
 
 F32 = torch.float32
 

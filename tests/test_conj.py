@@ -1,4 +1,4 @@
-"""Conjugate and negative bits (segmenter.ir Note [conjugate and negative bits]): programs whose
+"""Conjugate and negative bits (segmenter.ir.graph Note [conjugate and negative bits]): programs whose
 outputs are lazy conj/neg views, in every alias mode and backend, against eager: values (after
 resolving the bits), the bits themselves, strides, aliasing, mutated inputs."""
 
@@ -119,7 +119,7 @@ def test_inputs_with_a_bit_must_match_the_graph() -> None:
 def test_bits_round_trip_through_json_and_are_checked() -> None:
     import json
 
-    from segmenter.serialize import GraphFormatError, from_json, to_json
+    from segmenter.formats.serialize import GraphFormatError, from_json, to_json
 
     graph = capture(lambda x: x.mH, [_c(2, 3)])
     assert any(m.conj for n in graph.nodes for m in n.metas if m)

@@ -16,9 +16,9 @@ from alias import apply_aliases, check
 from runtime.dynamo import FusegCompiler
 from runtime.program import CompiledProgram
 from segmenter import FusionGraph, GraphConstant, GraphError, GraphInput, Node, TensorMeta, ValueRef, capture, segment
-from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs, run_graph
-from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
+from segmenter.capturing.from_torch import bind_inputs
+from segmenter.capturing.reference import clone_inputs, run_graph
+from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 
 from .util import assert_matches_eager
 

@@ -16,8 +16,8 @@ from alias import apply_aliases
 from runtime import cudagraphs
 from runtime.cudagraphs import _copier, node_refusal, plan_refusal, use_cuda_graphs
 from segmenter import TensorMeta, capture, segment
-from segmenter.ir import Node, ValueRef
-from segmenter.reference import clone_inputs
+from segmenter.capturing.reference import clone_inputs
+from segmenter.ir.graph import Node, ValueRef
 
 
 def _plan(fn, inputs):

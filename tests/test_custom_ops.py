@@ -12,7 +12,7 @@ import runtime
 from alias import MODES, apply_aliases, check
 from runtime.memory import PeakTracker
 from segmenter import OpKind, capture, op_info, segment
-from segmenter.serialize import from_json, to_json
+from segmenter.formats.serialize import from_json, to_json
 
 from .util import assert_matches_eager
 

@@ -1,9 +1,9 @@
-"""Note [the decomposition table, once] (segmenter/from_torch.py): the cached table decomposes
+"""Note [the decomposition table, once] (segmenter/capturing/from_torch.py): the cached table decomposes
 as torch's own lazy table would, custom ops registered after it was built included."""
 
 import torch
 
-import segmenter.from_torch as from_torch
+import segmenter.capturing.from_torch as from_torch
 from segmenter import capture
 
 

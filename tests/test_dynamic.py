@@ -60,7 +60,7 @@ def test_training_on_several_sequence_lengths() -> None:
             torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=f"length {length}: {name}")
 
 
-# -- one symbolic plan for every size (Note [symbolic plans] in segmenter/symbolic.py) ---------
+# -- one symbolic plan for every size (Note [symbolic plans] in segmenter/ir/symbolic.py) ---------
 
 def _rms(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
@@ -135,7 +135,7 @@ def _run_dynamic(fn, make, sizes, tol=None):
 
 def check_size(compiled, fn, make, n: int, tol=None) -> None:
     """``compiled`` against ``fn`` on ``make(n)``: values, strides, aliasing, inputs afterwards."""
-    from segmenter.reference import clone_inputs
+    from segmenter.capturing.reference import clone_inputs
 
     from .test_fuzz_dynamo import _close, _tensors
     from .util import alias_pattern, layout

@@ -1,4 +1,4 @@
-"""Note [dynamo's values, translated] (segmenter/dynamo_values.py): a symbolic graph that writes
+"""Note [dynamo's values, translated] (segmenter/capturing/dynamo_values.py): a symbolic graph that writes
 nothing takes its nodes' values from dynamo's, in our symbols, instead of running the graph again
 on FakeTensors. Every graph so made is checked against the one the propagation makes from the
 same graph and arguments (nodes, layouts over the symbols, aliases), and each program runs on
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import runtime.dynamo as rd
-import segmenter.fx_import as fx_import
+import segmenter.capturing.fx_import as fx_import
 
 from .test_dynamic import DYNAMIC_PROGRAMS, _run_dynamic
 

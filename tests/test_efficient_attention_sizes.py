@@ -7,7 +7,7 @@ has ``ceil(L / 32) * 32`` columns, a size fuseg refused ('a float size CeilToInt
 32))'), so every length was planned and compiled again. The op has no CPU kernel; this module
 gives it and its backward one (the math, in float64) for its tests only, so the graph's shape, the
 padded logsumexp going from the forward to the backward, runs here. Note [rounded divisions] in
-segmenter/symbolic.py. CUDA's flash attention (half-precision training) gets the same treatment:
+segmenter/ir/symbolic.py. CUDA's flash attention (half-precision training) gets the same treatment:
 its forward returns the sequence lengths as SymInts and its random-number state as tensors on
 the meta device, and its backward takes them."""
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from segmenter import OpKind, op_info
-from segmenter.reference import clone_inputs, run_graph
-from segmenter.serialize import GraphFormatError, from_json
+from segmenter.capturing.reference import clone_inputs, run_graph
+from segmenter.formats.serialize import GraphFormatError, from_json
 
 from .util import alias_pattern
 

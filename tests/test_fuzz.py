@@ -20,9 +20,9 @@ import runtime
 from alias import MODES, apply_aliases, check
 from runtime.codegen.build import cpu_compiler
 from segmenter import CaptureError, SegmenterOptions, TensorMeta, capture, segment
-from segmenter.recorded import overlaps_itself
-from segmenter.reference import clone_inputs
-from segmenter.serialize import from_json, to_json
+from segmenter.capturing.recorded import overlaps_itself
+from segmenter.capturing.reference import clone_inputs
+from segmenter.formats.serialize import from_json, to_json
 
 from .programs import Program, programs
 from .util import assert_matches_eager

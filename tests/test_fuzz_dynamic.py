@@ -19,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from segmenter.reference import clone_inputs
+from segmenter.capturing.reference import clone_inputs
 
 from .programs import Program, programs
 from .test_fuzz import _RANDOM

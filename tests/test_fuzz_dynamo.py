@@ -19,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from torch.utils import _pytree as pytree
 
-from segmenter.reference import clone_inputs
+from segmenter.capturing.reference import clone_inputs
 
 from .programs import Program, programs
 from .test_fuzz import _RANDOM
@@ -164,7 +164,7 @@ def test_an_expanded_view_of_a_mutated_input_is_returned() -> None:
                        [torch.tensor([4.6230])])
     # the same in a captured graph: an output that is a copy in the graph and repeats elements
     from segmenter import capture
-    from segmenter.reference import finish
+    from segmenter.capturing.reference import finish
 
     x = torch.tensor([4.6230])
     g = capture(lambda t: t.expand(3, 2).clone(), [x])

@@ -7,8 +7,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from segmenter import Alias, FusionGraph, op_info
-from segmenter.fx_import import CaptureError, from_fx
-from segmenter.reference import clone_inputs
+from segmenter.capturing.fx_import import CaptureError, from_fx
+from segmenter.capturing.reference import clone_inputs
 
 from .util import assert_matches_eager
 

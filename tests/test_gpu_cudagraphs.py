@@ -11,7 +11,7 @@ import runtime
 from alias import apply_aliases
 from runtime.cudagraphs import WARMUP_CALLS, use_cuda_graphs
 from segmenter import capture, segment
-from segmenter.reference import clone_inputs
+from segmenter.capturing.reference import clone_inputs
 
 from .kernel_cases import CASES, TOL
 from .test_gpu import _cuda_ready, to_cuda

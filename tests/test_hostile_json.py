@@ -23,7 +23,7 @@ import torch
 
 from perf.zoo import rope_it_all
 from segmenter import capture
-from segmenter.serialize import GraphFormatError, from_json, graph_to_dict
+from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict
 
 from .hostile import check_mutant, mutate
 

@@ -14,7 +14,7 @@ from perf.html import graph_data, page_data, render_page, write_html
 from perf.html.browser import find_chromium, load_page
 from perf.synthetic import synthetic_transformer
 from segmenter import segment
-from segmenter.from_torch import capture
+from segmenter.capturing.from_torch import capture
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,

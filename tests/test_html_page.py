@@ -16,7 +16,7 @@ from perf.cli import main
 from perf.html import graph_data, page_data, render_page, write_html
 from perf.targets import load_program
 from segmenter import SegmentedFusion, SegmenterOptions, segment
-from segmenter.from_torch import capture
+from segmenter.capturing.from_torch import capture
 
 
 def _diamond(x, w):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from segmenter import Alias, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
-from segmenter.meta import meta_mismatches, propagate_metas
+from segmenter.capturing.meta import meta_mismatches, propagate_metas
 
 F32 = torch.float32
 

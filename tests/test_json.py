@@ -1,4 +1,4 @@
-"""segmenter.serialize against hand-built graphs: exact round trips, literal types, node order, bad files."""
+"""segmenter.formats.serialize against hand-built graphs: exact round trips, literal types, node order, bad files."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from segmenter.ir import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
-from segmenter.ops import OpKind, op_info
-from segmenter.serialize import GraphFormatError, dump, from_json, graph_from_dict, graph_to_dict, load, to_json
+from segmenter.formats.serialize import GraphFormatError, dump, from_json, graph_from_dict, graph_to_dict, load, to_json
+from segmenter.ir.graph import Alias, Arg, FusionGraph, GraphError, GraphInput, Mutation, Node, TensorMeta, ValueRef
+from segmenter.ir.ops import OpKind, op_info
 
 F32, BF16 = torch.float32, torch.bfloat16
 V = ValueRef

@@ -19,9 +19,9 @@ import pytest
 
 from perf.cli import main
 from runtime.codegen.build import cpu_compiler
-from segmenter.ir import GraphError
-from segmenter.ops import resolve_op
-from segmenter.serialize import GraphFormatError, from_json
+from segmenter.formats.serialize import GraphFormatError, from_json
+from segmenter.ir.graph import GraphError
+from segmenter.ir.ops import resolve_op
 
 
 def _meta(shape: list[int]) -> dict[str, Any]:

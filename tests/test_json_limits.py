@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from perf.cli import main
-from segmenter.serialize import MAX_VIEW_DEPTH, GraphFormatError, from_json, load
+from segmenter.formats.serialize import MAX_VIEW_DEPTH, GraphFormatError, from_json, load
 
 
 def _meta(shape: list[int], stride: list[int] | None = None) -> dict[str, Any]:
@@ -152,7 +152,7 @@ def test_many_outputs_of_an_inplace_graph_load_once_each(monkeypatch: pytest.Mon
     """One in-place node and 200k listed outputs took ~20 s (every listing traced); now each
     distinct output is traced once and the repeats are views of it. (Tests assert no times: the
     fx graph handed to functionalization holds one output, whatever the listing.)"""
-    import segmenter.functionalize as functionalize
+    import segmenter.capturing.functionalize as functionalize
 
     traced: list[int] = []
     real = functionalize.from_fx

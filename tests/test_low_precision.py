@@ -1,5 +1,5 @@
 """fp16/bf16 ops whose core-ATen decomposition rounds between steps that eager computes in fp32
-(segmenter/from_torch.py Note [ops kept whole in low precision]): against eager within OpInfo's
+(segmenter/capturing/from_torch.py Note [ops kept whole in low precision]): against eager within OpInfo's
 tolerances, on both backends."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from runtime.dynamo import FusegCompiler, compile_with_aot
-from segmenter.symbolic import is_symbolic
+from segmenter.ir.symbolic import is_symbolic
 
 
 def _layer(x, w):

@@ -1,4 +1,4 @@
-"""Note [a matmul's bias after it] (segmenter/matmul_bias.py): which addmm's bias moves after a
+"""Note [a matmul's bias after it] (segmenter/partition/matmul_bias.py): which addmm's bias moves after a
 plain mm, where it lands in the segments, and that the rewritten program matches eager."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import runtime
 from alias import apply_aliases
 from segmenter import SegmenterOptions, SegmentKind, capture, segment
-from segmenter.matmul_bias import split_matmul_bias
+from segmenter.partition.matmul_bias import split_matmul_bias
 
 from .util import assert_matches_eager
 

@@ -20,9 +20,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from alias import apply_aliases
 from runtime.program import CompiledProgram
 from segmenter import CaptureError, FusionGraph, capture, from_fx, segment
-from segmenter.ops import op_name
-from segmenter.reference import clone_inputs, run_graph
-from segmenter.serialize import GraphFormatError, _arg_out, _meta_out, from_json, graph_from_dict, graph_to_dict
+from segmenter.capturing.reference import clone_inputs, run_graph
+from segmenter.formats.serialize import GraphFormatError, _arg_out, _meta_out, from_json, graph_from_dict, graph_to_dict
+from segmenter.ir.ops import op_name
 
 from .util import alias_pattern, layout
 

@@ -22,9 +22,9 @@ from alias import apply_aliases
 from perf.run import random_inputs
 from runtime.nvfuser_export import defined_strides, export_nvfuser, packed_strides, segment_graph
 from segmenter import OpKind, SegmentedFusion, TensorMeta, capture, from_nvfuser, op_info, read_nvfuser, segment
-from segmenter.meta import propagate_metas
-from segmenter.reference import run_graph
-from segmenter.symbolic import size_hint
+from segmenter.capturing.meta import propagate_metas
+from segmenter.capturing.reference import run_graph
+from segmenter.ir.symbolic import size_hint
 
 from .test_nvfuser_import import fusion
 from .util import assert_matches_eager
@@ -278,7 +278,7 @@ def test_a_lowering_that_needs_a_number_runs_that_segment_on_torch(monkeypatch) 
     written to run on torch (its reason said), and run() still takes every size."""
     import json
 
-    from segmenter.serialize import from_json
+    from segmenter.formats.serialize import from_json
 
     meta = lambda shape, stride: {"shape": shape, "stride": stride, "storage_offset": 0, "dtype": "float32",  # noqa: E731
                                   "device": "cpu"}

@@ -1,5 +1,5 @@
 """Hostile and broken nvFuser scripts: each is refused with the line and the call named, and
-nothing in it runs (Note [a fusion script is data] in segmenter/nvfuser_script.py)."""
+nothing in it runs (Note [a fusion script is data] in segmenter/formats/nvfuser/script.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import textwrap
 import pytest
 import torch
 
-from segmenter import from_nvfuser, nvfuser_script
-from segmenter.serialize import GraphFormatError
+from segmenter import from_nvfuser
+from segmenter.formats.nvfuser import script as nvfuser_script
+from segmenter.formats.serialize import GraphFormatError
 
 HEAD = "from nvfuser import FusionDefinition, DataType\n\n\ndef f(fd: FusionDefinition) -> None:\n"
 T0 = "T0 = fd.define_tensor(shape=[2, 3], contiguity=[True, True], dtype=DataType.Float)"

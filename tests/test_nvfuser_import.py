@@ -20,7 +20,7 @@ import torch
 import runtime
 from alias import apply_aliases
 from segmenter import from_nvfuser, read_nvfuser, segment
-from segmenter.serialize import GraphFormatError
+from segmenter.formats.serialize import GraphFormatError
 
 from .util import assert_matches_eager
 
@@ -539,7 +539,7 @@ def test_cli_profile_puts_nvfusers_quoted_counts_beside_ours(capsys) -> None:
 
 
 def test_nested_calls_and_operators_are_read_once() -> None:
-    from segmenter.nvfuser_script import read_script
+    from segmenter.formats.nvfuser.script import read_script
 
     body = f"""
         T0 = fd.define_tensor(shape=[4], contiguity=[True], {F32})

@@ -23,9 +23,9 @@ import torch
 import runtime
 from alias import apply_aliases
 from segmenter import from_nvfuser, segment
-from segmenter.ir import GraphError
-from segmenter.reference import clone_inputs, run_graph
-from segmenter.serialize import GraphFormatError
+from segmenter.capturing.reference import clone_inputs, run_graph
+from segmenter.formats.serialize import GraphFormatError
+from segmenter.ir.graph import GraphError
 
 from .test_nvfuser_import import fusion
 from .util import layout
@@ -147,7 +147,7 @@ ROWS = [
         fd.add_output(fd.ops.mul(T0, S1))
     """, lambda n: [torch.randint(-9, 9, (n,)), -7], lambda a, s: (a * s,)),
     # nvFuser's promotion, not torch's: an Int tensor times a Double scalar is Double in nvFuser
-    # (Note [scalars promote as nvFuser's] in segmenter/nvfuser_build.py), float32 in torch
+    # (Note [scalars promote as nvFuser's] in segmenter/formats/nvfuser/build.py), float32 in torch
     Row("python_float_scalar_into_int_op", """
         T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Int)
         S1 = fd.define_scalar(dtype=DataType.Double)

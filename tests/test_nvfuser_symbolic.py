@@ -1,5 +1,5 @@
 """nvFuser fusions whose -1 dims are symbolic sizes (Note [symbolic dims of a fusion] in
-segmenter/nvfuser_sizes.py): one graph, one segmentation and one compiled program for every size
+segmenter/formats/nvfuser/sizes.py): one graph, one segmentation and one compiled program for every size
 where the plan's conditions hold, run at three sizes against torch programs written apart from
 the fusions (values, dtypes, strides, views, inputs afterwards: tests/util.py)."""
 
@@ -15,8 +15,9 @@ import torch
 
 from alias import apply_aliases
 from runtime.program import CompiledProgram
-from segmenter import nvfuser_sizes, read_nvfuser, segment
-from segmenter.serialize import GraphFormatError, from_json, to_json
+from segmenter import read_nvfuser, segment
+from segmenter.formats.nvfuser import sizes as nvfuser_sizes
+from segmenter.formats.serialize import GraphFormatError, from_json, to_json
 
 from .test_nvfuser_import import _bf16, _data, _qkv_rope_1597_torch, fusion
 from .util import assert_matches_eager

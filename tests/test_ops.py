@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from segmenter import OPAQUE_OPS, OpKind, op_info
-from segmenter.ops import NOT_COMPUTE
+from segmenter.ir.ops import NOT_COMPUTE
 
 TABLE = [
     # op, kind, why this row matters

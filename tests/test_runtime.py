@@ -10,8 +10,8 @@ from alias import MODES, apply_aliases
 from perf import zoo
 from runtime.memory import PeakTracker, modeled_peak
 from segmenter import GraphError, SegmentKind, capture, segment
-from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs
+from segmenter.capturing.from_torch import bind_inputs
+from segmenter.capturing.reference import clone_inputs
 
 from .util import assert_matches_eager
 

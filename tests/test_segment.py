@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from perf import zoo
 from segmenter import FusionGraph, GraphInput, Node, OpKind, TensorMeta, ValueRef, op_info
-from segmenter.from_torch import capture
-from segmenter.meta import propagate_metas
-from segmenter.options import SegmenterOptions
-from segmenter.partition import segment
-from segmenter.rules import node_traits
-from segmenter.segments import SegmentedFusion, SegmentKind
+from segmenter.capturing.from_torch import capture
+from segmenter.capturing.meta import propagate_metas
+from segmenter.partition.greedy import segment
+from segmenter.partition.options import SegmenterOptions
+from segmenter.partition.rules import node_traits
+from segmenter.partition.segments import SegmentedFusion, SegmentKind
 
 P, R, N, M, OP = (SegmentKind.POINTWISE, SegmentKind.REDUCTION, SegmentKind.NORMALIZATION,
                  SegmentKind.MATMUL, SegmentKind.OPAQUE)

@@ -9,7 +9,7 @@ import torch
 
 from perf import zoo
 from segmenter import Alias, FusionGraph, GraphInput, Mutation, Node, OpKind, TensorMeta, ValueRef, capture, op_info
-from segmenter.serialize import GraphFormatError, from_json, graph_to_dict, to_json
+from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict, to_json
 
 F32 = torch.float32
 
@@ -122,7 +122,7 @@ def test_metadata_that_contradicts_an_op_is_refused_naming_the_node() -> None:
     import torch as _torch
 
     from segmenter import capture
-    from segmenter.serialize import GraphFormatError, from_json, graph_to_dict
+    from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict
 
     d = graph_to_dict(capture(lambda x: x.sin() * 2, [_torch.randn(4, 4)]))
     d["inputs"][0]["meta"]["shape"] = [4, 5]

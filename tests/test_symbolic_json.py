@@ -1,4 +1,4 @@
-"""Graph files with symbolic sizes (Note [symbols in graph files] in segmenter/symbolic_json.py):
+"""Graph files with symbolic sizes (Note [symbols in graph files] in segmenter/formats/symbolic_json.py):
 named symbols with ranges, sizes as expressions; one segmentation and one program for every
 size in the ranges, checked against torch at several sizes; hostile symbol fields refused,
 naming the field."""
@@ -14,8 +14,8 @@ import torch
 from alias import apply_aliases
 from runtime.program import CompiledProgram
 from segmenter import segment
-from segmenter.serialize import GraphFormatError, from_json, graph_from_dict, to_json
-from segmenter.symbolic import sizes_of
+from segmenter.formats.serialize import GraphFormatError, from_json, graph_from_dict, to_json
+from segmenter.ir.symbolic import sizes_of
 
 
 def _meta(shape, stride, dtype="float32"):
@@ -98,7 +98,7 @@ def test_round_trip_keeps_names_ranges_and_expressions() -> None:
 
 
 def test_segment_shows_one_segmentation_for_all_sizes() -> None:
-    from segmenter.explain import describe_segments
+    from segmenter.partition.explain import describe_segments
 
     sf = segment(from_json(json.dumps(RMS)))
     text = describe_segments(sf)

@@ -1,4 +1,4 @@
-"""SymbolicSizes (Note [symbolic plans] in segmenter/symbolic.py): the conditions a plan checks
+"""SymbolicSizes (Note [symbolic plans] in segmenter/ir/symbolic.py): the conditions a plan checks
 at every call, and sizes printed as Python and C source."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from segmenter.symbolic import NotSymbolic, SymbolicSizes, SymbolSource
+from segmenter.ir.symbolic import NotSymbolic, SymbolicSizes, SymbolSource
 
 
 def _sizes(*hints: int) -> tuple[SymbolicSizes, list[torch.SymInt]]:

@@ -9,7 +9,7 @@ import torch
 
 from alias.analysis import _plain, is_true_view
 from segmenter import capture
-from segmenter.serialize import from_json, to_json
+from segmenter.formats.serialize import from_json, to_json
 
 
 def _two_slices():
@@ -81,6 +81,6 @@ def test_symbolic_views_alike_share_one_answer(monkeypatch) -> None:
     assert is_true_view(g, vb) is is_true_view(g, va)
     assert is_true_view(g, vc) == (True, "")
     assert derived == ["va", "vc"]
-    from segmenter.symbolic import is_symbolic
+    from segmenter.ir.symbolic import is_symbolic
 
     assert is_symbolic(g.metas["va"]) and is_symbolic(va.args[1])  # (sizes of symbols, arguments too)

@@ -9,8 +9,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from segmenter import FusionGraph, TensorMeta
-from segmenter.from_torch import bind_inputs
-from segmenter.reference import clone_inputs, run_graph, storage_key
+from segmenter.capturing.from_torch import bind_inputs
+from segmenter.capturing.reference import clone_inputs, run_graph, storage_key
 
 
 def storage_of(t: torch.Tensor) -> int:

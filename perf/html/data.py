@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph, SegmentedFusion, op_info
-from segmenter.explain import describe_sizes
-from segmenter.ir import TensorMeta, view_roots
-from segmenter.symbolic import sizes_of
+from segmenter.ir.graph import TensorMeta, view_roots
+from segmenter.ir.symbolic import sizes_of
+from segmenter.partition.explain import describe_sizes
 
 __all__ = ["MODE_NOTES", "PAGE_VERSION", "graph_data", "page_data"]
 

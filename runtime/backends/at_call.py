@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from segmenter.symbolic import SymbolicSizes, sizes_of
+from segmenter.ir.symbolic import SymbolicSizes, sizes_of
 
 from .. import autotune
 from ..wrapper import Code

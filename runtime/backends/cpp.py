@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
-from segmenter.symbolic import is_symbolic
+from segmenter.ir.symbolic import is_symbolic
 
 from ..codegen import Declined
 from ..codegen.attention import ATTENTION, ATTENTION_BACKWARD, attention_backward_kernel, attention_kernel

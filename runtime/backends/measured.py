@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from segmenter import OpKind, op_info
-from segmenter.symbolic import SymbolicSizes, size_hint, sizes_of
+from segmenter.ir.symbolic import SymbolicSizes, size_hint, sizes_of
 
 from .. import autotune
 from ..codegen import Declined

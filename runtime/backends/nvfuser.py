@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
-from segmenter.ir import ValueRef
-from segmenter.nvfuser_ops import BINARY, DTYPES, UNARY
+from segmenter.formats.nvfuser.ops import BINARY, DTYPES, UNARY
+from segmenter.ir.graph import ValueRef
 
 from .. import layout
 from ..codegen import Declined
@@ -44,7 +44,7 @@ from .kernels import bits_problem
 
 __all__ = ["NvFuserBackend", "lower_to_nvfuser"]
 
-# the importer's tables reversed (segmenter/nvfuser_ops.py): ATen op -> frontend op of the same semantics
+# the importer's tables reversed (segmenter/formats/nvfuser/ops.py): ATen op -> frontend op of the same semantics
 _UNARY = {aten: name for name, aten in UNARY.items()}
 _BINARY = {op: name for name, ops in BINARY.items() for op in ops if op is not None}
 _BINARY.update({"aten.add.Scalar": "add", "aten.sub.Scalar": "sub", "aten.mul.Scalar": "mul",

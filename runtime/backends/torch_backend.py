@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from segmenter import GraphError, Node, OpKind, Segment, SegmentKind, TensorMeta, op_info
-from segmenter.ir import OpRef, ValueRef
-from segmenter.ops import resolve_op, why_not_runnable
-from segmenter.symbolic import is_symbolic
+from segmenter.ir.graph import OpRef, ValueRef
+from segmenter.ir.ops import resolve_op, why_not_runnable
+from segmenter.ir.symbolic import is_symbolic
 
 from .. import layout, pages
 from ..codegen.index import dense_strides

@@ -61,8 +61,8 @@ import math
 import torch
 
 from segmenter import FusionGraph, Node
-from segmenter.ir import ValueRef
-from segmenter.symbolic import is_symbolic
+from segmenter.ir.graph import ValueRef
+from segmenter.ir.symbolic import is_symbolic
 
 from . import thresholds
 from .checks import check_layout, check_segment_metas, float_arg, lone

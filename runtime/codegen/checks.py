@@ -29,10 +29,10 @@ from collections.abc import Iterable
 import torch
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
-from segmenter.ir import OpRef, ValueRef
-from segmenter.ops import resolve_op
-from segmenter.symbolic import is_symbolic, size_key
-from segmenter.torch_compat import ShapeEnvGuardError
+from segmenter.ir.graph import OpRef, ValueRef
+from segmenter.ir.ops import resolve_op
+from segmenter.ir.symbolic import is_symbolic, size_key
+from segmenter.ir.torch_compat import ShapeEnvGuardError
 
 from .ctypes_ import Declined
 from .symsizes import active_sizes, sizes_active
@@ -164,7 +164,7 @@ _Spec = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]  # shape, stri
 #: thousands of times. The key is everything the meta kernel sees: the op, the default dtype,
 #: every argument with its type (1, 1.0 and True are different keys) and each tensor's full
 #: layout and dtype; a hit rebuilds each output with its offset (the lesson of Note [FakeTensor
-#: cache and storage offsets] in segmenter/meta.py).
+#: cache and storage offsets] in segmenter/capturing/meta.py).
 _META_CACHE: dict[tuple, tuple[_Spec | None, ...]] = {}
 _META_CACHE_MAX = 1 << 16
 

@@ -35,7 +35,7 @@ import hashlib
 import torch
 
 from segmenter import FusionGraph, Node
-from segmenter.ir import ValueRef
+from segmenter.ir.graph import ValueRef
 
 from .ctypes_ import Declined, storage_type
 from .kernel import Kernel, Param, parallel_if

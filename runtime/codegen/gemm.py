@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import torch
 
 from segmenter import FusionGraph, OpKind, Segment, op_info
-from segmenter.ir import ValueRef
-from segmenter.symbolic import is_symbolic
+from segmenter.ir.graph import ValueRef
+from segmenter.ir.symbolic import is_symbolic
 
 from . import thresholds
 from .checks import check_layout, check_segment_metas, int_arg

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from segmenter import Node
-from segmenter.ops import resolve_op
+from segmenter.ir.ops import resolve_op
 
 from . import index as ix
 from . import thresholds

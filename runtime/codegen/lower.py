@@ -28,8 +28,8 @@ import re
 import torch
 
 from segmenter import FusionGraph, Node, Segment, SegmentKind
-from segmenter.ir import ValueRef, view_roots
-from segmenter.symbolic import is_symbolic
+from segmenter.ir.graph import ValueRef, view_roots
+from segmenter.ir.symbolic import is_symbolic
 
 from . import index as ix
 from .checks import (

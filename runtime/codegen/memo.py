@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from segmenter import FusionGraph, Segment
-from segmenter.ir import OpRef, ValueRef
+from segmenter.ir.graph import OpRef, ValueRef
 
 from .kernel import Kernel, Param
 from .lower import lower_segment

@@ -47,7 +47,7 @@ import math
 import torch
 
 from segmenter import FusionGraph, Node
-from segmenter.ir import ValueRef
+from segmenter.ir.graph import ValueRef
 
 from .checks import check_layout, check_segment_metas, int_arg, lone
 from .ctypes_ import Declined

@@ -30,7 +30,7 @@ import math
 import torch
 
 from segmenter import FusionGraph, Node
-from segmenter.ir import ValueRef
+from segmenter.ir.graph import ValueRef
 
 from . import index as ix
 from .checks import check_layout, check_segment_metas, dim_arg, lone

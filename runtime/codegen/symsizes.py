@@ -1,7 +1,7 @@
 """Symbolic sizes in generated kernels: sizes that are arguments, not constants (issue 41).
 
 Note [kernel sizes as arguments]: under a symbolic plan (Note [symbolic plans] in
-segmenter/symbolic.py) the shapes, strides and offsets a kernel is lowered for may be SymInts.
+segmenter/ir/symbolic.py) the shapes, strides and offsets a kernel is lowered for may be SymInts.
 The generator does its arithmetic on them as on ints (a SymInt computes symbolically) and
 decides with them as with ints (each decision becomes a condition of the plan, or pins the size
 where it needs a number). Where it formats one into source (an f-string: index math, a loop
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import torch
 
-from segmenter.symbolic import SymbolicSizes, hashing, symbolic_hashing
+from segmenter.ir.symbolic import SymbolicSizes, hashing, symbolic_hashing
 
 __all__ = ["active_sizes", "c_sizes", "raw_symbol", "sizes_active", "smax", "smin", "symbolic_hashing"]
 
@@ -48,7 +48,7 @@ torch.SymInt.__format__ = _format  # type: ignore[method-assign] - torch's own w
 @contextlib.contextmanager
 def c_sizes(sizes: SymbolicSizes | None) -> Iterator[None]:
     """Within: a SymInt formatted into text is its C expression over ``sizes``' symbols, and
-    SymInts hash (Note [hashing symbolic sizes] in segmenter/symbolic.py)."""
+    SymInts hash (Note [hashing symbolic sizes] in segmenter/ir/symbolic.py)."""
     token = _ACTIVE.set(sizes)
     try:
         with symbolic_hashing(sizes is not None or hashing()):

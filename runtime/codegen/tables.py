@@ -64,7 +64,7 @@ def tabulate(lines: list[str], inputs: dict, loop_elements: int, fresh: Callable
     Returns ``lines`` itself and no statements where nothing qualifies."""
     import torch
 
-    from segmenter.symbolic import size_hint  # a heuristic: no condition of a symbolic plan
+    from segmenter.ir.symbolic import size_hint  # a heuristic: no condition of a symbolic plan
 
     loads: dict[str, tuple[str, str]] = {}  # load variable -> (input, index expression)
     for line in lines:

@@ -1,0 +1,174 @@
+"""What each segment kind accepts: the rule that judges every merge, with a reason for every no.
+
+Note [segment kinds]: a group of ops becomes
+  OPAQUE         one op that needs torch; never merged;
+  MATMUL         one mm/bmm/addmm plus the views of its operands and its result (and a pointwise
+                 epilogue only with ``options.matmul_epilogue``);
+  POINTWISE      views, elementwise, broadcast and injective ops (slice/pad/cat as index math);
+                 every materialized output has the same number of elements (one loop);
+  REDUCTION      reductions over one domain (same input shape, same reduced dims), with their
+                 pointwise prologue and epilogue; outputs are full-size or reduced-size;
+  NORMALIZATION  a REDUCTION whose result is broadcast back and combined with full-size values
+                 (softmax, layer norm, RMS norm): one persistent kernel.
+Intermediates inside a kernel are computed inline, so only outputs are constrained. Views never
+constrain anything: they are index math, and outputs made by a view are left to the alias pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from ..ir.graph import FusionGraph, Node
+from ..ir.ops import OpKind, op_info, resolve_op
+from ..ir.symbolic import size_key
+from .options import SegmenterOptions
+from .segments import SegmentKind
+
+__all__ = ["Domain", "NodeTraits", "Traits", "combine", "node_traits", "too_big"]
+
+
+@dataclass(frozen=True)
+class Domain:
+    """The iteration domain of a reduction: its input shape and the dims it reduces."""
+
+    shape: tuple[int, ...]
+    reduced: tuple[int, ...]
+
+    @property
+    def full(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def kept(self) -> int:
+        return math.prod(n for d, n in enumerate(self.shape) if d not in self.reduced)
+
+    def __str__(self) -> str:
+        return f"{list(self.shape)} over dims {list(self.reduced)}"
+
+
+@dataclass(frozen=True)
+class NodeTraits:
+    kind: OpKind
+    domain: Domain | None  # for reductions
+    normalization: bool  # softmax / layer norm as one op
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a group holds, as far as the rules care (its size is the partitioner's: see ``too_big``).
+    A few distinct values cover a whole graph, so ``combine``'s answers can be memoized."""
+
+    opaque: str | None = None  # the op, if the group is OPAQUE
+    matmuls: int = 0
+    computes: bool = False  # holds a non-view op other than the matmul
+    domain: Domain | None = None
+    normalizes: bool = False
+
+    def kind(self) -> SegmentKind:
+        if self.opaque:
+            return SegmentKind.OPAQUE
+        if self.matmuls:
+            return SegmentKind.MATMUL
+        if self.domain is not None:
+            return SegmentKind.NORMALIZATION if self.normalizes else SegmentKind.REDUCTION
+        return SegmentKind.POINTWISE
+
+
+def _reduced_dims(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
+    nd = max(len(shape), 1)
+    op = resolve_op(node.op)
+    args = dict(node.kwargs)
+    if op is not None:
+        for i, a in enumerate(op._schema.arguments):
+            if i < len(node.args):
+                args.setdefault(a.name, node.args[i])
+    if node.op.startswith("aten.native_layer_norm"):
+        k = len(args.get("normalized_shape", ()))
+        return tuple(range(len(shape) - k, len(shape)))
+    if "batch_norm" in node.op:
+        return tuple(d for d in range(len(shape)) if d != 1)
+    dims = args.get("dim", None)
+    if dims is None or dims == () or dims == []:
+        return tuple(range(len(shape)))
+    if isinstance(dims, int):
+        dims = (dims,)
+    return tuple(sorted({d % nd for d in dims}))
+
+
+@lru_cache(maxsize=4096)
+def _plain_traits(op: str) -> NodeTraits:
+    info = op_info(op)
+    return NodeTraits(info.kind, None, info.normalization)
+
+
+def node_traits(graph: FusionGraph, node: Node) -> NodeTraits:
+    plain = _plain_traits(node.op)
+    if plain.kind != OpKind.REDUCTION:
+        return plain
+    first = next((a for a in node.args if hasattr(a, "name")), None)
+    shape = graph.metas[first.name].shape if first is not None else ()
+    # a domain is compared and hashed: symbolic sizes by their expressions (size_key)
+    return replace(plain, domain=Domain(size_key(shape), _reduced_dims(node, shape)))
+
+
+def traits_of(graph: FusionGraph, node: Node, nt: NodeTraits) -> Traits:
+    if nt.kind == OpKind.OPAQUE:
+        return Traits(opaque=node.op)
+    if nt.kind == OpKind.MATMUL:
+        return Traits(matmuls=1)
+    return Traits(computes=nt.kind != OpKind.VIEW, domain=nt.domain, normalizes=nt.normalization)
+
+
+def combine(
+    a: Traits, b: Traits, out_numels: set[int], consumer_full_size: bool, options: SegmenterOptions
+) -> Traits | str:
+    """Traits of the merge of producer group ``a`` and consumer group ``b``, or why not.
+
+    ``out_numels``: element counts of the merged group's materialized outputs;
+    ``consumer_full_size``: ``b`` computes values as big as ``a``'s reduction domain (so a
+    reduction in ``a`` is broadcast back: NORMALIZATION). Neither is read when either group is
+    OPAQUE or holds a matmul (the partitioner relies on it and skips listing the outputs).
+    """
+    if a.opaque or b.opaque:
+        return f"{a.opaque or b.opaque} is OPAQUE (or not supported by the backend): it runs alone on torch"
+    if a.matmuls + b.matmuls > 1:
+        return "a segment holds one matmul"
+    if a.matmuls or b.matmuls:
+        other = b if a.matmuls else a
+        if other.domain is not None:
+            return "a matmul does not fuse with a reduction"
+        if other.computes and not (options.matmul_epilogue and a.matmuls):
+            return "a matmul absorbs only views of its operands and result (pointwise epilogue: options.matmul_epilogue)"
+        merged = Traits(matmuls=1, computes=a.computes or b.computes)
+        return _supported(merged, options)
+    if a.domain is not None and b.domain is not None and a.domain != b.domain:
+        return f"reductions over different domains: {a.domain} vs {b.domain}"
+    domain = a.domain or b.domain
+    if domain is None:
+        if len(out_numels) > 1:
+            return f"outputs over different iteration spaces: {sorted(out_numels, key=str)} elements"
+        merged = Traits(computes=True)
+    else:
+        stray = sorted(out_numels - {domain.full, domain.kept}, key=str)
+        if stray:
+            return (f"an output of {stray[0]} elements is neither the reduction's full size ({domain.full}) "
+                    f"nor its reduced size ({domain.kept})")
+        normalizes = a.normalizes or b.normalizes or (a.domain is not None and consumer_full_size)
+        merged = Traits(computes=True, domain=domain, normalizes=normalizes)
+    return _supported(merged, options)
+
+
+def _supported(t: Traits, options: SegmenterOptions) -> Traits | str:
+    kind = t.kind()
+    if kind not in options.kernel_kinds:
+        return f"the backend runs no {kind.name} kernels"
+    return t
+
+
+def too_big(size: int, options: SegmenterOptions) -> str | None:
+    """Why a group of ``size`` ops may not exist, or None."""
+    if options.max_ops_per_segment is not None and size > options.max_ops_per_segment:
+        return f"segment would hold {size} ops, more than max_ops_per_segment={options.max_ops_per_segment}"
+    return None

@@ -1,0 +1,59 @@
+"""The packages keep their layers (perf > runtime > alias > segmenter; inside segmenter formats >
+partition | capturing > ir) and segmenter, alias and perf have no import circle: pyproject.toml's
+``[tool.importlinter]`` contracts, checked by ``lint-imports``. Skipped where import-linter is not
+installed (it is in setup.py's test extra)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("segmenter", "alias", "runtime", "perf")
+
+pytestmark = pytest.mark.skipif(shutil.which("lint-imports") is None,
+                                reason="import-linter is not installed (pip install import-linter)")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the tree at root, not an installed copy
+    return subprocess.run(["lint-imports", "--no-cache", "--no-logo"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_contracts_are_kept() -> None:
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def _copy(tmp_path: Path) -> Path:
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+@pytest.mark.parametrize("module, line, words", [
+    # the IR reaching up into capture (as symbolic.py once did for meta.fakeable)
+    ("segmenter/ir/symbolic.py", "from ..capturing import meta", "segmenter.ir is not allowed to import segmenter.capturing"),
+    # the segmenter reaching up into the runtime
+    ("segmenter/partition/greedy.py", "import runtime", "segmenter is not allowed to import runtime"),
+    # a circle between siblings in one layer
+    ("segmenter/ir/limits.py", "from . import graph", "No cycles are allowed in segmenter.ir"),
+])
+def test_a_broken_contract_fails(tmp_path: Path, module: str, line: str, words: str) -> None:
+    root = _copy(tmp_path)
+    path = root / module
+    if module == "segmenter/ir/limits.py":
+        # graph.py must import limits first for the new import to close a circle
+        graph = root / "segmenter/ir/graph.py"
+        graph.write_text(graph.read_text() + "\nfrom . import limits  # noqa: E402\n")
+    path.write_text(path.read_text() + f"\n{line}  # noqa: E402\n")
+    done = lint_imports(root)
+    assert done.returncode != 0, done.stdout
+    assert words in done.stdout, done.stdout
