@@ -67,9 +67,12 @@ def _signature(s) -> str:  # noqa: ANN001 - a SampleInput
     return repr(pytree.tree_map(show, (s.input, s.args, s.kwargs)))
 
 
-def sample_cases(dtypes: Sequence[torch.dtype], every: int = 1, names: Sequence[str] = OPS) -> list[Case]:
+def sample_cases(dtypes: Sequence[torch.dtype], every: int = 1, names: Sequence[str] = OPS,
+                 noncontiguous: bool = False) -> list[Case]:
     """One case per sample (every ``every``-th of each op's list, from an offset that turns with
-    the dtype so two dtypes cover different samples)."""
+    the dtype so two dtypes cover different samples); ``noncontiguous``: each sample's tensors
+    strided (``SampleInput.noncontiguous``: the same values, as test_ops' noncontiguous tests
+    take them)."""
     cases = []
     for op in ops(names):
         for d, dtype in enumerate(dtypes):
@@ -78,9 +81,9 @@ def sample_cases(dtypes: Sequence[torch.dtype], every: int = 1, names: Sequence[
             for k, s in enumerate(samples(op, dtype)):
                 if (k + d) % every:
                     continue
-                case = case_of_sample(op, dtype, s)
+                case = case_of_sample(op, dtype, s.noncontiguous() if noncontiguous else s)
                 if isinstance(case, Case):
-                    case.op = f"{case.op}[{k}]"
+                    case.op = f"{case.op}[{k}{'nc' if noncontiguous else ''}]"
                     cases.append(case)
     return cases
 
