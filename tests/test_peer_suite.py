@@ -231,6 +231,17 @@ def test_softmax_of_a_row_holding_inf_is_nan_as_in_eager() -> None:
         check_alone(lambda x: (x.softmax(1), x.log_softmax(1)), [_with_infinities(shape, 1)])
 
 
+@pytest.mark.parametrize(("shape", "stride"), [((5, 0, 0), (2, 2, 2)), ((0, 3), (6, 2))])
+def test_an_empty_input_past_the_end_of_its_storage(shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    """OpInfo's empty samples taken non-contiguous (``SampleInput.noncontiguous``) are empty
+    tensors whose storage offset (1) lies past their storage (0 bytes): eager reads nothing and
+    runs; the storage check refused them (GraphError: its storage holds 0 bytes, fewer than its
+    layout reaches (4)), pointwise programs and reductions alike."""
+    x = torch.empty(0).as_strided(shape, stride, 1)
+    for fn in (lambda t: t * 2, lambda t: t.softmax(-1), lambda t: t.var(1), lambda t: (t.sum(0), t.prod(-1))):
+        check_alone(fn, [x], kernels=False)
+
+
 def _uniform(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     return torch.rand(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
