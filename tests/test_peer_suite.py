@@ -11,7 +11,7 @@ tests/test_peer_suite.py``.
 
 The first whole runs (OpInfo samples in three dtypes, contiguous and not; 360 large cases; 180
 test_reductions programs static and at two sizes; 54 dynamo-style programs static and at two
-sizes; 7 captured-scalar programs) found:
+sizes; 489 OpInfo samples at two sizes; 7 captured-scalar programs) found:
   - fixed: an empty input whose storage offset lies past its storage's end (OpInfo's empty samples
     made non-contiguous) was refused by the storage check (18 crashes; test below);
   - logsumexp of a row or column holding +inf gives NaN (eager inf; strict xfails below: the
@@ -187,6 +187,18 @@ def test_every_test_reductions_program_at_two_sizes() -> None:
         warnings.simplefilter("ignore")
         tally = sweep_dynamic(peer_reductions.cases(), "test_reductions' programs")
     _check(tally, least_kernels=1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("FUSEG_SLOW") != "1", reason="FUSEG_SLOW=1 runs it")
+def test_opinfo_reduction_samples_at_two_sizes() -> None:
+    """A third of the samples (float32 and float16 in turn) compiled with ``dynamic=True`` and
+    called at their sizes and at larger ones (489 cases, all passing at first run)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = peer_opinfo.sample_cases([torch.float32, torch.float16], every=3)
+        tally = sweep_dynamic(cases, "OpInfo reductions")
+    _check(tally, least_kernels=len(cases) // 4)
 
 
 @pytest.mark.parametrize("sizes", [[1 << 20, 1 << 22], [1 << 23, 1 << 24], [1 << 25]])
