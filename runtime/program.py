@@ -612,8 +612,11 @@ class CompiledProgram:
         def reads(v: str | None, m: TensorMeta, shape: tuple[int, ...], stride: tuple[int, ...],
                   dtype: torch.dtype) -> None:
             """``v`` read from ``m``'s storage offset, at this layout."""
+            span = span_bytes(shape, stride, dtype)
+            if isinstance(span, int) and span == 0:
+                return  # no element read: an empty tensor's offset may lie past its storage's end, as torch allows
             if v in index:
-                need = m.storage_offset * m.itemsize + span_bytes(shape, stride, dtype)
+                need = m.storage_offset * m.itemsize + span
                 # (sym_max: a symbolic size is compared at the call, never decided here)
                 needs[index[v]] = torch.sym_max(needs[index[v]], need) if index[v] in needs else need
 

@@ -47,13 +47,17 @@ def ops(names: Sequence[str] = OPS) -> list:
 
 def samples(op, dtype: torch.dtype) -> list:  # noqa: ANN001 - an OpInfo
     """The op's reference inputs (which hold its sample inputs, and more where the op has its
-    own), and its sample inputs where they are not among them."""
-    torch.manual_seed(0)
+    own), and its sample inputs where they are not among them. Made by the op's own generators,
+    without ``OpInfo.sample_inputs``' tracking wrapper: that one takes ``inspect.stack()`` per
+    call, 1-8 s per op list under pytest, and reseeds per sample (here: once per op and dtype)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = list(op.reference_inputs("cpu", dtype, requires_grad=False))
         torch.manual_seed(0)
-        plain = list(op.sample_inputs("cpu", dtype, requires_grad=False))
+        plain = list(op.sample_inputs_func(op, "cpu", dtype, False))
+        if op.reference_inputs_func is None:
+            return plain
+        torch.manual_seed(0)
+        ref = list(op.reference_inputs_func(op, "cpu", dtype, False))
     seen = {_signature(s) for s in ref}
     return ref + [s for s in plain if _signature(s) not in seen]
 
@@ -67,9 +71,12 @@ def _signature(s) -> str:  # noqa: ANN001 - a SampleInput
     return repr(pytree.tree_map(show, (s.input, s.args, s.kwargs)))
 
 
-def sample_cases(dtypes: Sequence[torch.dtype], every: int = 1, names: Sequence[str] = OPS) -> list[Case]:
+def sample_cases(dtypes: Sequence[torch.dtype], every: int = 1, names: Sequence[str] = OPS,
+                 noncontiguous: bool = False) -> list[Case]:
     """One case per sample (every ``every``-th of each op's list, from an offset that turns with
-    the dtype so two dtypes cover different samples)."""
+    the dtype so two dtypes cover different samples); ``noncontiguous``: each sample's tensors
+    strided (``SampleInput.noncontiguous``: the same values, as test_ops' noncontiguous tests
+    take them)."""
     cases = []
     for op in ops(names):
         for d, dtype in enumerate(dtypes):
@@ -78,9 +85,9 @@ def sample_cases(dtypes: Sequence[torch.dtype], every: int = 1, names: Sequence[
             for k, s in enumerate(samples(op, dtype)):
                 if (k + d) % every:
                     continue
-                case = case_of_sample(op, dtype, s)
+                case = case_of_sample(op, dtype, s.noncontiguous() if noncontiguous else s)
                 if isinstance(case, Case):
-                    case.op = f"{case.op}[{k}]"
+                    case.op = f"{case.op}[{k}{'nc' if noncontiguous else ''}]"
                     cases.append(case)
     return cases
 
