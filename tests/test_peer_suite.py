@@ -20,13 +20,13 @@ sizes; 489 OpInfo samples at two sizes; 7 captured-scalar programs) found:
     Note [sums in chunks], runtime/codegen/cascade.py; tests below);
   - fixed: five captured-scalar programs refused by capture (data-dependent sizes: Note [sizes
     read from data run on torch], runtime/unbacked.py).
-Still held (xfail below): a symbolic plan's var over two dims, at only 2000 values a row.
+  - fixed: a symbolic plan's var over two dims, 50x eager's error at only 2000 values a row (its
+    loop divides by a size known at the call, so it is not vectorized: it chunks more finely).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import warnings
 
 import pytest
@@ -44,20 +44,11 @@ pytestmark = pytest.mark.skipif(cpu_compiler() is None, reason="no C++ compiler:
 EVERY = int(os.environ.get("FUSEG_PEER_EVERY", "24"))
 SUMMARY: list[str] = []  # printed at the end of the run (tests/conftest.py)
 
-#: the one known fault left: test_symbolic_variance_over_two_dims_as_accurate_as_eager
-SYMBOLIC_VARIANCE = re.compile(r"^(var|std|var_mean|std_mean)\b")
-SYMBOLIC_VARIANCE_REASON = "a symbolic plan's variance over several dims: test_symbolic_variance_over_two_dims"
-
 
 def known_failures(tally: PeerTally) -> dict[str, str]:
-    """The cases that failed with a known fault, each with its reason."""
-    known = {}
-    for o in tally.outcomes:
-        if o.verdict != "wrong":
-            continue
-        if "error against float64" in o.detail and SYMBOLIC_VARIANCE.match(o.case.op) and "two sizes" in tally.source:
-            known[key(o.case)] = SYMBOLIC_VARIANCE_REASON
-    return known
+    """The cases that failed with a known fault, each with its reason: none left (every fault the
+    suite found is fixed; a new known one is named here with the test that holds it)."""
+    return {}
 
 
 def _check(tally: PeerTally, least_kernels: int) -> None:
@@ -273,12 +264,12 @@ def test_half_vector_norm_as_accurate_as_eager(shape: tuple[int, int]) -> None:
     check_alone(lambda x: torch.linalg.vector_norm(x), [_uniform(*shape, dtype=torch.float16)])
 
 
-@pytest.mark.xfail(strict=False, reason=SYMBOLIC_VARIANCE_REASON)
 @pytest.mark.parametrize("shape", [(50, 50, 50), (30, 40, 50)])
 def test_symbolic_variance_over_two_dims_as_accurate_as_eager(shape: tuple[int, int, int]) -> None:
     """test_reductions' var over dims (1, 2) of values in [-100, 100], compiled with
-    ``dynamic=True``: 1.8e-6 and 2.4e-6 off float64 at only 2500 and 2000 values a row (eager
-    3.5e-8); the plan of fixed sizes is as accurate as eager on the same inputs."""
+    ``dynamic=True``: was 1.8e-6 and 2.4e-6 off float64 at only 2500 and 2000 values a row (eager
+    3.5e-8): the loop divides by sizes known at the call and is not vectorized, so one accumulator
+    added every element (Note [sums in chunks])."""
     x = peer_reductions.rand(*shape, low=-100, high=100)
     case = Case("var-two-dims", torch.float32, [x], lambda t: t.var((1, 2)))
     torch._dynamo.reset()

@@ -11,8 +11,11 @@ lane on the CPU, ``ROW_CHUNK`` per thread on CUDA), and the partials are added i
 with their rounding errors kept aside (Neumaier's compensated sum, ``fuseg_sum_into``), which are
 added back at the end unless the sum is inf or NaN (``fuseg_sum_total``: the compensation of an
 inf is NaN, and eager's inf must stay inf). The error is then that of one chunk's lanes plus a
-few units in the last place, whatever the length: from 1 element to 2^31. Column passes (Note
-[column passes]), whose accumulators each add one value per reduced element, chunk every
+few units in the last place, whatever the length: from 1 element to 2^31. A pass the compiler
+cannot vectorize (an element's position found by dividing by a size known only at the call) has
+one accumulator, not a vector of them: it chunks every ``SCALAR_CHUNK`` elements (a symbolic
+variance over two dims was 50x eager's error with 2500 values in one accumulator). Column passes
+(Note [column passes]), whose accumulators each add one value per reduced element, chunk every
 ``COLUMN_CHUNK`` elements the same way. Rows of a known length up to the chunk are emitted as
 before: the row sizes of real models' norms and softmaxes get the same loops and the same speed.
 The chunks are visited in order and a CUDA block's threads are combined in a fixed tree, so a
@@ -23,12 +26,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "chunk_close", "chunked", "column_chunk_open", "row_chunk_open"]
+__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "SCALAR_CHUNK", "chunk_close", "chunked", "column_chunk_open", "row_chunk_open",
+           "row_chunk_length"]
 
 #: elements of a row a chunk of a row pass covers per thread (the CPU: the whole row's thread)
 ROW_CHUNK = 4096
+#: the same where the pass cannot be vectorized (one accumulator adds every element of a chunk)
+SCALAR_CHUNK = 64
 #: reduced elements a chunk of a column pass covers (each accumulator adds one per element)
-COLUMN_CHUNK = 256
+COLUMN_CHUNK = 64
 
 
 def chunked(R: object, chunk: int) -> bool:  # noqa: N803 - R: a row's length, as in rows.py
@@ -37,12 +43,20 @@ def chunked(R: object, chunk: int) -> bool:  # noqa: N803 - R: a row's length, a
     return isinstance(R, torch.SymInt) or not isinstance(R, int) or R > chunk
 
 
-def row_chunk_open(R: object, cuda_unrolled: bool) -> list[str]:  # noqa: N803
-    """The head of a row pass's chunk loop (``fuseg_jc`` to ``fuseg_je``, a thread's ``ROW_CHUNK``
+def row_chunk_length(inner: tuple) -> int:
+    """A row pass's chunk: ``ROW_CHUNK`` where its loop vectorizes, ``SCALAR_CHUNK`` where the
+    position of an element in the reduced dims is found by dividing by a size known only at the
+    call (two or more reduced dims, an inner one symbolic: no vector integer division, so the
+    compiler leaves the loop scalar and one accumulator would add every element of a chunk)."""
+    return SCALAR_CHUNK if any(not isinstance(n, int) for n in inner[1:]) else ROW_CHUNK
+
+
+def row_chunk_open(R: object, cuda_unrolled: bool, length: int = ROW_CHUNK) -> list[str]:  # noqa: N803
+    """The head of a row pass's chunk loop (``fuseg_jc`` to ``fuseg_je``, a thread's ``length``
     iterations a block apart). ``cuda_unrolled``: the pass's CUDA loop is the unrolled one of at
     most 16 iterations a thread (Note [CUDA launch shapes]), which needs no chunks: on CUDA the
     loop runs once, in a block of its own."""
-    step = f"(FUSEG_I){ROW_CHUNK} * FUSEG_BLOCK_DIM"
+    step = f"(FUSEG_I){length} * FUSEG_BLOCK_DIM"
     loop = [f"    for (FUSEG_I fuseg_jc = 0; fuseg_jc < ({R}); fuseg_jc += {step}) {{",
             f"    const FUSEG_I fuseg_je = ({R}) - fuseg_jc < {step} ? ({R}) : fuseg_jc + {step};"]
     if not cuda_unrolled:

@@ -469,8 +469,9 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         ident = _identity(combine, ct)
         acc, res = lw.fresh("acc"), lw.fresh("r")
         # (Note [sums in chunks]) a float sum over a long row adds chunks' partials, compensated
+        length = cascade.row_chunk_length(inner)
         chunk = (not cached and combine == "fuseg_sum" and acc_ct in ("float", "double")
-                 and cascade.chunked(R, cascade.ROW_CHUNK))
+                 and cascade.chunked(R, length))
         b, idx, head = j_loop(lw.fresh("P"), chunk)
         lw.cache_fill = True
         e = element(b, idx)
@@ -479,7 +480,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         if chunk:
             comp, part = lw.fresh("comp"), lw.fresh("part")
             lines.append(f"    {acc_ct} {comp} = ({acc_ct})0;")
-            lines.extend(cascade.row_chunk_open(R, head[0] == "#ifdef __CUDACC__"))
+            lines.extend(cascade.row_chunk_open(R, head[0] == "#ifdef __CUDACC__", length))
             lines.append(f"    {acc_ct} {part} = ({acc_ct})0;")
             lines.extend(simd(head, f" reduction(+:{part})"))
             lines.extend(b.lines)
