@@ -14,6 +14,7 @@ from alias import apply_aliases
 from runtime import autotune, trial
 from runtime.codegen.build import cpu_compiler
 from segmenter import capture, segment
+from tests.test_trial import _ways as _clock  # the trial's timed calls take given seconds each way
 
 pytestmark = pytest.mark.skipif(cpu_compiler() is None, reason="no C++ compiler")
 
@@ -25,18 +26,6 @@ def measuring(tmp_path, monkeypatch):
     monkeypatch.setattr(autotune, "_MEMORY", {})
     with autotune.fixed("measure"), trial.program_checks(True):
         yield
-
-
-def _clock(monkeypatch, aten_s: float, kernel_s: float) -> list[str]:
-    """The trial's timed calls take these seconds each way; the list gets the way of every call."""
-    ran: list[str] = []
-
-    def timed(way, fn, inputs):
-        ran.append(way)
-        return fn(*inputs), {"aten": aten_s, "kernel": kernel_s}[way]
-
-    monkeypatch.setattr(trial, "_timed", timed)
-    return ran
 
 
 def _fn(x, y):
