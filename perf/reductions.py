@@ -92,14 +92,14 @@ def _programs(fn: Callable, x: torch.Tensor) -> dict[str, Callable]:
 
     plan = apply_aliases(segment(capture(fn, [x])), "post")
     ways = {}
-    saved = cascade.ROW_CHUNK, cascade.COLUMN_CHUNK
+    saved = cascade.ROW_CHUNK, cascade.COLUMN_CHUNK, cascade.SCALAR_CHUNK
     try:
         with fixed("kernel"):
             ways["chunked"] = runtime.compile(plan, backend="cpp")
-            cascade.ROW_CHUNK = cascade.COLUMN_CHUNK = 1 << 62
+            cascade.ROW_CHUNK = cascade.COLUMN_CHUNK = cascade.SCALAR_CHUNK = 1 << 62
             ways["one loop"] = runtime.compile(plan, backend="cpp")
     finally:
-        cascade.ROW_CHUNK, cascade.COLUMN_CHUNK = saved
+        cascade.ROW_CHUNK, cascade.COLUMN_CHUNK, cascade.SCALAR_CHUNK = saved
     return ways
 
 

@@ -5,9 +5,10 @@ each as it grows, and past 2^24 additions of similar values it stops growing at 
 that summed a 2^25-element row into one accumulator per vector lane gave a float16 variance 2-5%
 off and a float32 sum of 0.3s 2e-4 off (issue 63), where ATen's ``cascade_sum``
 (aten/src/ATen/native/cpu/SumKernel.cpp) is within 1e-7. A sum pass over a row longer than
-``ROW_CHUNK`` elements (or of a symbolic length) is therefore cut into chunks: each chunk is the
-same vectorized loop as before into a fresh partial (``ROW_CHUNK`` / vector width additions per
-lane on the CPU, ``ROW_CHUNK`` per thread on CUDA), and the partials are added into the row's sum
+``ROW_CHUNK`` elements (or of a symbolic length) is therefore cut into chunks of
+``ROW_CHUNK_LENGTH``: each chunk is the same vectorized loop as before into a fresh partial
+(``ROW_CHUNK_LENGTH`` / vector width additions per lane on the CPU, as many as ATen's cascade
+adds into one accumulator before it carries; ``ROW_CHUNK_LENGTH`` per thread on CUDA), and the partials are added into the row's sum
 with their rounding errors kept aside (Neumaier's compensated sum, ``fuseg_sum_into``), which are
 added back at the end unless the sum is inf or NaN (``fuseg_sum_total``: the compensation of an
 inf is NaN, and eager's inf must stay inf). The error is then that of one chunk's lanes plus a
@@ -26,11 +27,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "SCALAR_CHUNK", "chunk_close", "chunked", "column_chunk_open", "row_chunk_open",
+__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "ROW_CHUNK_LENGTH", "SCALAR_CHUNK", "chunk_close", "chunked", "column_chunk_open", "row_chunk_open",
            "row_chunk_length"]
 
-#: elements of a row a chunk of a row pass covers per thread (the CPU: the whole row's thread)
+#: rows of a known length up to this keep their one loop (the sizes of real models' norms)
 ROW_CHUNK = 4096
+#: elements of a row a chunk of a longer row pass covers per thread (the CPU: the row's thread)
+ROW_CHUNK_LENGTH = 1024
 #: the same where the pass cannot be vectorized (one accumulator adds every element of a chunk)
 SCALAR_CHUNK = 64
 #: reduced elements a chunk of a column pass covers (each accumulator adds one per element)
@@ -43,15 +46,18 @@ def chunked(R: object, chunk: int) -> bool:  # noqa: N803 - R: a row's length, a
     return isinstance(R, torch.SymInt) or not isinstance(R, int) or R > chunk
 
 
-def row_chunk_length(inner: tuple) -> int:
-    """A row pass's chunk: ``ROW_CHUNK`` where its loop vectorizes, ``SCALAR_CHUNK`` where the
-    position of an element in the reduced dims is found by dividing by a size known only at the
-    call (two or more reduced dims, an inner one symbolic: no vector integer division, so the
-    compiler leaves the loop scalar and one accumulator would add every element of a chunk)."""
-    return SCALAR_CHUNK if any(not isinstance(n, int) for n in inner[1:]) else ROW_CHUNK
+def row_chunk_length(R: object, inner: tuple) -> int | None:  # noqa: N803
+    """A row sum pass's chunk, or None (one loop): ``ROW_CHUNK_LENGTH`` past ``ROW_CHUNK`` where
+    its loop vectorizes; ``SCALAR_CHUNK`` where the position of an element in the reduced dims is
+    found by dividing by a size known only at the call (two or more reduced dims, an inner one
+    symbolic: no vector integer division, so the compiler leaves the loop scalar and one
+    accumulator would add every element of a chunk)."""
+    if any(not isinstance(n, int) for n in inner[1:]):
+        return SCALAR_CHUNK if chunked(R, SCALAR_CHUNK) else None
+    return ROW_CHUNK_LENGTH if chunked(R, ROW_CHUNK) else None
 
 
-def row_chunk_open(R: object, cuda_unrolled: bool, length: int = ROW_CHUNK) -> list[str]:  # noqa: N803
+def row_chunk_open(R: object, cuda_unrolled: bool, length: int = ROW_CHUNK_LENGTH) -> list[str]:  # noqa: N803
     """The head of a row pass's chunk loop (``fuseg_jc`` to ``fuseg_je``, a thread's ``length``
     iterations a block apart). ``cuda_unrolled``: the pass's CUDA loop is the unrolled one of at
     most 16 iterations a thread (Note [CUDA launch shapes]), which needs no chunks: on CUDA the

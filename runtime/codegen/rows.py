@@ -469,9 +469,8 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         ident = _identity(combine, ct)
         acc, res = lw.fresh("acc"), lw.fresh("r")
         # (Note [sums in chunks]) a float sum over a long row adds chunks' partials, compensated
-        length = cascade.row_chunk_length(inner)
-        chunk = (not cached and combine == "fuseg_sum" and acc_ct in ("float", "double")
-                 and cascade.chunked(R, length))
+        length = cascade.row_chunk_length(R, inner)
+        chunk = not cached and combine == "fuseg_sum" and acc_ct in ("float", "double") and length is not None
         b, idx, head = j_loop(lw.fresh("P"), chunk)
         lw.cache_fill = True
         e = element(b, idx)
