@@ -7,8 +7,8 @@ off and a float32 sum of 0.3s 2e-4 off (issue 63), where ATen's ``cascade_sum``
 (aten/src/ATen/native/cpu/SumKernel.cpp) is within 1e-7. A sum pass over a row longer than
 ``ROW_CHUNK`` elements (or of a symbolic length) is therefore cut into chunks of
 ``ROW_CHUNK_LENGTH``: each chunk is the same vectorized loop as before into a fresh partial
-(``ROW_CHUNK_LENGTH`` / vector width additions per lane on the CPU, as many as ATen's cascade
-adds into one accumulator before it carries; ``ROW_CHUNK_LENGTH`` per thread on CUDA), and the partials are added into the row's sum
+(``ROW_CHUNK_LENGTH`` / vector width additions per lane on the CPU, ``ROW_CHUNK_LENGTH`` per
+thread on CUDA), and the partials are added into the row's sum
 with their rounding errors kept aside (Neumaier's compensated sum, ``fuseg_sum_into``), which are
 added back at the end unless the sum is inf or NaN (``fuseg_sum_total``: the compensation of an
 inf is NaN, and eager's inf must stay inf). The error is then that of one chunk's lanes plus a
@@ -20,7 +20,10 @@ variance over two dims was 50x eager's error with 2500 values in one accumulator
 ``COLUMN_CHUNK`` elements the same way. Rows of a known length up to the chunk are emitted as
 before: the row sizes of real models' norms and softmaxes get the same loops and the same speed.
 The chunks are visited in order and a CUDA block's threads are combined in a fixed tree, so a
-sum is the same on every call. Max, min, any, all and integer sums are exact and not chunked.
+sum is the same on every call. Not at ATen's error: a long row of one repeated value, whose
+roundings all lean one way (~4x eager's error against the exact sum over 2^22 copies of 0.7);
+chunks of 1024 bring it to ~4x less but cost plain row sums 8-16% on the AMD EPYC of the records
+(perf/results/amd-epyc-zen4/reductions_speed_cpu.json), so they were not taken. Max, min, any, all and integer sums are exact and not chunked.
 """
 
 from __future__ import annotations
@@ -33,11 +36,11 @@ __all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "ROW_CHUNK_LENGTH", "SCALAR_CHUNK", "chu
 #: rows of a known length up to this keep their one loop (the sizes of real models' norms)
 ROW_CHUNK = 4096
 #: elements of a row a chunk of a longer row pass covers per thread (the CPU: the row's thread)
-ROW_CHUNK_LENGTH = 1024
+ROW_CHUNK_LENGTH = 4096
 #: the same where the pass cannot be vectorized (one accumulator adds every element of a chunk)
 SCALAR_CHUNK = 64
 #: reduced elements a chunk of a column pass covers (each accumulator adds one per element)
-COLUMN_CHUNK = 64
+COLUMN_CHUNK = 256
 
 
 def chunked(R: object, chunk: int) -> bool:  # noqa: N803 - R: a row's length, as in rows.py
