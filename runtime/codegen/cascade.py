@@ -23,7 +23,7 @@ The chunks are visited in order and a CUDA block's threads are combined in a fix
 sum is the same on every call. Not at ATen's error: a long row of one repeated value, whose
 roundings all lean one way (~4x eager's error against the exact sum over 2^22 copies of 0.7);
 chunks of 1024 bring it to ~4x less but cost plain row sums 8-16% on the AMD EPYC of the records
-(perf/results/amd-epyc-zen4/reductions_speed_cpu.json), so they were not taken. Max, min, any, all and integer sums are exact and not chunked.
+(perf/results/amd-epyc-zen4/reductions_speed_chunk1024_cpu.json), so they were not taken. Max, min, any, all and integer sums are exact and not chunked.
 """
 
 from __future__ import annotations
