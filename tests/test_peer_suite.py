@@ -45,18 +45,9 @@ EVERY = int(os.environ.get("FUSEG_PEER_EVERY", "24"))
 SUMMARY: list[str] = []  # printed at the end of the run (tests/conftest.py)
 
 
-def known_failures(tally: PeerTally) -> dict[str, str]:
-    """The cases that failed with a known fault, each with its reason: none left (every fault the
-    suite found is fixed; a new known one is named here with the test that holds it)."""
-    return {}
-
-
 def _check(tally: PeerTally, least_kernels: int) -> None:
-    known = known_failures(tally)
     SUMMARY.append(str(tally))
-    for reason in sorted(set(known.values())):
-        SUMMARY.append(f"  ({sum(r == reason for r in known.values())} of those: {reason})")
-    failures = tally.failures(known)
+    failures = tally.failures()  # (every fault the suite found is fixed: none is allowed)
     assert not failures, "\n".join(f"{o.verdict} {key(o.case)}: {o.detail}" for o in failures)
     assert tally.kernels >= least_kernels, f"only {tally.kernels} segments ran a generated kernel"
 
