@@ -36,7 +36,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, overload
 
 import sympy
 import torch
@@ -45,7 +45,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unb
 
 from .torch_compat import backed_hints
 
-__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing"]
+__all__ = ["NotSymbolic", "SizeKey", "SymbolSource", "SymbolicSizes", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing"]
 
 
 _HASHING: contextvars.ContextVar[bool] = contextvars.ContextVar("fuseg_symbolic_hashing", default=False)
@@ -132,6 +132,16 @@ def sizes_of(*objs: object) -> SymbolicSizes | None:
     return None
 
 
+#: a size as ``size_key`` gives it: the number, or a symbolic size's expression (sympy: untyped, so Any)
+SizeKey: TypeAlias = int | sympy.Expr
+
+
+@overload
+def size_key(x: int) -> SizeKey: ...
+@overload
+def size_key(x: tuple[int, ...]) -> tuple[SizeKey, ...]: ...
+@overload
+def size_key(x: object) -> object: ...
 def size_key(x: object) -> object:
     """A hashable stand-in for a size (or a tuple of sizes): the number, or a symbolic size's
     expression. Keys are equal where the sizes are equal for every value of the symbols, so a
