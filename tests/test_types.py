@@ -3,7 +3,7 @@ clean under its strict flags, and a type error in any of them fails the check. S
 installed (it is in setup.py's test extra).
 
 One mypy cache serves the module's runs (a fresh directory per session: nothing stale from an earlier
-tree): the first run reads torch's types (about 15 s of CPU), the second reuses them (a few seconds)."""
+tree): the first run reads torch's types (about 7 s of CPU), the second reuses them (a few seconds)."""
 
 from __future__ import annotations
 
