@@ -19,8 +19,9 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "matplotlib", "expecttest", "ruff",
-                 "tlparse", "import-linter"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py;
-        # tlparse: tests/test_torch_logs.py; import-linter: tests/test_layers.py (pyproject.toml's contracts)
+                 "tlparse", "import-linter", "mypy>=1.10"],  # expecttest: op_db; xdist: -n 2; ruff: tests/test_lint.py;
+        # tlparse: tests/test_torch_logs.py; import-linter: tests/test_layers.py (pyproject.toml's contracts);
+        # mypy: tests/test_types.py (pyproject.toml's [tool.mypy])
         "cuda": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
         # nvFuser wheels exist only for CPython 3.10 and 3.12.

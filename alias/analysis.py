@@ -41,17 +41,18 @@ def is_true_view(graph: FusionGraph, node: Node) -> tuple[bool, str]:
     if found is None:
         by_layout = graph.__dict__["_true_views_by_layout"]
         metas = graph.metas
-        key = None
+        key: tuple[object, ...] | None = None
         if node.inputs and _plain(node.args[1:]) and _plain(v for _, v in node.kwargs):
-            key = (node.op, metas[node.inputs[0]], node.args[1:], node.kwargs,
-                   tuple(o is not None and metas[o] for o in node.outputs))
+            first, outs = metas[node.inputs[0]], tuple(o is not None and metas[o] for o in node.outputs)
+            key = (node.op, first, node.args[1:], node.kwargs, outs)
             if graph.__dict__["_true_views_symbolic"]:
                 # every size by its expression (size_key): a symbolic plan's layers key alike
                 # where their sizes are equal for every value of the symbols, and a lookup
                 # compares no SymInt (a comparison would record a condition: Note [hashing
                 # symbolic sizes]); plain sizes key as they are (a cheaper key)
-                key = (node.op, _layout_key(key[1]), size_key(key[2]), tuple((k, size_key(v)) for k, v in key[3]),
-                       tuple(m is not False and _layout_key(m) for m in key[4]))
+                key = (node.op, _layout_key(first), size_key(node.args[1:]),
+                       tuple((k, size_key(v)) for k, v in node.kwargs),
+                       tuple(m is not False and _layout_key(m) for m in outs))
             try:
                 found = by_layout.get(key)
             except TypeError:  # (an argument that does not hash): no memo

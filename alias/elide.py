@@ -56,7 +56,7 @@ def _try(graph: FusionGraph, parts: Parts, chosen: list[int]) -> FusionGraph | N
     for old, new in zip(graph.nodes, fresh.nodes):
         if op_info(new.op).kind == OpKind.VIEW or new.name in names:
             continue
-        if any(a is not None and not a.same_layout(b) for a, b in zip(old.metas, new.metas)):
+        if any(a is not None and (b is None or not a.same_layout(b)) for a, b in zip(old.metas, new.metas)):
             return None  # a kernel's output would change layout
     return fresh
 

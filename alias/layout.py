@@ -15,6 +15,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -44,7 +45,9 @@ class Layout:
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> Layout:
-        return cls(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg())
+        # a FakeTensor's symbolic offset is a SymInt, typed int as TensorMeta's fields are
+        offset = cast(int, t.storage_offset())
+        return cls(tuple(t.shape), tuple(t.stride()), offset, t.dtype, t.is_conj(), t.is_neg())
 
     def to_meta(self, device: str = "cpu") -> TensorMeta:
         return TensorMeta(self.shape, self.stride, self.offset, self.dtype, device, self.conj, self.neg)

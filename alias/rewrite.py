@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from segmenter import Boundary, FusionGraph, Node, OpKind, Segment, SegmentedFusion, SegmentKind, op_info
+from segmenter import Alias, Boundary, FusionGraph, Node, OpKind, Segment, SegmentedFusion, SegmentKind, op_info
 from segmenter.ir.graph import view_roots
 from segmenter.partition.segments import build_segment
 
@@ -58,7 +58,7 @@ class _Rewriter:
     def __init__(self, sf: SegmentedFusion, mode: str) -> None:
         self.sf, self.mode, self.graph = sf, mode, sf.graph
         g = self.graph
-        self.output_alias = {}
+        self.output_alias: dict[str, Alias | None] = {}
         for name, alias in zip(g.outputs, g.output_aliases):
             self.output_alias.setdefault(name, alias)
         self.mutation_values = {m.value for m in g.mutations}

@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal, Union
+from typing import Literal, Union, cast
 
 import torch
 
@@ -62,17 +62,23 @@ __all__ = [
 # Generated kernels read raw storage, so segments touching a value with a bit stay on torch.
 
 
-def _size(s: object) -> int | torch.SymInt:
+def _size(s: int | torch.SymInt) -> int:
+    """A number where torch knows one; else the SymInt, typed ``int`` as torch.Size types it (see
+    TensorMeta)."""
     if isinstance(s, torch.SymInt):
         v = s.node.maybe_as_int()
-        return s if v is None else int(v)
-    return int(s)  # type: ignore[call-overload]
+        return cast(int, s) if v is None else int(v)
+    return int(s)
 
 
 @dataclass(frozen=True)
 class TensorMeta:
     """Layout of one tensor value: sizes, strides and offset in elements of its storage, and
-    the lazy view bits torch keeps on it (see Note [conjugate and negative bits])."""
+    the lazy view bits torch keeps on it (see Note [conjugate and negative bits]).
+
+    In a symbolic plan a size, stride or offset may be a ``torch.SymInt`` (Note [symbolic plans] in
+    segmenter/ir/symbolic.py); the annotations say ``int`` for both, as torch's own (``torch.Size``)
+    do: a SymInt takes an int's arithmetic and comparisons."""
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]

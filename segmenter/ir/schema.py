@@ -62,7 +62,8 @@ def _fits(t: str, v: Arg, n: int | None) -> bool:
 @lru_cache(maxsize=4096)
 def _signature(op: torch._ops.OpOverload) -> tuple[tuple[str, str, int | None, bool, bool], ...]:
     """Per argument: (name, declared type, N of int[N], keyword-only, required)."""
-    return tuple((a.name, str(a.real_type), a.N, a.kwarg_only, not a.has_default_value())
+    # torch's stub (torch/_C/__init__.pyi) leaves out Argument.N, which its binding defines
+    return tuple((a.name, str(a.real_type), a.N, a.kwarg_only, not a.has_default_value())  # type: ignore[attr-defined]
                  for a in op._schema.arguments)
 
 

@@ -36,7 +36,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, overload
 
 import sympy
 import torch
@@ -45,7 +45,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unb
 
 from .torch_compat import backed_hints
 
-__all__ = ["NotSymbolic", "SymbolSource", "SymbolicSizes", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing"]
+__all__ = ["NotSymbolic", "SizeKey", "SymbolSource", "SymbolicSizes", "hinted", "is_symbolic", "size_hint", "size_key", "sizes_of", "symbolic_hashing"]
 
 
 _HASHING: contextvars.ContextVar[bool] = contextvars.ContextVar("fuseg_symbolic_hashing", default=False)
@@ -63,7 +63,8 @@ def _hash(self: torch.SymInt) -> int:
     return hash(size_key(self))
 
 
-torch.SymInt.__hash__ = _hash  # type: ignore[method-assign] - torch's own where no plan is made
+# a SymInt's __hash__ is replaced on purpose (torch's own is called where no plan is made)
+torch.SymInt.__hash__ = _hash  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -127,10 +128,20 @@ def sizes_of(*objs: object) -> SymbolicSizes | None:
             stack.extend(i.meta for i in x.inputs)
             stack.extend(m for n in x.nodes for m in n.metas if m is not None)
         elif hasattr(x, "shape") and hasattr(x, "stride") and not isinstance(x, torch.Tensor):
-            stack.extend((x.shape, x.stride, x.storage_offset))
+            stack.extend((x.shape, x.stride, getattr(x, "storage_offset", 0)))  # a TensorMeta, or the like
     return None
 
 
+#: a size as ``size_key`` gives it: the number, or a symbolic size's expression (sympy: untyped, so Any)
+SizeKey: TypeAlias = int | sympy.Expr
+
+
+@overload
+def size_key(x: int) -> SizeKey: ...
+@overload
+def size_key(x: tuple[int, ...]) -> tuple[SizeKey, ...]: ...
+@overload
+def size_key(x: object) -> object: ...
 def size_key(x: object) -> object:
     """A hashable stand-in for a size (or a tuple of sizes): the number, or a symbolic size's
     expression. Keys are equal where the sizes are equal for every value of the symbols, so a
@@ -189,7 +200,8 @@ class SymbolicSizes:
         #: dynamo's symbols as ours, where the plan's inputs came from dynamo's placeholders
         #: (``symbolic_inputs``; Note [dynamo's values, translated] in segmenter/capturing/dynamo_values.py)
         self.from_dynamo: dict[sympy.Symbol, sympy.Expr] = {}
-        self.env.fuseg_sizes = self  # type: ignore[attr-defined] - found again from any SymInt (sizes_of)
+        # our own attribute on torch's ShapeEnv: found again from any SymInt (sizes_of)
+        self.env.fuseg_sizes = self  # type: ignore[attr-defined]
 
     # -- symbols -------------------------------------------------------------------------------
 
@@ -220,7 +232,9 @@ class SymbolicSizes:
         self.sources[sym] = SymbolSource(-1, None)
         self.names[sym] = f"_z{len(self.names)}"
         self.display[sym] = name
-        return self.env.create_symintnode(sym, hint=hint)
+        made = self.env.create_symintnode(sym, hint=hint)
+        assert isinstance(made, torch.SymInt)  # a symbol (checked above) makes a SymInt, never a number
+        return made
 
     def text(self, x: int | torch.SymInt) -> str:
         """A size as a person (and a graph file) reads it: ``64*S``, with the file's names."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..ir.graph import FusionGraph
 from ..ir.ops import OpKind
-from ..ir.symbolic import size_hint, size_key
+from ..ir.symbolic import SizeKey, size_hint, size_key
 from .matmul_bias import split_matmul_bias
 from .options import SegmenterOptions
 from .rules import NodeTraits, Traits, combine, node_traits, too_big, traits_of
@@ -35,7 +35,7 @@ from .segments import Boundary, Segment, SegmentedFusion, SegmentKind, build_seg
 __all__ = ["segment"]
 
 
-_NO_NUMELS: frozenset[int] = frozenset()
+_NO_NUMELS: frozenset[SizeKey] = frozenset()
 
 
 @dataclass(slots=True)
@@ -46,7 +46,7 @@ class _Group:
     outputs: list[str]  # values made here and needed elsewhere (or graph outputs)
     consumers: list[int]  # node indices outside the group that read its values
     traits: Traits
-    numels: frozenset[int] = frozenset()  # element counts of its computing nodes (shared: never mutated)
+    numels: frozenset[SizeKey] = frozenset()  # element counts of its computing nodes (shared: never mutated)
     version: int = 0  # bumped on every merge: a refusal between unchanged groups stays valid
 
 
@@ -77,11 +77,11 @@ class _Partition:
         metas = graph.metas
         opaque_nodes = options.opaque_nodes
         #: element count of each value made by a non-view op (the ones that constrain kernels)
-        self.out_numel: dict[str, int] = {}
+        self.out_numel: dict[str, SizeKey] = {}
         # Traits depend on the node only through its NodeTraits (and its op, when OPAQUE): one
         # object per distinct pair, not one per node.
         shared: dict[tuple[NodeTraits, str | None], Traits] = {}
-        one_numel: dict[int, frozenset[int]] = {}
+        one_numel: dict[SizeKey, frozenset[SizeKey]] = {}
         for i, n in enumerate(nodes):
             nt = self.traits[i]
             made = [o for o in n.outputs if o is not None]
@@ -101,9 +101,10 @@ class _Partition:
                 traits = Traits(opaque=n.op)
             else:
                 key = (nt, n.op if nt.kind == OpKind.OPAQUE else None)
-                traits = shared.get(key)
-                if traits is None:
-                    traits = shared[key] = traits_of(graph, n, nt)
+                one = shared.get(key)
+                if one is None:
+                    one = shared[key] = traits_of(graph, n, nt)
+                traits = one
             self.groups[i] = _Group([i], i, i, outs, cons, traits, numels)
         #: combine's answers by (id of a's traits, id of b's traits, output sizes, full size);
         #: each entry keeps its two Traits alive, so their ids stay theirs
@@ -213,7 +214,8 @@ class _Partition:
         for i in self.groups[drop].nodes:
             root[i] = keep
         del self.groups[drop]
-        self.changed.add(keep)  # merges happen only in rounds, each of which made the set
+        assert self.changed is not None  # merges happen only in rounds, each of which made the set
+        self.changed.add(keep)
         self.merges += 1
 
     def out_of_fuel(self) -> bool:
@@ -340,11 +342,11 @@ class _Partition:
         return build_segment(self.graph, index, self.exact_kind(g, idxs), nodes)
 
     def exact_kind(self, g: _Group, idxs: list[int]) -> SegmentKind:
-        kind = g.traits.kind()
-        if kind != SegmentKind.REDUCTION:
+        kind, domain = g.traits.kind(), g.traits.domain
+        if kind != SegmentKind.REDUCTION or domain is None:  # (a REDUCTION has its domain: Traits.kind)
             return kind
         # NORMALIZATION iff a full-size computing node depends on a reduction inside the segment.
-        full = g.traits.domain.full
+        full = domain.full
         tainted: set[str] = set()
         for i in idxs:
             node = self.graph.nodes[i]
@@ -365,7 +367,7 @@ class _Partition:
         out = []
         for r in order:
             for v in self.groups[r].outputs:
-                for c in sorted({self.find(u) for u in self.value_users.get(v, ())} - {r}, key=seg_of.get):
+                for c in sorted({self.find(u) for u in self.value_users.get(v, ())} - {r}, key=seg_of.__getitem__):
                     why = reasons.get((r, c)) or (
                         "not tried: out of fuel" if self.out_of_fuel() else "no merge was tried across this edge"
                     )

@@ -19,10 +19,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import cast
 
-from ..ir.graph import FusionGraph, Node
+import torch
+
+from ..ir.graph import Arg, FusionGraph, Node
 from ..ir.ops import OpKind, op_info, resolve_op
-from ..ir.symbolic import size_key
+from ..ir.symbolic import SizeKey, size_key
 from .options import SegmenterOptions
 from .segments import SegmentKind
 
@@ -33,15 +36,15 @@ __all__ = ["Domain", "NodeTraits", "Traits", "combine", "node_traits", "too_big"
 class Domain:
     """The iteration domain of a reduction: its input shape and the dims it reduces."""
 
-    shape: tuple[int, ...]
+    shape: tuple[SizeKey, ...]  # symbolic sizes by their expressions (size_key)
     reduced: tuple[int, ...]
 
     @property
-    def full(self) -> int:
+    def full(self) -> SizeKey:
         return math.prod(self.shape)
 
     @property
-    def kept(self) -> int:
+    def kept(self) -> SizeKey:
         return math.prod(n for d, n in enumerate(self.shape) if d not in self.reduced)
 
     def __str__(self) -> str:
@@ -79,22 +82,23 @@ class Traits:
 def _reduced_dims(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
     nd = max(len(shape), 1)
     op = resolve_op(node.op)
-    args = dict(node.kwargs)
-    if op is not None:
+    args: dict[str, Arg] = dict(node.kwargs)
+    if isinstance(op, torch._ops.OpOverload):  # (a higher-order op has no schema, and is no reduction)
         for i, a in enumerate(op._schema.arguments):
             if i < len(node.args):
                 args.setdefault(a.name, node.args[i])
     if node.op.startswith("aten.native_layer_norm"):
-        k = len(args.get("normalized_shape", ()))
+        normalized = args.get("normalized_shape", ())  # SymInt[]: a tuple (a graph's lists are tuples)
+        k = len(normalized) if isinstance(normalized, tuple) else 1
         return tuple(range(len(shape) - k, len(shape)))
     if "batch_norm" in node.op:
         return tuple(d for d in range(len(shape)) if d != 1)
     dims = args.get("dim", None)
-    if dims is None or dims == () or dims == []:
+    if dims is None or dims == ():
         return tuple(range(len(shape)))
-    if isinstance(dims, int):
-        dims = (dims,)
-    return tuple(sorted({d % nd for d in dims}))
+    # a reduction's dim is int, int[1] or int[]: a graph holds a list as a tuple
+    picked = (dims,) if isinstance(dims, int) else cast(tuple[int, ...], dims)
+    return tuple(sorted({d % nd for d in picked}))
 
 
 @lru_cache(maxsize=4096)
@@ -122,7 +126,7 @@ def traits_of(graph: FusionGraph, node: Node, nt: NodeTraits) -> Traits:
 
 
 def combine(
-    a: Traits, b: Traits, out_numels: set[int], consumer_full_size: bool, options: SegmenterOptions
+    a: Traits, b: Traits, out_numels: set[SizeKey], consumer_full_size: bool, options: SegmenterOptions
 ) -> Traits | str:
     """Traits of the merge of producer group ``a`` and consumer group ``b``, or why not.
 

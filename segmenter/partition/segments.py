@@ -196,7 +196,7 @@ def build_segment(
         nodes = tuple(sorted(nodes, key=lambda n: position[n.name]))
     else:
         nodes = tuple(nodes)
-    inside: set[str] = set()
+    inside: set[str | None] = set()  # (None: an output a node does not make)
     inputs: dict[str, None] = {}
     local_users: dict[str, list[Node]] = {}
     for n in nodes:  # in graph order: a value read here was made earlier here, or outside
@@ -209,7 +209,7 @@ def build_segment(
             else:
                 found.append(n)
         inside.update(n.outputs)
-    inside.discard(None)  # type: ignore[arg-type]
+    inside.discard(None)
     names = {n.name for n in nodes}
     external, all_users = graph.external_values, graph.users
     outputs = [
