@@ -2,7 +2,7 @@
 
 Each script measured one thing, to choose a threshold or to check one change; its record is
 committed in perf/results/<machine>/ (the one-off before/after ones are in git history only). They are kept to be re-run, not as tools for
-users (those are at perf/'s top level). Run one as ``python -m perf.experiments.NAME --help``.
+users (those are in perf/tools/). Run one as ``python -m perf.experiments.NAME --help``.
 One line each: what it measured, and its record (its file name, under perf/results/<machine>/).
 
   depthwise         depthwise 2-D convolutions, eager (oneDNN) against the generated kernel: depthwise_cpu.json
