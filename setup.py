@@ -7,9 +7,10 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    # perf.fusions: nvFuser scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
-    packages=["segmenter", "segmenter.ir", "segmenter.capturing", "segmenter.partition", "segmenter.formats", "segmenter.formats.nvfuser", "alias", "runtime", "perf", "perf.fusions", "perf.experiments", "perf.html"],
-    package_data={"perf.html": ["page.css", "page.js"]},  # the segmentation page's own CSS and JS, inlined
+    # perf.tools: the fuseg CLI and user tools; perf.benchmarks, perf.gpu: benchmarks; perf.fusions: nvFuser
+    # scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
+    packages=["segmenter", "segmenter.ir", "segmenter.capturing", "segmenter.partition", "segmenter.formats", "segmenter.formats.nvfuser", "alias", "runtime", "perf", "perf.tools", "perf.tools.html", "perf.benchmarks", "perf.gpu", "perf.fusions", "perf.experiments", "perf.experiments.reductions", "perf.experiments.shapes"],
+    package_data={"perf.tools.html": ["page.css", "page.js"]},  # the segmentation page's own CSS and JS, inlined
     py_modules=["fuseg"],  # the name TORCH_LOGS=+fuseg finds (runtime/logs.py)
     install_requires=[
         # CPU machines: install torch==2.13.0 first (a CPU wheel); an open range on a machine
@@ -31,7 +32,7 @@ setup(
         ],
     },
     entry_points={
-        "console_scripts": ["fuseg = perf.cli:main"],
+        "console_scripts": ["fuseg = perf.tools.cli:main"],
         "torch_dynamo_backends": ["fuseg = runtime.dynamo:fuseg_backend"],
     },
 )

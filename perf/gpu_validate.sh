@@ -23,22 +23,22 @@
 #   bias       perf.compiled again on the four models with an addmm's bias (gpt2-tiny, bert-tiny,
 #              qwen2-tiny, vit) with FUSEG_BIAS_AFTER_MATMUL=0 (Note [a matmul's bias after it] off):
 #              fuseg and fuseg with CUDA graphs as before that change, on the same machine       60 s
-#   bandwidth  perf.gpu_bandwidth: softmax / layer norm / RMS norm 4096x4096 fp32 and five RoPE
+#   bandwidth  perf.gpu.gpu_bandwidth: softmax / layer norm / RMS norm 4096x4096 fp32 and five RoPE
 #              blocks against a device copy of the same bytes                                    80 s
-#   before     perf.gpu_bandwidth again with FUSEG_CUDA_TUNING=0 (Note [CUDA launch shapes]), no
+#   before     perf.gpu.gpu_bandwidth again with FUSEG_CUDA_TUNING=0 (Note [CUDA launch shapes]), no
 #              Inductor: fuseg's kernels as they were before that tuning, on the same machine     45 s
-#   loads      perf.gpu_bandwidth again with FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 (Note [row registers]
+#   loads      perf.gpu.gpu_bandwidth again with FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 (Note [row registers]
 #              and Note [elements along a broadcast dim] off: the row and RoPE kernels as they were
 #              before them, on the same machine), no Inductor                                    30 s
 #   whole      the RoPE blocks with FUSEG_BCAST_WHOLE=0 (Note [elements along a broadcast dim]: a
 #              small dim taken whole, on since run 5), no Inductor: the before of that change    40 s
-#   kernels    perf.gpu_kernels: per-kernel device time of vit and bert-tiny, fuseg with CUDA graphs
+#   kernels    perf.gpu.gpu_kernels: per-kernel device time of vit and bert-tiny, fuseg with CUDA graphs
 #              against Inductor reduce-overhead (vit missed the 1.1x target in runs 3 and 4)   40 s
-#   overhead   perf.launch_overhead: host time per call of a one-kernel program, with a graph   20 s
-#   host       perf.launch_overhead --program rope-seed: host time per call of the RoPE seed block's
+#   overhead   perf.benchmarks.launch_overhead: host time per call of a one-kernel program, with a graph   20 s
+#   host       perf.benchmarks.launch_overhead --program rope-seed: host time per call of the RoPE seed block's
 #              one-kernel program, built as it is and with FUSEG_BCAST_EPT=0 / FUSEG_CUDA_TUNING=0
 #              (run 5: ~55 us against ~35 us with either off), each profiled                   20 s
-#   summary    perf.gpu_summary: what each step did, and what missed issue 44's targets          10 s
+#   summary    perf.gpu.gpu_summary: what each step did, and what missed issue 44's targets          10 s
 # Budgets add up to 900 s (TOTAL_S, 470 s, stops the run sooner); nvFuser is not run (no wheel for this torch).
 set -u
 cd "$(dirname "$0")/.."
@@ -170,15 +170,15 @@ if [ $DRY = 1 ]; then
     --variants fuseg,fuseg_graphs,floor --rounds 1 --calls 2 --no-first-call --out "$OUT/gpu_compiled_$TAG.json"
   step bias 60 "gpu_compiled_bias_fused_$TAG.log" env FUSEG_BIAS_AFTER_MATMUL=0 "$PY" -m perf.compiled mlp --device cpu \
     --variants fuseg,fuseg_graphs --rounds 1 --calls 2 --no-first-call --out "$OUT/gpu_compiled_bias_fused_$TAG.json"
-  step bandwidth 80 "gpu_bandwidth_$TAG.log" "$PY" -m perf.gpu_bandwidth --device cpu --size 256 --rope rope-seed \
+  step bandwidth 80 "gpu_bandwidth_$TAG.log" "$PY" -m perf.gpu.gpu_bandwidth --device cpu --size 256 --rope rope-seed \
     --rounds 1 --iters 2 --no-inductor --out "$OUT/gpu_bandwidth_$TAG.json"
-  step before 45 "gpu_bandwidth_before_$TAG.log" env FUSEG_CUDA_TUNING=0 "$PY" -m perf.gpu_bandwidth --device cpu \
+  step before 45 "gpu_bandwidth_before_$TAG.log" env FUSEG_CUDA_TUNING=0 "$PY" -m perf.gpu.gpu_bandwidth --device cpu \
     --size 256 --rope rope-seed --rounds 1 --iters 2 --no-inductor --out "$OUT/gpu_bandwidth_before_$TAG.json"
-  step kernels 40 "gpu_kernels_$TAG.log" "$PY" -m perf.gpu_kernels mlp --device cpu --variants fuseg,dynamo \
+  step kernels 40 "gpu_kernels_$TAG.log" "$PY" -m perf.gpu.gpu_kernels mlp --device cpu --variants fuseg,dynamo \
     --calls 2 --out "$OUT/gpu_kernels_$TAG.json"
-  step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.launch_overhead --device cpu --calls 20 \
+  step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.benchmarks.launch_overhead --device cpu --calls 20 \
     --out "$OUT/gpu_launch_overhead_$TAG.json"
-  step host 20 "gpu_launch_overhead_rope_$TAG.log" "$PY" -m perf.launch_overhead --device cpu --program rope-seed \
+  step host 20 "gpu_launch_overhead_rope_$TAG.log" "$PY" -m perf.benchmarks.launch_overhead --device cpu --program rope-seed \
     --calls 20 --rounds 2 --out "$OUT/gpu_launch_overhead_rope_$TAG.json"
 else
   step install 40 "gpu_install_$TAG.log" install
@@ -190,25 +190,25 @@ else
   step bias 60 "gpu_compiled_bias_fused_$TAG.log" env FUSEG_BIAS_AFTER_MATMUL=0 "$PY" -m perf.compiled gpt2-tiny bert-tiny \
     qwen2-tiny vit --device cuda --variants fuseg,fuseg_graphs --rounds 5 --calls 20 --no-first-call \
     --out "$OUT/gpu_compiled_bias_fused_$TAG.json"
-  step bandwidth 80 "gpu_bandwidth_$TAG.log" "$PY" -m perf.gpu_bandwidth --device cuda --rounds 5 --iters 10 \
+  step bandwidth 80 "gpu_bandwidth_$TAG.log" "$PY" -m perf.gpu.gpu_bandwidth --device cuda --rounds 5 --iters 10 \
     --out "$OUT/gpu_bandwidth_$TAG.json"
-  step before 45 "gpu_bandwidth_before_$TAG.log" env FUSEG_CUDA_TUNING=0 "$PY" -m perf.gpu_bandwidth --device cuda \
+  step before 45 "gpu_bandwidth_before_$TAG.log" env FUSEG_CUDA_TUNING=0 "$PY" -m perf.gpu.gpu_bandwidth --device cuda \
     --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_before_$TAG.json"
-  step loads 30 "gpu_bandwidth_loads_$TAG.log" env FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 "$PY" -m perf.gpu_bandwidth \
+  step loads 30 "gpu_bandwidth_loads_$TAG.log" env FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 "$PY" -m perf.gpu.gpu_bandwidth \
     --device cuda --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_loads_$TAG.json"
-  step whole 40 "gpu_whole_$TAG.log" env FUSEG_BCAST_WHOLE=0 "$PY" -m perf.gpu_bandwidth --device cuda --cases rope \
+  step whole 40 "gpu_whole_$TAG.log" env FUSEG_BCAST_WHOLE=0 "$PY" -m perf.gpu.gpu_bandwidth --device cuda --cases rope \
     --rounds 5 --iters 10 --no-inductor --out "$OUT/gpu_bandwidth_whole_off_$TAG.json"
-  step kernels 40 "gpu_kernels_$TAG.log" "$PY" -m perf.gpu_kernels vit bert-tiny --device cuda \
+  step kernels 40 "gpu_kernels_$TAG.log" "$PY" -m perf.gpu.gpu_kernels vit bert-tiny --device cuda \
     --out "$OUT/gpu_kernels_$TAG.json"
-  step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.launch_overhead --device cuda --calls 2000 \
+  step overhead 20 "gpu_launch_overhead_$TAG.log" "$PY" -m perf.benchmarks.launch_overhead --device cuda --calls 2000 \
     --out "$OUT/gpu_launch_overhead_$TAG.json"
-  step host 20 "gpu_launch_overhead_rope_$TAG.log" "$PY" -m perf.launch_overhead --device cuda --program rope-seed \
+  step host 20 "gpu_launch_overhead_rope_$TAG.log" "$PY" -m perf.benchmarks.launch_overhead --device cuda --program rope-seed \
     --calls 500 --rounds 3 --out "$OUT/gpu_launch_overhead_rope_$TAG.json"
 fi
-step summary 10 "gpu_summary_$TAG.log" "$PY" -m perf.gpu_summary "$OUT" --tag "$TAG"
+step summary 10 "gpu_summary_$TAG.log" "$PY" -m perf.gpu.gpu_summary "$OUT" --tag "$TAG"
 cat "$OUT/gpu_validate_summary_$TAG.txt" 2>/dev/null
 # the shards' files in one archive (the device tool brings back a limited number of files: run 7
-# lost them), after the summary has read them (untar it beside them to run perf.gpu_summary again)
+# lost them), after the summary has read them (untar it beside them to run perf.gpu.gpu_summary again)
 if ls "$OUT"/gpu_tests_"${TAG}"_shard* > /dev/null 2>&1; then
   (cd "$OUT" && tar czf "gpu_tests_${TAG}_all_shards.tgz" gpu_tests_"${TAG}"_shard* && rm -f gpu_tests_"${TAG}"_shard*)
 fi

@@ -1,9 +1,9 @@
-"""The models the compiled-model benchmarks run (perf/compiled.py, perf/before_after.py): the
+"""The models the compiled-model benchmarks run (perf/compiled.py, perf/benchmarks/before_after.py): the
 zoo's runnable entries and two sets of transformer-family models the project was never tuned on
 (``HELD_OUT``; ``UNSEEN``, first run after all tuning on the others).
 
 Imports are absolute and light (torch, transformers, ``perf.zoo``) so that an older checkout of
-the project can load this file by path and run the same models (perf/before_after.py).
+the project can load this file by path and run the same models (perf/benchmarks/before_after.py).
 """
 
 from __future__ import annotations

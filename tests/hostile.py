@@ -27,7 +27,7 @@ import torch
 
 import runtime
 from alias import apply_aliases, check
-from perf.run import random_inputs
+from perf.tools.run import random_inputs
 from segmenter import segment
 from segmenter.capturing.reference import clone_inputs, evaluate, run_graph, storage_key
 from segmenter.formats.serialize import from_json

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from perf.cli import main
+from perf.tools.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -91,7 +91,7 @@ def test_run_json_graph_against_its_semantics(capsys, tmp_path) -> None:
 
 
 def test_profile_columns_are_consistent(capsys) -> None:
-    from perf.profile import COLUMNS
+    from perf.tools.profile import COLUMNS
 
     code, out, err = run(capsys, "profile", "rope-seed", "softmax", "gpt2-tiny", "--format", "json")
     records = json.loads(out)

@@ -1,10 +1,10 @@
-"""perf/gpu_summary.py, which sums up perf/gpu_validate.sh's run from the files it left."""
+"""perf/gpu/gpu_summary.py, which sums up perf/gpu_validate.sh's run from the files it left."""
 
 from __future__ import annotations
 
 import json
 
-from perf.gpu_summary import junit_counts, summarize
+from perf.gpu.gpu_summary import junit_counts, summarize
 
 _JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
 skipped="1" tests="5"><testcase classname="tests.test_gpu" name="test_a"/><testcase classname="tests.test_gpu"
@@ -74,7 +74,7 @@ def test_the_kernels_per_call_are_summed_per_variant(tmp_path) -> None:
          "inductor_ro": {"kernels_per_call": 22.0, "us_per_call": 210.0, "top": []},
          "us_per_call_fuseg_graphs_minus_inductor_ro": 40.5}]}))
     text = summarize(str(tmp_path), "h100")
-    assert "kernels per call (perf.gpu_kernels), vit: fuseg_graphs 31 kernels 250.5 us, inductor_ro 22 kernels 210.0 us" in text
+    assert "kernels per call (perf.gpu.gpu_kernels), vit: fuseg_graphs 31 kernels 250.5 us, inductor_ro 22 kernels 210.0 us" in text
 
 
 def test_the_bias_before_and_after_sets_each_model_beside_the_compiled_step(tmp_path) -> None:

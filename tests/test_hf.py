@@ -1,5 +1,5 @@
 """``hf:ARCH[:key=value,...]`` targets and ``fuseg profile --suite transformers`` (perf/hf.py,
-perf/suite.py): built from transformers' config classes, small by default, nothing downloaded."""
+perf/tools/suite.py): built from transformers' config classes, small by default, nothing downloaded."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from perf import hf, suite
-from perf.cli import main
-from perf.run import run_target
+from perf import hf
 from perf.targets import TargetError, load_program
+from perf.tools import suite
+from perf.tools.cli import main
+from perf.tools.run import run_target
 
 pytest.importorskip("transformers")
 
@@ -102,9 +103,9 @@ def test_suite_subset_makes_a_table_with_failures_and_their_reasons(capsys, tmp_
 
 
 def test_suite_with_inductor_counts_its_kernels(monkeypatch) -> None:
-    import perf.profile
+    import perf.tools.profile
 
-    monkeypatch.setattr(perf.profile, "inductor_kernels", lambda fn, inputs: 7 if isinstance(fn, torch.nn.Module)
+    monkeypatch.setattr(perf.tools.profile, "inductor_kernels", lambda fn, inputs: 7 if isinstance(fn, torch.nn.Module)
                         else None)
     df = suite.run_suite(["bert"], inductor=True, progress=False)
     assert df.iloc[0]["status"] == "ok" and df.iloc[0]["inductor_kernels"] == 7

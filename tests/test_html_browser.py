@@ -10,9 +10,9 @@ import torch
 
 from alias import apply_aliases
 from perf import zoo
-from perf.html import graph_data, page_data, render_page, write_html
-from perf.html.browser import find_chromium, load_page
-from perf.synthetic import synthetic_transformer
+from perf.benchmarks.synthetic import synthetic_transformer
+from perf.tools.html import graph_data, page_data, render_page, write_html
+from perf.tools.html.browser import find_chromium, load_page
 from segmenter import segment
 from segmenter.capturing.from_torch import capture
 

@@ -1,4 +1,4 @@
-"""The segmentation page's data (perf/html/data.py): groups are the plan's segments, every cut
+"""The segmentation page's data (perf/tools/html/data.py): groups are the plan's segments, every cut
 carries its reason, metadata segments and the alias pass's decisions are marked; the page embeds
 the data so that no graph name can end its script block."""
 
@@ -12,9 +12,9 @@ import torch
 
 from alias import apply_aliases
 from perf import zoo
-from perf.cli import main
-from perf.html import graph_data, page_data, render_page, write_html
 from perf.targets import load_program
+from perf.tools.cli import main
+from perf.tools.html import graph_data, page_data, render_page, write_html
 from segmenter import SegmentedFusion, SegmenterOptions, segment
 from segmenter.capturing.from_torch import capture
 

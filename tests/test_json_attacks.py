@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from perf.cli import main
+from perf.tools.cli import main
 from runtime.codegen.build import cpu_compiler
 from segmenter.formats.serialize import GraphFormatError, from_json
 from segmenter.ir.graph import GraphError

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from perf.cli import main
+from perf.tools.cli import main
 from segmenter.formats.serialize import MAX_VIEW_DEPTH, GraphFormatError, from_json, load
 
 
@@ -189,7 +189,7 @@ def test_torch_does_not_add_its_own_traceback(tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(d))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-m", "perf.cli", "segment", str(path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "perf.tools.cli", "segment", str(path)], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 2
     assert done.stderr.startswith("fuseg: error: shape metadata contradicts the ops: node 'a' (aten.mul.Tensor): "

@@ -1,5 +1,6 @@
 """The packages keep their layers (perf > runtime > alias > segmenter; inside segmenter formats >
-partition | capturing > ir) and segmenter, alias and perf have no import circle: pyproject.toml's
+partition | capturing > ir; inside perf the tools apart from the benchmarks, over bench and the
+programs) and segmenter, alias and perf have no import circle: pyproject.toml's
 ``[tool.importlinter]`` contracts, checked by ``lint-imports``. Skipped where import-linter is not
 installed (it is in setup.py's test extra)."""
 
@@ -45,6 +46,10 @@ def _copy(tmp_path: Path) -> Path:
     ("segmenter/partition/greedy.py", "import runtime", "segmenter is not allowed to import runtime"),
     # a circle between siblings in one layer
     ("segmenter/ir/limits.py", "from . import graph", "No cycles are allowed in segmenter.ir"),
+    # a benchmark reaching into the user tools (perf/tools/ and perf/benchmarks/ are kept apart)
+    ("perf/benchmarks/bench_alias.py", "from ..tools import run", "perf.benchmarks is not allowed to import perf.tools"),
+    # what the tools and the benchmarks share reaching up into the CLI
+    ("perf/bench.py", "from .tools import cli", "perf.bench is not allowed to import perf.tools"),
 ])
 def test_a_broken_contract_fails(tmp_path: Path, module: str, line: str, words: str) -> None:
     root = _copy(tmp_path)

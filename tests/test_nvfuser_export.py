@@ -19,7 +19,7 @@ import torch
 
 import runtime
 from alias import apply_aliases
-from perf.run import random_inputs
+from perf.tools.run import random_inputs
 from runtime.nvfuser_export import defined_strides, export_nvfuser, packed_strides, segment_graph
 from segmenter import OpKind, SegmentedFusion, TensorMeta, capture, from_nvfuser, op_info, read_nvfuser, segment
 from segmenter.capturing.meta import propagate_metas
@@ -198,7 +198,7 @@ def test_run_hands_each_fusion_its_inputs_in_the_defined_layout(monkeypatch) -> 
 
 
 def test_cli_exports_a_script_and_says_what_runs_on_torch(capsys, tmp_path) -> None:
-    from perf.cli import main
+    from perf.tools.cli import main
 
     src, out = tmp_path / "mixed.py", tmp_path / "exported.py"
     src.write_text(MIXED.replace("shape=[-1, -1]", "shape=[4, 6]").replace("shape=[-1]", "shape=[3]"))

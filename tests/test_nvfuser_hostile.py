@@ -182,7 +182,7 @@ def test_values_are_checked_when_read_not_only_parsed() -> None:
 
 
 def test_an_unreadable_file_is_a_one_line_cli_error(capsys, tmp_path) -> None:
-    from perf.cli import main
+    from perf.tools.cli import main
 
     path = tmp_path / "repro.py"
     path.write_text(script('__import__("os").system("true")'))

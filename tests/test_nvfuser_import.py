@@ -508,7 +508,7 @@ def test_a_file_with_several_fusions_names_one() -> None:
 def test_cli_segments_a_script_and_says_what_its_dims_became(capsys, tmp_path) -> None:
     import json
 
-    from perf.cli import main
+    from perf.tools.cli import main
 
     path = tmp_path / "repro.py"
     path.write_text(fusion(SYMBOLIC, inputs="[torch.randn(3, 8, device='cuda:0')]"))
@@ -527,7 +527,7 @@ def test_cli_segments_a_script_and_says_what_its_dims_became(capsys, tmp_path) -
 
 
 def test_cli_profile_puts_nvfusers_quoted_counts_beside_ours(capsys) -> None:
-    from perf.cli import main
+    from perf.tools.cli import main
 
     assert main(["profile", "nvfuser-2577", "nvfuser-1597"]) == 0
     out = capsys.readouterr().out

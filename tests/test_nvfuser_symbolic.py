@@ -266,7 +266,7 @@ def test_more_symbolic_dims_than_the_bound_are_refused(monkeypatch) -> None:
 
 
 def test_cli_segment_shows_the_symbols_and_their_ranges(capsys, tmp_path) -> None:
-    from perf.cli import main
+    from perf.tools.cli import main
 
     path = tmp_path / "repro.py"
     path.write_text(fusion(BROADCAST.body))
@@ -283,7 +283,7 @@ def test_cli_segment_shows_the_symbols_and_their_ranges(capsys, tmp_path) -> Non
 
 
 def test_cli_run_runs_a_symbolic_script_at_its_hints(capsys, tmp_path) -> None:
-    from perf.cli import main
+    from perf.tools.cli import main
 
     path = tmp_path / "repro.py"
     path.write_text(fusion(BROADCAST.body))

@@ -1,10 +1,10 @@
-"""perf/gpu_kernels.py's plumbing, on the CPU (the profiler's CPU ops stand in for kernels)."""
+"""perf/gpu/gpu_kernels.py's plumbing, on the CPU (the profiler's CPU ops stand in for kernels)."""
 
 from __future__ import annotations
 
 import json
 
-from perf.gpu_kernels import main, profile_kernels
+from perf.gpu.gpu_kernels import main, profile_kernels
 
 
 def test_each_variant_gets_its_kernels_sorted_by_time() -> None:

@@ -43,7 +43,7 @@ def test_the_segment_transcripts_are_real(command):
     block = next(b for b in _blocks("") if b.startswith(f"$ {command}\n"))
     want = block.splitlines()[1:]
     args = command.split(" | ")[0].split()[1:]
-    done = subprocess.run([sys.executable, "-m", "perf.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "perf.tools.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert [line[:100] for line in done.stdout.splitlines()] == want

@@ -1,5 +1,5 @@
 """Sharded sweeps: ``--shard I/N``, ``fuseg report merge`` and ``fuseg report`` on sweep records
-(Note [shards of a sweep] in perf/shards.py, Note [one timing per row] in perf/sweep_report.py)."""
+(Note [shards of a sweep] in perf/shards.py, Note [one timing per row] in perf/tools/sweep_report.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from perf.cli import main
 from perf.shards import ShardError, merge, parse_shard, record, select
+from perf.tools.cli import main
 
 NAMES = [f"arch{k:02d}" for k in range(23)]
 

@@ -338,7 +338,7 @@ def test_a_fresh_machine_measures_once_and_keeps_them(tmp_path) -> None:
 # -- fuseg threads ------------------------------------------------------------------------------
 
 def test_the_cli_says_what_the_environment_set(capsys) -> None:
-    from perf.cli import main
+    from perf.tools.cli import main
 
     assert main(["threads", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -347,7 +347,7 @@ def test_the_cli_says_what_the_environment_set(capsys) -> None:
 
 
 def test_the_cli_refuses_a_bad_setting_naming_it(monkeypatch, capsys) -> None:
-    from perf.cli import main
+    from perf.tools.cli import main
 
     monkeypatch.setenv("FUSEG_THREAD_THRESHOLDS", "12,abc")
     assert main(["threads"]) == 2
@@ -356,7 +356,7 @@ def test_the_cli_refuses_a_bad_setting_naming_it(monkeypatch, capsys) -> None:
 
 @needs_compiler
 def test_the_cli_measures_keeps_and_measures_again(unresolved, monkeypatch, tmp_path, capsys) -> None:
-    from perf.cli import main
+    from perf.tools.cli import main
 
     monkeypatch.delenv("FUSEG_THREAD_THRESHOLDS")
     monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path))

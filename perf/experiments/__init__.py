@@ -2,20 +2,21 @@
 
 Each script measured one thing, to choose a threshold or to check one change; its record is
 committed in perf/results/<machine>/ (the one-off before/after ones are in git history only). They are kept to be re-run, not as tools for
-users (those are at perf/'s top level). Run one as ``python -m perf.experiments.NAME --help``.
+users (those are in perf/tools/). Run one as ``python -m perf.experiments.NAME --help`` (those in
+reductions/ and shapes/ as ``perf.experiments.reductions.NAME``, ``perf.experiments.shapes.NAME``).
 One line each: what it measured, and its record (its file name, under perf/results/<machine>/).
 
   depthwise         depthwise 2-D convolutions, eager (oneDNN) against the generated kernel: depthwise_cpu.json
   onetap            one-tap convolutions, eager against the kernel (one thread, threaded) and im2col: onetap_cpu.json
   patches           1-D convolutions of several taps, eager against the patch kernel: patches_cpu.json
-  outer_reductions  reductions over outer dims, eager against the column kernel and torch: outer_reductions_cpu.json
-  row_reductions    row max/min kernels against eager, 3524c23 against edc6b39: row_reductions_cpu.json
-  softmax_exps      softmax row kernels keeping their exps against recomputing them: softmax_exps_cpu.json
+  reductions/outer_reductions  reductions over outer dims, eager against the column kernel and torch: outer_reductions_cpu.json
+  reductions/row_reductions    row max/min kernels against eager, 3524c23 against edc6b39: row_reductions_cpu.json
+  reductions/softmax_exps      softmax row kernels keeping their exps against recomputing them: softmax_exps_cpu.json
   compile_parts     Python's compile() of a 100k-node program, whole and in parts: compile_parts_100k.json
   pipeline_ab       the pipeline at 100k nodes against b30ce78: pipeline_before_after_100k_session21.json
   kernel_choice     the generated matmul and attention kernels against ATen's ops per shape: kernel_choice_cpu.json
-  class_crossing    a prompt crossing a power of two under backend="fuseg", against a checkout: class_crossing_cpu.json
-  second_length_parts  where the second prompt length's time goes (issue 41): second_length_*_cpu.json
+  shapes/class_crossing    a prompt crossing a power of two under backend="fuseg", against a checkout: class_crossing_cpu.json
+  shapes/second_length_parts  where the second prompt length's time goes (issue 41): second_length_*_cpu.json
   half_round_trips  fp16/bf16 blocks with and without the round trips of rounded values: half_round_trips_cpu.json
   index_merge       kernels built with and without merged split indices, in one process: index_merge_cpu.json
   no_pre            kernels built with and without g++'s PRE, in one process: no_pre_cpu.json

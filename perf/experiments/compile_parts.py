@@ -4,7 +4,7 @@
 
 Note [program parts] (runtime/wrapper.py) cuts a long program into functions of about
 ``PART_LINES`` lines. Here, per round, one fresh process per side ("whole": no cut; "parts": the
-default), the sides alternating: each builds the synthetic graph (perf.synthetic), segments it,
+default), the sides alternating: each builds the synthetic graph (perf.benchmarks.synthetic), segments it,
 runs the alias pass, and times ``runtime.compile`` with the torch backend, adding up the seconds
 spent inside ``compile()`` itself. Peak RSS is the process's (the pipeline's own objects
 included), so the sides differ by what ``compile()`` holds at its peak.
@@ -32,7 +32,7 @@ def measure_one(nodes: int, part_lines: int | None) -> dict[str, float]:
     from alias import apply_aliases
     from segmenter import segment
 
-    from ..synthetic import block_graph, synthetic_transformer
+    from ..benchmarks.synthetic import block_graph, synthetic_transformer
 
     if part_lines is not None:
         wrapper.PART_LINES = part_lines

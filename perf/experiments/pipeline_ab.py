@@ -6,7 +6,7 @@
 Per round and backend, one fresh process per side runs this file's ``--worker`` mode with the
 side's tree first on ``PYTHONPATH`` (so each side runs its own segmenter, alias pass and runtime;
 the worker itself uses only their public functions), the sides alternating. A worker builds the
-synthetic graph (perf.synthetic), and for the cpp backend runs one untimed pipeline on another
+synthetic graph (perf.benchmarks.synthetic), and for the cpp backend runs one untimed pipeline on another
 graph first (the kernels are then in that side's cache: what is timed is lowering and cache
 lookups, not g++), collects garbage, and times segment -> alias "post" -> runtime.compile once
 on a freshly built graph. Compare the after/before ratios of medians: this machine kind is shared
@@ -29,8 +29,12 @@ import warnings
 def worker(backend: str, nodes: int) -> dict[str, float]:
     import runtime
     from alias import apply_aliases
-    from perf.synthetic import block_graph, synthetic_transformer
     from segmenter import segment
+
+    try:
+        from perf.benchmarks.synthetic import block_graph, synthetic_transformer
+    except ImportError:  # the side's tree is a checkout from before perf/synthetic.py moved to perf/benchmarks/
+        from perf.synthetic import block_graph, synthetic_transformer
 
     if backend == "cpp":
         runtime.compile(apply_aliases(segment(synthetic_transformer(nodes, block_graph())), "post"), backend="cpp")

@@ -1,7 +1,7 @@
 """``fuseg profile --suite transformers``: every architecture transformers ships, profiled.
 
 Each architecture is built as ``hf:ARCH`` (perf/hf.py: its config class, small sizes, random
-weights) and profiled like any target (perf/profile.py's record); one that does not build,
+weights) and profiled like any target (perf/tools/profile.py's record); one that does not build,
 capture or segment gets a row with its stage and the reason instead, so the sweep reports a
 pass rate. ``--limit``, ``--filter`` (a regular expression on the name) and ``--shard I/N``
 (Note [shards of a sweep], perf/shards.py) choose the architectures.
@@ -21,9 +21,9 @@ from typing import Any
 
 import pandas as pd
 
-from . import hf
+from .. import hf
+from ..targets import from_factory
 from .profile import COLUMNS, MODES, profile_target
-from .targets import from_factory
 
 __all__ = ["SUITE_COLUMNS", "names", "run_suite", "summary", "write_table"]
 

@@ -25,8 +25,8 @@ import pandas as pd
 from alias import apply_aliases
 from segmenter import OpKind, SegmentedFusion, SegmenterOptions, SegmentKind, op_info, segment
 
-from . import fusions, zoo
-from .targets import Target, load_program
+from .. import fusions, zoo
+from ..targets import Target, load_program
 
 __all__ = ["COLUMNS", "MODES", "plot_kernels", "profile", "profile_target", "render", "side_by_side"]
 

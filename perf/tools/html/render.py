@@ -1,4 +1,4 @@
-"""The page: data (perf/html/data.py) in a JSON script block, with the page's own CSS and JS
+"""The page: data (perf/tools/html/data.py) in a JSON script block, with the page's own CSS and JS
 inline. One file, no server, no network: it opens from disk in any browser."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _json_in_script(data: Any) -> str:
 
 
 def render_page(data: dict[str, Any]) -> str:
-    """The whole page for ``data`` (``perf.html.page_data``)."""
+    """The whole page for ``data`` (``perf.tools.html.page_data``)."""
     # str.format would read the CSS's and JS's braces as fields: put the parts in by hand
     page = _SKELETON
     for key, part in (("{css}", _asset("page.css")), ("{js}", _asset("page.js")), ("{data}", _json_in_script(data))):

@@ -1,6 +1,6 @@
 """Row kernels and RoPE blocks against the device's copy bandwidth (issue 44, goal 3).
 
-    python -m perf.gpu_bandwidth [--cases rows,rope] [--size 4096] [--rope rope-seed,rope-llama2-7b,...]
+    python -m perf.gpu.gpu_bandwidth [--cases rows,rope] [--size 4096] [--rope rope-seed,rope-llama2-7b,...]
                                  [--rounds 5] [--iters 20] [--device cuda] [--no-inductor] [--out FILE.json]
 
 Cases: softmax, layer norm and RMS norm over the last dim of a [size, size] float32 tensor (one
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .bench import TOL, _max_diff, _on_device, _tensors, environment, write_record
+from ..bench import TOL, _max_diff, _on_device, _tensors, environment, write_record
 
 __all__ = ["ROPE", "TARGETS", "cases", "main", "run"]
 
@@ -57,7 +57,7 @@ def _softmax(x: torch.Tensor) -> torch.Tensor:
 
 def cases(kinds: list[str], size: int, rope: list[str], device: str) -> dict[str, tuple[str, Callable, list]]:
     """name -> (kind, function, inputs on ``device``)."""
-    from . import zoo
+    from .. import zoo
 
     out: dict[str, tuple[str, Callable, list]] = {}
     if "rows" in kinds:
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k for k in a.cases.split(",") if k]
     head = {"benchmark": "row kernels and RoPE against the copy bandwidth", "environment": environment(a.device),
             "rounds": a.rounds, "iters": a.iters, "size": a.size,
-            "command": "python -m perf.gpu_bandwidth " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "command": "python -m perf.gpu.gpu_bandwidth " + " ".join(argv if argv is not None else sys.argv[1:])}
 
     def record(rows: list[dict[str, Any]]) -> None:
         if a.out:

@@ -1,6 +1,6 @@
 """The short summary at the end of perf/gpu_validate.sh: what each step did, and issue 44's goals.
 
-    python -m perf.gpu_summary OUT_DIR [--tag h100]
+    python -m perf.gpu.gpu_summary OUT_DIR [--tag h100]
 
 Reads what the script left in ``OUT_DIR``: ``steps.txt`` (one line a step: name, exit status,
 seconds, budget), the test shards' JUnit files, the dynamic-shapes records, the compiled-model
@@ -136,7 +136,7 @@ def summarize(out: str, tag: str) -> str:
     for r in (gk or {}).get("rows", []):
         parts = [f"{v} {r[v]['kernels_per_call']:.0f} kernels {r[v]['us_per_call']:.1f} us" for v in r
                  if isinstance(r[v], dict) and "us_per_call" in r[v]]
-        lines.append(f"kernels per call (perf.gpu_kernels), {r['model']}: " + ", ".join(parts))
+        lines.append(f"kernels per call (perf.gpu.gpu_kernels), {r['model']}: " + ", ".join(parts))
     lo = _load(os.path.join(out, f"gpu_launch_overhead_{tag}.json"))
     if lo:
         lines.append("host time per call of a one-kernel program, us: "

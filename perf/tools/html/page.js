@@ -1,4 +1,4 @@
-// fuseg segmentation page. The data is the JSON in #fuseg-data (perf/html/data.py); every name
+// fuseg segmentation page. The data is the JSON in #fuseg-data (perf/tools/html/data.py); every name
 // from the graph reaches the page through textContent or an attribute, never as markup.
 (function () {
   'use strict';
@@ -63,7 +63,7 @@
   }
   function segLabel(M, i) { var g = M.segments[i]; return g.name + ' ' + g.kind.toUpperCase(); }
 
-  // ---- layout (Note [page layout] in perf/html/data.py: layers come with the data) ------------
+  // ---- layout (Note [page layout] in perf/tools/html/data.py: layers come with the data) ------------
   function innerLayout(seg) {
     var rows = [], byLayer = {};
     seg.nodes.forEach(function (n, k) { (byLayer[seg.node_layer[k]] = byLayer[seg.node_layer[k]] || []).push(k); });

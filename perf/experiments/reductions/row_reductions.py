@@ -1,6 +1,6 @@
 """Row max/min passes of the generated C++ kernels against eager, before and after a change (a benchmark).
 
-    python -m perf.experiments.row_reductions [--before /path/to/old/checkout] [--rounds 5]
+    python -m perf.experiments.reductions.row_reductions [--before /path/to/old/checkout] [--rounds 5]
                                               [--out perf/results/<machine>/row_reductions_cpu.json]
 
 Each case is one function captured, segmented and compiled with the ``cpp`` backend (one
@@ -27,11 +27,11 @@ import subprocess
 import sys
 from typing import Any
 
-from ..bench import environment
+from ...bench import environment
 
 __all__ = ["CASES", "main"]
 
-_HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+_HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
 
 #: name -> (expression over x, shape of x)
 CASES: dict[str, tuple[str, tuple[int, ...]]] = {

@@ -1,6 +1,6 @@
 """What a prompt crossing a power of two costs under ``backend="fuseg"`` (issue 41; a measurement).
 
-    python -m perf.experiments.class_crossing --before DIR [--models qwen2 phi3] [--rounds 2]
+    python -m perf.experiments.shapes.class_crossing --before DIR [--models qwen2 phi3] [--rounds 2]
                                               [--out perf/results/<machine>/class_crossing_cpu.json]
 
 Note [choices at the call] (runtime/backends/at_call.py): a symbolic plan's measured kernels were
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    from ..bench import environment, write_record
+    from ...bench import environment, write_record
 
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     rows = []
     for name in a.models:
         for round_ in range(a.rounds):
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"33: {steps[5]['seconds'] * 1e3:.1f} ms, plans made {row['plans_made_by_crossings']}", flush=True)
     if a.out:
         write_record({"benchmark": "a prompt crossing a power of two, before and after choices at the call (issue 41)",
-                      "command": "python -m perf.experiments.class_crossing " + " ".join(argv or sys.argv[1:]),
+                      "command": "python -m perf.experiments.shapes.class_crossing " + " ".join(argv or sys.argv[1:]),
                       "environment": environment("cpu"), "rows": rows}, a.out)
     return 0
 

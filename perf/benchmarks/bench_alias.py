@@ -1,6 +1,6 @@
 """Kernels and modeled bytes moved for the alias modes off / pre / post, on the examples.
 
-    python -m perf.bench_alias [--out perf/results/<machine>/alias_modes.json] [--markdown]
+    python -m perf.benchmarks.bench_alias [--out perf/results/<machine>/alias_modes.json] [--markdown]
 
 Each example is captured, segmented once with default options and once with a cut at every op
 (``max_ops_per_segment=1``, the forced cut of seeds/002), then run through the three alias modes.
@@ -17,7 +17,7 @@ from typing import Any
 from alias import MODES, apply_aliases, check
 from segmenter import SegmenterOptions, capture, segment
 
-from . import zoo
+from .. import zoo
 
 
 def rows(names: list[str]) -> list[dict[str, Any]]:

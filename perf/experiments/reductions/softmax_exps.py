@@ -1,6 +1,6 @@
 """Softmax row kernels on the CPU with and without their kept exps (a benchmark).
 
-    python -m perf.experiments.softmax_exps [--rounds 3] [--out perf/results/<machine>/softmax_exps_cpu.json]
+    python -m perf.experiments.reductions.softmax_exps [--rounds 3] [--out perf/results/<machine>/softmax_exps_cpu.json]
 
 Note [softmax keeps its exps] (runtime/codegen/rows.py): the sum pass keeps each exp and the
 write reads it back, where it used to compute it again. Both kernels are built in one process
@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from ..bench import environment, write_record
+from ...bench import environment, write_record
 
 #: (name, batch of rows, row length): attention-like scores of shape [batch, S, S]
 CASES = [("scores-16x256x256", 16, 256), ("scores-64x32x32", 64, 32), ("scores-4x1024x1024", 4, 1024)]

@@ -36,10 +36,10 @@ from segmenter.ir.ops import resolve_op
 from segmenter.ir.symbolic import hinted
 from segmenter.partition.explain import describe_segments, segmentation_to_dict
 
-from . import fusions, zoo
+from .. import fusions, zoo
+from ..targets import Target, TargetError, load_program
 from .profile import profile, render, side_by_side
 from .run import random_inputs, run_target
-from .targets import Target, TargetError, load_program
 
 __all__ = ["main"]
 
@@ -244,7 +244,7 @@ def _error(message: str) -> int:
 
 
 def _merge(argv: Sequence[str]) -> int:
-    from .shards import ShardError, merge
+    from ..shards import ShardError, merge
 
     p = argparse.ArgumentParser(prog="fuseg report merge", description="join the shards' records of one sweep")
     p.add_argument("records", nargs="+", help="the shards' --out FILE.json records")
@@ -264,7 +264,7 @@ def _merge(argv: Sequence[str]) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from .shards import ShardError, parse_shard, record, select
+    from ..shards import ShardError, parse_shard, record, select
 
     try:
         shard = parse_shard(args.shard) if args.shard else None
@@ -340,14 +340,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         import torch
 
-        from .bench import run_bench
+        from ..bench import run_bench
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         # meta RoPE inputs are materialized on a GPU; meta weights (real-size transformers) never are
         models = args.models or [n for n, e in zoo.ZOO.items() if not any(w in e.description for w in (
             ("large", "meta") if device == "cpu" else ("meta",))) or (device == "cuda" and n.startswith("rope-"))]
         try:
-            from .shards import ShardError, parse_shard, select
+            from ..shards import ShardError, parse_shard, select
 
             shard = parse_shard(args.shard) if args.shard else None
         except ShardError as e:

@@ -1,6 +1,6 @@
 """Per-kernel device time of a compiled model, fuseg against Inductor (issue 44: the ViT gap).
 
-    python -m perf.gpu_kernels [MODEL ...] [--variants fuseg_graphs,inductor_ro] [--calls 20]
+    python -m perf.gpu.gpu_kernels [MODEL ...] [--variants fuseg_graphs,inductor_ro] [--calls 20]
                                [--device cuda] [--top 25] [--out FILE.json]
 
 For each model and variant (as ``perf.compiled`` compiles them: ``fuseg_graphs`` is fuseg with
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .bench import environment, write_record
-from .compiled import _compile, _max_diff, load_model
+from ..bench import environment, write_record
+from ..compiled import _compile, _max_diff, load_model
 
 __all__ = ["main", "profile_kernels"]
 

@@ -1,6 +1,6 @@
 """CPU time of the examples through the runtime (torch backend), per alias mode, against eager.
 
-    python -m perf.bench_runtime [--out perf/results/<machine>/runtime_cpu.json] [--repeat 30]
+    python -m perf.benchmarks.bench_runtime [--out perf/results/<machine>/runtime_cpu.json] [--repeat 30]
 
 One run measures everything, interleaved, so ratios are comparable on a noisy machine: for each
 example, eager and the compiled program in each alias mode, each timed as the median of
@@ -28,7 +28,7 @@ from segmenter import SegmenterOptions, capture, segment
 from segmenter.capturing.from_torch import bind_inputs
 from segmenter.capturing.reference import clone_inputs
 
-from . import zoo
+from .. import zoo
 
 
 def _median_s(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:

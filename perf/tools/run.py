@@ -20,7 +20,7 @@ from segmenter import FusionGraph, GraphError, SegmenterOptions, segment
 from segmenter.capturing.from_torch import bind_inputs
 from segmenter.capturing.reference import clone_inputs, run_graph, storage_key
 
-from .targets import Target, TargetError
+from ..targets import Target, TargetError
 
 __all__ = ["random_inputs", "run_target"]
 

@@ -1,6 +1,6 @@
 """Host time per call of a one-kernel program, per backend, and where it goes (cProfile).
 
-    python -m perf.launch_overhead [--device cuda] [--calls 2000] [--program softmax|rope-seed]
+    python -m perf.benchmarks.launch_overhead [--device cuda] [--calls 2000] [--program softmax|rope-seed]
 
 The program is softmax over a [32, 128] tensor: one kernel, so the time per call is the runtime's
 own overhead plus one launch. Eager's time for the same op is printed beside it; on CUDA, the
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     kernel_backend = "cupy" if a.device == "cuda" else "cpp"
     if a.program == "rope-seed":
-        from . import zoo
+        from .. import zoo
 
         fn, inputs = zoo.get("rope-seed").factory()
         dtype = torch.bfloat16 if a.device == "cuda" else None

@@ -1,10 +1,10 @@
 """Time of the whole pipeline against graph size, per stage (a benchmark, not a test).
 
-    python -m perf.bench_pipeline [--out perf/results/<machine>/pipeline_time.json] [--repeat 3]
+    python -m perf.benchmarks.bench_pipeline [--out perf/results/<machine>/pipeline_time.json] [--repeat 3]
                                   [--sizes 1000,10000,100000] [--backends torch,cpp]
 
 For each size, a fresh process (so that its peak RSS is that size's) builds a synthetic
-transformer-like graph (perf.synthetic) and runs segment -> alias ("post") -> runtime.compile,
+transformer-like graph (perf.benchmarks.synthetic) and runs segment -> alias ("post") -> runtime.compile,
 ``--repeat`` times, recording wall and CPU time per stage (median), then once more under
 tracemalloc for the peak of Python allocations over the pipeline. ``ru_maxrss`` is the process's
 peak RSS (torch itself included: ``rss_before_mib`` is the RSS before the graph is built).
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for backend in args.backends.split(","):
         for n in args.sizes.split(","):
-            r = subprocess.run([sys.executable, "-m", "perf.bench_pipeline", "--one", f"{n},{backend}",
+            r = subprocess.run([sys.executable, "-m", "perf.benchmarks.bench_pipeline", "--one", f"{n},{backend}",
                                 "--repeat", str(args.repeat)], capture_output=True, text=True, check=True)
             row = json.loads(r.stdout.strip().splitlines()[-1])
             row["load_average_1m"] = round(os.getloadavg()[0], 2)
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                     "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
         "rows": rows,
     }
-    from .bench import write_record  # here: the per-size processes measure RSS before their imports
+    from ..bench import write_record  # here: the per-size processes measure RSS before their imports
 
     write_record(result, args.out)
     return 0

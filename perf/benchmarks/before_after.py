@@ -1,7 +1,7 @@
 """One model, two checkouts of this project: ``torch.compile(backend="fuseg")`` before and after a
 change, each against eager in the same process, alternated in one run.
 
-    python -m perf.before_after --before /path/to/old/checkout [MODEL ...]
+    python -m perf.benchmarks.before_after --before /path/to/old/checkout [MODEL ...]
                                 [--rounds 4] [--calls 20] [--first-call] [--out perf/results/<machine>/before_after_cpu.json]
 
 Method. Per model and round, one fresh process per side (``before`` first on even rounds,
@@ -28,11 +28,11 @@ import sys
 import tempfile
 from typing import Any
 
-from .bench import environment
+from ..bench import environment
 
 __all__ = ["main", "measure"]
 
-_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Both children start so: ``sys.argv[1:4]`` = checkout, models.py path, model name; the side's
 # fuseg backend compiles the model (not yet called).
@@ -175,9 +175,9 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .models import DEFAULT, MODELS
+    from ..models import DEFAULT, MODELS
 
-    p = argparse.ArgumentParser(prog="python -m perf.before_after", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.benchmarks.before_after", description=__doc__.split("\n\n")[0])
     p.add_argument("models", nargs="*", help=f"default: all of {', '.join(DEFAULT)}; also known: the UNSEEN set")
     p.add_argument("--before", required=True, help="a checkout of the project before the change")
     p.add_argument("--rounds", type=int, default=4)

@@ -1,6 +1,6 @@
 """Where a second prompt length's time goes under ``backend="fuseg"`` (issue 41; a measurement).
 
-    python -m perf.experiments.second_length_parts [--models qwen2 phi3] [--rounds 1] [--before DIR]
+    python -m perf.experiments.shapes.second_length_parts [--models qwen2 phi3] [--rounds 1] [--before DIR]
                                                    [--out perf/results/<machine>/second_length_parts_cpu.json]
 
 Per model, one fresh process with an empty kernel cache runs perf.dynamic_shapes' generation
@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", default=None, help="a checkout of the code to compare with (run as fuseg_before)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    from ..bench import environment, write_record
+    from ...bench import environment, write_record
 
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     variants = [("aot_eager", "aot_eager", here)]
     if a.before:
         variants.append(("fuseg_before", "fuseg", os.path.abspath(a.before)))
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     if a.out:
         write_record({"benchmark": "second prompt length, fuseg's parts (issue 41)",
-                      "command": "python -m perf.experiments.second_length_parts " + " ".join(argv or sys.argv[1:]),
+                      "command": "python -m perf.experiments.shapes.second_length_parts " + " ".join(argv or sys.argv[1:]),
                       "environment": environment("cpu"), "rows": rows}, a.out)
     return 0
 

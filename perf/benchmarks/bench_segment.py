@@ -1,8 +1,8 @@
 """Segmentation time against graph size (a benchmark, not a test).
 
-    python -m perf.bench_segment [--out perf/results/<machine>/segment_time.json] [--repeat 3]
+    python -m perf.benchmarks.bench_segment [--out perf/results/<machine>/segment_time.json] [--repeat 3]
 
-Synthetic transformer-like graphs of 1k, 10k and 100k nodes (perf.synthetic), and the captured
+Synthetic transformer-like graphs of 1k, 10k and 100k nodes (perf.benchmarks.synthetic), and the captured
 graph of a 32-layer Llama-2-7B config (fake weights on the meta device, so no weight memory).
 Reports the median of ``--repeat`` runs, time per node, and the segmenter's peak Python memory
 (tracemalloc, one extra run).
@@ -24,7 +24,7 @@ import torch
 from segmenter import FusionGraph, segment
 from segmenter.capturing.from_torch import capture
 
-from .bench import write_record
+from ..bench import write_record
 from .synthetic import block_graph, synthetic_transformer
 
 

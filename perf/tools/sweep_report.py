@@ -7,7 +7,7 @@ segmentation by the time rule.
 
 Note [one timing per row]: a sweep times each model's
 segmentation once, so there is no spread to compare as ``fuseg bench``'s rule does
-(perf/report.py); a row is slower when its time grew by more than ``threshold`` (relative) *and*
+(perf/tools/report.py); a row is slower when its time grew by more than ``threshold`` (relative) *and*
 by more than ``floor_ms`` (absolute), a noise floor standing for the spread it lacks; the sum
 over the models both passed is compared by the same rule.
 """

@@ -2,7 +2,7 @@
 (``backend="cpp"``, Note [column passes] in runtime/codegen/columns.py) and on the torch backend
 (what ran before those segments were generated: the generator declined them).
 
-    python -m perf.experiments.outer_reductions [--rounds 5] [--calls 30] [--out perf/results/<machine>/outer_reductions_cpu.json]
+    python -m perf.experiments.reductions.outer_reductions [--rounds 5] [--calls 30] [--out perf/results/<machine>/outer_reductions_cpu.json]
 
 Method: each program is compiled once per backend, then eager and the two programs are timed in
 ``--rounds`` interleaved rounds of ``--calls`` calls each (fewer for the big ones); the record
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..bench import environment
+from ...bench import environment
 
 __all__ = ["CASES", "main"]
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from alias import apply_aliases
     from segmenter import capture, segment
 
-    p = argparse.ArgumentParser(prog="python -m perf.experiments.outer_reductions", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.experiments.reductions.outer_reductions", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--out")
