@@ -51,7 +51,7 @@ CALLS = 6
 #: a way whose first two timed calls both took more than this many times the other's slowest
 #: ends the trial (a bound on its cost, not a choice: the slower way loses either way)
 GIVE_UP = 2.0
-#: Note [a verdict checked where timings drift]: a decided program times one call in this many
+#: (Note [a verdict checked where timings drift]) a decided program times one call in this many
 #: (doubled at each trial the drift started again) ...
 SAMPLE_EVERY = 8
 #: ... and this many timed calls in a row more than ``DRIFT`` times slower or faster than its way

@@ -145,7 +145,7 @@ def test_a_training_step_is_tried_forward_and_backward(measuring, monkeypatch) -
 
 
 def test_a_drift_tries_a_fixed_program_again(measuring, monkeypatch) -> None:
-    """Note [a verdict checked where timings drift]: ATen's path wins, then its calls take ten
+    """See Note [a verdict checked where timings drift]. ATen's path wins, then its calls take ten
     times as long: one call in ``SAMPLE_EVERY`` is timed, and ``DRIFT_CALLS`` of them in a row off
     the trial's times start the trial again; the kernels win it and the program takes them back.
     A verdict kept from an earlier process is watched the same way."""
