@@ -72,22 +72,24 @@ class ClassCheck:
         params = [f"v{i}" for i in range(len(program.graph.inputs))] + [f"n{j}" for j in range(program.numbers)]
         reads = [params[src.input] + ("" if src.dim is None else f".size({src.dim})")
                  for src in (program.symbol_sources[s] for s in sizes.sources)]
-        #: the class of a call: each symbol's bit length, in the plan's order
-        self.class_of, _ = Code().function("fuseg_class", params, [], "(" + "".join(f"{r}.bit_length(), " for r in reads) + ")")
+        bits = "(" + "".join(f"{r}.bit_length(), " for r in reads) + ")"
         #: class -> the entry of its way (or of its trial)
         self.table: dict[tuple[int, ...], Callable[..., Any]] = {}
         #: class -> its verdict: "kernels", "kernel_us", "aten_us", "kept" (read from the cache), "reopened"
         self.results: dict[tuple[int, ...], dict[str, Any]] = {}
-
-    def entry(self, *inputs: Any) -> list[torch.Tensor] | None:
-        try:
-            bits = self.class_of(*inputs)
-        except (AttributeError, TypeError, IndexError, RuntimeError):  # not a call this program takes
-            return self.ways["kernel"](*inputs)
-        way = self.table.get(bits)
-        if way is None:
-            way = self._choose(bits)
-        return way(*inputs)
+        code, args = Code(), ", ".join(params)
+        #: the class of a call: each symbol's bit length, in the plan's order
+        self.class_of, _ = code.function("fuseg_class", params, [], bits)
+        #: the program's entry: the way of the call's class (one generated function: no frame but the way's)
+        self.entry, self.source = code.function("fuseg_class_entry", params, [
+            "    try:",
+            f"        _b = {bits}",
+            "    except (AttributeError, TypeError, IndexError, RuntimeError):  # not a call this program takes",
+            f"        return {code.const(ways['kernel'])}({args})",
+            f"    _w = {code.const(self.table)}.get(_b)",
+            "    if _w is None:",
+            f"        _w = {code.const(self._choose)}(_b)",
+            f"    return _w({args})"], None)
 
     def key(self, bits: tuple[int, ...]) -> str:
         return autotune.class_key(self.name, {k: autotune.class_of_bits(b) for k, b in enumerate(bits)})

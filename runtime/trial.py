@@ -43,8 +43,8 @@ import torch
 
 from . import autotune, threads
 
-__all__ = ["CALLS", "DRIFT", "DRIFT_CALLS", "GIVE_UP", "SAMPLE_EVERY", "Steady", "Trial", "against_aten",
-           "alternating", "program_checks", "program_key", "program_name", "start"]
+__all__ = ["CALLS", "DRIFT", "DRIFT_CALLS", "GIVE_UP", "SAMPLE_EVERY", "Steady", "Trial", "against_aten", "aten_way",
+           "alternating", "checking", "program_checks", "program_key", "program_name", "start"]
 
 #: calls timed each way
 CALLS = 6
