@@ -148,8 +148,8 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
 
 
 def _trials() -> list[dict[str, Any]]:
-    """What each fuseg program's trial found (Note [a kernel tried in its program] in
-    runtime/trial.py): the programs in this process whose kernels ATen beat alone."""
+    """What each fuseg program's trial found (Note [a kernel tried in its program] and Note [a
+    program against its ATen path] in runtime/trial.py), per size class for a symbolic plan."""
     import gc
 
     from runtime.program import CompiledProgram
@@ -162,6 +162,9 @@ def _trials() -> list[dict[str, Any]]:
             result, under_way = getattr(o, "trial_result", None), getattr(o, "trial", None)  # (none before the trials)
             if result is not None or under_way is not None:
                 found.append({"graph": o.graph.name, **(result or {"undecided": True})})
+            if o.class_check is not None:  # (a symbolic plan: Note [a program's ATen path per size class])
+                found.append({"graph": o.graph.name, "against": "its ATen path",
+                              "classes": {str(b): r for b, r in o.class_check.results.items()}})
         except ReferenceError:  # (a dead weak proxy among the objects)
             continue
     return found

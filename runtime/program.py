@@ -110,6 +110,8 @@ class CompiledProgram:
     #: Note [a kernel tried in its program] (runtime/trial.py): the trial under way, and what it found
     trial: Any = None
     trial_result: dict[str, Any] | None = None
+    #: Note [a program's ATen path per size class] (runtime/class_check.py): a symbolic plan's
+    class_check: Any = None
 
     @_without_cyclic_gc
     def __init__(self, plan: SegmentedFusion, backend: str = "auto", chains: bool = True,
@@ -220,7 +222,7 @@ class CompiledProgram:
         threads.register(self)  # Note [torch's threads beside background compilers] (runtime/threads.py)
         if lost and self.sizes is None and self._building is None:
             trial.start(self, chosen, lost, functools.partial(self._finish, build=False))
-        elif build and self.sizes is None and self._building is None:  # Note [a program against its ATen path]
+        elif build and self._building is None:  # Note [a program against its ATen path]
             trial.against_aten(self, chosen, functools.partial(self._finish, build=False))
 
     # --- Note [kernels built in the background] ---------------------------------------------

@@ -43,13 +43,22 @@ import torch
 
 from . import autotune, threads
 
-__all__ = ["CALLS", "GIVE_UP", "Trial", "against_aten", "alternating", "program_checks", "program_key", "start"]
+__all__ = ["CALLS", "DRIFT", "DRIFT_CALLS", "GIVE_UP", "SAMPLE_EVERY", "Steady", "Trial", "against_aten", "aten_way",
+           "alternating", "checking", "program_checks", "program_key", "program_name", "start"]
 
 #: calls timed each way
 CALLS = 6
 #: a way whose first two timed calls both took more than this many times the other's slowest
 #: ends the trial (a bound on its cost, not a choice: the slower way loses either way)
 GIVE_UP = 2.0
+#: (Note [a verdict checked where timings drift]) a decided program times one call in this many
+#: (doubled at each trial the drift started again) ...
+SAMPLE_EVERY = 8
+#: ... and this many timed calls in a row more than ``DRIFT`` times slower or faster than its way
+#: took in the trial (its slowest, its fastest) open the decision again (as Note [kernels side by
+#: side] in runtime/chains.py does for a chain's groups)
+DRIFT_CALLS = 3
+DRIFT = 2.0
 
 
 def alternating(call: int, ways: tuple[str, str]) -> str:
@@ -69,11 +78,12 @@ class Trial:
     """The two ways of a program, alternated on its calls until one is chosen."""
 
     def __init__(self, program: Any, ways: dict[str, dict[str, Any]], keys: dict[int, tuple[str, autotune.Verdict]],
-                 key: str | None = None) -> None:
+                 key: str | None = None, reopened: int = 0) -> None:
         self.program = program
         self.ways = ways  # "aten" / "kernel" -> the program's attributes that way
         self.keys = keys  # segment -> (its verdict's key, its isolated verdict)
         self.key = key  # the whole program's verdict key (Note [a program against its ATen path]), or None
+        self.reopened = reopened  # trials of this key that a drift started before this one
         self.times: dict[str, list[float]] = {"aten": [], "kernel": []}
         self.calls = 0
 
@@ -98,18 +108,25 @@ class Trial:
         elif len(a) >= CALLS and len(k) >= CALLS:
             self.decide()
 
-    def decide(self) -> None:
+    def verdict(self) -> autotune.Verdict:
+        """The medians of the timed calls, compared (microseconds a call)."""
         a, k = statistics.median(self.times["aten"]), statistics.median(self.times["kernel"])
-        kernels = k < a
+        return autotune.Verdict(k < a, k * 1e6, a * 1e6)
+
+    def decide(self) -> None:
+        v = self.verdict()
+        kernels, k, a = v.kernel, v.kernel_us * 1e-6, v.aten_us * 1e-6
         program = self.program
-        _become(program, self.ways["kernel" if kernels else "aten"])
-        program.entry = threads.entry_now(program.entry)
+        way = "kernel" if kernels else "aten"
+        _become(program, self.ways[way])
         program.trial_result = {"kernels": kernels, "kernel_us": k * 1e6, "aten_us": a * 1e6,
                                 "segments": sorted(self.keys), "calls": {w: len(t) for w, t in self.times.items()}}
         if self.key is not None:  # Note [a program against its ATen path]
-            program.trial_result["against"] = "its ATen path"
-            autotune.record(self.key, autotune.Verdict(kernels, k * 1e6, a * 1e6))
+            program.trial_result.update(against="its ATen path", reopened=self.reopened)
+            autotune.record(self.key, v)
+            program.entry = threads.entry_now(_steady(program, self.ways, self.key, way, self.times[way], self.reopened))
             return
+        program.entry = threads.entry_now(program.entry)
         keys = sorted(key for key, _ in self.keys.values())
         name = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
         autotune.record(f"program {name} ({len(keys)} kernels ATen beat alone); threads {torch.get_num_threads()}",
@@ -158,20 +175,33 @@ def start(program: Any, chosen: dict[int, Any], lost: dict[int, Any],
 # Note [a program against its ATen path]: every choice of a program can be right and the program
 # still lose to eager: a kernel measured alone against its ATen op on made-up inputs (Note
 # [choices by measurement]) does not see the threads, caches and launch costs of the program
-# around it, and the CPU at hand is not the one its rules were written on. So a program of fixed
-# sizes on the CPU that runs any generated kernel is tried, on its first calls, against the same
-# plan with every segment on torch (the ATen ops eager runs, in the plan's order, without the
-# Python between them): the calls alternate as in Note [a kernel tried in its program] and the
+# around it, and the CPU at hand is not the one its rules were written on. So a CPU program that
+# runs any generated kernel is made a second way, the same plan with every segment on torch (the
+# ATen ops eager runs, in the plan's order, without the Python between them), and tried against
+# it on its first calls: the calls alternate as in Note [a kernel tried in its program] and the
 # faster way keeps the program. The verdict is kept beside the kernels' (the verdict file,
-# keyed by the program's kernels, whose names hash their sources and layouts, and torch's thread
-# count): a later process with the same cache takes the same way without a trial. Every call runs
-# the plan exactly, either way; where ATen wins, ``backend_of`` says torch and ``passed_over``
-# why. Not tried: symbolic plans (their kernels are chosen per size class, Note [choices at the
-# call]), programs on CUDA (a host timer does not time a stream), a program whose kernels ATen
-# beat alone (it has its own trial), while choices are fixed (``autotune.fixed``: the tests) and
-# under ``torch.use_deterministic_algorithms(True)``, where nothing is chosen by timing: the
-# program keeps its kernels, so its bits do not depend on a timing. A verdict is not measured again
-# when timings drift later in the process; a new process with an empty cache measures afresh.
+# keyed like them: by the program's kernels, whose names hash their sources and layouts, and
+# torch's thread count): a later process with the same cache takes the same way without a
+# trial. Every call runs the plan exactly, either way; where ATen wins, ``backend_of`` says torch
+# and ``passed_over`` why. A symbolic plan (one plan for every size) decides per size class, as
+# its kernels do: its key adds the class of each symbol (Note [a program's ATen path per size
+# class] in runtime/class_check.py). A decided way stays watched (Note [a verdict checked where
+# timings drift]). Not tried: programs on CUDA (a host timer does not time a stream), a program
+# whose kernels ATen beat alone (it has its own trial), while choices are fixed
+# (``autotune.fixed``: the tests) and under ``torch.use_deterministic_algorithms(True)``, where
+# nothing is chosen by timing: the program keeps its kernels, so its bits do not depend on a
+# timing.
+#
+# Note [a verdict checked where timings drift]: a verdict holds while the conditions it was
+# measured in hold (the machine's load, the threads torch has, a cache another process fills).
+# So the decided way's calls stay watched, cheaply: one call in ``SAMPLE_EVERY`` is timed (two
+# clock reads), and ``DRIFT_CALLS`` timed calls in a row more than ``DRIFT`` times slower than
+# the slowest of its way's calls in the trial, or faster than its fastest (a kept verdict: than
+# the time it kept), open the decision again: a new trial of both ways, recorded over the old
+# verdict. Each trial a drift starts doubles the sampling interval, so a way that keeps drifting
+# (sizes that move far within their class, a load that comes and goes) costs a trial ever more
+# rarely: over n calls, the trials number O(log n). Calls while background builds hold cores are
+# not timed, nor under deterministic algorithms (nothing is measured there).
 _CHECKS: contextvars.ContextVar[bool] = contextvars.ContextVar("fuseg_program_checks", default=True)
 
 
@@ -185,51 +215,128 @@ def program_checks(on: bool) -> Iterator[None]:
         _CHECKS.reset(token)
 
 
-def program_key(chosen: dict[int, Any]) -> str:
-    """The verdict key of a program against its ATen path: its kernels (by name) and torch's threads."""
+def checking(program: Any) -> bool:
+    """Whether ``program`` may be tried against its ATen path now (Note [a program against its ATen path])."""
+    return (_CHECKS.get() and autotune.policy() == "measure" and not torch.are_deterministic_algorithms_enabled()
+            and program.ctx.device.type == "cpu")
+
+
+def program_name(chosen: dict[int, Any]) -> str:
+    """A program against its ATen path, named by its kernels (by name: their sources and layouts)."""
     names = sorted(launch.kernel.name for launch in chosen.values() if hasattr(launch, "kernel"))
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
-    return f"program {digest} against its ATen path ({len(names)} kernels); threads {torch.get_num_threads()}"
+    return f"program {digest} against its ATen path ({len(names)} kernels)"
+
+
+def program_key(chosen: dict[int, Any], classes: dict[int, tuple[int, int]] | None = None) -> str:
+    """The verdict key of a program against its ATen path: its kernels, torch's threads and, for a
+    symbolic plan, the class of each symbol (by its place in the plan's sources), as
+    ``autotune.class_key`` writes a kernel's."""
+    return autotune.class_key(program_name(chosen), classes or {})
+
+
+class Steady:
+    """A decided way's calls, one in ``every`` timed (Note [a verdict checked where timings drift]):
+    ``reopen()`` where they drifted."""
+
+    def __init__(self, way: str, fn: Callable[..., Any], times: list[float], reopen: Callable[[], None],
+                 every: int) -> None:
+        self.way, self.fn, self.reopen, self.every = way, fn, reopen, every
+        self.low, self.high = min(times), max(times)  # seconds a call of the way in its trial
+        self.calls = 0
+        self.off = 0  # timed calls in a row off the trial's times
+
+    def entry(self, *inputs: Any) -> Any:
+        self.calls += 1
+        if self.calls % self.every or threads.busy() or torch.are_deterministic_algorithms_enabled():
+            return self.fn(*inputs)
+        out, elapsed = _timed(self.way, self.fn, inputs)
+        if out is None:  # not the fast path: nothing ran
+            return None
+        off = elapsed > DRIFT * self.high or elapsed * DRIFT < self.low
+        self.off = self.off + 1 if off else 0
+        if self.off >= DRIFT_CALLS:
+            self.reopen()
+        return out
+
+
+def _steady(program: Any, ways: dict[str, dict[str, Any]], key: str, way: str, times: list[float],
+            reopened: int) -> Callable[..., Any]:
+    """The entry of ``program``, decided for ``way`` (a program of fixed sizes), watched for drift."""
+    def reopen() -> None:
+        t = Trial(program, ways, {}, key=key, reopened=reopened + 1)
+        program.trial = t
+        program.entry = threads.entry_now(t.entry)
+
+    return Steady(way, ways[way]["entry"], times, reopen, SAMPLE_EVERY << reopened).entry
+
+
+def aten_way(program: Any, chosen: dict[int, Any], finish: Callable[[dict[int, Any]], None], why: str,
+             ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``program`` (just finished with ``chosen``) made again with every generated segment on
+    torch; its attributes each way (``kernel``, ``aten``; each with its own unwrapped entry), the
+    program left as ``aten``. None where the ATen way could not be made (the program as it was)."""
+    from .backends.torch_backend import TorchLaunch
+
+    kernel = dict(program.__dict__)
+    on_torch = dict(chosen)
+    passed_over, backend_of = dict(program.passed_over), dict(program.backend_of)
+    for i, launch in chosen.items():
+        if launch.backend != "torch":
+            on_torch[i] = TorchLaunch(program.ctx, launch.segment)
+            passed_over[i] = (*passed_over.get(i, ()), (launch.backend, why))
+            backend_of[i] = "torch"
+    program.passed_over, program.backend_of = passed_over, backend_of
+    sizes = program.sizes
+    if sizes is not None:
+        sizes.unseal()  # (sealed again by ``finish``, as at a remake: Note [kernels built in the background])
+    try:
+        finish(on_torch)
+    except Exception:  # noqa: BLE001 - the ATen way could not be made: the program with its kernels, untried
+        _become(program, kernel)
+        if sizes is not None:
+            sizes.seal()
+        return None
+    aten = dict(program.__dict__)
+    for way in (aten, kernel):  # (the trial's entry is set by the caller; each way keeps its own)
+        way["entry"] = threads.unwrapped(way["entry"])
+    return kernel, aten
 
 
 def against_aten(program: Any, chosen: dict[int, Any], finish: Callable[[dict[int, Any]], None]) -> None:
     """Try ``program`` (just finished with ``chosen``) against its ATen path, or take the way a
     verdict kept for its kernels says (Note [a program against its ATen path])."""
-    from .backends.torch_backend import TorchLaunch
-
-    if (not _CHECKS.get() or autotune.policy() != "measure" or torch.are_deterministic_algorithms_enabled()
-            or program.ctx.device.type != "cpu"):
+    if not checking(program) or all(launch.backend == "torch" for launch in chosen.values()):
         return
-    generated = {i: launch for i, launch in chosen.items() if launch.backend != "torch"}
-    if not generated:
+    if program.sizes is not None:  # Note [a program's ATen path per size class]
+        from .class_check import ClassCheck
+
+        made = aten_way(program, chosen, finish, "the program measured slower than its ATen path in this size class "
+                        "(Note [a program's ATen path per size class])")
+        if made is not None:
+            kernel, aten = made
+            _become(program, kernel)  # (the checked path runs the kernels; the entry chooses by class)
+            check = program.class_check = ClassCheck(program, chosen, {"aten": aten["entry"], "kernel": kernel["entry"]})
+            program.entry = threads.entry_now(check.entry)
         return
     key = program_key(chosen)
     known = autotune.lookup(key)
-    if known is not None and known.kernel:
-        return
-    kernel = dict(program.__dict__)
-    on_torch = dict(chosen)
-    passed_over, backend_of = dict(program.passed_over), dict(program.backend_of)
     why = ("the program measured slower on this CPU than its ATen path (Note [a program against its ATen path])"
-           if known is None else f"the program's ATen path kept for this CPU: {known.reason()}")
-    for i, launch in generated.items():
-        on_torch[i] = TorchLaunch(program.ctx, launch.segment)
-        passed_over[i] = (*passed_over.get(i, ()), (launch.backend, why))
-        backend_of[i] = "torch"
-    program.passed_over, program.backend_of = passed_over, backend_of
-    try:
-        finish(on_torch)
-    except Exception:  # noqa: BLE001 - the ATen way could not be made: the program with its kernels, untried
-        _become(program, kernel)
+           if known is None or known.kernel else f"the program's ATen path kept for this CPU: {known.reason()}")
+    made = aten_way(program, chosen, finish, why)
+    if made is None:
         return
-    if known is not None:  # ATen's path won in an earlier process: the program is that way now
-        program.trial_result = {"kernels": False, "kernel_us": known.kernel_us, "aten_us": known.aten_us,
+    kernel, aten = made
+    ways = {"aten": aten, "kernel": kernel}
+    if known is not None:  # decided in an earlier process: the program is that way now, watched
+        way = "kernel" if known.kernel else "aten"
+        _become(program, ways[way])
+        program.trial_result = {"kernels": known.kernel, "kernel_us": known.kernel_us, "aten_us": known.aten_us,
                                 "against": "its ATen path", "kept": True}
+        kept = (known.kernel_us if known.kernel else known.aten_us) * 1e-6
+        program.entry = threads.entry_now(_steady(program, ways, key, way, [kept], 0))
         return
-    aten = dict(program.__dict__)
-    for way in (aten, kernel):  # (the trial's entry is set below; each way keeps its own)
-        way["entry"] = threads.unwrapped(way["entry"])
-    t = Trial(program, {"aten": aten, "kernel": kernel}, {}, key=key)
+    t = Trial(program, ways, {}, key=key)
     _become(program, kernel)
     program.trial = t
     program.entry = threads.entry_now(t.entry)

@@ -142,3 +142,41 @@ def test_a_training_step_is_tried_forward_and_backward(measuring, monkeypatch) -
     assert len(tried) >= 2, [p.trial_result for p in compiler.compiled]  # the forward and the backward
     assert all(not p.trial_result["kernels"] and not _generated(p) for p in tried)
     assert ran
+
+
+def test_a_drift_tries_a_fixed_program_again(measuring, monkeypatch) -> None:
+    """See Note [a verdict checked where timings drift]. ATen's path wins, then its calls take ten
+    times as long: one call in ``SAMPLE_EVERY`` is timed, and ``DRIFT_CALLS`` of them in a row off
+    the trial's times start the trial again; the kernels win it and the program takes them back.
+    A verdict kept from an earlier process is watched the same way."""
+    inputs = _inputs(6)
+    seconds = {"aten": 1e-3, "kernel": 1.5e-3}
+
+    def timed(way, fn, args):
+        ran.append(way)
+        return fn(*args), seconds[way]
+
+    ran: list[str] = []
+    monkeypatch.setattr(trial, "_timed", timed)
+    prog = _program(inputs)
+    kernels = _generated(prog)
+    calls = 2 + 2 * trial.CALLS
+    for _ in range(calls + trial.SAMPLE_EVERY * trial.DRIFT_CALLS - 1):  # sampled, within its times
+        _exact(prog, inputs)
+    assert not prog.trial_result["kernels"] and prog.trial is None and _generated(prog) == []
+    assert ran[calls:] == ["aten"] * (trial.DRIFT_CALLS - 1)
+    seconds["aten"] = 10e-3
+    for _ in range(trial.SAMPLE_EVERY * trial.DRIFT_CALLS):
+        _exact(prog, inputs)  # (drifted at the third sample: the trial again, ended early by GIVE_UP)
+    assert prog.trial is None and prog.trial_result["kernels"] and prog.trial_result["reopened"] == 1
+    assert _generated(prog) == kernels
+    (verdict,) = [v for k, v in autotune._MEMORY[autotune.verdict_path()].items() if "ATen path" in k]
+    assert verdict.kernel and verdict.aten_us == pytest.approx(1e4)
+    # a later process: the kernels at once, kept; their calls drift too (now ten times slower)
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    seconds["kernel"] = 15e-3
+    again = _program(inputs)
+    assert again.trial is None and again.trial_result["kept"] and _generated(again) == kernels
+    for _ in range(trial.SAMPLE_EVERY * trial.DRIFT_CALLS + 2 + 2 * trial.CALLS):
+        _exact(again, inputs)
+    assert not again.trial_result["kernels"] and again.trial_result["reopened"] == 1 and _generated(again) == []

@@ -121,6 +121,13 @@ class ChosenAtCall(SegmentLaunch):
         if dead:
             code.dels(dead)
 
+    def settled(self, plan_bits: tuple[int, ...]) -> bool:
+        """Whether the way of the class of a call whose symbols have ``plan_bits`` (every symbol's
+        bit length, in the plan's order) is chosen: in the table, not a trial (Note [a program's
+        ATen path per size class] in runtime/class_check.py)."""
+        way = self.table.get(tuple(plan_bits[k] for k in self.kernel.symbols))
+        return way is not None and not isinstance(way, functools.partial)  # (a trial's way is its ``run``, bound)
+
     def _choose(self, kernel: Callable, aten: Callable, bits: tuple[int, ...], *args: Any) -> Callable:
         """The way for this class: the cached verdict, else the trial that measures it on the
         class's calls (Note [a class measured on its calls])."""
