@@ -75,7 +75,7 @@ from runtime.codegen.build import wait_for_background_builds
 from .bench import environment
 
 __all__ = ["CONTESTANTS", "GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "bench_protocol", "load_model",
-           "main", "protocol_model", "protocol_record", "timed_window"]
+           "main", "protocol_model", "protocol_record", "protocol_summary", "timed_window"]
 
 from .models import DEFAULT, HELD_OUT, MODELS, UNSEEN
 
@@ -168,6 +168,25 @@ def protocol_record(window_s: float, order: list[str], first: dict[str, float], 
             ratios["settled"] = ours["settled_s"] / them["settled_s"]
         if ratios:
             out[f"fuseg_vs_{theirs}"] = ratios
+    return out
+
+
+def protocol_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over rows with ``protocol`` (and ``model``): each phase's median fuseg/eager and
+    fuseg/Inductor, and the models whose window is slower than eager's settled time or whose
+    settled time is slower than Inductor's."""
+    def ratio(r: dict[str, Any], theirs: str, phase: str) -> float | None:
+        return r["protocol"].get(f"fuseg_vs_{theirs}", {}).get(phase)
+
+    out: dict[str, Any] = {"window_s": rows[0]["protocol"]["window_s"]}
+    for theirs in ("eager", "inductor"):
+        out[f"median_fuseg_vs_{theirs}"] = {}
+        for phase in ("first_call", "window", "settled"):
+            vals = [v for r in rows if (v := ratio(r, theirs, phase)) is not None]
+            out[f"median_fuseg_vs_{theirs}"][phase] = statistics.median(vals) if vals else None
+    out["window_slower_than_eager"] = [r["model"] for r in rows if (ratio(r, "eager", "window") or 0) > 1]
+    out["settled_slower_than_eager"] = [r["model"] for r in rows if (ratio(r, "eager", "settled") or 0) > 1]
+    out["settled_slower_than_inductor"] = [r["model"] for r in rows if (ratio(r, "inductor", "settled") or 0) > 1]
     return out
 
 
@@ -557,19 +576,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                                           if r.get("fuseg_graphs_vs_inductor", 0) >= 1],
                 "fuseg_graphs_above_1.1x_inductor_ro": [r["model"] for r in which
                                                          if r.get("fuseg_graphs_vs_inductor_ro", 0) > 1.1]})
-        protocol = [r["protocol"] for r in which if "protocol" in r]
-        if protocol:  # Note [the protocol]: each phase's median ratio, and the models a phase misses
-            def phase(theirs: str, ph: str, protocol: list[dict[str, Any]] = protocol) -> float | None:
-                vals = [p[f"fuseg_vs_{theirs}"][ph] for p in protocol if ph in p.get(f"fuseg_vs_{theirs}", {})]
-                return statistics.median(vals) if vals else None
-            out[part]["protocol"] = {
-                "window_s": protocol[0]["window_s"],
-                **{f"median_fuseg_vs_{t}": {ph: phase(t, ph) for ph in ("first_call", "window", "settled")}
-                   for t in ("eager", "inductor")},
-                "window_slower_than_eager": [r["model"] for r in which if
-                                             r.get("protocol", {}).get("fuseg_vs_eager", {}).get("window", 0) > 1],
-                "settled_slower_than_inductor": [r["model"] for r in which if
-                                                 r.get("protocol", {}).get("fuseg_vs_inductor", {}).get("settled", 0) > 1]}
+        protocol = [r for r in which if "protocol" in r]
+        if protocol:  # Note [the protocol]
+            out[part]["protocol"] = protocol_summary(protocol)
     return out
 
 
