@@ -220,6 +220,13 @@ def two_cpu_kinds(tmp_path) -> Path:
                                               "check_against_eager": {"fuseg": {"max_grad_diff": 1e-7}}}],
                                  "summary": {"median_fuseg_over_eager": 0.6, "median_fuseg_over_inductor": 0.9,
                                              "max_grad_diff": 1e-7}}, "Training step")
+    order = ["eager", "inductor", "fuseg"]
+    generate = compiled.protocol_record(30.0, order, {"eager": 1.0, "inductor": 20.0, "fuseg": 4.0},
+                                        {"eager": [0.1] * 3, "inductor": [0.5, 0.1], "fuseg": [0.2, 0.05, 0.05]},
+                                        {"eager": 0.1, "inductor": 0.04, "fuseg": 0.03})
+    _record(new / "generate.json", {"benchmark": "dynamic_shapes/generate-protocol", "results": {"qwen2": {
+        "model": "qwen2", "protocol": generate}}, "summary": {"protocol": compiled.protocol_summary(
+            [{"model": "qwen2", "protocol": generate}])}}, "Generation")
     return results
 
 
@@ -232,10 +239,12 @@ def test_the_speed_table_puts_each_cpu_kind_in_a_column(two_cpu_kinds) -> None:
     assert "| Training step | llama-tiny | 0.60x / 0.90x |  |" in lines
     assert lines.index("| Inference | vit-768 | 0.50x / 0.70x; first 30 s 1.25x / 0.95x |  |") < lines.index(
         "| Training step | llama-tiny | 0.60x / 0.90x |  |")
+    assert "| Generation, new prompt lengths | qwen2 | 0.30x / 0.75x; first 30 s 1.00x / 0.33x |  |" in lines
     assert "[compiled.json](perf/results/{}) (2026-12-07)".format("cpu-old/compiled.json") in text  # (not a path of the tree)
     # the per-record table under it: the protocol's headline in "Also"
     full = records.table(records.load(two_cpu_kinds))
     assert full.startswith(text) and "first 30 s after the first call 1.25x / 0.95x" in full
+    assert "| Generation | New CPU, 2 vCPUs | 1 models | 0.30x | 0.75x | settled generate; first 30 s after" in full
 
 
 def test_a_later_record_of_a_machine_overrides_an_earlier_ones_model(two_cpu_kinds) -> None:
