@@ -5,6 +5,7 @@
 
     python -m perf.compiled [MODEL ...] [--set default|unseen|all|gpu] [--rounds 5] [--calls 20] [--first-calls 3] [--no-first-call]
                             [--device cpu|cuda] [--variants V,...] [--out perf/results/<machine>/compiled_cpu.json] [--plot FILE.png]
+    python -m perf.compiled MODEL ... --protocol [--window 30] [--rounds 5] [--calls 20] [--out ...]
 
 Models: the zoo's runnable entries and transformer-family models the project never tuned for
 (``HELD_OUT``: tiny configs from ``transformers``, random weights, batch 2, sequence 32); with
@@ -43,6 +44,12 @@ caller's thread (FUSEG_BACKGROUND_BUILDS=0) (one cold start on this shared machi
 varied by up to 40% between runs: resnet's fuseg first call took 2.1 s in one run, 3.4 s in the
 next; not measured on a GPU). ``--no-first-call`` skips it. Every variant's outputs are compared
 with eager's.
+
+``--protocol`` (on the CPU): what a user's loop sees, eager, Inductor and fuseg in one fresh
+process per model with empty caches: each contestant's first call, the calls of the ``--window``
+seconds after it, and the settled state (Note [the protocol]). The record's rows carry it under
+``protocol`` and the settled times under the keys above (``fuseg_vs_eager`` ...); the fresh-process
+first calls run only where ``--first-calls`` is given.
 """
 
 from __future__ import annotations
@@ -67,7 +74,8 @@ from runtime.codegen.build import wait_for_background_builds
 
 from .bench import environment
 
-__all__ = ["GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "load_model", "main"]
+__all__ = ["CONTESTANTS", "GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "bench_protocol", "load_model",
+           "main", "protocol_model", "protocol_record", "protocol_summary", "timed_window"]
 
 from .models import DEFAULT, HELD_OUT, MODELS, UNSEEN
 
@@ -94,6 +102,92 @@ def _max_diff(got: Any, want: Any) -> float:
         return math.inf
     return max((float((a.double() - b.double()).abs().nan_to_num(0.0).max()) for a, b in zip(g, w) if b.numel()),
                default=0.0)
+
+
+# Note [the protocol]: what a user who compiles a model and calls it in a loop sees, per
+# contestant (eager, Inductor, fuseg; each compiled afresh, in one process per model with empty
+# Inductor and fuseg caches, eager first, Inductor and fuseg swapping places from one model to
+# the next): (1) the first call (trace, compile, the builds it waits for); (2) the window: calls
+# back to back for ``--window`` seconds right after it (what the first 30 s of a loop cost a call;
+# fuseg's kernels build in the background there, so its calls may run torch's ops), its mean and
+# median per call, and the mean against eager's settled time (``window_vs_eager_settled``); (3)
+# settled: once every contestant's window is done and fuseg's background builds are finished,
+# the median of interleaved timed calls (as the steady state above). The ratios fuseg/eager and
+# fuseg/Inductor of each phase compare like with like: first call with first call, window mean
+# with window mean (fuseg/eager's window: fuseg's mean over eager's settled time, the goal being
+# "at least eager's speed while kernels build"), settled median with settled median. A contestant
+# that fails is recorded with its error and left out of the ratios. Every time is in seconds.
+# perf.train_step (a window of steps) and perf.dynamic_shapes (generates over new prompt
+# lengths) record the same fields through ``protocol_record``.
+
+#: the contestants of the protocol, in the order they are compared
+CONTESTANTS = ("eager", "inductor", "fuseg")
+
+
+def timed_window(call: Callable[[], Any], seconds: float) -> list[float]:
+    """``call()`` back to back from now until ``seconds`` have passed (at least once; the last call
+    may end after): each call's seconds."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while not times or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def protocol_record(window_s: float, order: list[str], first: dict[str, float], windows: dict[str, list[float]],
+                    settled: dict[str, float], extra: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The protocol's fields (Note [the protocol]) from each contestant's first call (s), window
+    (each call's s) and settled time (s); ``extra``: more fields per contestant (errors, builds)."""
+    out: dict[str, Any] = {"window_s": window_s, "order": list(order)}
+    eager = settled.get("eager")
+    for c in order:
+        entry: dict[str, Any] = dict((extra or {}).get(c, {}))
+        if c in first:
+            entry["first_call_s"] = first[c]
+        ts = windows.get(c)
+        if ts:
+            entry["window"] = {"calls": len(ts), "elapsed_s": sum(ts), "mean_s": sum(ts) / len(ts),
+                               "median_s": statistics.median(ts), "max_s": max(ts)}
+            if eager:
+                entry["window_vs_eager_settled"] = entry["window"]["mean_s"] / eager
+        if c in settled:
+            entry["settled_s"] = settled[c]
+        out[c] = entry
+    for theirs in ("eager", "inductor"):
+        ours, them = out.get("fuseg", {}), out.get(theirs, {})
+        ratios: dict[str, float] = {}
+        if "first_call_s" in ours and them.get("first_call_s"):
+            ratios["first_call"] = ours["first_call_s"] / them["first_call_s"]
+        if "window" in ours:
+            base = eager if theirs == "eager" else them.get("window", {}).get("mean_s")
+            if base:
+                ratios["window"] = ours["window"]["mean_s"] / base
+        if "settled_s" in ours and them.get("settled_s"):
+            ratios["settled"] = ours["settled_s"] / them["settled_s"]
+        if ratios:
+            out[f"fuseg_vs_{theirs}"] = ratios
+    return out
+
+
+def protocol_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over rows with ``protocol`` (and ``model``): each phase's median fuseg/eager and
+    fuseg/Inductor, and the models whose window is slower than eager's settled time or whose
+    settled time is slower than Inductor's."""
+    def ratio(r: dict[str, Any], theirs: str, phase: str) -> float | None:
+        return r["protocol"].get(f"fuseg_vs_{theirs}", {}).get(phase)
+
+    out: dict[str, Any] = {"window_s": rows[0]["protocol"]["window_s"]}
+    for theirs in ("eager", "inductor"):
+        out[f"median_fuseg_vs_{theirs}"] = {}
+        for phase in ("first_call", "window", "settled"):
+            vals = [v for r in rows if (v := ratio(r, theirs, phase)) is not None]
+            out[f"median_fuseg_vs_{theirs}"][phase] = statistics.median(vals) if vals else None
+    out["window_slower_than_eager"] = [r["model"] for r in rows if (ratio(r, "eager", "window") or 0) > 1]
+    out["settled_slower_than_eager"] = [r["model"] for r in rows if (ratio(r, "eager", "settled") or 0) > 1]
+    out["settled_slower_than_inductor"] = [r["model"] for r in rows if (ratio(r, "inductor", "settled") or 0) > 1]
+    return out
 
 
 #: the compilers whose first calls are timed, alternating: fuseg as it is and with every build on
@@ -182,6 +276,41 @@ def load_model(name: str, device: str) -> tuple[Any, list[Any]]:
     return _to(fn, device), [_to(t, device) for t in inputs]
 
 
+def first_call_fields(name: str, first_call: int) -> dict[str, Any]:
+    """The first call of each of ``FIRST_CALL_BACKENDS``, ``first_call`` fresh processes each, the
+    compilers alternating: the row's ``*_first_call_s`` (median), ``*_kernels_ready_s`` and ratios."""
+    row: dict[str, Any] = {}
+    runs: dict[str, list[float]] = {b: [] for b in FIRST_CALL_BACKENDS}
+    ready: dict[str, list[float]] = {b: [] for b in FIRST_CALL_BACKENDS}
+    for _ in range(first_call):  # the compilers alternate: the machine's drift hits each
+        for backend in runs:
+            if f"{backend}_first_call_error" in row:
+                continue
+            try:
+                got = _first_call(name, backend)
+                runs[backend].append(got["first_s"])
+                if "kernels_ready_s" in got:
+                    ready[backend].append(got["kernels_ready_s"])
+                    row[f"{backend.replace('-', '_')}_built_in_background"] = got["built_in_background"]
+            except Exception as e:  # noqa: BLE001 - recorded
+                row[f"{backend}_first_call_error"] = str(e)[:300]
+    for backend, ts in runs.items():
+        key = backend.replace("-", "_")
+        if ts and f"{backend}_first_call_error" not in row:
+            row[f"{key}_first_call_s"] = statistics.median(ts)
+            row[f"{key}_first_call_runs_s"] = ts
+        if ready[backend] and f"{backend}_first_call_error" not in row:
+            row[f"{key}_kernels_ready_s"] = statistics.median(ready[backend])
+    if "fuseg_first_call_s" in row and "inductor_first_call_s" in row:
+        row["first_call_vs_inductor"] = row["fuseg_first_call_s"] / row["inductor_first_call_s"]
+        if "fuseg_kernels_ready_s" in row:
+            row["kernels_ready_vs_inductor"] = row["fuseg_kernels_ready_s"] / row["inductor_first_call_s"]
+        if "fuseg_foreground_first_call_s" in row:
+            row["foreground_first_call_vs_inductor"] = (row["fuseg_foreground_first_call_s"]
+                                                        / row["inductor_first_call_s"])
+    return row
+
+
 def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_call: int = 3,
                    progress: bool = True, device: str = "cpu", variants: tuple[str, ...] | None = None,
                    on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
@@ -254,34 +383,7 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
         if "fuseg_graphs_ms" in row:
             row["fuseg_graphs_vs_eager"] = row["fuseg_graphs_ms"] / row["eager_ms"]
         if first_call and not cuda:
-            runs: dict[str, list[float]] = {b: [] for b in FIRST_CALL_BACKENDS}
-            ready: dict[str, list[float]] = {b: [] for b in FIRST_CALL_BACKENDS}
-            for _ in range(first_call):  # the compilers alternate: the machine's drift hits each
-                for backend in runs:
-                    if f"{backend}_first_call_error" in row:
-                        continue
-                    try:
-                        got = _first_call(name, backend)
-                        runs[backend].append(got["first_s"])
-                        if "kernels_ready_s" in got:
-                            ready[backend].append(got["kernels_ready_s"])
-                            row[f"{backend.replace('-', '_')}_built_in_background"] = got["built_in_background"]
-                    except Exception as e:  # noqa: BLE001 - recorded
-                        row[f"{backend}_first_call_error"] = str(e)[:300]
-            for backend, ts in runs.items():
-                key = backend.replace("-", "_")
-                if ts and f"{backend}_first_call_error" not in row:
-                    row[f"{key}_first_call_s"] = statistics.median(ts)
-                    row[f"{key}_first_call_runs_s"] = ts
-                if ready[backend] and f"{backend}_first_call_error" not in row:
-                    row[f"{key}_kernels_ready_s"] = statistics.median(ready[backend])
-            if "fuseg_first_call_s" in row and "inductor_first_call_s" in row:
-                row["first_call_vs_inductor"] = row["fuseg_first_call_s"] / row["inductor_first_call_s"]
-                if "fuseg_kernels_ready_s" in row:
-                    row["kernels_ready_vs_inductor"] = row["fuseg_kernels_ready_s"] / row["inductor_first_call_s"]
-                if "fuseg_foreground_first_call_s" in row:
-                    row["foreground_first_call_vs_inductor"] = (row["fuseg_foreground_first_call_s"]
-                                                                / row["inductor_first_call_s"])
+            row.update(first_call_fields(name, first_call))
         rows.append(row)
         del timed, fn, inputs
         if cuda:
@@ -293,7 +395,141 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
     return rows
 
 
+def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
+                   order: tuple[str, ...] = CONTESTANTS) -> dict[str, Any]:
+    """Note [the protocol] for one model, in this process (``protocol_child``: in a fresh one with
+    empty caches): a row with the settled keys of ``bench_compiled``'s rows and ``protocol``."""
+    from runtime.dynamo import registered_by_name
+
+    registered_by_name()
+    fn, inputs = load_model(name, "cpu")
+    row: dict[str, Any] = {"model": name, "held_out": name in HELD_OUT or name in UNSEEN, "set": _set_of(name),
+                           "device": "cpu"}
+    first: dict[str, float] = {}
+    windows: dict[str, list[float]] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    timed: dict[str, Callable[[], Any]] = {}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))  # dynamo's own start-up, charged to no one
+        torch._dynamo.reset()
+        want = None
+        for c in order:
+            try:
+                call = fn if c == "eager" else _compile(fn, c)[0]
+                t0 = time.perf_counter()
+                got = call(*inputs)
+                first[c] = time.perf_counter() - t0
+                if c == "eager":
+                    want = got
+                row[f"{c}_max_abs_diff"] = _max_diff(got, want)
+                timed[c] = lambda f=call, a=inputs: f(*a)
+                windows[c] = timed_window(timed[c], window)
+                if c == "fuseg":  # its builds end before the next contestant starts (they would slow it)
+                    from runtime.codegen.build import background_builds_under_way
+
+                    extra[c] = {"builds_under_way_after_window": background_builds_under_way()}
+                    t0 = time.perf_counter()
+                    wait_for_background_builds()
+                    extra[c]["waited_for_builds_s"] = time.perf_counter() - t0
+                    row["fuseg_max_abs_diff"] = max(row["fuseg_max_abs_diff"], _max_diff(call(*inputs), want))
+            except Exception as e:  # noqa: BLE001 - recorded: a compiler that fails is a result
+                row[f"{c}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                extra.setdefault(c, {})["error"] = row[f"{c}_error"]
+                timed.pop(c, None)
+        times: dict[str, list[float]] = {c: [] for c in timed}
+        for c in timed:  # warm-up
+            for _ in range(3):
+                timed[c]()
+        for r in range(rounds):
+            for c in (list(timed) if r % 2 == 0 else list(reversed(timed))):
+                for _ in range(calls):
+                    t0 = time.perf_counter()
+                    timed[c]()
+                    times[c].append(time.perf_counter() - t0)
+    settled = {c: statistics.median(ts) for c, ts in times.items() if ts}
+    for c, ts in times.items():
+        if not ts:
+            continue
+        row[f"{c}_ms"] = settled[c] * 1e3
+        if len(ts) > 1:
+            q = statistics.quantiles(ts, n=10, method="inclusive")
+            row[f"{c}_p10_ms"], row[f"{c}_p90_ms"] = q[0] * 1e3, q[-1] * 1e3
+    for theirs in ("eager", "inductor"):
+        if "fuseg_ms" in row and f"{theirs}_ms" in row:
+            row[f"fuseg_vs_{theirs}"] = row["fuseg_ms"] / row[f"{theirs}_ms"]
+    row["protocol"] = protocol_record(window, list(order), first, windows, settled, extra)
+    first_ratio = row["protocol"].get("fuseg_vs_inductor", {}).get("first_call")
+    if first_ratio is not None:  # (the summary's and the table's first call: this process's, cold caches)
+        row["first_call_vs_inductor"] = first_ratio
+    return row
+
+
+def protocol_child(name: str, window: float, rounds: int, calls: int, order: tuple[str, ...]) -> dict[str, Any]:
+    """``protocol_model`` in a fresh process with empty Inductor and fuseg caches (fuseg's
+    background builds as a user has them, whatever the caller's environment says)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+                   FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"), PYTHONWARNINGS="ignore")
+        env.pop("FUSEG_BACKGROUND_BUILDS", None)
+        code = ("import json, sys; from perf.compiled import protocol_model;"
+                "print(json.dumps(protocol_model(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),"
+                " tuple(sys.argv[5].split(',')))))")
+        r = subprocess.run([sys.executable, "-c", code, name, str(window), str(rounds), str(calls), ",".join(order)],
+                           capture_output=True, text=True, env=env, timeout=3600)
+        if r.returncode != 0:
+            tail = r.stderr.strip().splitlines()
+            return {"model": name, "held_out": name in HELD_OUT or name in UNSEEN, "set": _set_of(name),
+                    "error": tail[-1] if tail else f"exit {r.returncode}"}
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def bench_protocol(names: list[str], window: float, rounds: int = 5, calls: int = 20, first_call: int = 0,
+                   progress: bool = True, on_row: Callable[[list[dict[str, Any]]], None] | None = None
+                   ) -> list[dict[str, Any]]:
+    """Note [the protocol] per model, each in a fresh process; with ``first_call``, the
+    fresh-process first calls of ``bench_compiled`` added to each row."""
+    rows: list[dict[str, Any]] = []
+    for name, order in zip(names, protocol_orders(len(names))):
+        row = protocol_child(name, window, rounds, calls, order)
+        if first_call and "error" not in row:
+            row.update(first_call_fields(name, first_call))
+        rows.append(row)
+        if progress:
+            print(_line(row), file=sys.stderr, flush=True)
+        if on_row is not None:
+            on_row(rows)
+    return rows
+
+
+def protocol_orders(n: int) -> list[tuple[str, ...]]:
+    """Eager first; Inductor and fuseg swap places from one model to the next (the one made
+    second in a process finds its imports and the compiler's files warm)."""
+    return [("eager", "inductor", "fuseg") if k % 2 == 0 else ("eager", "fuseg", "inductor") for k in range(n)]
+
+
+def _protocol_line(row: dict[str, Any]) -> str:
+    p = row.get("protocol", {})
+    parts = [f"{row['model']:>14}"]
+    for c in p.get("order", ()):
+        e = p.get(c, {})
+        if "error" in e:
+            parts.append(f"{c} failed")
+            continue
+        w = e.get("window", {})
+        parts.append(f"{c} first {e.get('first_call_s', math.nan):.2f} s, {p['window_s']:g} s window "
+                     f"{w.get('calls', 0)} calls mean {1e3 * w.get('mean_s', math.nan):.3f} ms, "
+                     f"settled {1e3 * e.get('settled_s', math.nan):.3f} ms")
+    for t in ("eager", "inductor"):
+        r = p.get(f"fuseg_vs_{t}", {})
+        parts.append(f"fuseg/{t} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
+    return "  ".join(parts) if "error" not in row else f"{row['model']:>14}  failed: {row['error']}"
+
+
 def _line(row: dict[str, Any]) -> str:
+    if "protocol" in row or "error" in row:
+        return _protocol_line(row)
+
     def f(k: str, fmt: str = "{:.3f}") -> str:
         return fmt.format(row[k]) if k in row else "-"
     return (f"{row['model']:>14}  eager {f('eager_ms')} ms  inductor {f('inductor_ms')}  fuseg {f('fuseg_ms')}  "
@@ -340,6 +576,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                                           if r.get("fuseg_graphs_vs_inductor", 0) >= 1],
                 "fuseg_graphs_above_1.1x_inductor_ro": [r["model"] for r in which
                                                          if r.get("fuseg_graphs_vs_inductor_ro", 0) > 1.1]})
+        protocol = [r for r in which if "protocol" in r]
+        if protocol:  # Note [the protocol]
+            out[part]["protocol"] = protocol_summary(protocol)
     return out
 
 
@@ -370,25 +609,38 @@ def main(argv: list[str] | None = None) -> int:
                    help="the zoo and HELD_OUT (default on the CPU), UNSEEN, both, or GPU (default with --device cuda)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--first-calls", type=int, default=3, help="cold first calls per compiler and model (median kept)")
+    p.add_argument("--first-calls", type=int, default=None,
+                   help="cold first calls per compiler and model in fresh processes (median kept; default 3, "
+                        "none with --protocol)")
     p.add_argument("--no-first-call", action="store_true")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--variants", help=f"comma-separated, beside eager (default: {VARIANTS})")
+    p.add_argument("--protocol", action="store_true",
+                   help="first call, the --window after it and the settled state of eager, Inductor and fuseg, one "
+                        "fresh process per model (Note [the protocol]; CPU only)")
+    p.add_argument("--window", type=float, default=30.0,
+                   help="with --protocol: seconds of calls after each contestant's first call (per model)")
     p.add_argument("--out", help="the record, written again after every model")
     p.add_argument("--plot")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here")
-    first_calls = 0 if a.no_first_call or a.device == "cuda" else a.first_calls
+    if a.protocol and (a.device != "cpu" or a.variants):
+        p.error("--protocol: on the CPU, with its own contestants (eager, inductor, fuseg)")
+    if a.window <= 0:
+        p.error("--window must be positive")
+    first_calls = 0 if a.no_first_call or a.device == "cuda" else (
+        a.first_calls if a.first_calls is not None else 0 if a.protocol else 3)
     sets = {"default": list(DEFAULT), "unseen": list(UNSEEN), "all": list(MODELS), "gpu": GPU}
     names = a.models or sets[a.set or ("gpu" if a.device == "cuda" else "default")]
-    variants = tuple(v for v in a.variants.split(",") if v) if a.variants else VARIANTS[a.device]
+    variants = tuple(v for v in a.variants.split(",") if v) if a.variants else (
+        CONTESTANTS[1:] if a.protocol else VARIANTS[a.device])
     unknown = set(variants) - set(VARIANTS["cpu"]) - set(VARIANTS["cuda"])
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}")
     head = {"benchmark": f"compiled models, {a.device}", "environment": environment(a.device),
             "threads": torch.get_num_threads(), "rounds": a.rounds, "calls": a.calls, "first_calls": first_calls,
-            "variants": ["eager", *variants],
+            "variants": ["eager", *variants], **({"protocol_window_s": a.window} if a.protocol else {}),
             "command": "python -m perf.compiled " + " ".join(argv if argv is not None else sys.argv[1:])}
 
     def record(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -399,8 +651,11 @@ def main(argv: list[str] | None = None) -> int:
                 f.write("\n")
         return result
 
-    result = record(bench_compiled(names, a.rounds, a.calls, first_calls, device=a.device, variants=variants,
-                                   on_row=record))
+    if a.protocol:
+        rows = bench_protocol(names, a.window, a.rounds, a.calls, first_calls, on_row=record)
+    else:
+        rows = bench_compiled(names, a.rounds, a.calls, first_calls, device=a.device, variants=variants, on_row=record)
+    result = record(rows)
     print(json.dumps(result["summary"], indent=1))
     if a.plot:
         plot(result["rows"], a.plot)

@@ -3,6 +3,7 @@ varying sequence lengths, under eager, ``aot_eager``, Inductor and fuseg (issue 
 
     python -m perf.dynamic_shapes [--models qwen2 phi3 ...] [--backends eager aot_eager inductor fuseg]
                                   [--repeats 5] [--rounds 1] [--train [--interleaved]] [--before DIR] [--device cuda]
+                                  [--protocol [--window 30]]
                                   [--out perf/results/<machine>/dynamic_shapes_cpu.json]
 
 Generation. Per model (a tiny config from ``transformers``, random weights, no download) and
@@ -54,7 +55,15 @@ processes (the protocol above).
 generate is timed to a ``torch.cuda.synchronize``); fuseg's builds counted there are NVRTC compiles
 of its CUDA kernels.
 
-Each backend runs in its own process, one after the other: compare ratios within one record.
+Protocol (``--protocol [--window 30]``): every backend (default eager, Inductor, fuseg) in one
+fresh process per model, a copy of the model each, compiled afresh: the first generate, the
+generates of the ``--window`` seconds after it over the other prompt lengths in turn (each new
+the first time round), and the settled generate at a seen length, interleaved (``--repeats``
+rounds); the record's ``protocol`` per model has the fields of Note [the protocol] in
+perf/compiled.py.
+
+Each backend runs in its own process, one after the other (except ``--interleaved`` and
+``--protocol``): compare ratios within one record.
 """
 
 from __future__ import annotations
@@ -70,7 +79,7 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["GENERATE_MODELS", "LENGTHS", "TRAIN_LENGTHS", "main"]
+__all__ = ["GENERATE_MODELS", "LENGTHS", "TRAIN_LENGTHS", "main", "run_generate_protocol"]
 
 #: causal LMs for generation: qwen2 (the model of issue 41's figures) and three the project was never tuned on
 GENERATE_MODELS = ("qwen2", "phi3", "olmo", "starcoder2")
@@ -81,6 +90,8 @@ TRAIN_LENGTHS = (16, 24, 32, 20, 28, 40, 16, 24, 32, 20, 28, 40)
 #: unchecked passes over the six lengths after the checked steps; the last one gives ``settled``
 SETTLE_PASSES = 3
 BACKENDS = ("eager", "aot_eager", "inductor", "fuseg")
+#: the contestants of ``--protocol``
+PROTOCOL_BACKENDS = ("eager", "inductor", "fuseg")
 NEW_TOKENS = 24
 #: where a child process runs its protocol (``--device``; set once in the child)
 _DEVICE = "cpu"
@@ -350,6 +361,83 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
     return out
 
 
+def run_generate_protocol(name: str, backends: list[str], window: float, repeats: int) -> dict[str, Any]:
+    """Note [the protocol] in perf/compiled.py for generation, in this process: per backend (a copy
+    of the model each, compiled afresh, in the order given) the first generate (the first prompt
+    length), then generates back to back for ``window`` seconds over the other prompt lengths in
+    turn (each new the first time round: what a user's loop with varying prompts sees after its
+    first call), fuseg's background builds finished before the next backend starts; then settled:
+    one untimed pass over every length per backend (every length seen, whatever the window
+    reached), the builds finished, and ``repeats`` rounds of one generate per backend at a seen
+    length, the order reversed every other round (the median). Tokens are checked against an
+    eager copy at the first generate and the settled one."""
+    import torch
+
+    from perf.compiled import protocol_record, timed_window
+
+    ref = _model(name)
+    prompts = [_ids((1, n), n) for n in LENGTHS]
+    models: dict[str, Any] = {}
+    first: dict[str, float] = {}
+    windows: dict[str, list[float]] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    equal: dict[str, list[bool]] = {}
+
+    def check(b: str, out: Any, ids: Any) -> None:
+        with torch.no_grad():
+            equal.setdefault(b, []).append(bool(torch.equal(out, _generate(ref, ids))))
+
+    for b in backends:
+        model = _model(name)
+        _compiled_forward(model, b)
+        models[b] = model
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = _generate(model, prompts[0])
+        _synchronized()
+        first[b] = time.perf_counter() - t
+        check(b, out, prompts[0])
+        turn = iter(range(10**9))
+
+        def one(model: Any = model, turn: Any = turn) -> None:
+            with torch.no_grad():
+                _generate(model, prompts[1 + next(turn) % (len(prompts) - 1)])
+            _synchronized()
+
+        windows[b] = timed_window(one, window)
+        extra[b] = {"window_lengths_new": min(len(windows[b]), len(prompts) - 1)}
+        if b == "fuseg":
+            from runtime.codegen.build import background_builds_under_way, wait_for_background_builds
+
+            extra[b]["builds_under_way_after_window"] = background_builds_under_way()
+            t = time.perf_counter()
+            wait_for_background_builds()
+            extra[b]["waited_for_builds_s"] = time.perf_counter() - t
+    for model in models.values():  # every length seen, untimed
+        with torch.no_grad():
+            for ids in prompts:
+                _generate(model, ids)
+    if "fuseg" in models:
+        from runtime.codegen.build import wait_for_background_builds
+
+        wait_for_background_builds()
+    times: dict[str, list[float]] = {b: [] for b in models}
+    for r in range(repeats):
+        for b in (backends if r % 2 == 0 else backends[::-1]):
+            t = time.perf_counter()
+            with torch.no_grad():
+                out = _generate(models[b], prompts[2])
+            _synchronized()
+            times[b].append(time.perf_counter() - t)
+    for b, model in models.items():  # (untimed)
+        with torch.no_grad():
+            check(b, _generate(model, prompts[2]), prompts[2])
+    settled = {b: statistics.median(ts) for b, ts in times.items() if ts}
+    return {"model": name, "backends": list(backends), "lengths": list(LENGTHS), "tokens_equal_eager": equal,
+            "settled_seconds": times, **_plans("fuseg" if "fuseg" in backends else ""),
+            "protocol": protocol_record(window, list(backends), first, windows, settled, extra)}
+
+
 def _timed_step(step: Any, opt: Any, ids: Any) -> tuple[float, Any]:
     """One SGD step (forward with labels, backward, update) on ``ids``: its seconds (to the
     device's end) and its loss."""
@@ -454,7 +542,7 @@ def run_train_interleaved(name: str, backends: list[str], passes: int, warm: int
 
 
 def _child(kind: str, name: str, backend: str, repeats: int, before: str | None = None,
-           device: str = "cpu") -> dict[str, Any]:
+           device: str = "cpu", window: float | None = None) -> dict[str, Any]:
     """Run one (model, backend) in a fresh process with empty compiler caches. ``fuseg-foreground``
     is fuseg with its kernels built on the caller's thread (FUSEG_BACKGROUND_BUILDS=0),
     ``fuseg-unpaused`` fuseg with its background compilers never paused (FUSEG_PAUSE_BUILDS=0),
@@ -475,6 +563,8 @@ def _child(kind: str, name: str, backend: str, repeats: int, before: str | None 
         cmd = [sys.executable, "-m", "perf.dynamic_shapes", "--child", kind, name, run_as, str(repeats)]
         if device != "cpu":  # (not passed on the CPU: an older checkout's --child takes four values)
             cmd.append(device)
+        if window is not None:
+            cmd += ["--window", str(window)]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, cwd=cwd)
         if done.returncode != 0:
             return {"model": name, "backend": backend, "error": done.stderr.strip().splitlines()[-1:] or ["?"]}
@@ -535,10 +625,39 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def protocol_orders(backends: list[str], n: int) -> list[list[str]]:
+    """Per model: eager (where asked) first, the others swapping places from one model to the next
+    (the backend made second in a process finds its imports and the compiler's files warm)."""
+    head = [b for b in backends if b == "eager"]
+    rest = [b for b in backends if b != "eager"]
+    return [head + (rest if k % 2 == 0 else rest[::-1]) for k in range(n)]
+
+
+def _protocol_main(args: Any) -> int:
+    from perf.compiled import protocol_summary
+
+    from .bench import environment, write_record
+
+    record: dict[str, Any] = {"benchmark": "dynamic_shapes/generate-protocol", "environment": environment(args.device),
+                              "lengths": list(LENGTHS), "new_tokens": NEW_TOKENS, "protocol_window_s": args.window,
+                              "repeats": args.repeats, "results": {}}
+    for name, order in zip(args.models, protocol_orders(args.backends, len(args.models))):
+        print(f"protocol {name} {' '.join(order)} ...", file=sys.stderr, flush=True)
+        row = _child("protocol", name, ",".join(order), args.repeats, None, args.device, args.window)
+        record["results"][name] = row
+        print(f"  {json.dumps({t: row['protocol'].get(f'fuseg_vs_{t}') for t in ('eager', 'inductor')} if 'protocol' in row else row.get('error'))}",
+              file=sys.stderr, flush=True)
+    done = [{"model": name, **row} for name, row in record["results"].items() if "protocol" in row]
+    record["summary"] = {"protocol": protocol_summary(done)} if done else {}
+    write_record(record, args.out)
+    return 0 if len(done) == len(args.models) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=list(GENERATE_MODELS))
-    p.add_argument("--backends", nargs="*", default=list(BACKENDS))
+    p.add_argument("--backends", nargs="*", default=None,
+                   help=f"default: {' '.join(BACKENDS)}; with --protocol, {' '.join(PROTOCOL_BACKENDS)}")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1, help="the backends one after another, this many times per model")
     p.add_argument("--train", action="store_true", help="the training protocol instead of generation")
@@ -549,9 +668,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the models run")
     p.add_argument("--profile", action="store_true",
                    help="end each generate protocol with one generate under torch's profiler (kernels, launches, ops)")
+    p.add_argument("--protocol", action="store_true",
+                   help="generation: every backend in one fresh process per model, its first generate, the --window of "
+                        "generates over new prompt lengths after it, the settled generate (Note [the protocol] in "
+                        "perf/compiled.py; --repeats settled rounds)")
+    p.add_argument("--window", type=float, default=30.0, help="with --protocol: seconds of generates after each first one")
     p.add_argument("--out", default=None)
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.backends is None:
+        args.backends = list(PROTOCOL_BACKENDS if args.protocol else BACKENDS)
+    if args.window <= 0:
+        p.error("--window must be positive")
     if args.profile:
         os.environ[_PROFILE_ENV] = "1"  # (the children inherit it)
     if args.child:
@@ -560,6 +688,8 @@ def main(argv: list[str] | None = None) -> int:
         _DEVICE = args.child[4] if len(args.child) > 4 else "cpu"
         if kind == "train-interleaved":
             result = run_train_interleaved(name, backend.split(","), int(repeats))
+        elif kind == "protocol":
+            result = run_generate_protocol(name, backend.split(","), args.window, int(repeats))
         else:
             result = run_train(name, backend) if kind == "train" else run_generate(name, backend, int(repeats))
         print(json.dumps(result))
@@ -567,6 +697,11 @@ def main(argv: list[str] | None = None) -> int:
     from .bench import environment, write_record
 
     kind = "train" if args.train else "generate"
+    if args.protocol:
+        if args.train or args.interleaved or args.before or len(set(args.backends)) != len(args.backends) or any(
+                b not in BACKENDS for b in args.backends):
+            raise SystemExit(f"--protocol: generation, no --before, distinct backends among {', '.join(BACKENDS)}")
+        return _protocol_main(args)
     if args.interleaved:
         if not args.train or args.before or len(set(args.backends)) != len(args.backends) or any(
                 b not in BACKENDS for b in args.backends):

@@ -154,10 +154,24 @@ def _span(vs: list[float]) -> str:
     return _x(vs[0]) if len(vs) == 1 or min(vs) == max(vs) else f"{min(vs):.2f}-{max(vs):.2f}x"
 
 
+def _protocol_also(s: dict[str, Any]) -> list[str]:
+    """A summary's Note [the protocol] (perf.compiled.protocol_summary) for the "Also" column."""
+    p = s.get("protocol")
+    if not p:
+        return []
+    e, i = p["median_fuseg_vs_eager"], p["median_fuseg_vs_inductor"]
+    out = []
+    if e.get("window") is not None or i.get("window") is not None:
+        out.append(f"first {p['window_s']:g} s after the first call {_ratio_pair(e.get('window'), i.get('window'))}")
+    if i.get("first_call") is not None:
+        out.append(f"first call {_x(i['first_call'])} Inductor's (one process)")
+    return out
+
+
 def _compiled(d: dict[str, Any]) -> tuple[str, str, str, str]:
     s = d["summary"]["all"]
-    other = []
-    if s.get("median_first_call_vs_inductor") is not None:
+    other = _protocol_also(s)
+    if s.get("median_first_call_vs_inductor") is not None and not s.get("protocol"):
         other.append(f"first call {_x(s['median_first_call_vs_inductor'])} Inductor's")
     if s.get("median_fuseg_graphs_vs_inductor") is not None:
         other.append(f"with CUDA graphs {_x(s['median_fuseg_graphs_vs_inductor'])} Inductor's")
@@ -170,7 +184,15 @@ def _compiled(d: dict[str, Any]) -> tuple[str, str, str, str]:
 def _train_step(d: dict[str, Any]) -> tuple[str, str, str, str]:
     s = d["summary"]
     return (f"{len(d['results'])} models", _x(s["median_fuseg_over_eager"]), _x(s["median_fuseg_over_inductor"]),
-            f"gradients within {s['max_grad_diff']:.1e} of eager's")
+            "; ".join([*_protocol_also(s), f"gradients within {s['max_grad_diff']:.1e} of eager's"]))
+
+
+def _generate_protocol(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    s = d["summary"]["protocol"]
+    e, i = s["median_fuseg_vs_eager"], s["median_fuseg_vs_inductor"]
+    return (f"{len(d['results'])} models", _x(e["settled"]) if e.get("settled") is not None else "-",
+            _x(i["settled"]) if i.get("settled") is not None else "-",
+            "settled generate; " + "; ".join(_protocol_also(d["summary"])))
 
 
 def _rounds(d: dict[str, Any]) -> list[dict[str, Any]]:
@@ -224,6 +246,8 @@ def _kind(d: dict[str, Any]) -> Callable[[dict[str, Any]], tuple[str, str, str, 
         return _compiled
     if bench.startswith("dynamic_shapes/train"):
         return _train_lengths
+    if bench == "dynamic_shapes/generate-protocol":
+        return _generate_protocol
     if bench.startswith("dynamic_shapes/generate"):
         return _generate
     if "median_fuseg_over_inductor" in d.get("summary", {}):
@@ -235,7 +259,8 @@ def _kind(d: dict[str, Any]) -> Callable[[dict[str, Any]], tuple[str, str, str, 
     return None
 
 
-def table(records: list[Record]) -> str:
+def _headlines(records: list[Record]) -> list[Record]:
+    """The latest record of each row on each machine."""
     latest: dict[tuple[str, str], Record] = {}
     for r in records:
         if r.row is None:
@@ -245,9 +270,128 @@ def table(records: list[Record]) -> str:
             raise RecordError(f"{r.path}: field 'record.row' {r.row!r} has two records of {r.date} on one machine")
         if key not in latest or latest[key].date < r.date:
             latest[key] = r
+    return list(latest.values())
+
+
+# Note [the speed table]: the README's first table puts the CPU kinds side by side: one column per
+# machine folder whose machine.json names a CPU and no GPU (a CPU kind), one row per workload and
+# model, read from the headline records (those with a ``row``; the latest of a row on a machine)
+# of the speed benchmarks: perf.compiled (inference), perf.train_step (a training step),
+# perf.dynamic_shapes (training on changing lengths, generation). A cell holds fuseg/eager and
+# fuseg/Inductor once settled and, where the record has Note [the protocol] in perf/compiled.py,
+# the same two for the window of calls after the first (fuseg/eager there: the window's mean over
+# eager's settled time). Where two headline records of one machine hold a model of the same
+# workload, the later one's figures stand. Older records without some ratio show "-".
+
+#: the speed benchmarks' workloads, in the table's order
+WORKLOADS = ("Inference", "Training step", "Training, changing lengths", "Generation, new prompt lengths")
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One model's ratios in one record (None: not measured there)."""
+    eager: float | None
+    inductor: float | None
+    window_eager: float | None = None
+    window_inductor: float | None = None
+    window_s: float | None = None
+
+
+def _median(vals: list[Any]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _with_protocol(settled: Speed, row: dict[str, Any]) -> Speed:
+    p = row.get("protocol")
+    if not isinstance(p, dict):
+        return settled
+    e, i = p.get("fuseg_vs_eager", {}), p.get("fuseg_vs_inductor", {})
+    return Speed(e.get("settled", settled.eager), i.get("settled", settled.inductor), e.get("window"),
+                 i.get("window"), p.get("window_s"))
+
+
+def _speeds(d: dict[str, Any]) -> list[tuple[str, str, Speed]]:
+    """(workload, model, ratios) of a speed record's models; nothing for other records."""
+    bench = str(d.get("benchmark", ""))
+    out: list[tuple[str, str, Speed]] = []
+    if bench.startswith("compiled models") and "cuda" not in bench:
+        for r in d["rows"]:
+            if "fuseg_vs_eager" in r or "protocol" in r:
+                out.append(("Inference", r["model"],
+                            _with_protocol(Speed(r.get("fuseg_vs_eager"), r.get("fuseg_vs_inductor")), r)))
+    elif bench == "dynamic_shapes/train-interleaved":
+        for name, v in d["results"].items():
+            rs = [r.get("ratios", {}) for r in v["rounds"]]
+            out.append(("Training, changing lengths", name, Speed(_median([r.get("fuseg_over_eager") for r in rs]),
+                                                                 _median([r.get("fuseg_over_inductor") for r in rs]))))
+    elif bench == "dynamic_shapes/generate-protocol":
+        for name, v in d["results"].items():
+            if "protocol" in v:
+                out.append(("Generation, new prompt lengths", name, _with_protocol(Speed(None, None), v)))
+    elif bench == "dynamic_shapes/generate":
+        for name, v in d["results"].items():
+            rs = [r.get("ratios", {}) for r in v.get("rounds", [v])]
+            inductor = _median([r.get("fuseg_settled_after_builds_over_inductor", r.get("fuseg_steady_over_inductor"))
+                                for r in rs])
+            eager = _median([r.get("fuseg_steady_over_eager") for r in rs])
+            if eager is not None or inductor is not None:
+                out.append(("Generation, new prompt lengths", name, Speed(eager, inductor)))
+    elif _kind(d) is _train_step:
+        for r in d["results"]:
+            if "error" not in r and "fuseg_over_eager" in r:
+                out.append(("Training step", r["model"],
+                            _with_protocol(Speed(r["fuseg_over_eager"], r.get("fuseg_over_inductor")), r)))
+    return out
+
+
+def _ratio_pair(e: float | None, i: float | None) -> str:
+    return f"{_x(e) if e is not None else '-'} / {_x(i) if i is not None else '-'}"
+
+
+def _cell(sp: Speed | None) -> str:
+    if sp is None:
+        return ""
+    text = _ratio_pair(sp.eager, sp.inductor)
+    if sp.window_eager is not None or sp.window_inductor is not None:
+        text += f"; first {sp.window_s:g} s {_ratio_pair(sp.window_eager, sp.window_inductor)}"
+    return text
+
+
+def speed_table(records: list[Record]) -> str:
+    """Note [the speed table]; empty where no CPU kind has a speed record."""
+    headlines = sorted((r for r in _headlines(records) if r.machine.cpu is not None and r.machine.gpu is None),
+                       key=lambda r: (r.date, r.path))
+    cells: dict[tuple[str, str], dict[str, Speed]] = {}
+    used: dict[str, list[Record]] = {}
+    for r in headlines:
+        try:
+            found = _speeds(r.data)
+        except (KeyError, TypeError, AttributeError, statistics.StatisticsError) as e:
+            raise RecordError(f"{r.path}: a field the speed table reads is missing or malformed ({e!r})") from None
+        for workload, model, sp in found:
+            cells.setdefault((workload, model), {})[r.machine.folder] = sp  # (a later record's figures stand)
+        if found:
+            used.setdefault(r.machine.folder, []).append(r)
+    if not cells:
+        return ""
+    machines = sorted({r.machine for rs in used.values() for r in rs}, key=lambda m: m.name)
+    lines = ["Speed per CPU kind: fuseg/eager / fuseg/Inductor once settled; \"first N s\": the same over the N "
+             "seconds of calls after the first call (Note [the protocol] in `perf/compiled.py`).", "",
+             "| Workload | Model | " + " | ".join(m.name for m in machines) + " |",
+             "|---|---|" + "---|" * len(machines)]
+    for (workload, model), per in sorted(cells.items(), key=lambda kv: (WORKLOADS.index(kv[0][0]), kv[0][1])):
+        lines.append(f"| {workload} | {model} | " + " | ".join(_cell(per.get(m.folder)) for m in machines) + " |")
+    sources = "; ".join(f"{m.name}: " + ", ".join(f"[{Path(r.path).name}](perf/results/{r.path}) ({r.date})"
+                                                 for r in sorted(used[m.folder], key=lambda r: r.path))
+                        for m in machines)
+    return "\n".join([*lines, "", f"From: {sources}.", ""]) + "\n"
+
+
+def table(records: list[Record]) -> str:
     lines = ["| Workload | Machine | Measured | fuseg / eager | fuseg / Inductor | Also | Record (date) |",
              "|---|---|---|---|---|---|---|"]
-    for r in sorted(latest.values(), key=lambda r: (r.row or "", r.machine.name)):
+    for r in sorted(_headlines(records), key=lambda r: (r.row or "", r.machine.name)):
         kind = _kind(r.data)
         if kind is None:
             raise RecordError(f"{r.path}: field 'record.row' is set but no headline is known for this kind of record")
@@ -257,7 +401,7 @@ def table(records: list[Record]) -> str:
             raise RecordError(f"{r.path}: a field the table reads is missing or malformed ({e!r})") from None
         lines.append(f"| {r.row} | {r.machine.name} | {measured} | {eager} | {inductor} | {also} | "
                      f"[{Path(r.path).name}](perf/results/{r.path}) ({r.date}) |")
-    return "\n".join(lines) + "\n"
+    return speed_table(records) + "\n".join(lines) + "\n"
 
 
 def index(records: list[Record]) -> str:
@@ -294,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if the index or the README's table is out of date")
     args = ap.parse_args(argv)
     try:
-        records = load()
+        records = load(RESULTS)  # (the module's paths as they are now: a test points them at a copy)
         outputs = {RESULTS / "README.md": index(records), README: with_table(README.read_text(), table(records))}
     except RecordError as e:
         print(f"perf.records: {e}", file=sys.stderr)

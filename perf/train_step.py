@@ -1,7 +1,7 @@
 """One training step (forward, backward, SGD update) under eager, Inductor and fuseg, at a fixed
 shape: issue 42's goal 4.
 
-    python -m perf.train_step [MODEL ...] [--rounds 5] [--steps 10] [--processes 1]
+    python -m perf.train_step [MODEL ...] [--rounds 5] [--steps 10] [--processes 1] [--protocol [--window 30]]
                               [--before /path/to/checkout [--repeats 2]] [--separate PAIRS]
                               [--out perf/results/<machine>/train_step_cpu.json]
 
@@ -26,7 +26,10 @@ checkout and one from DIR, alternated (``--repeats`` pairs): after/before is the
 sides' median fuseg/eager (eager is the yardstick both share, so drift between processes
 cancels). With ``--separate PAIRS``, Inductor and fuseg run in processes of their own (eager
 first in each, the variant second), PAIRS of each, alternated: fuseg/Inductor is the ratio of
-their median ratios to eager (Note [the variant made first]). The record names the CPU, its flags and the compiler.
+their median ratios to eager (Note [the variant made first]). With ``--protocol``, each
+variant's first step is followed by ``--window`` seconds of steps before the next variant is made,
+and each row gets ``protocol`` (Note [the protocol] in perf/compiled.py: the first step, the
+window's steps, the settled step; fuseg/eager and fuseg/Inductor of each). The record names the CPU, its flags and the compiler.
 """
 
 from __future__ import annotations
@@ -84,8 +87,12 @@ def _model(name: str) -> tuple[Any, Any]:
     return model, ids
 
 
-def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) -> dict[str, Any]:
-    """In this process: compile, check against eager, then time every variant's steps."""
+def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
+              window: float | None = None) -> dict[str, Any]:
+    """In this process: compile, check against eager, then time every variant's steps. With
+    ``window`` (seconds; Note [the protocol] in perf/compiled.py), each variant's first step is
+    followed by steps back to back for that long before the next variant is made, and the row
+    gets ``protocol``: the first step, the window's steps, the settled step."""
     import copy
     import warnings
 
@@ -94,11 +101,17 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
     warnings.filterwarnings("ignore")
     from runtime.dynamo import fuseg_backend
 
+    if window is not None:
+        from perf.compiled import protocol_record, timed_window
+        from runtime.codegen.build import background_builds_under_way, wait_for_background_builds
+
     base, ids = _model(name)
     known = {"eager": None, "inductor": "inductor", "fuseg": fuseg_backend}
     backends = {v: known[v] for v in variants_wanted}  # made (compiled, first step) in this order
     variants: dict[str, tuple[Any, Any, Any]] = {}
     first: dict[str, float] = {}
+    windows: dict[str, list[float]] = {}
+    extra: dict[str, dict[str, Any]] = {}
     for v, backend in backends.items():
         model = copy.deepcopy(base)
         # a backend per variant: dynamo would otherwise reuse one variant's graphs for another's copy
@@ -110,7 +123,14 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
         opt.zero_grad()
         fn(input_ids=ids, labels=ids).loss.backward()
         first[v] = time.perf_counter() - t0
-        with torch.no_grad():  # the first step's gradients stay; its update is undone
+        if window is not None:  # steps as a training loop makes them, right after the first
+            windows[v] = timed_window(lambda fn=fn, opt=opt: _step(fn, opt, ids), window)
+            if v == "fuseg":  # (its builds end before the next variant is made: they would slow it)
+                extra[v] = {"builds_under_way_after_window": background_builds_under_way()}
+                t1 = time.perf_counter()
+                wait_for_background_builds()
+                extra[v]["waited_for_builds_s"] = time.perf_counter() - t1
+        with torch.no_grad():  # the first step's gradients stay; its update (and the window's) is undone
             for k, p in model.named_parameters():
                 p.copy_(start[k])
     # one step of each from the same weights against eager's: the loss and every gradient
@@ -139,6 +159,9 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
     ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
     row: dict[str, Any] = {"model": name, "order": list(variants), "shape": list(ids.shape), "step_ms": ms, "first_step_s": first,
                            "check_against_eager": check}
+    if window is not None:
+        row["protocol"] = protocol_record(window, list(variants), first, windows,
+                                          {v: statistics.median(t) for v, t in times.items()}, extra)
     if "fuseg" in ms:
         row["fuseg_over_eager"] = ms["fuseg"] / ms["eager"]
         row["fuseg_trials"] = _trials()
@@ -170,6 +193,12 @@ def _trials() -> list[dict[str, Any]]:
     return found
 
 
+def _step(fn: Any, opt: Any, ids: Any) -> None:
+    opt.zero_grad()
+    fn(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+
+
 def timed_rounds(variants: dict[str, tuple[Any, Any, Any]], ids: Any, rounds: int, steps: int,
                  after_round: Any = None) -> dict[str, list[float]]:
     """Each variant's (model, compiled, optimizer) steps on ``ids``: ``rounds`` blocks of
@@ -182,9 +211,7 @@ def timed_rounds(variants: dict[str, tuple[Any, Any, Any]], ids: Any, rounds: in
             _m, fn, opt = variants[v]
             for _ in range(steps):
                 t0 = time.perf_counter()
-                opt.zero_grad()
-                fn(input_ids=ids, labels=ids).loss.backward()
-                opt.step()
+                _step(fn, opt, ids)
                 times[v].append(time.perf_counter() - t0)
         if after_round is not None:
             after_round(r, times)
@@ -194,7 +221,8 @@ def timed_rounds(variants: dict[str, tuple[Any, Any, Any]], ids: Any, rounds: in
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _child(name: str, rounds: int, steps: int, variants: list[str], tree: str = _HERE) -> dict[str, Any]:
+def _child(name: str, rounds: int, steps: int, variants: list[str], tree: str = _HERE,
+           window: float | None = None) -> dict[str, Any]:
     """``run_model`` in a fresh process with empty caches, importing fuseg from ``tree`` (this
     checkout, or ``--before``'s); this file is loaded by its path, so an older tree runs the same
     models and protocol."""
@@ -205,9 +233,10 @@ def _child(name: str, rounds: int, steps: int, variants: list[str], tree: str = 
         code = ("import importlib.util, json, sys; sys.path.insert(0, sys.argv[1]);"
                 "spec = importlib.util.spec_from_file_location('fuseg_train_step', sys.argv[2]);"
                 "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod);"
-                "print(json.dumps(mod.run_model(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(','))))")
+                "w = float(sys.argv[7]) if len(sys.argv) > 7 else None;"
+                "print(json.dumps(mod.run_model(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(','), w)))")
         cmd = [sys.executable, "-c", code, tree, os.path.abspath(__file__), name, str(rounds), str(steps),
-               ",".join(variants)]
+               ",".join(variants), *([str(window)] if window is not None else [])]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, cwd=tmp)
         if done.returncode != 0:
             return {"model": name, "tree": tree, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
@@ -216,7 +245,7 @@ def _child(name: str, rounds: int, steps: int, variants: list[str], tree: str = 
         return row
 
 
-def _processes(name: str, rounds: int, steps: int, processes: int) -> dict[str, Any]:
+def _processes(name: str, rounds: int, steps: int, processes: int, window: float | None = None) -> dict[str, Any]:
     """``_child`` in ``processes`` fresh processes, one after another: with more than one, the
     row holds each (``processes``), each variant's median step over them and the median of their
     ratios (the step of a tiny model moved by a third between processes doing the same work:
@@ -224,13 +253,15 @@ def _processes(name: str, rounds: int, steps: int, processes: int) -> dict[str, 
     # Inductor and fuseg swap places from one process to the next (the one made first ran slower
     # in an A/A trial: perf.experiments.embedding_backward); eager, the yardstick, always first
     orders = (["eager", "inductor", "fuseg"], ["eager", "fuseg", "inductor"])
-    runs = [_child(name, rounds, steps, orders[j % 2]) for j in range(processes)]
+    runs = [_child(name, rounds, steps, orders[j % 2], window=window) if window is not None
+            else _child(name, rounds, steps, orders[j % 2]) for j in range(processes)]
     ok = [r for r in runs if "error" not in r]
     if processes == 1 or len(ok) < len(runs):
         return runs[0] if processes == 1 else next(r for r in runs if "error" in r)
     ms = {v: statistics.median(r["step_ms"][v] for r in ok) for v in ok[0]["step_ms"]}
     worst = max(ok, key=lambda r: r["check_against_eager"]["fuseg"]["max_grad_diff"])
-    return {"model": name, "shape": ok[0]["shape"], "step_ms": ms,
+    merged = {"protocol": _median_tree([r["protocol"] for r in ok])} if "protocol" in ok[0] else {}
+    return {"model": name, "shape": ok[0]["shape"], "step_ms": ms, **merged,
             "first_step_s": {v: statistics.median(r["first_step_s"][v] for r in ok) for v in ok[0]["first_step_s"]},
             "check_against_eager": worst["check_against_eager"],
             "fuseg_over_eager": statistics.median(r["fuseg_over_eager"] for r in ok),
@@ -239,11 +270,25 @@ def _processes(name: str, rounds: int, steps: int, processes: int) -> dict[str, 
             "fuseg_over_inductor_per_process": [r["fuseg_over_inductor"] for r in ok], "processes": ok}
 
 
+def _median_tree(trees: list[Any]) -> Any:
+    """The processes' protocols as one: every number the median of theirs, anything else the
+    first process's (the order alternates: each process's own is in ``processes``)."""
+    if all(isinstance(t, dict) for t in trees):
+        return {k: _median_tree([t[k] for t in trees]) for k in trees[0] if all(k in t for t in trees)}
+    if all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in trees):
+        return statistics.median(trees)
+    return trees[0]
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if "error" not in r and "fuseg_over_inductor" in r]
     if not ok:
         return {}
+    with_protocol = [r for r in ok if "protocol" in r]
+    if with_protocol:
+        from perf.compiled import protocol_summary
     return {
+        **({"protocol": protocol_summary(with_protocol)} if with_protocol else {}),
         "median_fuseg_over_inductor": statistics.median(r["fuseg_over_inductor"] for r in ok),
         "median_fuseg_over_eager": statistics.median(r["fuseg_over_eager"] for r in ok),
         "slower_than_inductor": {r["model"]: round(r["fuseg_over_inductor"], 3) for r in ok
@@ -307,8 +352,17 @@ def main(argv: list[str] | None = None) -> int:
                         "median of their fuseg/Inductor ratios)")
     p.add_argument("--separate", type=int, default=0, metavar="PAIRS",
                    help="Inductor and fuseg in processes of their own, PAIRS of each, eager the yardstick in every one")
+    p.add_argument("--protocol", action="store_true",
+                   help="each variant's first step, the --window of steps after it, the settled step "
+                        "(Note [the protocol] in perf/compiled.py)")
+    p.add_argument("--window", type=float, default=30.0, help="with --protocol: seconds of steps after each first step")
     p.add_argument("--out", help="write the record (JSON) here")
     args = p.parse_args(argv)
+    if args.protocol and (args.before or args.separate):
+        p.error("--protocol: not with --before or --separate")
+    if args.window <= 0:
+        p.error("--window must be positive")
+    window = args.window if args.protocol else None
     unknown = [m for m in args.models if m not in TRAIN_MODELS]
     if unknown:
         p.error(f"unknown models {unknown}; known: {', '.join(TRAIN_MODELS)}")
@@ -333,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: fuseg/eager {row['fuseg_over_eager']:.3f}, Inductor/eager {row['inductor_over_eager']:.3f}:"
                       f" fuseg/Inductor {row['fuseg_over_inductor']:.3f}", flush=True)
         else:
-            row = _processes(name, args.rounds, args.steps, args.processes)
+            row = _processes(name, args.rounds, args.steps, args.processes, window)
             rows.append(row)
             if "error" not in row:
                 ms, c = row["step_ms"], row["check_against_eager"]["fuseg"]
@@ -341,10 +395,15 @@ def main(argv: list[str] | None = None) -> int:
                       f" (fuseg/Inductor {row['fuseg_over_inductor']:.2f}, fuseg/eager {row['fuseg_over_eager']:.2f});"
                       f" first step fuseg {row['first_step_s']['fuseg']:.1f} s, Inductor "
                       f"{row['first_step_s']['inductor']:.1f} s; grad diff {c['max_grad_diff']:.1e}", flush=True)
+                if "protocol" in row:
+                    print("  " + "; ".join(f"fuseg/{t}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                                       row["protocol"].get(f"fuseg_vs_{t}", {}).items())
+                                           for t in ("eager", "inductor")), flush=True)
         if "error" in row:
             print(f"  {name}: failed: {row['error']}", flush=True)
     record = {"environment": environment("cpu"), "method": __doc__, "command": " ".join(["python -m perf.train_step", *(argv if argv is not None else sys.argv[1:])]),
               "rounds": args.rounds, "steps": args.steps, "processes": args.processes, "separate": args.separate,
+              **({"protocol_window_s": window} if window is not None else {}),
               "before": before, "results": rows}
     if before:
         ok = [r for r in rows if "error" not in r]
