@@ -273,9 +273,10 @@ def _headlines(records: list[Record]) -> list[Record]:
     return list(latest.values())
 
 
-# Note [the speed table]: the README's first table puts the CPU kinds side by side: one column per
-# machine folder whose machine.json names a CPU and no GPU (a CPU kind), one row per workload and
-# model, read from the headline records (those with a ``row``; the latest of a row on a machine)
+# Note [the speed table]: the speed tables put the CPU kinds side by side: one column per machine
+# folder whose machine.json names a CPU and no GPU (a CPU kind). The README's has a row per
+# workload (the median and the worst of its models); the records' index (perf/results/README.md)
+# one row per workload and model. Both are read from the headline records (those with a ``row``; the latest of a row on a machine)
 # of the speed benchmarks: perf.compiled (inference), perf.train_step (a training step),
 # perf.dynamic_shapes (training on changing lengths, generation). A cell holds fuseg/eager and
 # fuseg/Inductor once settled and, where the record has Note [the protocol] in perf/compiled.py,
@@ -358,8 +359,8 @@ def _cell(sp: Speed | None) -> str:
     return text
 
 
-def speed_table(records: list[Record]) -> str:
-    """Note [the speed table]; empty where no CPU kind has a speed record."""
+def _speed_cells(records: list[Record]) -> tuple[dict[tuple[str, str], dict[str, Speed]], dict[str, list[Record]]]:
+    """Each (workload, model)'s ratios per CPU kind's folder, and the records they came from."""
     headlines = sorted((r for r in _headlines(records) if r.machine.cpu is not None and r.machine.gpu is None),
                        key=lambda r: (r.date, r.path))
     cells: dict[tuple[str, str], dict[str, Speed]] = {}
@@ -373,6 +374,19 @@ def speed_table(records: list[Record]) -> str:
             cells.setdefault((workload, model), {})[r.machine.folder] = sp  # (a later record's figures stand)
         if found:
             used.setdefault(r.machine.folder, []).append(r)
+    return cells, used
+
+
+def _sources(machines: list[Machine], used: dict[str, list[Record]]) -> str:
+    return "; ".join(f"{m.name}: " + ", ".join(f"[{Path(r.path).name}](perf/results/{r.path}) ({r.date})"
+                                             for r in sorted(used[m.folder], key=lambda r: r.path))
+                     for m in machines)
+
+
+def speed_table(records: list[Record]) -> str:
+    """Note [the speed table], a row per model (the records' index holds it); empty where no CPU
+    kind has a speed record."""
+    cells, used = _speed_cells(records)
     if not cells:
         return ""
     machines = sorted({r.machine for rs in used.values() for r in rs}, key=lambda m: m.name)
@@ -382,10 +396,42 @@ def speed_table(records: list[Record]) -> str:
              "|---|---|" + "---|" * len(machines)]
     for (workload, model), per in sorted(cells.items(), key=lambda kv: (WORKLOADS.index(kv[0][0]), kv[0][1])):
         lines.append(f"| {workload} | {model} | " + " | ".join(_cell(per.get(m.folder)) for m in machines) + " |")
-    sources = "; ".join(f"{m.name}: " + ", ".join(f"[{Path(r.path).name}](perf/results/{r.path}) ({r.date})"
-                                                 for r in sorted(used[m.folder], key=lambda r: r.path))
-                        for m in machines)
-    return "\n".join([*lines, "", f"From: {sources}.", ""]) + "\n"
+    return "\n".join([*lines, "", f"From: {_sources(machines, used)}.", ""]) + "\n"
+
+
+def _summary_cell(speeds: list[Speed]) -> str:
+    if not speeds:
+        return ""
+    def pair(es: list[float | None], is_: list[float | None], pick: Callable[[list[float]], float]) -> str:
+        e, i = [v for v in es if v is not None], [v for v in is_ if v is not None]
+        return _ratio_pair(pick(e) if e else None, pick(i) if i else None)
+    text = (f"{pair([s.eager for s in speeds], [s.inductor for s in speeds], statistics.median)}, worst "
+            f"{pair([s.eager for s in speeds], [s.inductor for s in speeds], max)} ({len(speeds)} models)")
+    windows = [s for s in speeds if s.window_eager is not None or s.window_inductor is not None]
+    if windows:
+        text += (f"; first {windows[0].window_s:g} s: "
+                 f"{pair([s.window_eager for s in windows], [s.window_inductor for s in windows], statistics.median)}")
+    return text
+
+
+def speed_summary(records: list[Record]) -> str:
+    """The README's speed table (Note [the speed table]): a row per workload, a column per CPU
+    kind, the median and the worst of its models' ratios; empty where no CPU kind has a speed record."""
+    cells, used = _speed_cells(records)
+    if not cells:
+        return ""
+    machines = sorted({r.machine for rs in used.values() for r in rs}, key=lambda m: m.name)
+    lines = ["Speed per CPU kind: fuseg/eager / fuseg/Inductor once settled, the median and the worst of a "
+             "workload's models; \"first N s\": the median over the N seconds of calls after the first call "
+             "(Note [the protocol] in `perf/compiled.py`). Each model's figures: "
+             "[perf/results/README.md](perf/results/README.md).", "",
+             "| Workload | " + " | ".join(m.name for m in machines) + " |", "|---|" + "---|" * len(machines)]
+    for workload in WORKLOADS:
+        per = [[sp for (w, _), by in cells.items() if w == workload for f, sp in by.items() if f == m.folder]
+               for m in machines]
+        if any(per):
+            lines.append(f"| {workload} | " + " | ".join(_summary_cell(sps) for sps in per) + " |")
+    return "\n".join([*lines, "", f"From: {_sources(machines, used)}.", ""]) + "\n"
 
 
 def table(records: list[Record]) -> str:
@@ -401,7 +447,7 @@ def table(records: list[Record]) -> str:
             raise RecordError(f"{r.path}: a field the table reads is missing or malformed ({e!r})") from None
         lines.append(f"| {r.row} | {r.machine.name} | {measured} | {eager} | {inductor} | {also} | "
                      f"[{Path(r.path).name}](perf/results/{r.path}) ({r.date}) |")
-    return speed_table(records) + "\n".join(lines) + "\n"
+    return speed_summary(records) + "\n".join(lines) + "\n"
 
 
 def index(records: list[Record]) -> str:
@@ -409,6 +455,9 @@ def index(records: list[Record]) -> str:
            "Generated by `python -m perf.records` from the records' own `record` fields: do not edit by hand.",
            "How a record is laid out and how to add one: Note [records] in `perf/records.py`. Records are",
            "history: a command or path inside one is that of its day. Older records are in git history.", ""]
+    per_model = speed_table(records)
+    if per_model:
+        out += ["## Speed per model and CPU kind", "", per_model]
     machines: dict[str, Machine] = {}
     for r in records:
         machines.setdefault(r.machine.folder, r.machine)

@@ -243,8 +243,24 @@ def test_the_speed_table_puts_each_cpu_kind_in_a_column(two_cpu_kinds) -> None:
     assert "[compiled.json](perf/results/{}) (2026-12-07)".format("cpu-old/compiled.json") in text  # (not a path of the tree)
     # the per-record table under it: the protocol's headline in "Also"
     full = records.table(records.load(two_cpu_kinds))
-    assert full.startswith(text) and "first 30 s after the first call 1.25x / 0.95x" in full
+    assert "first 30 s after the first call 1.25x / 0.95x" in full
     assert "| Generation | New CPU, 2 vCPUs | 1 models | 0.30x | 0.75x | settled generate; first 30 s after" in full
+
+
+def test_the_readme_summary_gives_each_workloads_median_and_worst_per_cpu_kind(two_cpu_kinds) -> None:
+    loaded = records.load(two_cpu_kinds)
+    text = records.speed_summary(loaded)
+    lines = text.splitlines()
+    assert "| Workload | New CPU, 2 vCPUs | Old CPU, 2 vCPUs |" in lines
+    # new CPU: gpt2 1.10/1.30 and vit 0.50/0.70 -> median 0.80/1.00, worst 1.10/1.30; its window 1.25/0.95
+    assert ("| Inference | 0.80x / 1.00x, worst 1.10x / 1.30x (2 models); first 30 s: 1.25x / 0.95x | "
+            "0.80x / 0.90x, worst 0.80x / 0.90x (1 models) |") in lines
+    assert "| Training step | 0.60x / 0.90x, worst 0.60x / 0.90x (1 models) |  |" in lines
+    assert lines.index("| Training step | 0.60x / 0.90x, worst 0.60x / 0.90x (1 models) |  |") < [
+        i for i, line in enumerate(lines) if line.startswith("| Generation")][0]
+    assert records.table(loaded).startswith(text)  # the README's table: the summary, then every headline record
+    assert "## Speed per model and CPU kind" in records.index(loaded)  # each model's figures: the records' index
+    assert records.speed_table(loaded) in records.index(loaded)
 
 
 def test_a_later_record_of_a_machine_overrides_an_earlier_ones_model(two_cpu_kinds) -> None:
@@ -264,7 +280,7 @@ def test_check_tells_a_stale_speed_table(two_cpu_kinds, monkeypatch, capsys) -> 
     assert records.main(["--check"]) == 1
     assert "README.md is out of date" in capsys.readouterr().err
     assert records.main([]) == 0 and records.main(["--check"]) == 0
-    assert "| Inference | gpt2-768 |" in readme.read_text()
+    assert "| Inference | 0.80x / 1.00x, worst 1.10x / 1.30x (2 models)" in readme.read_text()
     # a new record on one CPU kind makes the table stale again
     _record(two_cpu_kinds / "cpu-old" / "again.json",
             _compiled_record("Old CPU (family 1)", {"gpt2-768": (0.7, 0.75)}, True), "Inference, again", "2026-12-08")
