@@ -38,29 +38,66 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["at_own_threads", "background_jobs", "beside_builds", "builds_ended", "builds_started", "register",
-           "reserving"]
+__all__ = ["HOLD_CALLS_S", "POLICIES", "at_own_threads", "background_jobs", "beside_builds", "builds_ended",
+           "builds_started", "cores", "overdue", "policy", "register", "reserving", "use_policy", "way_now"]
 
 _LOCK = threading.Lock()
 _PROGRAMS: weakref.WeakSet = weakref.WeakSet()
-_STATE = {"busy": False}
+_STATE: dict[str, Any] = {"busy": False, "since": 0.0, "fewer": False}
+
+
+#: Note [calls first while kernels build]: the policies, and the one chosen by ``use_policy``
+POLICIES = ("calls-first", "cores", "idle")
+_CHOSEN: dict[str, str | None] = {"policy": None}
+#: seconds after the builds started beyond which calls stop holding the compilers (Note [calls
+#: first while kernels build]: the bound; the same as a program's own wait, ``WAIT_AFTER_S``)
+HOLD_CALLS_S = 10.0
+
+
+def policy() -> str:
+    """How calls run beside background builds (Note [calls first while kernels build]): the one
+    ``use_policy`` chose, else ``"cores"`` where FUSEG_BUILD_THREADS=1, else ``"calls-first"``."""
+    chosen = _CHOSEN["policy"]
+    if chosen is not None:
+        return chosen
+    return "cores" if os.environ.get("FUSEG_BUILD_THREADS", "0") == "1" else "calls-first"
+
+
+def use_policy(name: str | None) -> None:
+    """Choose the policy for this process (``None``: the environment's again). ``"calls-first"``
+    (the default): torch keeps its threads and the compilers are stopped during each call;
+    ``"cores"``: the compilers get half the cores and calls run torch on the rest; ``"idle"``:
+    neither (the compilers run at the lowest priority beside calls that keep every thread; for
+    measurements: perf/first_window.py)."""
+    if name is not None and name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    _CHOSEN["policy"] = name
 
 
 def reserving() -> bool:
-    """Whether background builds get cores of their own (unless FUSEG_BUILD_THREADS=0)."""
-    return os.environ.get("FUSEG_BUILD_THREADS", "1") != "0"
+    """Whether background builds get cores of their own (the ``"cores"`` policy)."""
+    return policy() == "cores"
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, where the system says; else all)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def background_jobs() -> int:
-    """How many compilers a background build runs side by side."""
-    cores = os.cpu_count() or 1
-    return max(1, cores // 2) if reserving() else cores
+    """How many compilers a background build runs side by side: half the cores where they get
+    cores of their own (at least one), else every core (they run only when no call does)."""
+    return max(1, cores() // 2) if reserving() else cores()
 
 
 #: torch's own thread count on this thread while a call runs with fewer (``_with_cores_left``)
@@ -68,12 +105,13 @@ _OWN = threading.local()
 
 
 def _with_cores_left(fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)`` with torch's thread count on this thread less the compilers' (at least one),
-    restored after it."""
+    """``fn(*args)`` with torch's thread count on this thread less half the cores (the
+    compilers', at least one), restored after it."""
     n = torch.get_num_threads()
-    keep = max(1, n - background_jobs())
+    keep = max(1, n - max(1, cores() // 2))
     if keep == n:
         return fn(*args)
+    _STATE["fewer"] = True
     torch.set_num_threads(keep)
     outer, _OWN.n = getattr(_OWN, "n", None), n
     try:
@@ -81,6 +119,36 @@ def _with_cores_left(fn: Callable[..., Any], args: tuple) -> Any:
     finally:
         _OWN.n = outer
         torch.set_num_threads(n)
+
+
+def overdue() -> bool:
+    """Whether the builds under way started more than ``HOLD_CALLS_S`` ago (Note [calls first
+    while kernels build]: calls then stop holding the compilers)."""
+    return _STATE["busy"] and _clock() - _STATE["since"] > HOLD_CALLS_S
+
+
+def _clock() -> float:
+    return time.monotonic()
+
+
+def way_now() -> str:
+    """How a call beside background builds runs now: ``"calls-first"`` (the compilers stopped
+    for it), ``"cores"`` (torch on the cores the compilers leave) or ``"idle"`` (as it is)."""
+    chosen = policy()
+    return "cores" if chosen == "calls-first" and overdue() else chosen
+
+
+def _beside(fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)`` as a call beside background builds runs (``way_now``)."""
+    way = way_now()
+    if way == "cores":
+        return _with_cores_left(fn, args)
+    if way == "calls-first":
+        from .codegen import pause
+
+        with pause.held():
+            return fn(*args)
+    return fn(*args)
 
 
 @contextlib.contextmanager
@@ -104,7 +172,7 @@ def at_own_threads() -> Iterator[None]:
 
 def _wrapped(entry: Callable[..., Any]) -> Callable[..., Any]:
     def entry_beside_builds(*inputs: Any) -> Any:
-        return _with_cores_left(entry, inputs)
+        return _beside(entry, inputs)
 
     entry_beside_builds.unwrapped = entry  # type: ignore[attr-defined]
     return entry_beside_builds
@@ -130,15 +198,13 @@ def entry_now(entry: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def beside_builds(fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)``, with the cores a background build leaves where one is under way (the
+    """``fn(*args)``, as a call beside a background build runs where one is under way (the
     checked path of a call, which does not go through ``entry``)."""
-    return _with_cores_left(fn, args) if _STATE["busy"] else fn(*args)
+    return _beside(fn, args) if _STATE["busy"] else fn(*args)
 
 
 def register(program: Any) -> None:
     """``program`` (its ``entry`` just made) is wrapped while background builds are under way."""
-    if not reserving():
-        return
     with _LOCK:
         _PROGRAMS.add(program)
         if _STATE["busy"]:
@@ -146,13 +212,11 @@ def register(program: Any) -> None:
 
 
 def builds_started() -> None:
-    """A background build is under way: every program's entry leaves its cores to it."""
-    if not reserving():
-        return
+    """A background build is under way: every program's entry runs beside it (``_beside``)."""
     with _LOCK:
         if _STATE["busy"]:
             return
-        _STATE["busy"] = True
+        _STATE["busy"], _STATE["since"], _STATE["fewer"] = True, _clock(), False
         for p in list(_PROGRAMS):
             p.entry = _wrapped(p.entry)
 
@@ -167,8 +231,9 @@ def builds_ended() -> None:
         if not _STATE["busy"]:
             return
         _STATE["busy"] = False
+        fewer, _STATE["fewer"] = _STATE["fewer"], False
         for p in list(_PROGRAMS):
             p.entry = unwrapped(p.entry)
-            for launch in getattr(p, "_chosen", {}).values():
+            for launch in getattr(p, "_chosen", {}).values() if fewer else ():
                 if isinstance(launch, ChosenAtCall):
                     launch.table.clear()
