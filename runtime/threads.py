@@ -1,6 +1,45 @@
-"""torch's threads while kernels compile in the background (issue 41).
+"""torch's threads while kernels compile in the background (issues 41 and 64).
 
-Note [torch's threads beside background compilers]: background compilers run under SCHED_IDLE
+Note [calls first while kernels build]: the default since issue 64 (goal 2: no slow period; a
+call while kernels build runs at least at eager's speed). The older policy below (``"cores"``)
+gave the compilers half the cores and ran each call on the rest: on the two-vCPU machines of CI
+and the benchmarks, torch ran on one thread until the builds ended, and a program whose ops
+use two lost to eager for that long (GPT-2-768: 1.00-1.07x Inductor's right after the first
+call, 0.93-0.95x eager once built; issue 64). The compilers at SCHED_IDLE beside torch's full
+team (``"idle"``) are no remedy either: an OpenMP team waits at each parallel region for the
+member whose core a compiler holds (below: 5-20x). So now, while any background build is
+under way, every program's call (its ``entry``, wrapped as below, and ``run_checked``) keeps
+torch's own thread count and *stops the compilers for its duration* (``pause.held()``: SIGSTOP to
+each compiler's process group, SIGCONT at the return; Note [compilers paused while dynamo
+traces] in codegen/pause.py), and the compilers run on every core (``background_jobs``), at
+SCHED_IDLE, between calls. What a call runs is then what it would run with no build at all,
+the plan's segments that wait for a kernel on torch (the plan's ATen path there), so it runs at
+eager's speed or better on any CPU by construction, not by a tuned share of cores. ``cores()``
+is the process's affinity (a ``taskset`` or a container's CPU set), not the machine's count.
+
+The bound: calls back to back leave the compilers no time (torch's OpenMP workers also spin a
+while after each region), so builds must still end. A program still waiting for its kernels
+``WAIT_AFTER_S`` after its builds started waits for them at its next call (runtime/program.py:
+the compilers then have every core, one call pays for the build, and the program runs its
+kernels from then on); and calls of other programs (a graph already built beside one that is
+not, or a build no call waits for) stop holding the compilers ``HOLD_CALLS_S`` after the builds
+started: they run with the cores the compilers leave (the ``"cores"`` policy) until the last
+build ends. So the period beside the builds is bounded whatever the caller does, and it is at
+eager's speed until the bound. (This is Note [interim calls hold the pause] made general: every
+program's calls hold, not only those of the program waiting, and with a bound for all: the
+objection below, builds that never finished in a generate loop, was a period without one for
+the calls of programs that waited for nothing.) On a machine that other processes oversubscribe
+a team of torch's full count is slow with or without builds (eager's too: a tiny LM's eager
+call took a median of 26-29 ms with two threads and 1.4-1.7 ms with one on this shared
+two-vCPU machine, 2026-12-06, load 6-10): calls first is at eager's speed there, not better. ``FUSEG_BUILD_THREADS=1`` (or ``use_policy("cores")``) keeps the
+older policy; ``use_policy("idle")`` neither stops the compilers nor narrows torch (for
+measurements: perf/first_window.py times the first seconds of calls under each against eager's,
+in one run). Where the pause is off (FUSEG_PAUSE_BUILDS=0) or cannot signal, calls first runs
+as ``"idle"``. Choices at the call made while the builds ran are dropped when they end only where
+a call ran on fewer threads (their verdicts' keys name the count).
+
+Note [torch's threads beside background compilers] (the ``"cores"`` policy): background
+compilers run under SCHED_IDLE
 (Note [kernels built in the background] in runtime/background.py) so that the caller's threads
 take their cores first. On this machine kind (a Firecracker VM of two vCPUs) that protects a
 single thread, not torch's OpenMP team: with anything busy in memory or in the kernel on the
@@ -53,7 +92,7 @@ _PROGRAMS: weakref.WeakSet = weakref.WeakSet()
 _STATE: dict[str, Any] = {"busy": False, "since": 0.0, "fewer": False}
 
 
-#: Note [calls first while kernels build]: the policies, and the one chosen by ``use_policy``
+#: the policies (Note [calls first while kernels build]), and the one chosen by ``use_policy``
 POLICIES = ("calls-first", "cores", "idle")
 _CHOSEN: dict[str, str | None] = {"policy": None}
 #: seconds after the builds started beyond which calls stop holding the compilers (Note [calls
