@@ -19,6 +19,11 @@ def test_calls_are_counted_by_the_second_they_start_in() -> None:
     assert [r["calls"] for r in rows] == [2, 1, 1, 0]
     assert rows[0]["median_ms"] == pytest.approx(300.0) and rows[0]["mean_over_eager"] == pytest.approx(3.0)
     assert rows[1]["median_over_eager"] == pytest.approx(1.0) and rows[3]["median_over_eager"] is None
+    assert "eager_calls" not in rows[0]
+    rows = first_window.per_second(calls, 0.1, 4, [(0.3, 0.1), (0.7, 0.3), (2.5, 0.2)])
+    assert [r["eager_calls"] for r in rows] == [2, 0, 1, 0]
+    assert rows[0]["median_over_same_second_eager"] == pytest.approx(0.3 / 0.2)
+    assert rows[1]["median_over_same_second_eager"] is None and rows[2]["median_over_same_second_eager"] == pytest.approx(1.5)
 
 
 class _Tiny(torch.nn.Module):
@@ -40,20 +45,21 @@ def test_a_window_in_this_process_records_the_builds_and_restores_the_policy(mon
     monkeypatch.setitem(compiled.MODELS, "tiny-window", lambda: (_Tiny().eval(), [torch.randn(4, 16)]))
     torch._dynamo.reset()
     try:
-        r = first_window.window("tiny-window", 0.5, "calls-first", 0.05)
+        r = first_window.window("tiny-window", 0.5, "calls-first", 0.05, eager_every=3)
     finally:
         torch._dynamo.reset()
     assert threads._CHOSEN["policy"] is None and build.background_builds_under_way() == 0
     assert r["policy"] == "calls-first" and r["calls"] >= 1 and r["max_diff"] < 1e-4
     assert sum(s["calls"] for s in r["seconds"]) == r["calls"] and len(r["seconds"]) == 1
+    assert r["eager_every"] == 3 and "median_over_same_second_eager" in r["seconds"][0]
     assert r["builds_ended_s"] is None or r["builds_ended_s"] <= 0.5 + r["slowest_call_s"]
 
 
 def test_the_command_runs_each_policy_and_writes_the_record(monkeypatch, tmp_path, capsys) -> None:
     ran = []
 
-    def fake(name, seconds, policy, eager_s):
-        ran.append((name, seconds, policy, eager_s))
+    def fake(name, seconds, policy, eager_s, eager_every):
+        ran.append((name, seconds, policy, eager_s, eager_every))
         return {"policy": policy, "first_call_s": 1.0, "builds_ended_s": 2.0, "calls": 10, "eager_calls_in_window": 9.0,
                 "window_mean_over_eager": 0.9, "slowest_call_s": 0.5, "slowest_call_at_s": 1.0, "eager_median_ms": 1.0,
                 "seconds": first_window.per_second([(0.1, 0.001)], 0.001, 2)}
@@ -67,3 +73,5 @@ def test_the_command_runs_each_policy_and_writes_the_record(monkeypatch, tmp_pat
     assert "calls-first" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         first_window.main(["m", "--policies", "fastest"])
+    with pytest.raises(SystemExit):
+        first_window.main(["m", "--eager-every", "1"])
