@@ -57,9 +57,10 @@ that runs torch's parallel ops is slowed far more than their priority suggests: 
 kind's two vCPUs, phi3-tiny's generates on the interim program took 0.15-0.48 s with the
 compilers running against 0.010-0.022 s with them held (scratch timers, 2026-11-27).
 
-Note [interim calls hold the pause]: (since 2026-11-28 only with FUSEG_BUILD_THREADS=0: the
-compilers now get cores of their own and run beside the calls, Note [torch's threads beside
-background compilers] in runtime/threads.py; what follows is why this was tried first) so each
+Note [interim calls hold the pause]: (from 2026-11-28 only with FUSEG_BUILD_THREADS=0, the
+compilers given cores of their own, Note [torch's threads beside background compilers] in
+runtime/threads.py; since issue 64 the default again, for every program's calls and with a bound
+for all: Note [calls first while kernels build] there; what follows is why this was tried first) so each
 call of a program whose builds are under way (its ``entry`` and ``run_checked`` on the interim
 program) holds the pause too: the compilers are
 stopped for the call and go on between calls. A first try (2026-11-27) left the builds no

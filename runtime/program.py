@@ -80,11 +80,10 @@ class Launch:
 
 
 def _interim_call() -> contextlib.AbstractContextManager:
-    """What a call of a program whose kernels are being built runs under: nothing, where the
-    compilers have cores of their own (Note [torch's threads beside background compilers] in
-    runtime/threads.py); else the compilers stopped for the call (Note [interim calls hold the
-    pause] in runtime/background.py, FUSEG_BUILD_THREADS=0)."""
-    return contextlib.nullcontext() if threads.reserving() else pause.held()
+    """What a call of a program whose kernels are being built runs under: the compilers stopped
+    for the call where calls come first (Note [calls first while kernels build] in
+    runtime/threads.py; its entry's wrapping holds them too: holds nest); else nothing."""
+    return pause.held() if threads.way_now() == "calls-first" else contextlib.nullcontext()
 
 
 def _without_cyclic_gc(fn: Callable) -> Callable:

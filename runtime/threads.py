@@ -1,6 +1,49 @@
-"""torch's threads while kernels compile in the background (issue 41).
+"""torch's threads while kernels compile in the background (issues 41 and 64).
 
-Note [torch's threads beside background compilers]: background compilers run under SCHED_IDLE
+Note [calls first while kernels build]: the default since issue 64 (goal 2: no slow period; a
+call while kernels build runs at least at eager's speed). The older policy below (``"cores"``)
+gave the compilers half the cores and ran each call on the rest: on the two-vCPU machines of CI
+and the benchmarks, torch ran on one thread until the builds ended, and a program whose ops
+use two lost to eager for that long (GPT-2-768: 1.00-1.07x Inductor's right after the first
+call, 0.93-0.95x eager once built; issue 64). The compilers at SCHED_IDLE beside torch's full
+team (``"idle"``) are no remedy either: an OpenMP team waits at each parallel region for the
+member whose core a compiler holds (below: 5-20x). So now, while any background build is
+under way, every program's call (its ``entry``, wrapped as below, and ``run_checked``) keeps
+torch's own thread count and *stops the compilers for its duration* (``pause.held()``: SIGSTOP to
+each compiler's process group, SIGCONT at the return; Note [compilers paused while dynamo
+traces] in codegen/pause.py), and the compilers run on every core (``background_jobs``), at
+SCHED_IDLE, between calls. What a call runs is then what it would run with no build at all,
+the plan's segments that wait for a kernel on torch (the plan's ATen path there), so it runs at
+eager's speed or better on any CPU by construction, not by a tuned share of cores. ``cores()``
+is the process's affinity (a ``taskset`` or a container's CPU set), not the machine's count.
+
+The bound: calls back to back leave the compilers no time (torch's OpenMP workers also spin a
+while after each region), so builds must still end. A program still waiting for its kernels
+``WAIT_AFTER_S`` after its builds started waits for them at its next call (runtime/program.py:
+the compilers then have every core, one call pays for the build, and the program runs its
+kernels from then on); and calls of other programs (a graph already built beside one that is
+not, or a build no call waits for) stop holding the compilers ``HOLD_CALLS_S`` after the builds
+started: they run with the cores the compilers leave (the ``"cores"`` policy) until the last
+build ends. So the period beside the builds is bounded whatever the caller does, and it is at
+eager's speed until the bound. (This is Note [interim calls hold the pause] made general: every
+program's calls hold, not only those of the program waiting, and with a bound for all: the
+objection below, builds that never finished in a generate loop, was a period without one for
+the calls of programs that waited for nothing.) On a machine that other processes oversubscribe
+a team of torch's full count is slow with or without builds (eager's too: a tiny LM's eager
+call took a median of 26-29 ms with two threads and 1.4-1.7 ms with one on this shared
+two-vCPU machine, 2026-12-06, load 6-10): calls first is at eager's speed there, not better. ``FUSEG_BUILD_THREADS=1`` (or ``use_policy("cores")``) keeps the
+older policy; ``use_policy("idle")`` neither stops the compilers nor narrows torch (for
+measurements: perf/first_window.py times the first seconds of calls under each against eager's,
+in one run). Where the pause is off (FUSEG_PAUSE_BUILDS=0) or cannot signal, calls first runs
+as ``"idle"``. Choices at the call made while the builds ran are dropped when they end only where
+a call ran on fewer threads (their verdicts' keys name the count). perf/first_window.py on this
+shared two-vCPU machine (llama-tiny, a 15 s window, every fourth call eager's with the compilers
+stopped, load 6-8: indicative only, 2026-12-06): calls first's calls 0.33-1.21x the same
+second's eager, the builds waited for at 9.0 s; under ``"idle"`` 1.7-28x in the seconds before
+its builds ended.
+
+Note [torch's threads beside background compilers] (the ``"cores"`` policy): background
+compilers run under SCHED_IDLE
 (Note [kernels built in the background] in runtime/background.py) so that the caller's threads
 take their cores first. On this machine kind (a Firecracker VM of two vCPUs) that protects a
 single thread, not torch's OpenMP team: with anything busy in memory or in the kernel on the
@@ -38,29 +81,66 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["at_own_threads", "background_jobs", "beside_builds", "builds_ended", "builds_started", "register",
-           "reserving"]
+__all__ = ["HOLD_CALLS_S", "POLICIES", "at_own_threads", "background_jobs", "beside_builds", "builds_ended",
+           "builds_started", "cores", "overdue", "policy", "register", "reserving", "use_policy", "way_now"]
 
 _LOCK = threading.Lock()
 _PROGRAMS: weakref.WeakSet = weakref.WeakSet()
-_STATE = {"busy": False}
+_STATE: dict[str, Any] = {"busy": False, "since": 0.0, "fewer": False}
+
+
+#: the policies (Note [calls first while kernels build]), and the one chosen by ``use_policy``
+POLICIES = ("calls-first", "cores", "idle")
+_CHOSEN: dict[str, str | None] = {"policy": None}
+#: seconds after the builds started beyond which calls stop holding the compilers (Note [calls
+#: first while kernels build]: the bound; the same as a program's own wait, ``WAIT_AFTER_S``)
+HOLD_CALLS_S = 10.0
+
+
+def policy() -> str:
+    """How calls run beside background builds (Note [calls first while kernels build]): the one
+    ``use_policy`` chose, else ``"cores"`` where FUSEG_BUILD_THREADS=1, else ``"calls-first"``."""
+    chosen = _CHOSEN["policy"]
+    if chosen is not None:
+        return chosen
+    return "cores" if os.environ.get("FUSEG_BUILD_THREADS", "0") == "1" else "calls-first"
+
+
+def use_policy(name: str | None) -> None:
+    """Choose the policy for this process (``None``: the environment's again). ``"calls-first"``
+    (the default): torch keeps its threads and the compilers are stopped during each call;
+    ``"cores"``: the compilers get half the cores and calls run torch on the rest; ``"idle"``:
+    neither (the compilers run at the lowest priority beside calls that keep every thread; for
+    measurements: perf/first_window.py)."""
+    if name is not None and name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    _CHOSEN["policy"] = name
 
 
 def reserving() -> bool:
-    """Whether background builds get cores of their own (unless FUSEG_BUILD_THREADS=0)."""
-    return os.environ.get("FUSEG_BUILD_THREADS", "1") != "0"
+    """Whether background builds get cores of their own (the ``"cores"`` policy)."""
+    return policy() == "cores"
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, where the system says; else all)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def background_jobs() -> int:
-    """How many compilers a background build runs side by side."""
-    cores = os.cpu_count() or 1
-    return max(1, cores // 2) if reserving() else cores
+    """How many compilers a background build runs side by side: half the cores where they get
+    cores of their own (at least one), else every core (they run only when no call does)."""
+    return max(1, cores() // 2) if reserving() else cores()
 
 
 #: torch's own thread count on this thread while a call runs with fewer (``_with_cores_left``)
@@ -68,12 +148,13 @@ _OWN = threading.local()
 
 
 def _with_cores_left(fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)`` with torch's thread count on this thread less the compilers' (at least one),
-    restored after it."""
+    """``fn(*args)`` with torch's thread count on this thread less half the cores (the
+    compilers', at least one), restored after it."""
     n = torch.get_num_threads()
-    keep = max(1, n - background_jobs())
+    keep = max(1, n - max(1, cores() // 2))
     if keep == n:
         return fn(*args)
+    _STATE["fewer"] = True
     torch.set_num_threads(keep)
     outer, _OWN.n = getattr(_OWN, "n", None), n
     try:
@@ -81,6 +162,36 @@ def _with_cores_left(fn: Callable[..., Any], args: tuple) -> Any:
     finally:
         _OWN.n = outer
         torch.set_num_threads(n)
+
+
+def overdue() -> bool:
+    """Whether the builds under way started more than ``HOLD_CALLS_S`` ago (Note [calls first
+    while kernels build]: calls then stop holding the compilers)."""
+    return _STATE["busy"] and _clock() - _STATE["since"] > HOLD_CALLS_S
+
+
+def _clock() -> float:
+    return time.monotonic()
+
+
+def way_now() -> str:
+    """How a call beside background builds runs now: ``"calls-first"`` (the compilers stopped
+    for it), ``"cores"`` (torch on the cores the compilers leave) or ``"idle"`` (as it is)."""
+    chosen = policy()
+    return "cores" if chosen == "calls-first" and overdue() else chosen
+
+
+def _beside(fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)`` as a call beside background builds runs (``way_now``)."""
+    way = way_now()
+    if way == "cores":
+        return _with_cores_left(fn, args)
+    if way == "calls-first":
+        from .codegen import pause
+
+        with pause.held():
+            return fn(*args)
+    return fn(*args)
 
 
 @contextlib.contextmanager
@@ -104,7 +215,7 @@ def at_own_threads() -> Iterator[None]:
 
 def _wrapped(entry: Callable[..., Any]) -> Callable[..., Any]:
     def entry_beside_builds(*inputs: Any) -> Any:
-        return _with_cores_left(entry, inputs)
+        return _beside(entry, inputs)
 
     entry_beside_builds.unwrapped = entry  # type: ignore[attr-defined]
     return entry_beside_builds
@@ -130,15 +241,13 @@ def entry_now(entry: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def beside_builds(fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)``, with the cores a background build leaves where one is under way (the
+    """``fn(*args)``, as a call beside a background build runs where one is under way (the
     checked path of a call, which does not go through ``entry``)."""
-    return _with_cores_left(fn, args) if _STATE["busy"] else fn(*args)
+    return _beside(fn, args) if _STATE["busy"] else fn(*args)
 
 
 def register(program: Any) -> None:
     """``program`` (its ``entry`` just made) is wrapped while background builds are under way."""
-    if not reserving():
-        return
     with _LOCK:
         _PROGRAMS.add(program)
         if _STATE["busy"]:
@@ -146,13 +255,11 @@ def register(program: Any) -> None:
 
 
 def builds_started() -> None:
-    """A background build is under way: every program's entry leaves its cores to it."""
-    if not reserving():
-        return
+    """A background build is under way: every program's entry runs beside it (``_beside``)."""
     with _LOCK:
         if _STATE["busy"]:
             return
-        _STATE["busy"] = True
+        _STATE["busy"], _STATE["since"], _STATE["fewer"] = True, _clock(), False
         for p in list(_PROGRAMS):
             p.entry = _wrapped(p.entry)
 
@@ -167,8 +274,9 @@ def builds_ended() -> None:
         if not _STATE["busy"]:
             return
         _STATE["busy"] = False
+        fewer, _STATE["fewer"] = _STATE["fewer"], False
         for p in list(_PROGRAMS):
             p.entry = unwrapped(p.entry)
-            for launch in getattr(p, "_chosen", {}).values():
+            for launch in getattr(p, "_chosen", {}).values() if fewer else ():
                 if isinstance(launch, ChosenAtCall):
                     launch.table.clear()

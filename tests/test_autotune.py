@@ -490,6 +490,7 @@ def test_a_choice_at_the_call_made_beside_builds_is_made_again_after_them(cache,
     from runtime import threads
     from runtime.dynamo import FusegCompiler, compile_with_aot
 
+    monkeypatch.setenv("FUSEG_BUILD_THREADS", "1")  # (the "cores" policy: Note [calls first while kernels build])
     if not threads.reserving() or threads.background_jobs() >= 2:
         pytest.skip("needs a machine where builds leave torch fewer threads than its own (2 cores)")
     asked: list[str] = []

@@ -347,6 +347,7 @@ def test_a_remake_beside_other_builds_measures_with_torchs_own_threads(gate, mon
     from runtime import autotune, threads
     from runtime.dynamo import FusegCompiler, compile_with_aot
 
+    monkeypatch.setenv("FUSEG_BUILD_THREADS", "1")  # (the "cores" policy: Note [calls first while kernels build])
     if not threads.reserving() or threads.background_jobs() >= 2:
         pytest.skip("needs a machine where builds leave torch fewer threads than its own (2 cores)")
     measured_with: list[int] = []

@@ -202,41 +202,76 @@ def test_dynamo_compiles_and_fusegs_planning_hold_the_pause(monkeypatch):
     assert not pause.holding()
 
 
-def test_calls_of_an_interim_program_hold_the_pause(slow_compiler, monkeypatch):
-    """Note [interim calls hold the pause] (runtime/background.py), with FUSEG_BUILD_THREADS=0
-    (the compilers on every core, as before Note [torch's threads beside background compilers]):
-    while a program's kernels are compiled in the background, each of its calls (the first,
-    through ``run_checked``, and the later ones, through ``entry``) runs with the compilers
-    stopped; between calls, and once the kernels are built, nothing is held."""
+def test_calls_beside_background_compilers_stop_them_and_keep_torchs_threads(slow_compiler, monkeypatch):
+    """Note [calls first while kernels build] (runtime/threads.py), the default: while a program's
+    kernels are compiled in the background, each call of it (the first, through ``run_checked``,
+    and the later ones, through ``entry``) and of a program made before the build runs with the
+    compilers stopped and torch at its own thread count; between calls the compilers run, and
+    once the kernels are built nothing is held."""
+    from runtime import threads
     from runtime.program import CompiledProgram
 
-    monkeypatch.setenv("FUSEG_BUILD_THREADS", "0")
-
+    monkeypatch.delenv("FUSEG_BUILD_THREADS", raising=False)
+    assert threads.policy() == "calls-first"
+    own = torch.get_num_threads()
     _, pids = slow_compiler
+    y = torch.randn(6, 5)
+    earlier = runtime.compile(apply_aliases(segment(capture(lambda y: y.exp() + 2, [y])), "post"), backend="cpp")
+    before = len(pids.read_text().split()) if pids.exists() else 0  # (its own build ran the script too)
     fn = lambda x: (x * 3.5).sin()  # noqa: E731 - the fixture's program: its kernel is the fresh one
     x = torch.randn(8, 4)
     program = CompiledProgram(apply_aliases(segment(capture(fn, [x])), "post"), "cpp", background=True)
     assert program._building is not None, "no build in the background"
-    assert _wait_for(lambda: _pid(pids) is not None), "the compiler never started"
-    pid = _pid(pids)
-    seen: list[tuple[bool, str]] = []
+    assert _wait_for(lambda: pids.exists() and len(pids.read_text().split()) > before), "the compiler never started"
+    pid = int(pids.read_text().split()[before])
+    seen: list[tuple[int, bool, str]] = []
+
+    def look() -> None:
+        # (a stop signal lands at once, but the state may read as running a moment longer)
+        seen.append((torch.get_num_threads(), pause.holding(),
+                     "T" if _wait_for(lambda: _group_stopped(pid), 5) else str(_group_states(pid))))
+
     for name in ("_entry_now", "_fast"):
         real = getattr(program, name)
-
-        def watched(*args, real=real):
-            # (a stop signal lands at once, but the state may read as running a moment longer)
-            seen.append((pause.holding(), "T" if _wait_for(lambda: _group_stopped(pid), 5) else _group_states(pid)))
-            return real(*args)
-
-        setattr(program, name, watched)
+        setattr(program, name, lambda *args, real=real: (look(), real(*args))[1])
     torch.testing.assert_close(program.run_checked(x), [fn(x)])
     torch.testing.assert_close(program(x), [fn(x)])
-    assert len(seen) == 2 and all(held and state == "T" for held, state in seen), seen
+    # the earlier program's generated entry, wrapped when the build started, observed inside the wrapper
+    inner = threads.unwrapped(earlier.entry)
+    assert inner is not earlier.entry
+    earlier.entry = threads._wrapped(lambda *a: (look(), inner(*a))[1])
+    torch.testing.assert_close(earlier(y), [y.exp() + 2])
+    assert len(seen) == 3 and all(n == own and held and state == "T" for n, held, state in seen), seen
     assert not pause.holding() and "T" not in _group_states(pid)
     program.wait_for_builds()
+    build.wait_for_background_builds()
     seen.clear()
     torch.testing.assert_close(program(x), [fn(x)])
     assert program._building is None and not pause.holding() and seen == []
+
+
+def test_a_program_called_back_to_back_still_ends_with_its_kernels(slow_compiler, monkeypatch):
+    """The bound of Note [calls first while kernels build]: calls with no gap between them give the
+    stopped compilers no time, so a program still waiting for its kernels ``WAIT_AFTER_S`` after
+    its builds started waits for them at its next call (the compilers then run on every core),
+    and runs its kernels from then on."""
+    from runtime import program as program_module
+    from runtime.program import CompiledProgram
+
+    monkeypatch.delenv("FUSEG_BUILD_THREADS", raising=False)
+    monkeypatch.setattr(program_module, "WAIT_AFTER_S", 1.0)
+    fn = lambda x: (x * 3.5).sin()  # noqa: E731 - the fixture's program: its kernel is the fresh one
+    x = torch.randn(8, 4)
+    program = CompiledProgram(apply_aliases(segment(capture(fn, [x])), "post"), "cpp", background=True)
+    assert program._building is not None, "no build in the background"
+    end = time.monotonic() + 60
+    calls = 0
+    while program._building is not None and time.monotonic() < end:
+        torch.testing.assert_close(program(x), [fn(x)])
+        calls += 1
+    assert program._building is None, "the builds never ended"
+    assert "cpp" in program.backend_of.values() and calls > 1, (calls, program.passed_over)
+    torch.testing.assert_close(program(x), [fn(x)])
 
 
 @pytest.fixture
@@ -251,8 +286,15 @@ def two_threads_or_more():
     torch.set_num_threads(was)
 
 
-def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, two_threads_or_more):
-    """Note [torch's threads beside background compilers] (runtime/threads.py): while a build
+@pytest.fixture
+def cores_policy(monkeypatch):
+    """The ``"cores"`` policy (FUSEG_BUILD_THREADS=1), set before ``two_threads_or_more`` counts."""
+    monkeypatch.setenv("FUSEG_BUILD_THREADS", "1")
+
+
+def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, cores_policy, two_threads_or_more):
+    """Note [torch's threads beside background compilers] (runtime/threads.py), the ``"cores"``
+    policy (FUSEG_BUILD_THREADS=1): while a build
     runs in the background, every call of a program (one made before the build started, and the
     one waiting for it; through ``entry`` and through ``run_checked``) runs torch with the cores
     the compilers leave it, the compilers running on (not stopped); after each call, and once
@@ -261,16 +303,17 @@ def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, two_t
     from runtime.program import CompiledProgram
 
     full = two_threads_or_more
+    _, pids = slow_compiler
     y = torch.randn(6, 5)
     earlier = runtime.compile(apply_aliases(segment(capture(lambda y: y.exp() + 2, [y])), "post"), backend="cpp")
+    before = len(pids.read_text().split()) if pids.exists() else 0  # (its own build ran the script too)
     fn = lambda x: (x * 3.5).sin()  # noqa: E731 - the fixture's program: its kernel is the fresh one
     x = torch.randn(8, 4)
     program = CompiledProgram(apply_aliases(segment(capture(fn, [x])), "post"), "cpp", background=True)
     assert program._building is not None, "no build in the background"
     assert hasattr(program.entry, "unwrapped") and hasattr(earlier.entry, "unwrapped")
-    _, pids = slow_compiler
-    assert _wait_for(lambda: _pid(pids) is not None), "the compiler never started"
-    pid = _pid(pids)
+    assert _wait_for(lambda: pids.exists() and len(pids.read_text().split()) > before), "the compiler never started"
+    pid = int(pids.read_text().split()[before])
     seen: list[tuple[int, bool, str]] = []
 
     def watch(prog, name):
@@ -303,13 +346,23 @@ def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, two_t
     assert seen == [full]
 
 
-def test_with_build_threads_off_nothing_is_wrapped(slow_compiler, two_threads_or_more, monkeypatch):
+def test_with_the_idle_policy_calls_run_as_they_are(slow_compiler, two_threads_or_more):
+    """``use_policy("idle")`` (what perf/first_window.py measures beside the others): calls keep
+    torch's threads and the compilers run on (at the lowest priority) beside them."""
+    from runtime import threads
     from runtime.program import CompiledProgram
 
-    monkeypatch.setenv("FUSEG_BUILD_THREADS", "0")
-    x = torch.randn(8, 4)
-    program = CompiledProgram(apply_aliases(segment(capture(lambda x: (x * 3.5).sin(), [x])), "post"), "cpp",
-                              background=True)
-    assert program._building is not None
-    assert not hasattr(program.entry, "unwrapped")
-    program.wait_for_builds()
+    threads.use_policy("idle")
+    try:
+        x = torch.randn(8, 4)
+        program = CompiledProgram(apply_aliases(segment(capture(lambda x: (x * 3.5).sin(), [x])), "post"), "cpp",
+                                  background=True)
+        assert program._building is not None
+        seen = []
+        real = program._entry_now
+        program._entry_now = lambda *a: (seen.append((torch.get_num_threads(), pause.holding())), real(*a))[1]
+        program(x)
+        assert seen == [(two_threads_or_more, False)]
+        program.wait_for_builds()
+    finally:
+        threads.use_policy(None)

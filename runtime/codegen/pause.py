@@ -14,10 +14,9 @@ something ``hold``s the pause:
 What holds it: dynamo's compile of a frame (its compile-start and compile-end callbacks,
 registered by runtime/dynamo.py; dynamo counts nested compiles and calls them once around the
 outermost), fuseg's own making of a program at a graph's first call (import, plan,
-program), and, with FUSEG_BUILD_THREADS=0 only, each call of a program whose kernels are still
-being built (Note [interim calls hold the pause] in runtime/background.py; otherwise the
-compilers have cores of their own and run on: Note [torch's threads beside background
-compilers] in runtime/threads.py). Builds on the caller's thread (``low_priority=False``: the caller waits for them) are
+program), and each call of a program while background builds are under way (Note [calls first
+while kernels build] in runtime/threads.py; not under its ``"cores"`` policy, FUSEG_BUILD_THREADS=1,
+where the compilers have cores of their own and run on, nor past its bound). Builds on the caller's thread (``low_priority=False``: the caller waits for them) are
 never paused. FUSEG_PAUSE_BUILDS=0 turns the pause off (perf.dynamic_shapes' ``fuseg-unpaused``
 runs that way, for the before/after in one record).
 
