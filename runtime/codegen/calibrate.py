@@ -67,6 +67,7 @@ from typing import Any
 
 import torch
 
+from . import thresholds
 from .thresholds import Thresholds
 
 __all__ = ["CALLS", "FIELDS", "TIE", "keep", "kept_detail", "kept_or_measured", "measure", "prepare", "thresholds_path"]
@@ -219,7 +220,6 @@ _PREPARE_LOCK = threading.Lock()
 def prepare() -> None:
     """Where the thresholds are neither set nor kept, start building the library in the
     background (the first ``measure`` waits for it)."""
-    from . import thresholds
     from .build import cpu_compiler
 
     if os.environ.get("FUSEG_THREAD_THRESHOLDS") or torch.get_num_threads() <= 1 or cpu_compiler() is None:
@@ -417,3 +417,7 @@ def kept_or_measured(threads: int) -> Thresholds | None:
         return None
     keep(threads, got, detail)
     return got
+
+
+# (thresholds.py resolves through this, looked up at each call: a test may replace it)
+thresholds.measured_by(lambda threads: kept_or_measured(threads))

@@ -44,14 +44,14 @@ import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from .gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 
-__all__ = ["UNMEASURED", "Thresholds", "current", "parse", "pinned", "resolve", "resolved"]
+__all__ = ["UNMEASURED", "Thresholds", "current", "measured_by", "parse", "pinned", "resolve", "resolved"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,8 @@ _LOCK = threading.Lock()
 _STATE: dict[str, Thresholds | None] = {"pinned": None}
 #: torch's thread count -> the thresholds resolved for it in this process
 _RESOLVED: dict[int, Thresholds] = {}
+#: Note [how the thresholds are measured] in calibrate.py, registered there (``measured_by``)
+_MEASURER: dict[str, Callable[[int], Thresholds | None] | None] = {"kept_or_measured": None}
 
 
 def parse(text: str) -> Thresholds:
@@ -141,9 +143,16 @@ def resolve(threads: int) -> Thresholds:
         return parse(text)
     if threads <= 1:
         return UNMEASURED  # (no loop is shared among one thread: the thresholds decide nothing)
-    from . import calibrate
+    measurer = _MEASURER["kept_or_measured"]
+    return (measurer(threads) if measurer is not None else None) or UNMEASURED
 
-    return calibrate.kept_or_measured(threads) or UNMEASURED
+
+def measured_by(kept_or_measured: Callable[[int], Thresholds | None]) -> None:
+    """``kept_or_measured(threads)`` gives ``resolve`` the thresholds kept for this machine, else
+    measured now (None where they cannot be): calibrate.py, above this module (it builds its
+    library with the kernels' prelude and compiler), registers it when imported; the package's
+    ``__init__`` imports it, so it is registered before any kernel asks."""
+    _MEASURER["kept_or_measured"] = kept_or_measured
 
 
 def resolved() -> bool:
