@@ -44,12 +44,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["at_own_threads", "background_jobs", "beside_builds", "builds_ended", "builds_started", "register",
-           "reserving"]
+__all__ = ["at_own_threads", "background_jobs", "beside_builds", "builds_ended", "builds_started", "on_builds_ended",
+           "register", "reserving"]
 
 _LOCK = threading.Lock()
 _PROGRAMS: weakref.WeakSet = weakref.WeakSet()
 _STATE = {"busy": False}
+#: what runs for each program when the last build ends (``on_builds_ended``)
+_ON_BUILDS_ENDED: list[Callable[[Any], None]] = []
 
 
 def reserving() -> bool:
@@ -161,14 +163,18 @@ def builds_ended() -> None:
     """The last background build is done: entries run with torch's own thread count again, and
     every class a launch chose at the call meanwhile (Note [choices at the call]) is chosen again
     at its next call: its verdict was for the threads the compilers left."""
-    from .backends.at_call import ChosenAtCall
-
     with _LOCK:
         if not _STATE["busy"]:
             return
         _STATE["busy"] = False
         for p in list(_PROGRAMS):
             p.entry = unwrapped(p.entry)
-            for launch in getattr(p, "_chosen", {}).values():
-                if isinstance(launch, ChosenAtCall):
-                    launch.table.clear()
+            for choose_again in _ON_BUILDS_ENDED:
+                choose_again(p)
+
+
+def on_builds_ended(choose_again: Callable[[Any], None]) -> None:
+    """``choose_again(program)`` runs for every registered program when the last background build
+    ends (``builds_ended``): runtime/backends/at_call.py registers the emptying of its tables of
+    ways chosen at the call, from above this module."""
+    _ON_BUILDS_ENDED.append(choose_again)

@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from segmenter.ir.symbolic import SymbolicSizes, sizes_of
 
-from .. import autotune
+from .. import autotune, threads
 from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
@@ -187,3 +187,15 @@ class _Trial:
             owner.measured.append(bits)
             owner.table[bits] = kernel if self.verdict.kernel else aten
         return out
+
+
+def _choose_again(program: Any) -> None:
+    """Note [torch's threads beside background compilers] in runtime/threads.py: the ways a
+    program's launches chose at the call while builds held cores were chosen for the threads
+    left; their tables are emptied, and the next call in each class chooses again."""
+    for launch in getattr(program, "_chosen", {}).values():
+        if isinstance(launch, ChosenAtCall):
+            launch.table.clear()
+
+
+threads.on_builds_ended(_choose_again)
