@@ -51,7 +51,7 @@ again: a timer around ``rebuild`` in scratch runs of that protocol).
 
 Idle cores are not enough at one point: while the caller's thread traces or plans (dynamo's
 compile of a frame, fuseg's making of a program), the background compilers are stopped and
-none starts (Note [compilers paused while dynamo traces] in codegen/pause.py; dynamo's re-trace
+none starts (Note [compilers paused while dynamo traces] in machine/pause.py; dynamo's re-trace
 at the second prompt length ran up to 1.75x slower beside them). And while they run, a caller
 that runs torch's parallel ops is slowed far more than their priority suggests: on this machine
 kind's two vCPUs, phi3-tiny's generates on the interim program took 0.15-0.48 s with the
@@ -59,7 +59,7 @@ compilers running against 0.010-0.022 s with them held (scratch timers, 2026-11-
 
 Note [interim calls hold the pause]: (since 2026-11-28 only with FUSEG_BUILD_THREADS=0: the
 compilers now get cores of their own and run beside the calls, Note [torch's threads beside
-background compilers] in runtime/threads.py; what follows is why this was tried first) so each
+background compilers] in runtime/machine/threads.py; what follows is why this was tried first) so each
 call of a program whose builds are under way (its ``entry`` and ``run_checked`` on the interim
 program) holds the pause too: the compilers are
 stopped for the call and go on between calls. A first try (2026-11-27) left the builds no
@@ -86,9 +86,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import threads
 from .backends import SegmentLaunch
 from .backends.torch_backend import TorchLaunch
+from .machine import threads
 
 if TYPE_CHECKING:
     from .program import CompiledProgram

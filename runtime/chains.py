@@ -52,12 +52,13 @@ import torch
 from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind
 from segmenter.ir.symbolic import is_symbolic, size_hint
 
-from . import layout, threads
+from . import layout
 from .backends.kernels import _numel, span_bytes
 from .codegen import Declined
 from .codegen.build import build_cpu
 from .codegen.kernel import beside
 from .codegen.runner import COUNTS, GROUP_MAX, GROUP_SHIFT, MAX_ARGS, MAX_STEPS, runner_kernel, split_result
+from .machine import threads
 from .trial import CALLS, alternating
 from .views import metadata_views
 from .wrapper import Code

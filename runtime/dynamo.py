@@ -30,8 +30,8 @@ from segmenter.capturing.unbacked import has_data_dependent_sizes
 from segmenter.ir.symbolic import symbolic_hashing
 
 from . import logs
-from .codegen import pause
 from .cudagraphs import use_cuda_graphs
+from .machine import pause
 from .program import CompiledProgram
 from .segments_run import segments_run
 from .unbacked import DataDependentSplit, split_at_data
@@ -75,7 +75,7 @@ def _release(_args: Any) -> None:
 
 
 def _pause_during_dynamo_compiles() -> None:
-    """Note [compilers paused while dynamo traces] (runtime/codegen/pause.py): dynamo's
+    """Note [compilers paused while dynamo traces] (runtime/machine/pause.py): dynamo's
     compile-start and compile-end callbacks hold and release the pause on background compilers;
     registered by each compiler made where they are not (``torch._dynamo.reset()`` clears them;
     a compile under way at the registration is not held: its end finds no hold to release)."""

@@ -30,18 +30,19 @@ from segmenter.capturing.reference import FinishView, InputView, check_inputs, f
 from segmenter.ir.graph import Alias, view_roots
 from segmenter.ir.symbolic import NotSymbolic, is_symbolic, sizes_of
 
-from . import threads, trial
+from . import trial
 from .backends import BuildContext, SegmentLaunch, backends_for
 from .backends.at_call import ChosenAtCall, wrap_at_call
 from .backends.kernels import check_storage, span_bytes
 from .backends.torch_backend import TorchLaunch
 from .background import interim_launches, rebuild
 from .chains import Chain, emit_chain, plan_chains
-from .codegen import Declined, pause
+from .codegen import Declined
 from .codegen.symsizes import c_sizes
 from .gather import affine_gather
 from .guards import LearnedGuard
 from .inplace import plan_in_place_writes
+from .machine import pause, threads
 from .metadata import emit_metadata
 from .outputs import plain_outputs, views_of_outputs, views_test
 from .pointers import last_uses, pointer_views
@@ -82,7 +83,7 @@ class Launch:
 def _interim_call() -> contextlib.AbstractContextManager:
     """What a call of a program whose kernels are being built runs under: nothing, where the
     compilers have cores of their own (Note [torch's threads beside background compilers] in
-    runtime/threads.py); else the compilers stopped for the call (Note [interim calls hold the
+    runtime/machine/threads.py); else the compilers stopped for the call (Note [interim calls hold the
     pause] in runtime/background.py, FUSEG_BUILD_THREADS=0)."""
     return contextlib.nullcontext() if threads.reserving() else pause.held()
 
@@ -217,7 +218,7 @@ class CompiledProgram:
         if self._building is not None:
             self._entry_now = self.entry
             self.entry = self._entry_while_building
-        threads.register(self)  # Note [torch's threads beside background compilers] (runtime/threads.py)
+        threads.register(self)  # Note [torch's threads beside background compilers] (runtime/machine/threads.py)
         if lost and self.sizes is None and self._building is None:
             trial.start(self, chosen, lost, functools.partial(self._finish, build=False))
         elif build and self.sizes is None and self._building is None:  # Note [a program against its ATen path]
@@ -740,7 +741,7 @@ class CompiledProgram:
     def run_checked(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The program on inputs already known to match its signature (``accepts``)."""
         run = self._fast if _plain_call(inputs) else self._safe
-        # (Note [torch's threads beside background compilers] in runtime/threads.py)
+        # (Note [torch's threads beside background compilers] in runtime/machine/threads.py)
         if self._building is None or all(f.done() for f in self._building):
             return threads.beside_builds(run, inputs)
         with _interim_call():

@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from . import autotune, threads
+from . import autotune
+from .machine import threads
 
 __all__ = ["CALLS", "GIVE_UP", "Trial", "against_aten", "alternating", "program_checks", "program_key", "start"]
 

@@ -344,8 +344,9 @@ def test_a_remake_beside_other_builds_measures_with_torchs_own_threads(gate, mon
     the threads the compilers leave, and the measurement with it, recorded under the key of
     torch's own count (computed when the program was compiled). The remake now runs at torch's
     own count, the compilers paused meanwhile."""
-    from runtime import autotune, threads
+    from runtime import autotune
     from runtime.dynamo import FusegCompiler, compile_with_aot
+    from runtime.machine import threads
 
     if not threads.reserving() or threads.background_jobs() >= 2:
         pytest.skip("needs a machine where builds leave torch fewer threads than its own (2 cores)")

@@ -1,4 +1,4 @@
-"""Note [compilers paused while dynamo traces] (runtime/codegen/pause.py): while dynamo compiles a
+"""Note [compilers paused while dynamo traces] (runtime/machine/pause.py): while dynamo compiles a
 frame, or fuseg makes a program, background compilers are stopped and none is started; at the
 release they go on and the builds finish; a hold never released, or a wait for the builds,
 cannot leave them stopped. The compiler here is the machine's own, behind a script that writes
@@ -15,7 +15,8 @@ import torch
 
 import runtime
 from alias import apply_aliases
-from runtime.codegen import build, pause
+from runtime.codegen import build
+from runtime.machine import pause
 from segmenter import capture, segment
 
 
@@ -243,7 +244,7 @@ def test_calls_of_an_interim_program_hold_the_pause(slow_compiler, monkeypatch):
 def two_threads_or_more():
     """torch with one thread more than a background build's compilers, so that a call beside
     them keeps exactly one (Note [torch's threads beside background compilers])."""
-    from runtime import threads
+    from runtime.machine import threads
 
     was = torch.get_num_threads()
     torch.set_num_threads(threads.background_jobs() + 1)
@@ -252,12 +253,12 @@ def two_threads_or_more():
 
 
 def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, two_threads_or_more):
-    """Note [torch's threads beside background compilers] (runtime/threads.py): while a build
+    """Note [torch's threads beside background compilers] (runtime/machine/threads.py): while a build
     runs in the background, every call of a program (one made before the build started, and the
     one waiting for it; through ``entry`` and through ``run_checked``) runs torch with the cores
     the compilers leave it, the compilers running on (not stopped); after each call, and once
     every build is done, torch's own thread count again, and the entries unwrapped."""
-    from runtime import threads
+    from runtime.machine import threads
     from runtime.program import CompiledProgram
 
     full = two_threads_or_more

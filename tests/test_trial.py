@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 import runtime
 from alias import apply_aliases
-from runtime import autotune, threads, trial
+from runtime import autotune, trial
 from runtime.codegen.build import cpu_compiler
+from runtime.machine import threads
 from segmenter import capture, segment
 from tests.test_autotune import _matmul, _verdicts
 

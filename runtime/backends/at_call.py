@@ -51,7 +51,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from segmenter.ir.symbolic import SymbolicSizes, sizes_of
 
-from .. import autotune, threads
+from .. import autotune
+from ..machine import threads
 from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
@@ -190,7 +191,7 @@ class _Trial:
 
 
 def _choose_again(program: Any) -> None:
-    """Note [torch's threads beside background compilers] in runtime/threads.py: the ways a
+    """Note [torch's threads beside background compilers] in runtime/machine/threads.py: the ways a
     program's launches chose at the call while builds held cores were chosen for the threads
     left; their tables are emptied, and the next call in each class chooses again."""
     for launch in getattr(program, "_chosen", {}).values():

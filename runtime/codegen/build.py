@@ -36,8 +36,7 @@ import time
 import warnings
 from collections.abc import Callable
 
-from .. import threads
-from . import pause
+from ..machine import pause, threads
 from .ctypes_ import Declined
 from .kernel import routine_settings, translation_unit
 from .lower import Kernel
@@ -200,7 +199,7 @@ def _compile(cxx: str, src: str, what: str, tmp: str, low_priority: bool = False
     # core would be idle, so a thread of torch's that wakes takes the core at once. Set after
     # the start, a policy missed the compiler's children, and a tiny LM's decode step took
     # 15 ms instead of 0.7 while one ran: its CPU attention waited for its second thread.)
-    # (Note [compilers paused while dynamo traces] in pause.py: a background one is also stopped
+    # (Note [compilers paused while dynamo traces] in runtime/machine/pause.py: a background one is also stopped
     # while the caller's thread traces or plans)
     cmd = [cxx, *CPU_FLAGS, "-o", out, cpp]
     r = (pause.run_compiler(cmd, _idle_in_child if os.name == "posix" else None) if low_priority
@@ -367,7 +366,7 @@ def build_cpu_later(kernels: list[Kernel]) -> concurrent.futures.Future:
             _LATER.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuseg-build"))
         pool = _LATER[0]
     # (in the caller's context: the contextvars that say how symbolic sizes hash and print)
-    # (Note [torch's threads beside background compilers] in runtime/threads.py: cores of their own)
+    # (Note [torch's threads beside background compilers] in runtime/machine/threads.py: cores of their own)
     future = pool.submit(contextvars.copy_context().run, build_cpu_many, list(kernels), threads.background_jobs(), True)
     with _LATER_LOCK:
         _UNDER_WAY.add(future)

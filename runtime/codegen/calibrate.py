@@ -281,7 +281,7 @@ def _beside(ladder: list[tuple[int, float, float]], alone: int) -> int:
 def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
     """Note [how the thresholds are measured], on ``threads`` of torch's: the thresholds and
     every median they came from."""
-    from . import pause
+    from ..machine import pause
 
     lib = ctypes.CDLL(_built())
     ptr, n_ = ctypes.c_void_p, ctypes.c_long

@@ -94,7 +94,7 @@ def at_own_threads() -> Iterator[None]:
     if own is None or own == now:
         yield
         return
-    from .codegen import pause
+    from . import pause
 
     with pause.held():
         torch.set_num_threads(own)
