@@ -290,9 +290,9 @@ def test_the_register_tiles_keep_their_accumulators_in_registers(tmp_path) -> No
     import shutil
     import subprocess
 
-    from runtime.codegen.build import CPU_FLAGS, cpu_compiler
     from runtime.codegen.ctypes_ import prelude
     from runtime.codegen.kernel import routine_defines
+    from runtime.machine.compiler import CPU_FLAGS, cpu_compiler
 
     objdump = shutil.which("objdump")
     if objdump is None or cpu_compiler() is None or platform.machine() != "x86_64":

@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import torch
 
-from runtime.codegen.build import CPU_FLAGS, cpu_compiler
+from runtime.machine.compiler import CPU_FLAGS, cpu_compiler
 from tests.util import compiled_post
 
 _CXX = cpu_compiler()

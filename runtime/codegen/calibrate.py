@@ -67,6 +67,7 @@ from typing import Any
 
 import torch
 
+from ..machine.compiler import _compile_into, _cpu_build_key, _sound, cache_dir, cpu_compiler, machine, write_whole
 from . import thresholds
 from .thresholds import Thresholds
 
@@ -194,16 +195,12 @@ def source() -> str:
 
 
 def _library_path() -> str:
-    from .build import _cpu_build_key, cache_dir
-
     digest = hashlib.sha256((source() + _cpu_build_key()).encode()).hexdigest()[:24]
     return os.path.join(cache_dir(), f"fuseg_thresholds_{digest}.so")
 
 
 def _build() -> str:
     """The library, built into the cache dir where it is not there whole; its path."""
-    from .build import _compile_into, _sound, cpu_compiler
-
     path = _library_path()
     if not _sound(path):
         cxx = cpu_compiler()
@@ -220,8 +217,6 @@ _PREPARE_LOCK = threading.Lock()
 def prepare() -> None:
     """Where the thresholds are neither set nor kept, start building the library in the
     background (the first ``measure`` waits for it)."""
-    from .build import cpu_compiler
-
     if os.environ.get("FUSEG_THREAD_THRESHOLDS") or torch.get_num_threads() <= 1 or cpu_compiler() is None:
         return
     if _kept(torch.get_num_threads()) is not None:
@@ -349,9 +344,6 @@ FIELDS = ("loop", "macs", "costly_call", "beside_loop", "beside_macs", "pack_row
 
 def thresholds_path(threads: int) -> str:
     """This machine's file of thresholds for ``threads`` threads, in the kernel cache dir."""
-    from ..autotune import machine
-    from .build import cache_dir
-
     what = json.dumps(machine(), sort_keys=True) + hashlib.sha256(source().encode()).hexdigest() + _FORM
     return os.path.join(cache_dir(), f"threads-{threads}-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json")
 
@@ -359,8 +351,6 @@ def thresholds_path(threads: int) -> str:
 def _kept_file(threads: int) -> dict[str, Any] | None:
     """The kept file for this machine and ``threads``, read; None where there is none, or it is
     damaged or another machine's."""
-    from ..autotune import machine
-
     try:
         with open(thresholds_path(threads), encoding="utf-8") as f:
             got = json.load(f)
@@ -383,9 +373,6 @@ def _kept(threads: int) -> Thresholds | None:
 
 def keep(threads: int, t: Thresholds, detail: dict[str, Any]) -> None:
     """``t`` and the medians it came from, kept as this machine's for ``threads``."""
-    from ..autotune import machine
-    from .build import write_whole
-
     body = json.dumps({"machine": machine(), "threads": threads, **{k: getattr(t, k) for k in FIELDS},
                        "measured": detail})
     try:

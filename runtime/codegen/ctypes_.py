@@ -12,13 +12,10 @@ import math
 
 import torch
 
+from ..machine.compiler import Declined
 from .gemm_prelude import GEMM_PRELUDE
 
 __all__ = ["COMPUTE", "STORAGE", "Declined", "compute_type", "literal", "prelude", "storage_type"]
-
-
-class Declined(Exception):
-    """The generator does not take this segment; the message says why (recorded by the runtime)."""
 
 
 STORAGE: dict[torch.dtype, str] = {
