@@ -149,10 +149,10 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str]) ->
 
 def _trials() -> list[dict[str, Any]]:
     """What each fuseg program's trial found (Note [a kernel tried in its program] in
-    runtime/trial.py): the programs in this process whose kernels ATen beat alone."""
+    runtime/compiled/trial.py): the programs in this process whose kernels ATen beat alone."""
     import gc
 
-    from runtime.program import CompiledProgram
+    from runtime.compiled.program import CompiledProgram
 
     found = []
     for o in gc.get_objects():

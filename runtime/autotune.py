@@ -27,7 +27,7 @@ turn (Note [choices at the call] and Note [a class measured on its calls] in
 runtime/backends/at_call.py); a kernel that writes an input in
 place keeps its class as a condition of the plan instead (a call outside it gets a plan of its
 own, which compiles nothing). A program of fixed sizes whose kernels ATen beat alone tries them
-again in the program, on its first calls (Note [a kernel tried in its program] in runtime/trial.py):
+again in the program, on its first calls (Note [a kernel tried in its program] in runtime/compiled/trial.py):
 alone a kernel pays a Python call that its chain saves, and ATen's op splits the chain.
 
 Costs: a cold process measures each class the first time it builds it, after the kernels are

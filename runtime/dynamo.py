@@ -30,10 +30,10 @@ from segmenter.capturing.unbacked import has_data_dependent_sizes
 from segmenter.ir.symbolic import symbolic_hashing
 
 from . import logs
+from .compiled.program import CompiledProgram
+from .compiled.segments_run import segments_run
 from .cudagraphs import use_cuda_graphs
 from .machine import pause
-from .program import CompiledProgram
-from .segments_run import segments_run
 from .unbacked import DataDependentSplit, split_at_data
 
 __all__ = ["DECOMPOSED", "STATS", "FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend",
@@ -97,7 +97,7 @@ class FusegCompiler:
                  ) -> None:
         self.mode = mode
         _pause_during_dynamo_compiles()
-        #: Note [kernels built in the background] (runtime/background.py): a program's new
+        #: Note [kernels built in the background] (runtime/compiled/background.py): a program's new
         #: kernels (a symbolic plan's or one of fixed sizes; not one captured into a CUDA graph)
         #: compile off the caller's thread while torch runs their segments: True for
         #: every graph, False for none, "inference" (the default) for inference graphs only (a
@@ -188,7 +188,7 @@ class FusegCompiler:
             # (saved activations, in backward) can be freed as soon as our launches are done with them.
             args = [a for i, a in enumerate(boxed) if i not in tokens] if tokens else list(boxed)
             boxed.clear()
-            # Note [one entry] (runtime/program.py): the program the previous call ran, where the
+            # Note [one entry] (runtime/compiled/program.py): the program the previous call ran, where the
             # inputs match it exactly; None (nothing run) sends the call on to the checked path
             results = last[0].entry(*args) if last and not numbers and len(args) == last[0].arity else None
             if results is None and symbolic[0]:
@@ -363,7 +363,7 @@ def _with_sizes(results: list[Any], sizes_fn: Callable[..., list[int]] | None, t
 def _sizes_function(program: CompiledProgram, sizes: dict[int, Any]) -> Callable[..., list[Any]]:
     """A generated function ``(results, *inputs) -> results`` with the graph's size outputs
     computed from the inputs' sizes and put at their places."""
-    from .wrapper import Code
+    from .emit.wrapper import Code
 
     code = Code(sizes=program.sizes)
     params = [f"v{i}" for i in range(len(program.graph.inputs))] + [f"n{j}" for j in range(program.numbers)]
@@ -488,7 +488,7 @@ def aot_backend(compiler: FusegCompiler) -> Callable[..., Any]:
 # (rms-norm: a backend through it whose graph returns saved outputs took 9.7 us against 8.7 us
 # for one without it, scratch), about what generated kernels leave of small programs' time. So
 # ``compile_with_aot`` gives dynamo a function that tries the program the previous call ran
-# (its entry: Note [one entry] in runtime/program.py, which refuses anything but a plain call on
+# (its entry: Note [one entry] in runtime/compiled/program.py, which refuses anything but a plain call on
 # the layouts it was built for, having run nothing) and otherwise calls AOTAutograd's function:
 # the first call, a new layout, a dispatch mode, inputs that need grad. It does so only where
 # the graph's ViewAndMutationMeta says the wrapper has nothing to do (``_direct_refusal`` lists

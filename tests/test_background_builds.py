@@ -1,4 +1,4 @@
-"""Note [kernels built in the background] (runtime/background.py): a program's new kernels (a
+"""Note [kernels built in the background] (runtime/compiled/background.py): a program's new kernels (a
 symbolic plan's, or those of a program of fixed sizes of an inference graph) compile off the
 caller's thread; until they are built, torch runs their segments, then the program runs its
 kernels. Each program runs on sizes before and after its builds are let go,
@@ -290,7 +290,7 @@ def test_a_program_waits_for_its_builds_after_the_grace_period(gate, monkeypatch
     """See Note [kernels built in the background]: a build not done when ``WAIT_AFTER_S`` has passed
     since it started is waited for at the next call (a machine busy on every core gives a
     compiler that runs only on idle cores no time): that call runs the kernels."""
-    from runtime import program as program_module
+    from runtime.compiled import program as program_module
 
     compiler, compiled, fn, make, program = _planned("rms-norm")
     assert program._building is not None

@@ -204,12 +204,12 @@ def test_dynamo_compiles_and_fusegs_planning_hold_the_pause(monkeypatch):
 
 
 def test_calls_of_an_interim_program_hold_the_pause(slow_compiler, monkeypatch):
-    """Note [interim calls hold the pause] (runtime/background.py), with FUSEG_BUILD_THREADS=0
+    """Note [interim calls hold the pause] (runtime/compiled/background.py), with FUSEG_BUILD_THREADS=0
     (the compilers on every core, as before Note [torch's threads beside background compilers]):
     while a program's kernels are compiled in the background, each of its calls (the first,
     through ``run_checked``, and the later ones, through ``entry``) runs with the compilers
     stopped; between calls, and once the kernels are built, nothing is held."""
-    from runtime.program import CompiledProgram
+    from runtime.compiled.program import CompiledProgram
 
     monkeypatch.setenv("FUSEG_BUILD_THREADS", "0")
 
@@ -258,8 +258,8 @@ def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, two_t
     one waiting for it; through ``entry`` and through ``run_checked``) runs torch with the cores
     the compilers leave it, the compilers running on (not stopped); after each call, and once
     every build is done, torch's own thread count again, and the entries unwrapped."""
+    from runtime.compiled.program import CompiledProgram
     from runtime.machine import threads
-    from runtime.program import CompiledProgram
 
     full = two_threads_or_more
     y = torch.randn(6, 5)
@@ -305,7 +305,7 @@ def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, two_t
 
 
 def test_with_build_threads_off_nothing_is_wrapped(slow_compiler, two_threads_or_more, monkeypatch):
-    from runtime.program import CompiledProgram
+    from runtime.compiled.program import CompiledProgram
 
     monkeypatch.setenv("FUSEG_BUILD_THREADS", "0")
     x = torch.randn(8, 4)

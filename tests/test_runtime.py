@@ -251,7 +251,7 @@ def test_a_lone_softmax_is_chosen_against_aten_when_choosing_by_itself() -> None
 
 
 def test_ensure_passes_planned_layouts_through_and_conforms_the_rest() -> None:
-    from runtime.layout import ensure
+    from runtime.storage.layout import ensure
     from segmenter import TensorMeta
 
     m = TensorMeta((4, 8), (8, 1), 0, torch.float32)

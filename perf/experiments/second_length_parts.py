@@ -32,7 +32,7 @@ import collections, functools, json, sys, time, warnings
 warnings.filterwarnings("ignore")
 import torch
 from perf.dynamic_shapes import _model, LENGTHS, NEW_TOKENS
-import runtime.dynamo as d, runtime.program as prog, runtime.codegen.build as build, runtime.machine.compiler as compiler
+import runtime.dynamo as d, runtime.compiled.program as prog, runtime.codegen.build as build, runtime.machine.compiler as compiler
 acc = collections.Counter()
 def timed(label, f):
     @functools.wraps(f)

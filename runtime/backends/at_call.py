@@ -52,8 +52,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from segmenter.ir.symbolic import SymbolicSizes, sizes_of
 
 from .. import autotune
+from ..emit.wrapper import Code
 from ..machine import threads
-from ..wrapper import Code
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
 

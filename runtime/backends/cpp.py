@@ -28,7 +28,7 @@ from ..codegen.onetap import onetap_kernel
 from ..codegen.patches import patches_kernel
 from ..codegen.runner import runner_kernel
 from ..codegen.scan import CUMSUM, cumsum_kernel
-from ..wrapper import Code
+from ..emit.wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
 from .kernels import KernelLaunch, layouts, raw_read_problem, views_of_outputs
 from .measured import choose, measure_pending
@@ -37,10 +37,10 @@ __all__ = ["CppBackend"]
 
 
 class CppLaunch(KernelLaunch):
-    #: the kernel reads its inputs' data pointers only (Note [views passed as pointers] in runtime/pointers.py)
+    #: the kernel reads its inputs' data pointers only (Note [views passed as pointers] in runtime/compiled/pointers.py)
     reads_pointers = True
     #: a run of such launches may be one native call (Note [one native call for a chain of
-    #: kernels] in runtime/chains.py): the launch is ``emit`` and ``emit_call`` as here
+    #: kernels] in runtime/compiled/chains.py): the launch is ``emit`` and ``emit_call`` as here
     chainable = True
 
     def emit_call(self, code: Code, values: list[str]) -> None:
@@ -187,7 +187,7 @@ class CppBackend(Backend):
     def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str]:
         kernels = [launch.kernel for launch in launches]  # type: ignore[attr-defined]
         declined = {}
-        # with the chain runner (runtime/chains.py), so that a cold cache builds it alongside
+        # with the chain runner (runtime/compiled/chains.py), so that a cold cache builds it alongside
         built = build_cpu_many([*kernels, runner_kernel()]) if kernels else []
         for launch, fn in zip(launches, built):
             if isinstance(fn, Declined):

@@ -13,7 +13,7 @@ from segmenter import Segment
 
 from ..codegen import Kernel
 from ..codegen.build import build_cuda
-from ..wrapper import Code
+from ..emit.wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
 from .kernels import KernelLaunch
 

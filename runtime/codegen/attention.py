@@ -172,7 +172,7 @@ def _heads_kernel(prefix: str, lines: list[str], params: list[Param], heads: obj
                   features: object) -> Kernel:
     """The kernel of a loop over heads (``lines``): shared among threads where ``work`` passes
     the loop threshold. It may run beside other kernels (Note [kernels side by side] in
-    runtime/chains.py) where that work and each of its products (a block's scores, at most
+    runtime/compiled/chains.py) where that work and each of its products (a block's scores, at most
     ``ATTENTION_SCORES``, by ``features``) stay under the beside thresholds (Note [thread
     thresholds measured here] in thresholds.py)."""
     least = thresholds.current()

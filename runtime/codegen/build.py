@@ -156,7 +156,7 @@ _LATER_LOCK = threading.Lock()
 
 
 def build_cpu_later(kernels: list[Kernel]) -> concurrent.futures.Future:
-    """Note [kernels built in the background] (runtime/background.py): ``build_cpu_many(kernels)``
+    """Note [kernels built in the background] (runtime/compiled/background.py): ``build_cpu_many(kernels)``
     on one thread of its own, the compilers on every core at the lowest scheduling priority (the
     caller's threads go on running first: the compilers take what they leave idle). Builds queue
     one after another, so a kernel two programs both miss is compiled

@@ -8,7 +8,7 @@ kernels' own flags) times, on torch's threads (its libgomp is the one loaded):
 * ``macs``: the prelude's ``fuseg_mm_nt`` (the linear layers' product) at M x 2M by M for
   M = 16 .. 256, its threshold a variable here, on one thread against the threads;
 * ``beside_loop``, ``beside_macs``: two such loops (products) at once, one thread each, as the
-  runner runs a group (Note [kernels side by side] in runtime/chains.py), against the two one
+  runner runs a group (Note [kernels side by side] in runtime/compiled/chains.py), against the two one
   after the other, each as it runs alone (on the threads from the threshold just measured);
 * ``pack_rows``, ``nn_pack_rows``: on one thread, a product whose B is read in place against one
   that copies B first (Note [register tiles] in gemm_prelude.py), by rows of C: a small linear

@@ -255,7 +255,7 @@ BESIDE_MARK = " /* may run beside */"
 
 def beside(kernel: Kernel) -> bool:
     """Whether the CPU kernel may run beside other kernels of its chain, on one thread each (Note
-    [kernels side by side] in runtime/chains.py): each of its parallel loops has work under the
+    [kernels side by side] in runtime/compiled/chains.py): each of its parallel loops has work under the
     beside threshold (Note [thread thresholds measured here] in thresholds.py), and a kernel that
     calls the matmul routines (one generated with ``parallel_macs``) only where its generator
     says each product is under it."""

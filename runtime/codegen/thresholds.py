@@ -4,7 +4,7 @@ Note [thread thresholds measured here]: a generated loop runs on torch's threads
 its work passes a threshold, a matmul routine where a product's multiply-adds do; below it the
 loop runs on the caller's thread alone. A kernel on one thread may instead run beside other
 kernels of its chain, each on a thread of its own (Note [kernels side by side] in
-runtime/chains.py), which wakes the threads once for them all. So there are two thresholds of
+runtime/compiled/chains.py), which wakes the threads once for them all. So there are two thresholds of
 each kind:
 
 * ``loop`` and ``macs``: from where a kernel's threads are faster than one thread, for a kernel

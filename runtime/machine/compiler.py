@@ -188,7 +188,7 @@ def _idle_in_child() -> None:
 def _compile(cxx: str, src: str, what: str, tmp: str, low_priority: bool = False) -> tuple[str, bytes]:
     """Compile ``src`` in the build dir ``tmp``: the library's path there and its bytes.
     ``low_priority``: the compiler runs only where a core would be idle (Note [kernels built in
-    the background] in runtime/background.py)."""
+    the background] in runtime/compiled/background.py)."""
     cpp, out = os.path.join(tmp, "k.cpp"), os.path.join(tmp, "k.so")
     with open(cpp, "w") as f:
         f.write(src)

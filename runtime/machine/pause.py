@@ -1,7 +1,7 @@
 """Background compilers stopped while the caller's thread traces or plans (issue 41, goal 2).
 
 Note [compilers paused while dynamo traces]: a background build's compilers run under
-SCHED_IDLE (Note [kernels built in the background] in runtime/background.py), so they take a
+SCHED_IDLE (Note [kernels built in the background] in runtime/compiled/background.py), so they take a
 core only when no thread of the caller's wants it. That protects the caller's threads from
 being preempted, not from sharing the hardware: on this machine kind's two vCPUs a compiler on
 the second one slowed dynamo's single-threaded re-trace at the second prompt length of a
@@ -15,7 +15,7 @@ What holds it: dynamo's compile of a frame (its compile-start and compile-end ca
 registered by runtime/dynamo.py; dynamo counts nested compiles and calls them once around the
 outermost), fuseg's own making of a program at a graph's first call (import, plan,
 program), and, with FUSEG_BUILD_THREADS=0 only, each call of a program whose kernels are still
-being built (Note [interim calls hold the pause] in runtime/background.py; otherwise the
+being built (Note [interim calls hold the pause] in runtime/compiled/background.py; otherwise the
 compilers have cores of their own and run on: Note [torch's threads beside background
 compilers] in runtime/machine/threads.py). Builds on the caller's thread (``low_priority=False``: the caller waits for them) are
 never paused. FUSEG_PAUSE_BUILDS=0 turns the pause off (perf.dynamic_shapes' ``fuseg-unpaused``

@@ -1,7 +1,7 @@
 """torch's threads while kernels compile in the background (issue 41).
 
 Note [torch's threads beside background compilers]: background compilers run under SCHED_IDLE
-(Note [kernels built in the background] in runtime/background.py) so that the caller's threads
+(Note [kernels built in the background] in runtime/compiled/background.py) so that the caller's threads
 take their cores first. On this machine kind (a Firecracker VM of two vCPUs) that protects a
 single thread, not torch's OpenMP team: with anything busy in memory or in the kernel on the
 other vCPU at SCHED_IDLE, a tiny LM's eager generate of 24 tokens took 0.11-0.57 s instead of

@@ -247,7 +247,7 @@ class SymbolicSizes:
 
     def unseal(self) -> None:
         """Guards may be added again (a program made again from its plan, sealed after:
-        Note [kernels built in the background] in runtime/program.py)."""
+        Note [kernels built in the background] in runtime/compiled/program.py)."""
         self.env._error_on_new_guards = False
         self.sealed = False
 

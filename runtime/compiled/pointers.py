@@ -3,11 +3,11 @@
 Note [views passed as pointers]: a METADATA segment's output is made as a tensor
 (``reinterpret``, ~0.45 us a call) although a generated C++ kernel reads nothing of it but its
 data pointer (the kernel was compiled for the planned layout: Note [planned layouts] in
-runtime/layout.py). llama-tiny's program made 71 views a call, 28 of them read only that way. In
+runtime/storage/layout.py). llama-tiny's program made 71 views a call, 28 of them read only that way. In
 the fast program such a view is not made: each kernel that reads it is handed its source's
 pointer plus the view's offset in bytes, which is what the view's own ``data_ptr()`` would
 return (the view is made from the plan: one strided view of its source, at an offset from the
-source's, same dtype, inside the source's extent: Note [views from the plan] in runtime/views.py).
+source's, same dtype, inside the source's extent: Note [views from the plan] in runtime/emit/views.py).
 
 A view is passed so only where nothing else could see the difference: every launch that reads it
 is a generated kernel that takes pointers (``reads_pointers``) in a segment run on every call
@@ -19,7 +19,7 @@ its own last use; the source now lives until the last use of every view passed a
 its own (``Launch.run``, which checks each input's layout) still make every view.
 
 A gather at constant affine indices (Note [gathers at constant affine indices] in
-runtime/gather.py) copies one strided view of its source; where that view has the output's
+runtime/compiled/gather.py) copies one strided view of its source; where that view has the output's
 planned strides (llama's mask reads ``x[0, 0:16]`` of a [1, 16] tensor, four times a call), the
 kernels that read the copy read the source there instead, under the same conditions, and one more:
 the source is no graph input, nor a view of one (only graph inputs are ever written during a
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from segmenter import FusionGraph, SegmentedFusion, SegmentKind
 from segmenter.ir.graph import view_roots
 
-from .views import metadata_views
+from ..emit.views import metadata_views
 
 __all__ = ["last_uses", "pointer_views"]
 

@@ -6,7 +6,7 @@ Note [gathers at constant affine indices]: the attention-mask code of `transform
 ``arange`` and ``unsqueeze`` (batch index 0, positions 0..15): four ``aten.index.Tensor`` calls a
 call, ~10 us each in ATen (it builds a TensorIterator over broadcast index tensors) for 16
 elements. Those index tensors read no graph input, so the program computes them when it is
-compiled (Note [folded segments] in runtime/program.py), and then the gather's element ``p``
+compiled (Note [folded segments] in runtime/compiled/program.py), and then the gather's element ``p``
 lies at ``c + sum_d a_d * p_d`` elements past ``x``'s offset for some integers ``c`` and ``a``
 exactly when every index is affine in ``p``: checked element by element here, on the folded
 values (negative indices wrapped as ATen wraps them; any index out of range, a negative step, an
@@ -29,9 +29,9 @@ import torch
 from segmenter import Segment, SegmentKind
 from segmenter.ir.graph import ValueRef
 
-from . import layout
-from .backends.base import BuildContext, SegmentLaunch
-from .wrapper import Code
+from ..backends.base import BuildContext, SegmentLaunch
+from ..emit.wrapper import Code
+from ..storage import layout
 
 __all__ = ["MAX_CHECKED", "AffineGather", "affine_gather", "affine_view"]
 
@@ -106,7 +106,7 @@ class AffineGather(SegmentLaunch):
         the source at the output's planned layout (every dim with more than one element has the
         planned stride: llama's mask reads ``x[0, 0:16]`` of a [1, 16] tensor), so a kernel
         compiled for that layout may read them there (Note [views passed as pointers] in
-        runtime/pointers.py); else None."""
+        runtime/compiled/pointers.py); else None."""
         m = self.ctx.graph.metas[self.segment.nodes[0].outputs[0]]
         if any(n > 1 and a != b for n, a, b in zip(m.shape, m.stride, self.stride)):
             return None

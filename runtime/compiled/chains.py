@@ -52,16 +52,16 @@ import torch
 from segmenter import FusionGraph, Segment, SegmentedFusion, SegmentKind
 from segmenter.ir.symbolic import is_symbolic, size_hint
 
-from . import layout
-from .backends.kernels import _numel, span_bytes
-from .codegen import Declined
-from .codegen.build import build_cpu
-from .codegen.kernel import beside
-from .codegen.runner import COUNTS, GROUP_MAX, GROUP_SHIFT, MAX_ARGS, MAX_STEPS, runner_kernel, split_result
-from .machine import threads
+from ..backends.kernels import _numel, span_bytes
+from ..codegen import Declined
+from ..codegen.build import build_cpu
+from ..codegen.kernel import beside
+from ..codegen.runner import COUNTS, GROUP_MAX, GROUP_SHIFT, MAX_ARGS, MAX_STEPS, runner_kernel, split_result
+from ..emit.views import metadata_views
+from ..emit.wrapper import Code
+from ..machine import threads
+from ..storage import layout
 from .trial import CALLS, alternating
-from .views import metadata_views
-from .wrapper import Code
 
 __all__ = ["ALIGN", "VALUE_BYTES", "Chain", "emit_chain", "plan_chains"]
 
@@ -359,7 +359,7 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
 #
 # Whether a group is faster than its kernels one by one depends on the machine (waking a thread
 # costs microseconds, more where it sleeps) and on the kernels, so it is measured where it runs,
-# as Note [a kernel tried in its program] (runtime/trial.py) measures kernels: a chain with
+# as Note [a kernel tried in its program] (runtime/compiled/trial.py) measures kernels: a chain with
 # groups is made both ways (the same steps and arena; only the flags differ) and its first calls
 # alternate between them, pair by pair in either order; the first call each way is not timed,
 # then ``trial.CALLS`` each are, and the lower median keeps the chain. Calls while background
@@ -370,7 +370,7 @@ def emit_chain(code: Code, chain: Chain, plan: SegmentedFusion, chosen: Mapping[
 # reads a call), and ``CALLS`` calls in a row more than ``DRIFT`` times slower or faster than its
 # trial's median start the trial again. A chain with no group runs as before. An output written
 # into an input in place has that input as its root, and such an input shares its storage with
-# no other input (Note [in-place write-back] in runtime/inplace.py), so no other root names its
+# no other input (Note [in-place write-back] in runtime/emit/inplace.py), so no other root names its
 # bytes.
 def _groups(steps: list[Any], root: Callable[[str], tuple[str, int]]) -> dict[int, int]:
     """See Note [kernels side by side]: first step -> steps in its group, for each group of two or more."""

@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from . import autotune
-from .machine import threads
+from .. import autotune
+from ..machine import threads
 
 __all__ = ["CALLS", "GIVE_UP", "Trial", "against_aten", "alternating", "program_checks", "program_key", "start"]
 
@@ -196,7 +196,7 @@ def program_key(chosen: dict[int, Any]) -> str:
 def against_aten(program: Any, chosen: dict[int, Any], finish: Callable[[dict[int, Any]], None]) -> None:
     """Try ``program`` (just finished with ``chosen``) against its ATen path, or take the way a
     verdict kept for its kernels says (Note [a program against its ATen path])."""
-    from .backends.torch_backend import TorchLaunch
+    from ..backends.torch_backend import TorchLaunch
 
     if (not _CHECKS.get() or autotune.policy() != "measure" or torch.are_deterministic_algorithms_enabled()
             or program.ctx.device.type != "cpu"):

@@ -4,7 +4,7 @@ Each output is one strided view of the tensor its chain of view ops starts from,
 the plan computed (``reinterpret``: no dispatcher round trip, no bytes moved). Where the chain
 changes the dtype (``view(dtype)``), or reaches past the extent of the tensor it starts from
 (``as_strided``), the view ops are replayed on ATen instead (Note [views from the plan] in
-runtime/views.py).
+runtime/emit/views.py).
 """
 
 from __future__ import annotations
@@ -12,21 +12,21 @@ from __future__ import annotations
 from segmenter import FusionGraph, Segment, TensorMeta
 from segmenter.ir.symbolic import size_key
 
-from . import layout
-from .backends.torch_backend import emit_nodes
-from .views import metadata_views
-from .wrapper import Code
+from ..backends.torch_backend import emit_nodes
+from ..emit.views import metadata_views
+from ..emit.wrapper import Code
+from ..storage import layout
 
 __all__ = ["emit_metadata"]
 
 
 def emit_metadata(code: Code, graph: FusionGraph, seg: Segment, dying: frozenset[str]) -> None:
-    views, replay = metadata_views(graph, seg)  # Note [views from the plan] in runtime/views.py
+    views, replay = metadata_views(graph, seg)  # Note [views from the plan] in runtime/emit/views.py
     if replay:  # the view ops themselves, in order: a view(dtype) keeps its storage, reads another dtype
         emit_nodes(code, seg.nodes, set(seg.outputs) | set(seg.inputs), {})
     rt = code.const(layout.reinterpret_fn(code.fast))
     for o, (src, want, delta) in views.items():
-        if o in code.pointers:  # never made: Note [views passed as pointers] in runtime/pointers.py
+        if o in code.pointers:  # never made: Note [views passed as pointers] in runtime/compiled/pointers.py
             continue
         have = graph.metas[src]
         if src not in code.pointers and _same_view(have, want, delta):  # Note [a view that changes nothing]

@@ -96,7 +96,7 @@ class Code:
         self._marks: list[tuple[int, list[str]]] = []
         self.indent = "    "
         #: views never made, read as their source's pointer plus bytes (Note [views passed as
-        #: pointers] in runtime/pointers.py): set by the fast program only
+        #: pointers] in runtime/compiled/pointers.py): set by the fast program only
         self.pointers: dict[str, tuple[str, int]] = {}
         #: the plan's symbols, where sizes are symbolic (Note [sizes in generated source])
         self.sizes = sizes

@@ -1,6 +1,6 @@
 """A compiled program: a plan from the segmenter and alias pass, as one generated function.
 
-    launches:  METADATA  -> views of the storage they view (no kernel; runtime/metadata.py)
+    launches:  METADATA  -> views of the storage they view (no kernel; runtime/compiled/metadata.py)
                kernels   -> the first backend that takes the segment (runtime/backends/)
                OPAQUE    -> the op on torch (or a backend that lists it: runtime/backends/im2col.py)
 Everything that can be decided at compile time is: which backend runs each segment (with the
@@ -8,7 +8,7 @@ reason every other one was passed over), which values each launch reads, which v
 it (deleted right after their last use; a view keeps its base alive for as long as it lives),
 and, in the "pre"/"off" modes, which values cross a launch boundary as contiguous copies, as
 today's fusers make them. The launches are then emitted as the straight-line source of one
-function (Note [generated wrapper] in runtime/wrapper.py): ``program.source`` shows it.
+function (Note [generated wrapper] in runtime/emit/wrapper.py): ``program.source`` shows it.
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ from segmenter.capturing.reference import FinishView, InputView, check_inputs, f
 from segmenter.ir.graph import Alias, view_roots
 from segmenter.ir.symbolic import NotSymbolic, is_symbolic, sizes_of
 
+from ..backends import BuildContext, SegmentLaunch, backends_for
+from ..backends.at_call import ChosenAtCall, wrap_at_call
+from ..backends.kernels import check_storage, span_bytes
+from ..backends.torch_backend import TorchLaunch
+from ..codegen import Declined
+from ..codegen.symsizes import c_sizes
+from ..emit.inplace import plan_in_place_writes
+from ..emit.views import metadata_views, planned_views
+from ..emit.wrapper import Code
+from ..machine import pause, threads
 from . import trial
-from .backends import BuildContext, SegmentLaunch, backends_for
-from .backends.at_call import ChosenAtCall, wrap_at_call
-from .backends.kernels import check_storage, span_bytes
-from .backends.torch_backend import TorchLaunch
 from .background import interim_launches, rebuild
 from .chains import Chain, emit_chain, plan_chains
-from .codegen import Declined
-from .codegen.symsizes import c_sizes
 from .gather import affine_gather
 from .guards import LearnedGuard
-from .inplace import plan_in_place_writes
-from .machine import pause, threads
 from .metadata import emit_metadata
 from .outputs import plain_outputs, views_of_outputs, views_test
 from .pointers import last_uses, pointer_views
-from .views import metadata_views, planned_views
-from .wrapper import Code
 
 __all__ = ["FOLD_BYTES", "CompiledProgram", "Launch", "compile_program"]
 
@@ -56,7 +56,7 @@ FOLD_BYTES = 16 << 20
 #: OPAQUE ops folded like kernel segments where every input is folded (Note [folded segments])
 PURE_OPAQUE = frozenset({"aten.index.Tensor", "aten.cumsum.default"})
 #: seconds after which a program whose kernels are still being built in the background waits for
-#: them at its next call (Note [kernels built in the background] in runtime/background.py)
+#: them at its next call (Note [kernels built in the background] in runtime/compiled/background.py)
 WAIT_AFTER_S = 10.0
 
 Env = dict[str, torch.Tensor]
@@ -84,7 +84,7 @@ def _interim_call() -> contextlib.AbstractContextManager:
     """What a call of a program whose kernels are being built runs under: nothing, where the
     compilers have cores of their own (Note [torch's threads beside background compilers] in
     runtime/machine/threads.py); else the compilers stopped for the call (Note [interim calls hold the
-    pause] in runtime/background.py, FUSEG_BUILD_THREADS=0)."""
+    pause] in runtime/compiled/background.py, FUSEG_BUILD_THREADS=0)."""
     return contextlib.nullcontext() if threads.reserving() else pause.held()
 
 
@@ -108,7 +108,7 @@ class CompiledProgram:
     kernel builds and run their segments on torch until they are done (Note [kernels built in
     the background])."""
 
-    #: Note [a kernel tried in its program] (runtime/trial.py): the trial under way, and what it found
+    #: Note [a kernel tried in its program] (runtime/compiled/trial.py): the trial under way, and what it found
     trial: Any = None
     trial_result: dict[str, Any] | None = None
 
@@ -192,13 +192,13 @@ class CompiledProgram:
         for cached in ("_storage_needs", "_safe"):  # (made again from these launches)
             self.__dict__.pop(cached, None)
         self.folded, self._fixed = self._fold()
-        for i, launch in chosen.items():  # Note [gathers at constant affine indices] (runtime/gather.py)
+        for i, launch in chosen.items():  # Note [gathers at constant affine indices] (runtime/compiled/gather.py)
             if i not in self.folded and isinstance(launch, TorchLaunch) and (gather := affine_gather(ctx, launch.segment, self._fixed)):
                 chosen[i] = gather
-        #: Note [views passed as pointers] (runtime/pointers.py): the fast program's, and what dies where there
+        #: Note [views passed as pointers] (runtime/compiled/pointers.py): the fast program's, and what dies where there
         self.pointers = pointer_views(plan, chosen, self.folded, keep, materialize)
         self._fast_dying = last_uses(plan, keep, self.pointers) if self.pointers else ctx.dying
-        #: Note [one native call for a chain of kernels] (runtime/chains.py): the fast program's
+        #: Note [one native call for a chain of kernels] (runtime/compiled/chains.py): the fast program's
         #: (none while kernels are built in the background: the chain runner may be one of them)
         self.chains = self._plan_chains(keep) if self._use_chains and self._building is None else []
         self.launches = tuple(
@@ -417,7 +417,7 @@ class CompiledProgram:
                        f"dict(zip({code.const(tuple(needed))}, ({''.join(code.var(v) + ', ' for v in needed)}))), "
                        f"{code.const(self.written_in_place)})")
             views = views_of_outputs(graph, set(self.constants)) if fast else None
-            if views:  # Note [outputs that are views of outputs] in runtime/outputs.py
+            if views:  # Note [outputs that are views of outputs] in runtime/compiled/outputs.py
                 returns = f"[{', '.join(outs)}] if {views_test(code, outs, tensors, views)} else {returns}"
         return code.program("fuseg_program", params, returns)
 
@@ -499,7 +499,7 @@ class CompiledProgram:
         function. Measured (perf/results/x86-cpu-unrecorded/before_after_entry_cpu.json, one alternated run):
         fuseg/eager after/before 0.95 (mlp) to 0.99 (rms-norm, softmax). Inputs that pass the
         guard learned from an earlier call are checked in Python only for what it leaves out
-        (Note [learned layout guard] in runtime/guards.py). None sends the caller to the checked
+        (Note [learned layout guard] in runtime/compiled/guards.py). None sends the caller to the checked
         call, which explains a refusal or takes the safe variant."""
         code = Code(sizes=self.sizes)
         params = [f"v{i}" for i in range(len(self.graph.inputs))]
@@ -604,9 +604,9 @@ class CompiledProgram:
     def _storage_needs(self) -> dict[int, int]:
         """Graph input index -> bytes its storage must hold, for the inputs generated kernels read
         or write (Note [kernel reads stay in storage] in runtime/backends/kernels.py), and those
-        read through a view made without the dispatcher: a gather's (runtime/gather.py), a
+        read through a view made without the dispatcher: a gather's (runtime/compiled/gather.py), a
         METADATA segment's or one made from the plan inside a segment on ATen (Note [views from
-        the plan] in runtime/views.py), which ATen's view ops would have checked."""
+        the plan] in runtime/emit/views.py), which ATen's view ops would have checked."""
         index = {v: i for i, v in enumerate(self.graph.input_names)}
         needs: dict[int, int] = {}
 

@@ -1,6 +1,6 @@
 """Views the program makes from the plan, without a dispatcher round trip, and which ones.
 
-Note [views from the plan]: a METADATA segment's outputs (runtime/metadata.py) and, inside a
+Note [views from the plan]: a METADATA segment's outputs (runtime/compiled/metadata.py) and, inside a
 segment that runs on ATen, a view op whose chain of views starts at one of the segment's inputs
 (a weight's ``t`` or ``permute`` before its ``mm``, the ``unsqueeze``/``expand`` before a ``bmm``)
 are made as one strided view of the chain's source at the layout the plan computed

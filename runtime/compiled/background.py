@@ -86,9 +86,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .backends import SegmentLaunch
-from .backends.torch_backend import TorchLaunch
-from .machine import threads
+from ..backends import SegmentLaunch
+from ..backends.torch_backend import TorchLaunch
+from ..machine import threads
 
 if TYPE_CHECKING:
     from .program import CompiledProgram
@@ -115,7 +115,7 @@ def interim_launches(program: CompiledProgram, chosen: dict[int, SegmentLaunch])
         i = launch.segment.index
         program.passed_over[i] = (*program.passed_over.get(i, ()), (
             launch.backend, "its kernel is being compiled in the background: torch runs it until then "
-                            "(Note [kernels built in the background] in runtime/background.py)"))
+                            "(Note [kernels built in the background] in runtime/compiled/background.py)"))
         program.backend_of[i] = "torch"
         interim[i] = TorchLaunch(program.ctx, launch.segment)
     return interim

@@ -33,7 +33,7 @@ from segmenter import FusionGraph, TensorMeta
 from segmenter.ir.graph import view_roots
 from segmenter.ir.symbolic import size_key
 
-from .wrapper import Code
+from ..emit.wrapper import Code
 
 __all__ = ["plain_outputs", "views_of_outputs", "views_test"]
 

@@ -21,7 +21,7 @@ from segmenter import GraphError, TensorMeta
 from segmenter.capturing.reference import fresh_in_layout
 
 # the stride rules live in codegen/index.py (the generator needs them without torch); re-exported here
-from .codegen.index import contiguous_strides, dense_strides
+from ..codegen.index import contiguous_strides, dense_strides
 
 __all__ = ["conform", "contiguous_strides", "dense_copy", "dense_strides", "empty_fn", "ensure", "fresh_in_layout",
            "reinterpret", "reinterpret_fn", "same_strides"]
@@ -46,7 +46,7 @@ def reinterpret(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...]
 
 
 def reinterpret_fn(fast: bool):
-    """What a program variant calls to make a view (Note [fast and safe programs] in runtime/program.py)."""
+    """What a program variant calls to make a view (Note [fast and safe programs] in runtime/compiled/program.py)."""
     return _reinterpret if fast and _reinterpret is not None else reinterpret
 
 
