@@ -8,7 +8,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     # perf.fusions: nvFuser scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
-    packages=["segmenter", "segmenter.ir", "segmenter.capturing", "segmenter.partition", "segmenter.formats", "segmenter.formats.nvfuser", "alias", "runtime", "runtime.backends", "runtime.codegen", "runtime.compiled", "runtime.emit", "runtime.machine", "runtime.storage", "perf", "perf.fusions", "perf.experiments", "perf.html"],
+    packages=["segmenter", "segmenter.ir", "segmenter.capturing", "segmenter.partition", "segmenter.formats", "segmenter.formats.nvfuser", "alias", "runtime", "runtime.backends", "runtime.codegen", "runtime.codegen.lowering", "runtime.codegen.opaque", "runtime.codegen.source", "runtime.compiled", "runtime.emit", "runtime.machine", "runtime.storage", "perf", "perf.fusions", "perf.experiments", "perf.html"],
     package_data={"perf.html": ["page.css", "page.js"]},  # the segmentation page's own CSS and JS, inlined
     py_modules=["fuseg"],  # the name TORCH_LOGS=+fuseg finds (runtime/logs.py)
     install_requires=[

@@ -143,7 +143,7 @@ _FORM = "kernels ATen beat alone tried in their programs"
 
 @functools.cache
 def _file_name(settings: tuple[int, ...]) -> str:
-    from .codegen.ctypes_ import prelude
+    from .codegen.source.ctypes_ import prelude
 
     # (_FORM: a verdict file of before Note [a kernel tried in its program] holds ATen verdicts
     # never tried in a program; a new name measures them again, once. The thresholds the kernels

@@ -567,12 +567,12 @@ def _direct_refusal(compiler: FusegCompiler, gm: fx.GraphModule, example_inputs:
 #   1150 us of launches, its two ``silu_backward`` 45 us). Decomposed, they are pointwise math,
 #   zeros with a ``slice_scatter`` (index math), or a row sum: one generated kernel with their
 #   neighbours. ``gelu_backward`` is taken whole by the generator instead (its decomposition
-#   calls the erf op, libm's scalar erff: runtime/codegen/pointwise.py).
+#   calls the erf op, libm's scalar erff: runtime/codegen/lowering/pointwise.py).
 # - Layer norm's backward: decomposed, the input's gradient is two row sums and pointwise math
 #   (a row kernel), the weight's and bias's gradients two sums over the batch
-#   (runtime/codegen/columns.py); whole, it was an ATen op on torch (bert-tiny: 5 of them, about
+#   (runtime/codegen/lowering/columns.py); whole, it was an ATen op on torch (bert-tiny: 5 of them, about
 #   55 us each; its backward's launches 2.16 -> 1.27 ms with gelu_backward's kernel, scratch). Its decomposition divides by the row's length, a SymInt where
-#   sizes are symbolic: the generator takes it as an operand (runtime/codegen/lower.py).
+#   sizes are symbolic: the generator takes it as an operand (runtime/codegen/lowering/lower.py).
 #   Left whole: embedding and loss backwards (scatters), attention's backward.
 DECOMPOSED = frozenset(f"aten.{op}.default" for op in (
     "_safe_softmax",

@@ -23,9 +23,9 @@ import torch
 from segmenter import FusionGraph, GraphError, OpKind, Segment, op_info
 
 from ..codegen import Declined, Kernel
-from ..codegen.index import dense_strides
-from ..codegen.lower import check_kind
+from ..codegen.lowering.lower import check_kind
 from ..codegen.memo import lower_memo
+from ..codegen.source.index import dense_strides
 from ..emit.wrapper import Code
 from ..storage import layout, pages
 from .base import BuildContext, SegmentLaunch

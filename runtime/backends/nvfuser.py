@@ -25,7 +25,9 @@ from segmenter.formats.nvfuser.ops import BINARY, DTYPES, UNARY
 from segmenter.ir.graph import ValueRef
 
 from ..codegen import Declined
-from ..codegen.checks import (
+from ..codegen.kernel import bind
+from ..codegen.kernel import norm_dim as _norm_dim
+from ..codegen.source.checks import (
     MAX_EXTENT,
     check_layout,
     check_segment_metas,
@@ -35,8 +37,6 @@ from ..codegen.checks import (
     shape_ints,
     slice_bounds,
 )
-from ..codegen.kernel import bind
-from ..codegen.kernel import norm_dim as _norm_dim
 from ..emit.wrapper import Code
 from ..storage import layout
 from .base import Backend, BuildContext, SegmentLaunch

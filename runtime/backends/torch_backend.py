@@ -23,7 +23,7 @@ from segmenter.ir.graph import OpRef, ValueRef
 from segmenter.ir.ops import resolve_op, why_not_runnable
 from segmenter.ir.symbolic import is_symbolic
 
-from ..codegen.index import dense_strides
+from ..codegen.source.index import dense_strides
 from ..emit.inplace import out_overload
 from ..emit.views import planned_views
 from ..emit.wrapper import Code

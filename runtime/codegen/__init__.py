@@ -6,7 +6,7 @@ the reason; ``Kernel.source("cuda" | "cpu")`` wraps the same body for either tar
 """
 
 from . import calibrate  # noqa: F401 - registers the measuring of the thread thresholds (thresholds.measured_by)
-from .ctypes_ import Declined
-from .lower import Kernel, Param, lower_segment
+from .lowering.lower import Kernel, Param, lower_segment
+from .source.ctypes_ import Declined
 
 __all__ = ["Declined", "Kernel", "Param", "lower_segment"]

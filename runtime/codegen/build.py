@@ -35,10 +35,10 @@ from ..machine.compiler import (
     cpu_compiler,
     write_whole,
 )
-from .ctypes_ import Declined
 from .kernel import routine_settings, translation_unit
-from .lower import Kernel
-from .symsizes import raw_symbol
+from .lowering.lower import Kernel
+from .source.ctypes_ import Declined
+from .source.symsizes import raw_symbol
 
 __all__ = ["CompileError", "write_whole", "build_cpu", "build_cpu_later", "build_cpu_many", "build_cuda", "cache_dir", "cpu_compiler",
            "nvcc_check", "unbuilt_cpu"]
@@ -76,7 +76,7 @@ def _entry(kernel: Kernel) -> tuple[str, str]:
     """The kernel's source and its key in the caches (the source and what else decides the binary)."""
     src = kernel.source("cpu")
     raw = raw_symbol(kernel.function("cpu"))  # (the prelude is the same text for every kernel)
-    if raw is not None:  # Note [kernel sizes as arguments] in symsizes.py: never compiled in as text
+    if raw is not None:  # Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py: never compiled in as text
         raise Declined(f"kernel {kernel.name}: a symbolic size ({raw}) was formatted outside its printer")
     return src, hashlib.sha256((src + _cpu_build_key()).encode()).hexdigest()[:24]
 
@@ -240,7 +240,7 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
                     if not any(m[1].symbols for m in group):
                         raise
                     # a kernel of symbolic sizes the compiler refuses: each on its own below, where
-                    # it declines (Note [kernel sizes as arguments] in symsizes.py)
+                    # it declines (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py)
 
             groups = _groups(missing, min(len(missing), jobs or os.cpu_count() or 1))
             with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:  # the compilers run as processes

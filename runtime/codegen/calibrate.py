@@ -11,7 +11,7 @@ kernels' own flags) times, on torch's threads (its libgomp is the one loaded):
   runner runs a group (Note [kernels side by side] in runtime/compiled/chains.py), against the two one
   after the other, each as it runs alone (on the threads from the threshold just measured);
 * ``pack_rows``, ``nn_pack_rows``: on one thread, a product whose B is read in place against one
-  that copies B first (Note [register tiles] in gemm_prelude.py), by rows of C: a small linear
+  that copies B first (Note [register tiles] in runtime/codegen/source/gemm_prelude.py), by rows of C: a small linear
   layer's (2..32 rows by 256 x 128, B contiguous along k) and a wide B read along its rows
   (16..128 rows by GPT-2's 2304 columns, one block of 256 of k);
 * ``costly_call``: on one thread, the loop above and one of ``fuseg_exp`` over 2^18 elements:
@@ -186,7 +186,7 @@ extern "C" void fuseg_cal_costly(const float* x, const float* w, float* y, long 
 
 def source() -> str:
     """The library's source: the prelude with its matmul threshold a variable, then the loops."""
-    from .ctypes_ import prelude
+    from .source.ctypes_ import prelude
 
     return ("#define FUSEG_I long long\n#define FUSEG_PARALLEL_MACS fuseg_cal_macs\n"
             "#define FUSEG_PACK_ROWS fuseg_cal_pack\n#define FUSEG_NN_PACK_ROWS fuseg_cal_nn_pack\n"

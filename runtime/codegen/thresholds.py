@@ -23,7 +23,7 @@ measured on the machine that runs the kernels, once, and kept in the kernel cach
 the thresholds are measured] in calibrate.py), as the verdicts of Note [choices by measurement]
 (runtime/autotune.py) are; with them what an exp costs in a loop's work (``costly_call``) and
 from how many rows a product copies its operand B first (``pack_rows``, ``nn_pack_rows``: Note
-[register tiles] in gemm_prelude.py), the other constants set on one machine that decided speed
+[register tiles] in runtime/codegen/source/gemm_prelude.py), the other constants set on one machine that decided speed
 inside the kernels:
 
     current()      -> the thresholds kernels are generated with now: those set by
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gemm_prelude import NN_PACK_ROWS, PACK_ROWS
+from .source.gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 
 __all__ = ["UNMEASURED", "Thresholds", "current", "measured_by", "parse", "pinned", "resolve", "resolved"]
 
@@ -63,7 +63,7 @@ class Thresholds:
     "pinned", "unmeasured"); ``costly_call``: what a call of exp, tanh, erf or another libm
     function costs in a loop's element, in plain ops (Note [work of a loop]); ``pack_rows``,
     ``nn_pack_rows``: rows of a product from which its matmul routine copies B first (Note
-    [register tiles] in gemm_prelude.py)."""
+    [register tiles] in runtime/codegen/source/gemm_prelude.py)."""
 
     loop: int
     macs: int

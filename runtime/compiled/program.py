@@ -35,7 +35,7 @@ from ..backends.at_call import ChosenAtCall, wrap_at_call
 from ..backends.kernels import check_storage, span_bytes
 from ..backends.torch_backend import TorchLaunch
 from ..codegen import Declined
-from ..codegen.symsizes import c_sizes
+from ..codegen.source.symsizes import c_sizes
 from ..emit.inplace import plan_in_place_writes
 from ..emit.views import metadata_views, planned_views
 from ..emit.wrapper import Code
@@ -335,7 +335,7 @@ class CompiledProgram:
                 why = b.not_chosen_for(seg)
             if why is None:
                 try:
-                    with c_sizes(self.sizes):  # Note [kernel sizes as arguments] (runtime/codegen/symsizes.py)
+                    with c_sizes(self.sizes):  # Note [kernel sizes as arguments] (runtime/codegen/source/symsizes.py)
                         launch = b.prepare(ctx, seg)
                 except Declined as e:
                     why = str(e)

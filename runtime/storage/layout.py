@@ -20,8 +20,8 @@ import torch
 from segmenter import GraphError, TensorMeta
 from segmenter.capturing.reference import fresh_in_layout
 
-# the stride rules live in codegen/index.py (the generator needs them without torch); re-exported here
-from ..codegen.index import contiguous_strides, dense_strides
+# the stride rules live in codegen/source/index.py (the generator needs them without torch); re-exported here
+from ..codegen.source.index import contiguous_strides, dense_strides
 
 __all__ = ["conform", "contiguous_strides", "dense_copy", "dense_strides", "empty_fn", "ensure", "fresh_in_layout",
            "reinterpret", "reinterpret_fn", "same_strides"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .ctypes_ import Declined, literal
+from ..source.ctypes_ import Declined, literal
 
 __all__ = ["ELEMENTWISE", "Rule"]
 

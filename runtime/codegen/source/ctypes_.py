@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..machine.compiler import Declined
+from ...machine.compiler import Declined
 from .gemm_prelude import GEMM_PRELUDE
 
 __all__ = ["COMPUTE", "STORAGE", "Declined", "compute_type", "literal", "prelude", "storage_type"]

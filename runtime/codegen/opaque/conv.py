@@ -8,7 +8,7 @@ convolutions, in one timing of each layer alone). ATen has no other CPU path for
 off it is one slow convolution per channel: 39 ms), and im2col + batched GEMM was no faster
 (scratch runs, not kept). The kernel here is the loop
 itself: per image and channel (the two outer loops, shared among threads where the work is
-worth it: Note [work of a loop] in kernel.py), the output plane starts at the bias and each tap
+worth it: Note [work of a loop] in runtime/codegen/kernel.py), the output plane starts at the bias and each tap
 (i, j) of the filter adds ``x * w`` over the output columns whose input column is inside the
 image. That range depends on j alone, so each j is its own loop with literal bounds: no bounds
 test inside, short rows unroll whole and long ones vectorize where the stride is 1. Padding
@@ -37,8 +37,8 @@ import torch
 from segmenter import FusionGraph, Node
 from segmenter.ir.graph import ValueRef
 
-from .ctypes_ import Declined, storage_type
-from .kernel import Kernel, Param, parallel_if
+from ..kernel import Kernel, Param, parallel_if
+from ..source.ctypes_ import Declined, storage_type
 
 __all__ = ["CONVOLUTION", "convolution_args", "depthwise_kernel", "planar_args"]
 

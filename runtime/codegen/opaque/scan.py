@@ -7,7 +7,7 @@ bits: per position of the other dims, one pass along the summed dim, each input 
 converted to the output's dtype (ATen's ``self.to(result dtype)``), added into an accumulator of
 ATen's CPU accumulate type (double for float32 and float64, float for half and bfloat16, 64-bit
 for integers), and each partial sum stored converted back. Positions share threads where the
-work passes the loop threshold (Note [thread thresholds measured here] in thresholds.py).
+work passes the loop threshold (Note [thread thresholds measured here] in runtime/codegen/thresholds.py).
 
 Taken: one ``aten.cumsum`` of a tensor of at least one dim, any layouts, with an integer or bool
 input summed into an int64 or int32 output (a ``dtype`` argument narrows it: stored wrapped, as
@@ -32,10 +32,10 @@ import torch
 from segmenter import FusionGraph, Node
 from segmenter.ir.graph import ValueRef
 
-from . import index as ix
-from .checks import check_layout, check_segment_metas, dim_arg, lone
-from .ctypes_ import Declined, load, storage_type, store
-from .kernel import Kernel, Param, bind, parallel_if
+from ..kernel import Kernel, Param, bind, parallel_if
+from ..source import index as ix
+from ..source.checks import check_layout, check_segment_metas, dim_arg, lone
+from ..source.ctypes_ import Declined, load, storage_type, store
 
 __all__ = ["CUMSUM", "cumsum_kernel"]
 

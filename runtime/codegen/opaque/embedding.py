@@ -15,7 +15,7 @@ backward (Note [embedding backward kernels] below).
 Taken: one ``aten.embedding`` of a 2-D weight whose rows hold at least one element, of a dtype
 the generator stores (complex is not), by int64 or int32 indices of any layout, the output in
 the contiguous layout ATen gives it (recorded output metas are checked against torch's meta
-kernel first: Note [checked source values] in checks.py). Lookups of over the loop threshold
+kernel first: Note [checked source values] in runtime/codegen/source/checks.py). Lookups of over the loop threshold
 elements share their rows among threads. Anything else is declined with the reason and runs on
 torch.
 """
@@ -29,10 +29,10 @@ import torch
 from segmenter import FusionGraph, Node
 from segmenter.ir.graph import ValueRef
 
-from . import index as ix
-from .checks import check_layout, check_segment_metas, int_arg, lone
-from .ctypes_ import Declined, storage_type
-from .kernel import Kernel, Param, bind, loop_kernel
+from ..kernel import Kernel, Param, bind, loop_kernel
+from ..source import index as ix
+from ..source.checks import check_layout, check_segment_metas, int_arg, lone
+from ..source.ctypes_ import Declined, storage_type
 
 __all__ = ["EMBEDDING", "EMBEDDING_BACKWARD", "embedding_backward_kernel", "embedding_kernel"]
 

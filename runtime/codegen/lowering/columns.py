@@ -21,9 +21,9 @@ import math
 
 import torch
 
+from ..kernel import Body, Param, parallel_if, store_output
+from ..source import index as ix
 from . import cascade
-from . import index as ix
-from .kernel import Body, Param, parallel_if, store_output
 from .rows import Row, _identity, emit_reductions, full_index
 
 __all__ = ["TILE", "column_loop", "takes_columns"]

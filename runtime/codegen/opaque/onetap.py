@@ -19,7 +19,7 @@ took 55 us so, against 19 us as im2col): the image's group of positions is first
 contiguous along channels into a stack buffer, and the dot products run in vectors along the
 channels (3.8 us). The images and groups are shared among threads where the work passes the
 matmul threshold (measured on the machine: Note [thread thresholds measured here] in
-thresholds.py; it was 2^18 multiply-adds, from perf/results/x86-cpu-unrecorded/onetap_cpu.json).
+runtime/codegen/thresholds.py; it was 2^18 multiply-adds, from perf/results/x86-cpu-unrecorded/onetap_cpu.json).
 
 Values are not ATen's bits: the sums run in another order (oneDNN's depends on the machine and
 the sizes); the tests check them against eager within float32's tolerances, the sums being
@@ -37,11 +37,11 @@ import math
 
 from segmenter import FusionGraph, Node
 
-from . import thresholds
+from .. import thresholds
+from ..kernel import BESIDE_MARK, Kernel
+from ..source.ctypes_ import Declined
 from .conv import convolution_args
-from .ctypes_ import Declined
 from .gemm import product_call
-from .kernel import BESIDE_MARK, Kernel
 from .matconv import checked_operands, matmul_conv_kernel
 
 __all__ = ["onetap_kernel"]

@@ -31,22 +31,7 @@ from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir.graph import ValueRef, view_roots
 from segmenter.ir.symbolic import is_symbolic
 
-from . import index as ix
-from .checks import (
-    MAX_EXTENT,
-    check_layout,
-    check_segment_metas,
-    dims_arg,
-    index_arg,
-    int_arg,
-    permutation_arg,
-    shape_ints,
-    slice_bounds,
-)
-from .columns import column_loop, takes_columns
-from .ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
-from .fission import fission
-from .kernel import (
+from ..kernel import (
     CONST,
     RESHAPE,
     VIEW_IDENTITY,
@@ -61,9 +46,24 @@ from .kernel import (
     parallel_if,
     store_output,
 )
+from ..source import index as ix
+from ..source.checks import (
+    MAX_EXTENT,
+    check_layout,
+    check_segment_metas,
+    dims_arg,
+    index_arg,
+    int_arg,
+    permutation_arg,
+    shape_ints,
+    slice_bounds,
+)
+from ..source.ctypes_ import COMPUTE, Declined, compute_type, literal, load, storage_type
+from ..source.symsizes import sizes_active, smax, smin
+from .columns import column_loop, takes_columns
+from .fission import fission
 from .pointwise import ELEMENTWISE
 from .rows import REDUCTIONS, ROW_REGISTERS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
-from .symsizes import sizes_active, smax, smin
 from .tables import tabulate
 
 __all__ = ["GENERATED_KINDS", "Kernel", "Param", "check_kind", "lower_segment"]
@@ -289,7 +289,7 @@ class _Lowerer:
 
     def rounded(self, dtype: torch.dtype, expr: str) -> str:
         """The value as eager holds it: rounded to its dtype (fp16/bf16 and narrow ints); a
-        value already of that half dtype as it is (Note [values already rounded] in kernel.py)."""
+        value already of that half dtype as it is (Note [values already rounded] in runtime/codegen/kernel.py)."""
         if (dtype in (torch.float16, torch.bfloat16) and (self.exact.get(expr) == dtype or half_exact(expr) == dtype)
                 and cuda_tuning()):  # (off with the rest of the tuning: a before/after in one run)
             return expr

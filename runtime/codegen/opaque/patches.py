@@ -13,7 +13,7 @@ vector loop, 16 positions at a time) where a block has 16 positions or more, els
 (dot products in vectors along it, the weight's taps and channels one run). The filter is read
 in place: its channels and taps must make one run of equally spaced elements (either order).
 Padding reads nothing. The images and groups are shared among threads where the work passes the
-matmul threshold (Note [thread thresholds measured here] in thresholds.py).
+matmul threshold (Note [thread thresholds measured here] in runtime/codegen/thresholds.py).
 
 Values are not ATen's bits (another summation order); the tests check them against eager within
 float32's tolerances. Taken: one ``aten.convolution`` of 1-D float32 values, not transposed, any
@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from segmenter import FusionGraph, Node
 
-from . import thresholds
+from .. import thresholds
+from ..kernel import BESIDE_MARK, Kernel
+from ..source.ctypes_ import Declined
 from .conv import convolution_args
-from .ctypes_ import Declined
 from .gemm import Product, product_call
-from .kernel import BESIDE_MARK, Kernel
 from .matconv import checked_operands, matmul_conv_kernel
 
 __all__ = ["BLOCK_FLOATS", "patches_kernel"]
@@ -97,7 +97,7 @@ def patches_kernel(graph: FusionGraph, node: Node) -> Kernel:
     og, sb = filters // groups, (bm.stride[0] if bm is not None else 0)
     # positions a block: as many as the stack buffer holds, in multiples of 64 columns (else 16)
     # where there are that many: whole register tiles on AVX-512 and AVX2 (Note [register tiles]
-    # in gemm_prelude.py; a tile cut short by the block's edge is masked)
+    # in runtime/codegen/source/gemm_prelude.py; a tile cut short by the block's edge is masked)
     fits = BLOCK_FLOATS // patch
     block = max(1, min(positions, fits // 64 * 64 if fits >= 64 else fits // 16 * 16 if fits >= 16 else fits))
     # columns of the product along the output's unit-stride dim: positions (Y = W @ patches) or,

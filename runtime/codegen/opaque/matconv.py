@@ -10,11 +10,11 @@ import torch
 
 from segmenter import FusionGraph, Node, TensorMeta
 
-from . import thresholds
-from .checks import check_layout, check_segment_metas, lone
-from .ctypes_ import Declined
-from .index import dense_strides
-from .kernel import Kernel, Param
+from .. import thresholds
+from ..kernel import Kernel, Param
+from ..source.checks import check_layout, check_segment_metas, lone
+from ..source.ctypes_ import Declined
+from ..source.index import dense_strides
 
 __all__ = ["Operands", "checked_operands", "matmul_conv_kernel"]
 
@@ -55,7 +55,7 @@ def matmul_conv_kernel(prefix: str, node: Node, a: dict, operands: Operands, lin
     """The kernel named ``prefix`` + a digest of ``lines`` and its parameters ``x_``, ``w_``, ``b_``
     (where there is a bias) and ``y_``; it calls the matmul routines, whose products, at most
     ``work`` multiply-adds, share threads from the matmul threshold (Note [thread thresholds
-    measured here] in thresholds.py)."""
+    measured here] in runtime/codegen/thresholds.py)."""
     xm, wm, bm, ym = operands
     params = [Param("x_", a["input"].name, xm.dtype, xm.shape, xm.stride, False),
               Param("w_", a["weight"].name, wm.dtype, wm.shape, wm.stride, False)]

@@ -26,11 +26,11 @@ import torch
 
 from segmenter import Node
 
+from ..kernel import CONST, LINEAR_VIEWS, Body, Param, bind, cuda_tuning, norm_dim, parallel_if, store_output
+from ..source import index as ix
+from ..source.checks import MAX_EXTENT, dims_arg, float_arg, permutation_arg, shape_ints
+from ..source.ctypes_ import Declined, compute_type, literal
 from . import cascade
-from . import index as ix
-from .checks import MAX_EXTENT, dims_arg, float_arg, permutation_arg, shape_ints
-from .ctypes_ import Declined, compute_type, literal
-from .kernel import CONST, LINEAR_VIEWS, Body, Param, bind, cuda_tuning, norm_dim, parallel_if, store_output
 from .pointwise import ELEMENTWISE
 
 __all__ = ["REDUCTIONS", "Chain", "Row", "emit_reductions", "exact", "full_index", "plan_row", "row_levels", "row_loop"]
@@ -545,7 +545,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             store_output(lw, b, p, idx, stores)
         # thread 0 of a CUDA block writes the row's values; on the CPU one thread takes the row,
         # and an ``if`` would cost the kernel its loop if-conversion (Note [no if-conversion of
-        # branches] in kernel.py): a max pass then ran as scalar branches (Note [max without a NaN chain])
+        # branches] in runtime/codegen/kernel.py): a max pass then ran as scalar branches (Note [max without a NaN chain])
         lines.extend(["#ifdef __CUDACC__", "    if (FUSEG_THREAD == 0) {", "#endif", "#ifndef __CUDACC__", "    {", "#endif"])
         lines.extend(b.lines)
         lines.append("    }")

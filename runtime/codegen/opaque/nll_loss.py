@@ -49,9 +49,9 @@ import torch
 from segmenter import FusionGraph, Node
 from segmenter.ir.graph import ValueRef
 
-from .checks import check_layout, check_segment_metas, int_arg, lone
-from .ctypes_ import Declined
-from .kernel import Kernel, Param, bind, loop_kernel
+from ..kernel import Kernel, Param, bind, loop_kernel
+from ..source.checks import check_layout, check_segment_metas, int_arg, lone
+from ..source.ctypes_ import Declined
 
 __all__ = ["NLL_LOSS_BACKWARD", "NLL_LOSS_FORWARD", "nll_loss_backward_kernel", "nll_loss_forward_kernel",
            "target_error"]

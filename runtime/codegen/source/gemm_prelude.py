@@ -1,5 +1,5 @@
 """The C++ of the matmul and attention kernels (the CPU prelude's part for Note [matmul kernels]
-in gemm.py and Note [attention kernels] in attention.py), kept apart from the rest of the prelude.
+in runtime/codegen/opaque/gemm.py and Note [attention kernels] in runtime/codegen/opaque/attention.py), kept apart from the rest of the prelude.
 
 Note [register tiles]: a register tile is the block of C whose partial sums stay in the CPU's
 vector registers while k runs: each step loads a few vectors and does one multiply-add per
@@ -43,7 +43,7 @@ __all__ = ["ATTENTION_SCORES", "GEMM_PRELUDE", "NN_PACK_ROWS", "PACK_ROWS"]
 #: thread of the AVX2 EPYC the copying loop took 0.90-1.05x the dot products' time at 4 rows,
 #: 0.59-0.76x at 6, 0.45-0.69x at 12-32 (64 x 64 and 128 x 64 by 64, 768 x 768 by 768). Since
 #: 2026-11-28 both are measured on the machine that runs the kernels (Note [thread thresholds
-#: measured here] in thresholds.py: ``pack_rows``, ``nn_pack_rows``) and defined before the
+#: measured here] in runtime/codegen/thresholds.py: ``pack_rows``, ``nn_pack_rows``) and defined before the
 #: prelude with the matmul threshold; these are the values where nothing is measured
 PACK_ROWS = 5
 NN_PACK_ROWS = 64

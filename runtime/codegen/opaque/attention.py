@@ -23,7 +23,7 @@ the query's own index masked: ATen's top-left alignment), any ``scale`` (default
 sqrt(features)), outputs in the layouts torch's meta kernel gives them, at most
 ``ATTENTION_SCORES`` keys (the query rows go in blocks whose scores fit that many floats on the
 stack). Anything else is declined with the reason and runs on ATen. Every size is an argument of
-the head's routine (Note [kernel sizes as arguments] in symsizes.py): under a symbolic plan the
+the head's routine (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py): under a symbolic plan the
 one condition the kernel adds is that bound on the keys, which a growing cache meets for long.
 Whether the kernel or ATen's is the faster for a shape is measured on the machine (Note [choices
 by measurement] in runtime/autotune.py).
@@ -64,12 +64,12 @@ from segmenter import FusionGraph, Node
 from segmenter.ir.graph import ValueRef
 from segmenter.ir.symbolic import is_symbolic
 
-from . import thresholds
-from .checks import check_layout, check_segment_metas, float_arg, lone
-from .ctypes_ import Declined
+from .. import thresholds
+from ..kernel import BESIDE_MARK, Kernel, Param, bind
+from ..source.checks import check_layout, check_segment_metas, float_arg, lone
+from ..source.ctypes_ import Declined
+from ..source.gemm_prelude import ATTENTION_SCORES
 from .gemm import unit_stride
-from .gemm_prelude import ATTENTION_SCORES
-from .kernel import BESIDE_MARK, Kernel, Param, bind
 
 __all__ = ["ATTENTION", "ATTENTION_BACKWARD", "ATTENTION_SCORES", "attention_backward_kernel", "attention_kernel"]
 
@@ -174,7 +174,7 @@ def _heads_kernel(prefix: str, lines: list[str], params: list[Param], heads: obj
     the loop threshold. It may run beside other kernels (Note [kernels side by side] in
     runtime/compiled/chains.py) where that work and each of its products (a block's scores, at most
     ``ATTENTION_SCORES``, by ``features``) stay under the beside thresholds (Note [thread
-    thresholds measured here] in thresholds.py)."""
+    thresholds measured here] in runtime/codegen/thresholds.py)."""
     least = thresholds.current()
     if is_symbolic(work):  # decided in the kernel, on the sizes it is called with: no condition of the plan
         lines.insert(1, f"#pragma omp parallel for schedule(static) if ({heads} > 1 && {work} >= {least.loop})")

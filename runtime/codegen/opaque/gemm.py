@@ -5,7 +5,7 @@ tokens of 64 features by a 64 x 64 weight: 65k multiply-adds), and ATen's ``mm``
 spend 3.5-13 us a call on them on the 2-core machines of this project, nearly all of it outside
 the arithmetic (dispatch, checks, BLAS's own setup), against ~1 us for the arithmetic itself.
 The kernel here is the arithmetic: per batch, C = A @ B (+ X, addmm's bias broadcast to C), by
-the register tiles of Note [register tiles] (gemm_prelude.py), the multiply-adds contracted into
+the register tiles of Note [register tiles] (runtime/codegen/source/gemm_prelude.py), the multiply-adds contracted into
 FMAs as BLAS computes them. Two loop shapes, by which of B's dims is contiguous:
 
 * B contiguous along n (``x @ w`` of a Conv1D, ``attn @ v``): ``fuseg_mm_nn``, rows of C times
@@ -16,7 +16,7 @@ FMAs as BLAS computes them. Two loop shapes, by which of B's dims is contiguous:
   time, and the first loop reads the copy.
 
 Every size, stride and offset is an argument of the routines, so a symbolic plan's kernel is
-one binary for every size (Note [kernel sizes as arguments] in symsizes.py): the generator
+one binary for every size (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py): the generator
 decides nothing on a size but what it must (which loop reads the strides), and tests strides
 before sizes so that a symbolic size seldom becomes a condition of the plan.
 
@@ -42,10 +42,10 @@ from segmenter import FusionGraph, OpKind, Segment, op_info
 from segmenter.ir.graph import ValueRef
 from segmenter.ir.symbolic import is_symbolic
 
-from . import thresholds
-from .checks import check_layout, check_segment_metas, int_arg
-from .ctypes_ import Declined
-from .kernel import Kernel, Param, bind
+from .. import thresholds
+from ..kernel import Kernel, Param, bind
+from ..source.checks import check_layout, check_segment_metas, int_arg
+from ..source.ctypes_ import Declined
 
 __all__ = ["MATMULS", "Product", "matmul_kernel", "product_call", "unit_stride"]
 
@@ -88,7 +88,7 @@ def unit_stride(shape: tuple[int, ...], stride: tuple[int, ...], dim: int) -> bo
 
 @dataclass(frozen=True)
 class Product:
-    """A call of the prelude's matmul routines (Note [register tiles] in gemm_prelude.py): C (m x n,
+    """A call of the prelude's matmul routines (Note [register tiles] in runtime/codegen/source/gemm_prelude.py): C (m x n,
     rows ``ldc`` apart, columns contiguous) = A @ B (+ X), every size and stride an argument."""
 
     loop: str  # "nn": B contiguous along n; "nt": A and B contiguous along k
