@@ -1,6 +1,7 @@
 """The packages keep their layers (perf > runtime > alias > segmenter; inside segmenter formats >
-partition | capturing > ir) and segmenter, alias and perf have no import circle: pyproject.toml's
-``[tool.importlinter]`` contracts, checked by ``lint-imports``. Skipped where import-linter is not
+partition | capturing > ir; inside runtime dynamo > compiled > backends > autotune > emit | storage >
+codegen > machine, and codegen's own) and segmenter, alias, perf and runtime have no import circle:
+pyproject.toml's ``[tool.importlinter]`` contracts, checked by ``lint-imports``. Skipped where import-linter is not
 installed (it is in setup.py's test extra)."""
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def _copy(tmp_path: Path) -> Path:
     ("segmenter/partition/greedy.py", "import runtime", "segmenter is not allowed to import runtime"),
     # a circle between siblings in one layer
     ("segmenter/ir/limits.py", "from . import graph", "No cycles are allowed in segmenter.ir"),
+    # the machine reaching up into the backends (as threads.py once did for ChosenAtCall)
+    ("runtime/machine/threads.py", "from ..backends import at_call",
+     "runtime.machine is not allowed to import runtime.backends"),
+    # the thresholds reaching up into their measuring (as thresholds.py once did for calibrate)
+    ("runtime/codegen/thresholds.py", "from . import calibrate",
+     "runtime.codegen.thresholds is not allowed to import runtime.codegen.calibrate"),
+    # a circle between siblings of the runtime in one layer (program.py imports trial)
+    ("runtime/compiled/trial.py", "from . import program", "No cycles are allowed in runtime.compiled"),
 ])
 def test_a_broken_contract_fails(tmp_path: Path, module: str, line: str, words: str) -> None:
     root = _copy(tmp_path)
