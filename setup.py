@@ -9,7 +9,12 @@ setup(
     python_requires=">=3.10",
     # perf.tools: the fuseg CLI and user tools; perf.benchmarks, perf.gpu: benchmarks; perf.fusions: nvFuser
     # scripts kept as data; perf.experiments: one-off measurements (perf/results/README.md)
-    packages=["segmenter", "segmenter.ir", "segmenter.capturing", "segmenter.partition", "segmenter.formats", "segmenter.formats.nvfuser", "alias", "runtime", "perf", "perf.tools", "perf.tools.html", "perf.benchmarks", "perf.gpu", "perf.fusions", "perf.experiments", "perf.experiments.reductions", "perf.experiments.shapes"],
+    packages=["segmenter", "segmenter.ir", "segmenter.capturing", "segmenter.partition", "segmenter.formats",
+              "segmenter.formats.nvfuser", "alias", "runtime", "runtime.backends", "runtime.codegen",
+              "runtime.codegen.lowering", "runtime.codegen.opaque", "runtime.codegen.source", "runtime.compiled",
+              "runtime.emit", "runtime.machine", "runtime.storage", "perf", "perf.tools", "perf.tools.html",
+              "perf.benchmarks", "perf.gpu", "perf.fusions", "perf.experiments", "perf.experiments.reductions",
+              "perf.experiments.shapes"],
     package_data={"perf.tools.html": ["page.css", "page.js"]},  # the segmentation page's own CSS and JS, inlined
     py_modules=["fuseg"],  # the name TORCH_LOGS=+fuseg finds (runtime/logs.py)
     install_requires=[

@@ -29,7 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from alias import apply_aliases
-from runtime.program import CompiledProgram
+from runtime.compiled.program import CompiledProgram
 from segmenter import capture, segment
 from segmenter.capturing.from_torch import bind_inputs
 from segmenter.capturing.reference import clone_inputs

@@ -4,7 +4,7 @@ against eager's (issue 64, goal 2: no slow period).
     python -m perf.first_window [MODEL] [--window 30] [--eager 3] [--policies calls-first,cores]
                                 [--eager-every N] [--inductor] [--out perf/results/<machine>/first_window_cpu.json]
 
-Per policy (Note [calls first while kernels build] in runtime/threads.py: how calls run beside the
+Per policy (Note [calls first while kernels build] in runtime/machine/threads.py: how calls run beside the
 background compilers), a fresh process with empty kernel caches: eager is timed for ``--eager``
 seconds (calls back to back), then ``torch.compile(model, backend="fuseg")``'s first call (its
 kernels start building in the background), then its calls back to back for ``--window`` seconds
@@ -79,7 +79,7 @@ def window(name: str, seconds: float, policy: str, eager_s: float, eager_every: 
     window one is eager's instead, with the compilers stopped for it (eager as it runs with no
     build, at the same moment: on a machine others share, the only fair reference; the builds
     get none of those calls' time)."""
-    from runtime import threads
+    from runtime.machine import threads
 
     if eager_every == 1:
         raise ValueError("eager_every=1 leaves the window no call of the compiled model")
@@ -93,10 +93,9 @@ def window(name: str, seconds: float, policy: str, eager_s: float, eager_every: 
 def _window(name: str, seconds: float, policy: str, eager_s: float, eager_every: int) -> dict[str, Any]:
     import torch
 
-    from runtime import threads
-    from runtime.codegen import pause
     from runtime.codegen.build import background_builds_under_way, wait_for_background_builds
     from runtime.dynamo import registered_by_name
+    from runtime.machine import pause, threads
 
     from .compiled import MODELS, _max_diff
 
@@ -176,7 +175,7 @@ def _line(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from runtime.autotune import machine
-    from runtime.threads import POLICIES
+    from runtime.machine.threads import POLICIES
 
     from .bench import environment
 

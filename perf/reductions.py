@@ -2,7 +2,7 @@
 
     python -m perf.reductions [--out perf/results/<machine>/reductions_cpu.json] [--large]
 
-Note [sums in chunks] (runtime/codegen/cascade.py) cuts a float sum over a long row into chunks
+Note [sums in chunks] (runtime/codegen/lowering/cascade.py) cuts a float sum over a long row into chunks
 whose partials are added with a compensation. This measures what that costs and buys, on the
 machine at hand: each program is generated twice in this process, ``chunked`` (the kernels as
 they are) and ``one loop`` (the chunk lengths set past every size here: the source is then the
@@ -87,7 +87,7 @@ def _programs(fn: Callable, x: torch.Tensor) -> dict[str, Callable]:
     import runtime
     from alias import apply_aliases
     from runtime.autotune import fixed
-    from runtime.codegen import cascade
+    from runtime.codegen.lowering import cascade
     from segmenter import capture, segment
 
     plan = apply_aliases(segment(capture(fn, [x])), "post")
@@ -124,7 +124,7 @@ def accuracy(cases: list) -> list[dict[str, Any]]:
 
 
 def speed(cases: list, calls: int) -> list[dict[str, Any]]:
-    from runtime.codegen import cascade
+    from runtime.codegen.lowering import cascade
 
     rows = []
     for k, (name, shape) in enumerate(cases):

@@ -172,10 +172,10 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
 
 def _trials() -> list[dict[str, Any]]:
     """What each fuseg program's trial found (Note [a kernel tried in its program] and Note [a
-    program against its ATen path] in runtime/trial.py), per size class for a symbolic plan."""
+    program against its ATen path] in runtime/compiled/trial.py), per size class for a symbolic plan."""
     import gc
 
-    from runtime.program import CompiledProgram
+    from runtime.compiled.program import CompiledProgram
 
     found = []
     for o in gc.get_objects():

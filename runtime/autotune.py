@@ -27,7 +27,7 @@ turn (Note [choices at the call] and Note [a class measured on its calls] in
 runtime/backends/at_call.py); a kernel that writes an input in
 place keeps its class as a condition of the plan instead (a call outside it gets a plan of its
 own, which compiles nothing). A program of fixed sizes whose kernels ATen beat alone tries them
-again in the program, on its first calls (Note [a kernel tried in its program] in runtime/trial.py):
+again in the program, on its first calls (Note [a kernel tried in its program] in runtime/compiled/trial.py):
 alone a kernel pays a Python call that its chain saves, and ATen's op splits the chain.
 
 Costs: a cold process measures each class the first time it builds it, after the kernels are
@@ -36,7 +36,7 @@ first calls of that class (no call runs more than once); a warm cache measures n
 the two are close a measurement can come out either way; the cache makes later processes agree
 with the first. With ``torch.use_deterministic_algorithms(True)`` nothing is measured and ATen runs
 every such segment, as in eager (Note [no choice by timing] in runtime/backends/im2col.py). The
-cache is a cache (Note [kernel cache safety] in codegen/build.py): a damaged file reads as empty
+cache is a cache (Note [kernel cache safety] in runtime/machine/compiler.py): a damaged file reads as empty
 and is rewritten whole; one that cannot be written leaves the verdicts in memory for the process.
 
 ``fixed(policy)`` replaces measuring for a block of code: "kernel" takes every kernel (the tests of
@@ -51,14 +51,14 @@ import functools
 import hashlib
 import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+
+from .machine.compiler import cache_dir, machine, write_whole
 
 __all__ = ["Verdict", "class_key", "class_of_bits", "fixed", "lookup", "machine", "measure", "policy", "record",
            "set_policy", "size_class", "verdict_of", "verdict_path"]
@@ -137,49 +137,13 @@ def size_class(n: int | torch.SymInt) -> tuple[int, int]:
 
 # -- what decides speed ----------------------------------------------------------------------
 
-@functools.cache
-def machine() -> dict[str, str]:
-    """The CPU (model, flags), the compiler (its version and flags) and torch: what a verdict was
-    measured on, and what every perf record names."""
-    from .codegen.build import CPU_FLAGS, cpu_compiler
-
-    model, flags, ids = platform.processor() or platform.machine(), "", {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = (part.strip() for part in line.partition(":"))
-                if key in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
-                    model = value
-                elif key in ("flags", "Features") and not flags:
-                    flags = " ".join(sorted(value.split()))
-                elif key in ("cpu family", "model", "stepping") and key not in ids:
-                    ids[key] = value  # (a virtual machine's model name can be as vague as "AMD EPYC")
-    except OSError:
-        pass
-    if ids:
-        model += f" (family {ids.get('cpu family', '?')} model {ids.get('model', '?')} stepping {ids.get('stepping', '?')})"
-    cxx = cpu_compiler()
-    version = _version(cxx) if cxx is not None else ""
-    return {"cpu": model, "cpu_flags": flags, "compiler": f"{cxx} ({version})", "compiler_flags": " ".join(CPU_FLAGS),
-            "torch": torch.__version__}
-
-
-@functools.cache
-def _version(cxx: str) -> str:
-    """The first line of ``cxx --version`` (once a process per compiler)."""
-    try:
-        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
-
-
 #: what the verdicts in a file are (part of its name)
 _FORM = "kernels ATen beat alone tried in their programs"
 
 
 @functools.cache
 def _file_name(settings: tuple[int, ...]) -> str:
-    from .codegen.ctypes_ import prelude
+    from .codegen.source.ctypes_ import prelude
 
     # (_FORM: a verdict file of before Note [a kernel tried in its program] holds ATen verdicts
     # never tried in a program; a new name measures them again, once. The thresholds the kernels
@@ -193,7 +157,6 @@ def verdict_path() -> str:
     """This machine's verdict file for the thread thresholds kernels are generated with now, in
     the kernel cache dir (``FUSEG_CACHE_DIR``)."""
     from .codegen import thresholds
-    from .codegen.build import cache_dir
 
     t = thresholds.current()
     return os.path.join(cache_dir(), _file_name((t.loop, t.macs, t.costly_call, t.beside_loop, t.beside_macs,
@@ -272,8 +235,6 @@ def record(key: str, verdict: Verdict) -> None:
             finally:
                 os.close(fd)
             return
-        from .codegen.build import write_whole
-
         merged = {**_read(path), **known}
         body = json.dumps({"machine": machine()}) + "\n" + "".join(_line(k, v) for k, v in sorted(merged.items()))
         write_whole(path, body, ".autotune-")

@@ -57,7 +57,7 @@ from segmenter import SegmentedFusion, SegmentKind
 from segmenter.ir.graph import FusionGraph, Node, iter_value_refs
 from segmenter.ir.ops import resolve_op
 
-from .codegen.index import dense_strides
+from .codegen.source.index import dense_strides
 
 __all__ = ["GIVE_UP_AFTER", "WARMUP_CALLS", "Capture", "CudaCapture", "GraphedCalls", "capture_refusal",
            "node_refusal", "plan_refusal", "use_cuda_graphs"]

@@ -30,10 +30,10 @@ from segmenter.capturing.unbacked import has_data_dependent_sizes
 from segmenter.ir.symbolic import symbolic_hashing
 
 from . import logs
-from .codegen import pause
+from .compiled.program import CompiledProgram
+from .compiled.segments_run import segments_run
 from .cudagraphs import use_cuda_graphs
-from .program import CompiledProgram
-from .segments_run import segments_run
+from .machine import pause
 from .unbacked import DataDependentSplit, split_at_data
 
 __all__ = ["DECOMPOSED", "STATS", "FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend",
@@ -75,7 +75,7 @@ def _release(_args: Any) -> None:
 
 
 def _pause_during_dynamo_compiles() -> None:
-    """Note [compilers paused while dynamo traces] (runtime/codegen/pause.py): dynamo's
+    """Note [compilers paused while dynamo traces] (runtime/machine/pause.py): dynamo's
     compile-start and compile-end callbacks hold and release the pause on background compilers;
     registered by each compiler made where they are not (``torch._dynamo.reset()`` clears them;
     a compile under way at the registration is not held: its end finds no hold to release)."""
@@ -97,7 +97,7 @@ class FusegCompiler:
                  ) -> None:
         self.mode = mode
         _pause_during_dynamo_compiles()
-        #: Note [kernels built in the background] (runtime/background.py): a program's new
+        #: Note [kernels built in the background] (runtime/compiled/background.py): a program's new
         #: kernels (a symbolic plan's or one of fixed sizes; not one captured into a CUDA graph)
         #: compile off the caller's thread while torch runs their segments: True for
         #: every graph, False for none, "inference" (the default) for inference graphs only (a
@@ -188,7 +188,7 @@ class FusegCompiler:
             # (saved activations, in backward) can be freed as soon as our launches are done with them.
             args = [a for i, a in enumerate(boxed) if i not in tokens] if tokens else list(boxed)
             boxed.clear()
-            # Note [one entry] (runtime/program.py): the program the previous call ran, where the
+            # Note [one entry] (runtime/compiled/program.py): the program the previous call ran, where the
             # inputs match it exactly; None (nothing run) sends the call on to the checked path
             results = last[0].entry(*args) if last and not numbers and len(args) == last[0].arity else None
             if results is None and symbolic[0]:
@@ -363,7 +363,7 @@ def _with_sizes(results: list[Any], sizes_fn: Callable[..., list[int]] | None, t
 def _sizes_function(program: CompiledProgram, sizes: dict[int, Any]) -> Callable[..., list[Any]]:
     """A generated function ``(results, *inputs) -> results`` with the graph's size outputs
     computed from the inputs' sizes and put at their places."""
-    from .wrapper import Code
+    from .emit.wrapper import Code
 
     code = Code(sizes=program.sizes)
     params = [f"v{i}" for i in range(len(program.graph.inputs))] + [f"n{j}" for j in range(program.numbers)]
@@ -488,7 +488,7 @@ def aot_backend(compiler: FusegCompiler) -> Callable[..., Any]:
 # (rms-norm: a backend through it whose graph returns saved outputs took 9.7 us against 8.7 us
 # for one without it, scratch), about what generated kernels leave of small programs' time. So
 # ``compile_with_aot`` gives dynamo a function that tries the program the previous call ran
-# (its entry: Note [one entry] in runtime/program.py, which refuses anything but a plain call on
+# (its entry: Note [one entry] in runtime/compiled/program.py, which refuses anything but a plain call on
 # the layouts it was built for, having run nothing) and otherwise calls AOTAutograd's function:
 # the first call, a new layout, a dispatch mode, inputs that need grad. It does so only where
 # the graph's ViewAndMutationMeta says the wrapper has nothing to do (``_direct_refusal`` lists
@@ -567,12 +567,12 @@ def _direct_refusal(compiler: FusegCompiler, gm: fx.GraphModule, example_inputs:
 #   1150 us of launches, its two ``silu_backward`` 45 us). Decomposed, they are pointwise math,
 #   zeros with a ``slice_scatter`` (index math), or a row sum: one generated kernel with their
 #   neighbours. ``gelu_backward`` is taken whole by the generator instead (its decomposition
-#   calls the erf op, libm's scalar erff: runtime/codegen/pointwise.py).
+#   calls the erf op, libm's scalar erff: runtime/codegen/lowering/pointwise.py).
 # - Layer norm's backward: decomposed, the input's gradient is two row sums and pointwise math
 #   (a row kernel), the weight's and bias's gradients two sums over the batch
-#   (runtime/codegen/columns.py); whole, it was an ATen op on torch (bert-tiny: 5 of them, about
+#   (runtime/codegen/lowering/columns.py); whole, it was an ATen op on torch (bert-tiny: 5 of them, about
 #   55 us each; its backward's launches 2.16 -> 1.27 ms with gelu_backward's kernel, scratch). Its decomposition divides by the row's length, a SymInt where
-#   sizes are symbolic: the generator takes it as an operand (runtime/codegen/lower.py).
+#   sizes are symbolic: the generator takes it as an operand (runtime/codegen/lowering/lower.py).
 #   Left whole: embedding and loss backwards (scatters), attention's backward.
 DECOMPOSED = frozenset(f"aten.{op}.default" for op in (
     "_safe_softmax",

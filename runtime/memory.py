@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 
 from segmenter import SegmentKind
 
-from .program import CompiledProgram
+from .compiled.program import CompiledProgram
 
 __all__ = ["PeakTracker", "modeled_peak"]
 

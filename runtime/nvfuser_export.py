@@ -48,7 +48,7 @@ from segmenter.partition.explain import describe_sizes
 
 from .backends.nvfuser import lower_to_nvfuser
 from .codegen import Declined
-from .codegen.symsizes import c_sizes
+from .codegen.source.symsizes import c_sizes
 
 __all__ = ["ExportedSegment", "NvFuserExport", "defined_strides", "export_nvfuser", "packed_strides", "segment_graph"]
 

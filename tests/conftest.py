@@ -22,9 +22,9 @@ def _kernels_not_timings():
     same test on every later run), so tests take every kernel the generator builds; the tests of
     the measuring itself (tests/test_autotune.py) set their own choice and cache."""
     from runtime.autotune import fixed
-    from runtime.trial import program_checks
+    from runtime.compiled.trial import program_checks
 
-    # (Note [a program against its ATen path] in runtime/trial.py: tests that set measuring on
+    # (Note [a program against its ATen path] in runtime/compiled/trial.py: tests that set measuring on
     # must not have their programs tried against ATen by a timing either; tests/test_program_check.py
     # turns it on with its own clock)
     with fixed("kernel"), program_checks(False):
@@ -33,7 +33,7 @@ def _kernels_not_timings():
 
 @pytest.fixture(autouse=True)
 def _builds_at_once(monkeypatch):
-    """Note [kernels built in the background] (runtime/background.py): by default an inference
+    """Note [kernels built in the background] (runtime/compiled/background.py): by default an inference
     graph's programs (symbolic plans and programs of fixed sizes) compile their new kernels off
     the caller's thread and torch runs their segments until they are built, so which launches a
     call runs depends on how fast the compiler was. Tests that inspect a program's kernels must not depend on that: the suite

@@ -216,7 +216,7 @@ TOL = {"batch-norm-eval": 1e-5, "batch-norm-eval-bf16": 2e-2, "softmax-fp16": 2e
        "op:gelu.default": 2e-6, "op:gelu_backward.default": 2e-5}
 
 
-# --- every elementwise op the generator takes (runtime/codegen/pointwise.py), one case each ----
+# --- every elementwise op the generator takes (runtime/codegen/lowering/pointwise.py), one case each ----
 
 _POSITIVE = {"acos", "asin", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow", "reciprocal"}
 _EXTRA = {"clamp": (-0.5, 0.5), "clamp_min": (-0.2,), "clamp_max": (0.3,)}
@@ -256,7 +256,7 @@ def _op_case(name: str) -> tuple | None:
 
 
 def _all_op_cases() -> dict[str, tuple]:
-    from runtime.codegen.pointwise import ELEMENTWISE
+    from runtime.codegen.lowering.pointwise import ELEMENTWISE
 
     out = {}
     for name in sorted(ELEMENTWISE):

@@ -6,7 +6,7 @@ Large cases: each distinct sample program (its input's rank, its arguments) agai
 2^k elements, the sample's dims scaled up together (a size-1 dim stays 1, so which dims are reduced
 and which are kept is the sample's), values uniform in [0, 1) as a loss or a statistic of
 activations has them (the worst case of a float accumulator: Note [sums in chunks] in
-runtime/codegen/cascade.py). Only samples whose other arguments do not name sizes are scaled (a layer
+runtime/codegen/lowering/cascade.py). Only samples whose other arguments do not name sizes are scaled (a layer
 norm's ``normalized_shape`` does): the norms of rows at large sizes are written out below.
 """
 

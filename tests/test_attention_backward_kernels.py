@@ -1,4 +1,4 @@
-"""The backward of small float32 attention as a generated C++ kernel (runtime/codegen/attention.py,
+"""The backward of small float32 attention as a generated C++ kernel (runtime/codegen/opaque/attention.py,
 Note [attention backward kernels]): a table of attentions trained through torch.compile, each at
 two sizes, whose backward graph's ``_scaled_dot_product_flash_attention_for_cpu_backward`` the cpp
 backend takes, against eager (the gradients' values and strides); the same at symbolic sizes;
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from runtime.codegen import Declined
-from runtime.codegen.attention import ATTENTION_BACKWARD, attention_backward_kernel
+from runtime.codegen.opaque.attention import ATTENTION_BACKWARD, attention_backward_kernel
 from runtime.dynamo import FusegCompiler, aot_backend
 
 from .test_attention_kernels import _heads, _sdpa, _with

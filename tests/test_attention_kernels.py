@@ -1,4 +1,4 @@
-"""Small float32 attention as a generated C++ kernel (runtime/codegen/attention.py, Note
+"""Small float32 attention as a generated C++ kernel (runtime/codegen/opaque/attention.py, Note
 [attention kernels]): a table of the attentions the cpp backend takes under torch.compile (where
 ``scaled_dot_product_attention`` reaches us as ATen's flash attention for the CPU), each against
 eager (values, strides, NaN positions); the ones it declines with their reasons; arguments and
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.codegen import Declined
-from runtime.codegen.attention import ATTENTION, ATTENTION_SCORES, attention_kernel
+from runtime.codegen.opaque.attention import ATTENTION, ATTENTION_SCORES, attention_kernel
 from runtime.dynamo import FusegCompiler, aot_backend
 
 from .util import layout

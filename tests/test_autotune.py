@@ -487,8 +487,8 @@ def test_a_choice_at_the_call_made_beside_builds_is_made_again_after_them(cache,
     the launch's table for good: once the builds were done, every later call in the class ran the
     way measured for one thread. Now the tables are emptied when the last build ends, and the next
     call looks its class up again, for torch's own count."""
-    from runtime import threads
     from runtime.dynamo import FusegCompiler, compile_with_aot
+    from runtime.machine import threads
 
     monkeypatch.setenv("FUSEG_BUILD_THREADS", "1")  # (the "cores" policy: Note [calls first while kernels build])
     if not threads.reserving() or threads.background_jobs() >= 2:

@@ -1,4 +1,4 @@
-"""Note [kernels built in the background] (runtime/background.py): a program's new kernels (a
+"""Note [kernels built in the background] (runtime/compiled/background.py): a program's new kernels (a
 symbolic plan's, or those of a program of fixed sizes of an inference graph) compile off the
 caller's thread; until they are built, torch runs their segments, then the program runs its
 kernels. Each program runs on sizes before and after its builds are let go,
@@ -290,7 +290,7 @@ def test_a_program_waits_for_its_builds_after_the_grace_period(gate, monkeypatch
     """See Note [kernels built in the background]: a build not done when ``WAIT_AFTER_S`` has passed
     since it started is waited for at the next call (a machine busy on every core gives a
     compiler that runs only on idle cores no time): that call runs the kernels."""
-    from runtime import program as program_module
+    from runtime.compiled import program as program_module
 
     compiler, compiled, fn, make, program = _planned("rms-norm")
     assert program._building is not None
@@ -344,8 +344,9 @@ def test_a_remake_beside_other_builds_measures_with_torchs_own_threads(gate, mon
     the threads the compilers leave, and the measurement with it, recorded under the key of
     torch's own count (computed when the program was compiled). The remake now runs at torch's
     own count, the compilers paused meanwhile."""
-    from runtime import autotune, threads
+    from runtime import autotune
     from runtime.dynamo import FusegCompiler, compile_with_aot
+    from runtime.machine import threads
 
     monkeypatch.setenv("FUSEG_BUILD_THREADS", "1")  # (the "cores" policy: Note [calls first while kernels build])
     if not threads.reserving() or threads.background_jobs() >= 2:

@@ -2,7 +2,7 @@
 segmenting] in runtime/dynamo.py): AOTAutograd's backward ops that the kernel generator does not
 take (``silu_backward``, ``slice_backward``, ``_log_softmax_backward_data``, ...) are decomposed
 into the pointwise, injective and row ops it does take, with torch's own decompositions;
-``gelu_backward`` is generated whole (runtime/codegen/pointwise.py). Each program below is trained through ``torch.compile(backend="fuseg")`` at two
+``gelu_backward`` is generated whole (runtime/codegen/lowering/pointwise.py). Each program below is trained through ``torch.compile(backend="fuseg")`` at two
 shapes (the second one through dynamo's symbolic recompile); every gradient and the loss are
 checked against eager, and no backward op is left whole in a backward graph."""
 
@@ -50,7 +50,7 @@ SHAPES = ((4, 8), (6, 12))
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_backward_runs_generated_kernels_and_matches_eager(name: str) -> None:
     fn, backward_op = PROGRAMS[name]
-    from runtime.codegen.pointwise import ELEMENTWISE
+    from runtime.codegen.lowering.pointwise import ELEMENTWISE
 
     assert (backward_op in DECOMPOSED) != (backward_op in ELEMENTWISE)  # decomposed, or generated whole
     from torch._dynamo.backends.common import aot_autograd

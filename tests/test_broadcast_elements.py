@@ -1,4 +1,4 @@
-"""Note [elements along a broadcast dim] (runtime/codegen/lower.py): a CUDA pointwise loop whose
+"""Note [elements along a broadcast dim] (runtime/codegen/lowering/lower.py): a CUDA pointwise loop whose
 input is broadcast along a dim gives each thread consecutive indices of that dim, so the input
 is loaded once for them. Checked as source and through nvcc's PTX (no GPU); the values on a GPU
 are tests/test_gpu.py's kernel cases (bias adds, RoPE), and the CPU loop is not touched."""

@@ -1,4 +1,4 @@
-"""Note [calls first while kernels build] (runtime/threads.py): while background builds are under
+"""Note [calls first while kernels build] (runtime/machine/threads.py): while background builds are under
 way a program's calls keep torch's own thread count and stop the compilers for their duration;
 past ``HOLD_CALLS_S`` from the builds' start they run with the cores the compilers leave
 instead (the bound), and every count is restored after each call. The builds and the clock are
@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime import threads
 from runtime.backends.at_call import ChosenAtCall
-from runtime.codegen import pause
+from runtime.machine import pause, threads
 
 
 class _Program:

@@ -9,7 +9,7 @@ import torch
 
 from alias import apply_aliases
 from perf import zoo
-from runtime.program import CompiledProgram
+from runtime.compiled.program import CompiledProgram
 from segmenter import OPAQUE_OPS, Alias, FusionGraph, OpKind, TensorMeta, op_info, segment
 from segmenter.capturing.from_torch import bind_inputs, capture
 from segmenter.capturing.reference import clone_inputs, evaluate, run_graph

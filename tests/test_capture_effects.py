@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from alias import apply_aliases, check
-from runtime.program import CompiledProgram
+from runtime.compiled.program import CompiledProgram
 from segmenter import CaptureError, capture, segment
 from segmenter.capturing.reference import clone_inputs, run_graph
 from segmenter.formats.serialize import GraphFormatError, from_json, graph_to_dict, to_json

@@ -1,4 +1,4 @@
-"""Note [kernels side by side] (runtime/chains.py): which steps of a chain run at once, that a
+"""Note [kernels side by side] (runtime/compiled/chains.py): which steps of a chain run at once, that a
 group computes exactly what its kernels compute one by one (values, strides, inputs written,
 arena bytes), and the trial between the two ways on the chain's first calls."""
 
@@ -12,12 +12,12 @@ import torch.nn.functional as F
 
 import runtime
 from alias import apply_aliases
-from runtime import chains
 from runtime.codegen import thresholds
 from runtime.codegen.build import cpu_compiler
 from runtime.codegen.kernel import BESIDE_MARK, Kernel, Param, beside
 from runtime.codegen.runner import GROUP_MAX
-from runtime.trial import CALLS
+from runtime.compiled import chains
+from runtime.compiled.trial import CALLS
 from segmenter import SegmenterOptions, capture, segment
 
 from .util import assert_matches_eager

@@ -1,4 +1,4 @@
-"""Note [one native call for a chain of kernels] (runtime/chains.py): which launches the fast
+"""Note [one native call for a chain of kernels] (runtime/compiled/chains.py): which launches the fast
 program runs as one native call, where their values live, and that everything observable stays
 eager's (values, layouts, sharing, inputs written, errors)."""
 
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 import runtime
 from alias import apply_aliases
-from runtime.chains import ALIGN, _place
 from runtime.codegen.build import cpu_compiler
 from runtime.codegen.runner import MAX_ARGS, split_result
+from runtime.compiled.chains import ALIGN, _place
 from segmenter import SegmenterOptions, capture, segment
 
 from .util import assert_matches_eager

@@ -123,7 +123,7 @@ def test_outer_reductions_take_column_passes_on_the_cpu_and_rows_on_cuda() -> No
 
 
 def test_full_values_independent_of_the_reduction_are_stored_in_its_first_pass() -> None:
-    """Note [full values stored in the first pass] (runtime/codegen/columns.py): the C++ column
+    """Note [full values stored in the first pass] (runtime/codegen/lowering/columns.py): the C++ column
     variant of a bias gradient's segment walks the tile's elements once per reduction pass and
     stores the values there, with no pass of their own; a value that depends on the reduction
     (x - mean) keeps its own pass after it."""
@@ -304,7 +304,7 @@ def test_a_row_kernel_compiles_to_an_object_file() -> None:
 def test_cpu_prelude_includes_no_header() -> None:
     """See Note [no headers in the CPU prelude]: a cold cache compiles every kernel of a program before
     its first call, and <cmath> alone was most of each build."""
-    from runtime.codegen.ctypes_ import prelude
+    from runtime.codegen.source.ctypes_ import prelude
 
     assert "#include" not in prelude("cpu")
     assert "std::" not in prelude("cpu")
@@ -397,7 +397,7 @@ def test_op_cases_where_eager_is_off_the_exact_value(case: str, flat: bool) -> N
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_cpu_gelu_backward_matches_aten(approximate: str) -> None:
-    """GELU's backward generated whole (runtime/codegen/pointwise.py, with Note [vectorizable tanh
+    """GELU's backward generated whole (runtime/codegen/lowering/pointwise.py, with Note [vectorizable tanh
     and erf]'s erf and tanh), on a million values, the tails, zeros, infinities and NaN: within
     1e-6 * |grad| of the exact value (ATen's op in double), which ATen's float op itself is not
     everywhere with tanh (1.04e-6 off at x = -5.16, where 1 - tanh^2 cancels; ours 5.6e-7, scratch);
@@ -442,7 +442,7 @@ def test_values_of_outer_loops_are_computed_there() -> None:
 
 
 def test_hoisting_keeps_branch_values_and_stores_innermost() -> None:
-    from runtime.codegen.lower import _hoist_levels
+    from runtime.codegen.lowering.lower import _hoist_levels
 
     ind = "    "
     lines = [ind + "const float t1 = ((float)in0[i_0]);",  # outer loop only

@@ -122,7 +122,7 @@ def test_metas_that_lie_never_size_a_kernel(lie: str) -> None:
 def _one_op(op: str, args: tuple, out_shape: tuple[int, ...], kwargs: tuple = (), in_shape: tuple[int, ...] = (8,),
             kind: SegmentKind = SegmentKind.POINTWISE, out_dtype: torch.dtype = F32,
             in_meta: TensorMeta | None = None) -> tuple[FusionGraph, Segment]:
-    from runtime.codegen.index import contiguous_strides
+    from runtime.codegen.source.index import contiguous_strides
 
     x = in_meta or TensorMeta(in_shape, contiguous_strides(in_shape), 0, F32)
     out = TensorMeta(out_shape, contiguous_strides(out_shape), 0, out_dtype)
@@ -165,7 +165,7 @@ _BAD = {
 @pytest.mark.parametrize("case", sorted(_BAD))
 def test_every_formatted_argument_is_checked(case: str, monkeypatch) -> None:
     """The second line of defence: even with the metas believed, no bad value is formatted."""
-    import runtime.codegen.lower as lower
+    import runtime.codegen.lowering.lower as lower
 
     monkeypatch.setattr(lower, "check_segment_metas", lambda *a: None)
     op, args, out_shape, *extra = _BAD[case]
@@ -175,7 +175,7 @@ def test_every_formatted_argument_is_checked(case: str, monkeypatch) -> None:
 
 
 def test_layer_norm_eps_must_be_a_number(monkeypatch) -> None:
-    import runtime.codegen.lower as lower
+    import runtime.codegen.lowering.lower as lower
 
     monkeypatch.setattr(lower, "check_segment_metas", lambda *a: None)
     for eps in ("1e-5f + system(\"x\")", None, float("nan"), True):
@@ -195,7 +195,7 @@ _BAD_LAYOUTS = {
 
 @pytest.mark.parametrize("case", sorted(_BAD_LAYOUTS))
 def test_every_formatted_layout_is_checked(case: str, monkeypatch) -> None:
-    import runtime.codegen.lower as lower
+    import runtime.codegen.lowering.lower as lower
 
     monkeypatch.setattr(lower, "check_segment_metas", lambda *a: None)
     m = _BAD_LAYOUTS[case]
@@ -207,7 +207,7 @@ def test_every_formatted_layout_is_checked(case: str, monkeypatch) -> None:
 def test_recomputing_metas_never_allocates() -> None:
     """A factory op's size is the graph's to choose: the recomputation runs on the meta device,
     with or without a device argument (the default device would allocate 4 TiB here)."""
-    from runtime.codegen.checks import check_segment_metas
+    from runtime.codegen.source.checks import check_segment_metas
 
     for kwargs in ((), (("device", torch.device("cpu")),)):
         graph, seg = _one_op("aten.full.default", ((2**40,), 1.0), (2**40,), kwargs=kwargs)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from alias import apply_aliases, check
+from runtime.compiled.program import CompiledProgram
 from runtime.dynamo import FusegCompiler
-from runtime.program import CompiledProgram
 from segmenter import FusionGraph, GraphConstant, GraphError, GraphInput, Node, TensorMeta, ValueRef, capture, segment
 from segmenter.capturing.from_torch import bind_inputs
 from segmenter.capturing.reference import clone_inputs, run_graph

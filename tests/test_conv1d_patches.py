@@ -1,5 +1,5 @@
 """1-D convolutions of more than one tap as generated kernels: patches of the input copied into a
-stack buffer, then the matmul templates (runtime/codegen/patches.py, Note [1-D convolutions as
+stack buffer, then the matmul templates (runtime/codegen/opaque/patches.py, Note [1-D convolutions as
 patches]). A table of the ones the cpp backend takes (wav2vec 2.0's feature extractor and grouped
 positional embedding, Whisper's stem, strides, paddings wider than the filter, dilation, groups,
 transposed inputs, rows longer than one block of patches), each against eager (values, strides,
@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.codegen import Declined, patches
+from runtime.codegen import Declined
+from runtime.codegen.opaque import patches
 from segmenter import capture
 
 from .util import assert_matches_eager, compiled_post, convolution_segment

@@ -1,4 +1,4 @@
-"""Depthwise convolutions as generated C++ kernels (runtime/codegen/conv.py, Note [depthwise
+"""Depthwise convolutions as generated C++ kernels (runtime/codegen/opaque/conv.py, Note [depthwise
 convolutions]): a table of the ones the cpp backend takes, each against eager (values, strides,
 aliasing), and of the ones it declines, each with its reason."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.codegen import conv
+from runtime.codegen.opaque import conv
 
 from .util import assert_matches_eager, compiled_post, convolution_segment
 

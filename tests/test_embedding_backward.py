@@ -1,5 +1,5 @@
 """The weight gradient of an embedding (``aten.embedding_dense_backward``) as a generated C++
-kernel (runtime/codegen/embedding.py, Note [embedding backward kernels]): a table of the calls the
+kernel (runtime/codegen/opaque/embedding.py, Note [embedding backward kernels]): a table of the calls the
 cpp backend takes, each equal to eager's to the bit (values, layout), the ones it declines with
 the reason, and training through ``torch.compile`` at two lengths against eager."""
 

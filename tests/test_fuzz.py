@@ -67,7 +67,7 @@ def check_program(prog: Program, inputs: list[torch.Tensor]) -> None:
             COVERAGE[f"generated kernels:{backend}"] += sum(b == backend for b in program.backend_of.values())
             COVERAGE[f"views passed as pointers:{backend}"] += len(program.pointers)
             COVERAGE[f"matmul kernels:{backend}"] += sum(k.kind == "matmul" for k in program.kernels.values())
-    if "cpp" in BACKENDS:  # one op a segment: many kernels a program, run as chains (runtime/chains.py)
+    if "cpp" in BACKENDS:  # one op a segment: many kernels a program, run as chains (runtime/compiled/chains.py)
         program = runtime.compile(apply_aliases(segment(graph, SegmenterOptions(max_ops_per_segment=1)), "post"),
                                   backend="cpp")
         assert_matches_eager(fn, inputs, graph, program=program, atol=1e-4, rtol=1e-4)

@@ -1,4 +1,4 @@
-"""Note [gathers at constant affine indices] (runtime/gather.py): which ``aten.index.Tensor`` calls
+"""Note [gathers at constant affine indices] (runtime/compiled/gather.py): which ``aten.index.Tensor`` calls
 become a copy of one strided view, and that every program still gives eager's answer."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 import runtime
 from alias import apply_aliases
-from runtime.gather import MAX_CHECKED, AffineGather, affine_view
+from runtime.compiled.gather import MAX_CHECKED, AffineGather, affine_view
 from segmenter import GraphError, capture, segment
 
 from .util import assert_matches_eager

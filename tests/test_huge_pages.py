@@ -1,4 +1,4 @@
-"""Note [huge pages for big buffers] (runtime/pages.py): buffers of at least HUGE_MIN bytes that
+"""Note [huge pages for big buffers] (runtime/storage/pages.py): buffers of at least HUGE_MIN bytes that
 the fast variant allocates (a generated kernel's outputs, a single-output ATen op's through its
 ``.out`` overload) are advised MADV_HUGEPAGE; everything observable stays eager's."""
 
@@ -13,7 +13,7 @@ import torch
 
 import runtime
 from alias import apply_aliases
-from runtime import pages
+from runtime.storage import pages
 from segmenter import capture, segment
 
 from .util import assert_matches_eager
@@ -115,7 +115,7 @@ def test_the_safe_variant_never_advises() -> None:
 
 def test_turned_off_by_the_environment() -> None:
     env = dict(os.environ, FUSEG_HUGE_PAGES="0", PYTHONPATH=_ROOT)
-    out = subprocess.run([sys.executable, "-c", "import runtime.pages as p; print(p.ENABLED)"],
+    out = subprocess.run([sys.executable, "-c", "import runtime.storage.pages as p; print(p.ENABLED)"],
                          env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,4 +1,4 @@
-"""Note [split indices merged] (runtime/codegen/index.py): a quotient and a remainder of one
+"""Note [split indices merged] (runtime/codegen/source/index.py): a quotient and a remainder of one
 index whose strides put them back together become one term; the merged expression equals the
 split one under C's truncating division, for every index value tried (negative ones too); and a
 kernel reading heads of an attention layout back as rows reads them as one run."""
@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from runtime.codegen import index as ix
+from runtime.codegen.source import index as ix
 
 
 class CInt:

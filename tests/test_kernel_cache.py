@@ -18,8 +18,8 @@ import torch
 
 from runtime.codegen import build
 from runtime.codegen.build import build_cpu, cpu_compiler
-from runtime.codegen.ctypes_ import Declined
-from runtime.codegen.lower import Kernel, Param
+from runtime.codegen.lowering.lower import Kernel, Param
+from runtime.codegen.source.ctypes_ import Declined
 
 pytestmark = pytest.mark.skipif(cpu_compiler() is None, reason="no C++ compiler")
 ROOT = Path(__file__).resolve().parent.parent

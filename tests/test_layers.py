@@ -1,7 +1,8 @@
 """The packages keep their layers (perf > runtime > alias > segmenter; inside segmenter formats >
 partition | capturing > ir; inside perf the tools apart from the benchmarks, over bench and the
-programs) and segmenter, alias and perf have no import circle: pyproject.toml's
-``[tool.importlinter]`` contracts, checked by ``lint-imports``. Skipped where import-linter is not
+programs; inside runtime dynamo > compiled > backends > autotune > emit | storage > codegen >
+machine, and codegen's own) and segmenter, alias, perf and runtime have no import circle:
+pyproject.toml's ``[tool.importlinter]`` contracts, checked by ``lint-imports``. Skipped where import-linter is not
 installed (it is in setup.py's test extra)."""
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def _copy(tmp_path: Path) -> Path:
     ("perf/benchmarks/bench_alias.py", "from ..tools import run", "perf.benchmarks is not allowed to import perf.tools"),
     # what the tools and the benchmarks share reaching up into the CLI
     ("perf/bench.py", "from .tools import cli", "perf.bench is not allowed to import perf.tools"),
+    # the machine reaching up into the backends (as threads.py once did for ChosenAtCall)
+    ("runtime/machine/threads.py", "from ..backends import at_call",
+     "runtime.machine is not allowed to import runtime.backends"),
+    # the thresholds reaching up into their measuring (as thresholds.py once did for calibrate)
+    ("runtime/codegen/thresholds.py", "from . import calibrate",
+     "runtime.codegen.thresholds is not allowed to import runtime.codegen.calibrate"),
+    # a circle between siblings of the runtime in one layer (program.py imports trial)
+    ("runtime/compiled/trial.py", "from . import program", "No cycles are allowed in runtime.compiled"),
 ])
 def test_a_broken_contract_fails(tmp_path: Path, module: str, line: str, words: str) -> None:
     root = _copy(tmp_path)

@@ -1,5 +1,5 @@
-"""Embedding lookups and cumulative sums as generated C++ kernels (runtime/codegen/embedding.py,
-Note [embedding kernels]; runtime/codegen/scan.py, Note [cumsum kernels]): tables of the ones the
+"""Embedding lookups and cumulative sums as generated C++ kernels (runtime/codegen/opaque/embedding.py,
+Note [embedding kernels]; runtime/codegen/opaque/scan.py, Note [cumsum kernels]): tables of the ones the
 cpp backend takes, each against eager (values, strides, aliasing), of the ones it declines, each
 with its reason, and the error an index out of range raises instead of a read."""
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import runtime
 from alias import apply_aliases
 from runtime.codegen import Declined
-from runtime.codegen.embedding import embedding_kernel
+from runtime.codegen.opaque.embedding import embedding_kernel
 from segmenter import SegmentKind, capture, segment
 
 from .util import assert_matches_eager

@@ -1,4 +1,4 @@
-"""Note [one loop per branch range] (runtime/codegen/fission.py): on the CPU, a pointwise kernel's
+"""Note [one loop per branch range] (runtime/codegen/lowering/fission.py): on the CPU, a pointwise kernel's
 innermost loop whose branches test only its own counter against constants (the pieces of a
 ``cat`` along the last dim, ``pad``) is split into one loop per range where every such test has
 one value, the tests written as constants; and Note [no contraction]: kernels round as eager."""
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import runtime
 from alias import apply_aliases
 from runtime.codegen.build import cpu_compiler
-from runtime.codegen.fission import fission, split_points
+from runtime.codegen.lowering.fission import fission, split_points
 from segmenter import capture, segment
 
 from .util import assert_matches_eager

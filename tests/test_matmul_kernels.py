@@ -1,4 +1,4 @@
-"""Small float32 matmuls as generated C++ kernels (runtime/codegen/gemm.py, Note [matmul
+"""Small float32 matmuls as generated C++ kernels (runtime/codegen/opaque/gemm.py, Note [matmul
 kernels]): a table of the ones the cpp backend takes, each against eager (values, strides,
 aliasing), in both loop shapes and every tail of their tiles; a table of the ones it declines,
 each with its reason; and the layouts it reads coming from torch's meta kernels, never from
@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import runtime
 from alias import apply_aliases
-from runtime.codegen import Declined, gemm
+from runtime.codegen import Declined
+from runtime.codegen.opaque import gemm
 from segmenter import SegmentKind, capture, segment
 
 from .util import assert_matches_eager
@@ -47,7 +48,7 @@ def _r(*shape):
 # FUSEG_NN_PACK_ROWS rows B's panels are copied contiguous first. Shapes
 # cover whole register tiles and every tail (rows past the tile, columns past the last vector,
 # k past the last vector and past a block of k), bias broadcasts, views with offsets, for the
-# machine's vector width (Note [register tiles] in runtime/codegen/gemm_prelude.py).
+# machine's vector width (Note [register tiles] in runtime/codegen/source/gemm_prelude.py).
 MATMULS = [
     ("linear", lambda x, w, b: F.linear(x, w, b), [_r(16, 64), _r(64, 64), _r(64)], "nt"),
     ("linear-no-bias", lambda x, w: F.linear(x, w), [_r(16, 64), _r(32, 64)], "nt"),
@@ -282,7 +283,7 @@ def _innermost_loops(function: list[str]) -> list[list[str]]:
 
 
 def test_the_register_tiles_keep_their_accumulators_in_registers(tmp_path) -> None:
-    """Note [register tiles] (runtime/codegen/gemm_prelude.py): built for this machine with sizes
+    """Note [register tiles] (runtime/codegen/source/gemm_prelude.py): built for this machine with sizes
     only known at run time, every tile routine's inner loop of multiply-adds reads and writes no
     stack memory (the old 16-float tiles, on an AVX2 machine, moved their accumulators through the
     stack on every step of k)."""
@@ -290,9 +291,9 @@ def test_the_register_tiles_keep_their_accumulators_in_registers(tmp_path) -> No
     import shutil
     import subprocess
 
-    from runtime.codegen.build import CPU_FLAGS, cpu_compiler
-    from runtime.codegen.ctypes_ import prelude
     from runtime.codegen.kernel import routine_defines
+    from runtime.codegen.source.ctypes_ import prelude
+    from runtime.machine.compiler import CPU_FLAGS, cpu_compiler
 
     objdump = shutil.which("objdump")
     if objdump is None or cpu_compiler() is None or platform.machine() != "x86_64":

@@ -18,7 +18,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from alias import apply_aliases
-from runtime.program import CompiledProgram
+from runtime.compiled.program import CompiledProgram
 from segmenter import CaptureError, FusionGraph, capture, from_fx, segment
 from segmenter.capturing.reference import clone_inputs, run_graph
 from segmenter.formats.serialize import GraphFormatError, _arg_out, _meta_out, from_json, graph_from_dict, graph_to_dict

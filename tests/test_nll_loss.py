@@ -1,5 +1,5 @@
 """The negative log-likelihood loss and its gradient (``aten.nll_loss_forward``,
-``aten.nll_loss_backward``) as generated C++ kernels (runtime/codegen/nll_loss.py, Note [nll loss
+``aten.nll_loss_backward``) as generated C++ kernels (runtime/codegen/opaque/nll_loss.py, Note [nll loss
 kernels]): tables of the calls the cpp backend takes, each equal to eager's to the bit (values,
 layouts, both outputs), targets out of range raising as eager does, the declines with their
 reasons, and training a tiny LM through ``torch.compile`` at three lengths against eager."""

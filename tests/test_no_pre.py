@@ -15,8 +15,8 @@ import torch
 
 import runtime
 from alias import apply_aliases
-from runtime.codegen.build import CPU_FLAGS, cpu_compiler
 from runtime.codegen.kernel import translation_unit
+from runtime.machine.compiler import CPU_FLAGS, cpu_compiler
 from segmenter import capture, segment
 
 

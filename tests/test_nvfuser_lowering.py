@@ -97,7 +97,7 @@ def test_mutated_input_is_an_alias_input_output() -> None:
 
     x = torch.randn(3, 4)
     plan = apply_aliases(segment(capture(fn, [x])), "post")
-    from runtime.inplace import plan_in_place_writes
+    from runtime.emit.inplace import plan_in_place_writes
 
     in_place, _ = plan_in_place_writes(plan)
     (fd, returned), _, _ = _lower(fn, [x], in_place)

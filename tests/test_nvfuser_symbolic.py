@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from alias import apply_aliases
-from runtime.program import CompiledProgram
+from runtime.compiled.program import CompiledProgram
 from segmenter import read_nvfuser, segment
 from segmenter.formats.nvfuser import sizes as nvfuser_sizes
 from segmenter.formats.serialize import GraphFormatError, from_json, to_json

@@ -1,5 +1,5 @@
 """Convolutions whose filters have one tap (kernel size 1 in every spatial dim, stride 1, no
-padding) as generated matmuls (runtime/codegen/onetap.py, Note [one-tap convolutions]): a table of
+padding) as generated matmuls (runtime/codegen/opaque/onetap.py, Note [one-tap convolutions]): a table of
 the ones the cpp backend takes, 1-D and 2-D, grouped or not, each against eager (values, strides,
 aliasing), and of the ones it declines, each with its reason; then random ones (shapes, groups,
 layouts, bias, dilation, strides and paddings the kernel declines) against eager.
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.codegen import onetap
+from runtime.codegen.opaque import onetap
 from segmenter import capture
 
 from .util import assert_matches_eager, compiled_post, convolution_segment

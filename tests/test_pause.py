@@ -1,4 +1,4 @@
-"""Note [compilers paused while dynamo traces] (runtime/codegen/pause.py): while dynamo compiles a
+"""Note [compilers paused while dynamo traces] (runtime/machine/pause.py): while dynamo compiles a
 frame, or fuseg makes a program, background compilers are stopped and none is started; at the
 release they go on and the builds finish; a hold never released, or a wait for the builds,
 cannot leave them stopped. The compiler here is the machine's own, behind a script that writes
@@ -15,7 +15,8 @@ import torch
 
 import runtime
 from alias import apply_aliases
-from runtime.codegen import build, pause
+from runtime.codegen import build
+from runtime.machine import pause
 from segmenter import capture, segment
 
 
@@ -203,13 +204,13 @@ def test_dynamo_compiles_and_fusegs_planning_hold_the_pause(monkeypatch):
 
 
 def test_calls_beside_background_compilers_stop_them_and_keep_torchs_threads(slow_compiler, monkeypatch):
-    """Note [calls first while kernels build] (runtime/threads.py), the default: while a program's
+    """Note [calls first while kernels build] (runtime/machine/threads.py), the default: while a program's
     kernels are compiled in the background, each call of it (the first, through ``run_checked``,
     and the later ones, through ``entry``) and of a program made before the build runs with the
     compilers stopped and torch at its own thread count; between calls the compilers run, and
     once the kernels are built nothing is held."""
-    from runtime import threads
-    from runtime.program import CompiledProgram
+    from runtime.compiled.program import CompiledProgram
+    from runtime.machine import threads
 
     monkeypatch.delenv("FUSEG_BUILD_THREADS", raising=False)
     assert threads.policy() == "calls-first"
@@ -255,8 +256,8 @@ def test_a_program_called_back_to_back_still_ends_with_its_kernels(slow_compiler
     stopped compilers no time, so a program still waiting for its kernels ``WAIT_AFTER_S`` after
     its builds started waits for them at its next call (the compilers then run on every core),
     and runs its kernels from then on."""
-    from runtime import program as program_module
-    from runtime.program import CompiledProgram
+    from runtime.compiled import program as program_module
+    from runtime.compiled.program import CompiledProgram
 
     monkeypatch.delenv("FUSEG_BUILD_THREADS", raising=False)
     monkeypatch.setattr(program_module, "WAIT_AFTER_S", 1.0)
@@ -278,7 +279,7 @@ def test_a_program_called_back_to_back_still_ends_with_its_kernels(slow_compiler
 def two_threads_or_more():
     """torch with one thread more than a background build's compilers, so that a call beside
     them keeps exactly one (Note [torch's threads beside background compilers])."""
-    from runtime import threads
+    from runtime.machine import threads
 
     was = torch.get_num_threads()
     torch.set_num_threads(threads.background_jobs() + 1)
@@ -293,14 +294,14 @@ def cores_policy(monkeypatch):
 
 
 def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, cores_policy, two_threads_or_more):
-    """Note [torch's threads beside background compilers] (runtime/threads.py), the ``"cores"``
+    """Note [torch's threads beside background compilers] (runtime/machine/threads.py), the ``"cores"``
     policy (FUSEG_BUILD_THREADS=1): while a build
     runs in the background, every call of a program (one made before the build started, and the
     one waiting for it; through ``entry`` and through ``run_checked``) runs torch with the cores
     the compilers leave it, the compilers running on (not stopped); after each call, and once
     every build is done, torch's own thread count again, and the entries unwrapped."""
-    from runtime import threads
-    from runtime.program import CompiledProgram
+    from runtime.compiled.program import CompiledProgram
+    from runtime.machine import threads
 
     full = two_threads_or_more
     _, pids = slow_compiler
@@ -349,8 +350,8 @@ def test_calls_beside_background_compilers_leave_them_cores(slow_compiler, cores
 def test_with_the_idle_policy_calls_run_as_they_are(slow_compiler, two_threads_or_more):
     """``use_policy("idle")`` (what perf/first_window.py measures beside the others): calls keep
     torch's threads and the compilers run on (at the lowest priority) beside them."""
-    from runtime import threads
-    from runtime.program import CompiledProgram
+    from runtime.compiled.program import CompiledProgram
+    from runtime.machine import threads
 
     threads.use_policy("idle")
     try:

@@ -17,7 +17,7 @@ sizes; 489 OpInfo samples at two sizes; 7 captured-scalar programs) found:
   - fixed: logsumexp of a row or column holding +inf gave NaN (eager inf; tests below);
   - fixed: large reductions less accurate than eager's (whole-tensor var/var_mean in float32 and
     float16 past 2^22, column sums, float16 vector norms, float32 sums of 10^5..5*10^6 values:
-    Note [sums in chunks], runtime/codegen/cascade.py; tests below);
+    Note [sums in chunks], runtime/codegen/lowering/cascade.py; tests below);
   - fixed: five captured-scalar programs refused by capture (data-dependent sizes: Note [sizes
     read from data run on torch], runtime/unbacked.py);
   - fixed: a symbolic plan's var over two dims, 50x eager's error at only 2000 values a row (its

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from perf import compiled, first_window
-from runtime import threads
 from runtime.codegen import build
+from runtime.machine import threads
 
 
 def test_calls_are_counted_by_the_second_they_start_in() -> None:

@@ -1,4 +1,4 @@
-"""Note [views passed as pointers] (runtime/pointers.py): which views the fast program does not
+"""Note [views passed as pointers] (runtime/compiled/pointers.py): which views the fast program does not
 make, what the kernels that read them are handed, and how long their sources live; and the
 storage checks for inputs read through views made without the dispatcher."""
 

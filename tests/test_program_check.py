@@ -1,4 +1,4 @@
-"""Note [a program against its ATen path] (runtime/trial.py): a CPU program of fixed sizes that
+"""Note [a program against its ATen path] (runtime/compiled/trial.py): a CPU program of fixed sizes that
 runs generated kernels is tried against the same plan with every segment on torch, on its first
 calls, and keeps the faster way; the verdict is kept, so a later program takes that way at once.
 Every call computes what eager does either way. No test depends on a timing: the trial's times
@@ -11,8 +11,9 @@ import torch
 
 import runtime
 from alias import apply_aliases
-from runtime import autotune, trial
+from runtime import autotune
 from runtime.codegen.build import cpu_compiler
+from runtime.compiled import trial
 from segmenter import capture, segment
 from tests.test_trial import _ways as _clock  # the trial's timed calls take given seconds each way
 

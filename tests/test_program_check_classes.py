@@ -1,5 +1,5 @@
-"""Note [a program's ATen path per size class] (runtime/class_check.py) and Note [a verdict
-checked where timings drift] (runtime/trial.py): a symbolic program (``dynamic=True``) is tried
+"""Note [a program's ATen path per size class] (runtime/compiled/class_check.py) and Note [a verdict
+checked where timings drift] (runtime/compiled/trial.py): a symbolic program (``dynamic=True``) is tried
 against its ATen path per size class of its call's sizes, keeps a verdict per class in the
 verdict file, and opens a class again where its way's timings drift. Every call is compared with
 eager, on both ways. No test depends on a timing: the trial's times are given (``trial._timed``),
@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime import autotune, trial
+from runtime import autotune
 from runtime.codegen.build import cpu_compiler
+from runtime.compiled import trial
 
 from .test_program_check import _fn, _generated, _inputs, measuring  # noqa: F401 - a fixture
 

@@ -1,4 +1,4 @@
-"""Note [sums in chunks] (runtime/codegen/cascade.py): every generated reduction keeps its error
+"""Note [sums in chunks] (runtime/codegen/lowering/cascade.py): every generated reduction keeps its error
 against float64 within eager's on the same input, at every size.
 
 A differential test: each program runs compiled (the kernels built before the first call, every
@@ -230,8 +230,8 @@ def test_rows_past_the_chunk_are_chunked_on_both_targets(n: int) -> None:
     compiles (nvcc, no GPU needed) either way, and the CPU kernel matches eager."""
     import shutil
 
-    from runtime.codegen import cascade
     from runtime.codegen.build import ptx_of
+    from runtime.codegen.lowering import cascade
 
     x = _make((2, n), torch.float32)
     prog, k = _row_kernel(_log_softmax, x)

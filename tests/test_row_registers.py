@@ -1,4 +1,4 @@
-"""Note [row registers] (runtime/codegen/rows.py): where the block divides a row, a CUDA row
+"""Note [row registers] (runtime/codegen/lowering/rows.py): where the block divides a row, a CUDA row
 kernel's passes have no bounds test and the values its reduction passes load stay in registers.
 Checked here through nvcc's PTX and ptxas's register report (no GPU); the kernels' values on a
 GPU are tests/test_gpu.py's (every kernel case against eager CUDA PyTorch), and the CPU code,
@@ -111,7 +111,7 @@ def test_each_element_is_read_once_from_memory(monkeypatch, name: str, regs: str
 
 @needs_nvcc
 def test_loads_past_the_register_budget_are_read_again() -> None:
-    from runtime.codegen.rows import ROW_REGISTERS
+    from runtime.codegen.lowering.rows import ROW_REGISTERS
 
     k = _row_kernel("five", 16, 4096)
     arrays = re.findall(r"float (k[0-9]+)\[8\];", k.body)

@@ -1,4 +1,4 @@
-"""Random re-indexings of normalized values (Note [permuted full values] in runtime/codegen/rows.py).
+"""Random re-indexings of normalized values (Note [permuted full values] in runtime/codegen/lowering/rows.py).
 
 A row kernel may take a reduced value through transposes, permutes, reshapes, expands and
 slices/cats/pads/flips along the reduced dims, and must decline anything that reads another

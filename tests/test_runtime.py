@@ -164,7 +164,7 @@ def test_mutating_an_input_with_overlapping_elements_raises_as_eager() -> None:
 def test_values_crossing_a_boundary_keep_their_planned_dim_order() -> None:
     """In pre/off modes a value crossing launches is a fresh dense copy in its planned dim order
     (as CUDA attention's permuted output must stay, for the views after it), not .contiguous()."""
-    from runtime.codegen.index import dense_strides
+    from runtime.codegen.source.index import dense_strides
 
     def fn(x):
         return torch.cumsum(x.transpose(1, 2) * 2, 1)
@@ -251,7 +251,7 @@ def test_a_lone_softmax_is_chosen_against_aten_when_choosing_by_itself() -> None
 
 
 def test_ensure_passes_planned_layouts_through_and_conforms_the_rest() -> None:
-    from runtime.layout import ensure
+    from runtime.storage.layout import ensure
     from segmenter import TensorMeta
 
     m = TensorMeta((4, 8), (8, 1), 0, torch.float32)

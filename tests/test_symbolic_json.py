@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from alias import apply_aliases
-from runtime.program import CompiledProgram
+from runtime.compiled.program import CompiledProgram
 from segmenter import segment
 from segmenter.formats.serialize import GraphFormatError, from_json, graph_from_dict, to_json
 from segmenter.ir.symbolic import sizes_of

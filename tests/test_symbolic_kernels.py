@@ -1,5 +1,5 @@
 """Generated kernels of symbolic plans (Note [kernel sizes as arguments] in
-runtime/codegen/symsizes.py): the same source, so the same binary, whatever size the plan was
+runtime/codegen/source/symsizes.py): the same source, so the same binary, whatever size the plan was
 made at; sizes read from the symbols' values at the call; the CUDA source compiles too."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_symbolic_kernels_compile_for_cuda() -> None:
 
 def test_two_plans_share_nothing_symbolic() -> None:
     """Found by running the dynamic-shape test files in one process: a process-wide cache keyed by
-    sizes (the meta kernels' results, runtime/codegen/checks.py) handed a second plan of a program
+    sizes (the meta kernels' results, runtime/codegen/source/checks.py) handed a second plan of a program
     another plan's SymInts (same expressions, another ShapeEnv, sealed); the second plan's decision
     on them (``s != s // 2``, a slice's bound) asked the sealed one, which raised: the kernel was
     declined and the segment ran on ATen."""

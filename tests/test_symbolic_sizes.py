@@ -101,7 +101,7 @@ def test_a_rounded_division_prints_as_integer_arithmetic() -> None:
 
     import pytest
 
-    from runtime.codegen.ctypes_ import _COMMON
+    from runtime.codegen.source.ctypes_ import _COMMON
 
     fdiv = re.search(r"^FUSEG_FN long long fuseg_fdiv.*$", _COMMON, re.M).group(0)  # the kernels' own helper
 

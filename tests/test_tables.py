@@ -1,4 +1,4 @@
-"""Note [tables of a small input's values] (runtime/codegen/tables.py): a CPU pointwise loop that
+"""Note [tables of a small input's values] (runtime/codegen/lowering/tables.py): a CPU pointwise loop that
 applies a transcendental to a small input broadcast over it reads a table filled once per call
 instead of calling the function per element. Each program runs at two shapes against eager, and
 bit for bit against the same kernel without tables (the table's value is the same call on the
@@ -15,7 +15,7 @@ import torch
 import runtime
 from alias import apply_aliases
 from runtime.codegen.build import cpu_compiler
-from runtime.codegen.tables import MIN_REUSE, TABLE_MAX, tabulate
+from runtime.codegen.lowering.tables import MIN_REUSE, TABLE_MAX, tabulate
 from segmenter import capture, segment
 
 from .util import assert_matches_eager
@@ -79,7 +79,7 @@ def test_tables_of_small_inputs(case: str, n: int, monkeypatch) -> None:
         assert f"{table}[" in cpu.split(f"{table}[k_]")[-1], cpu
     assert_matches_eager(fn, inputs, prog.graph, program=prog)
     # the table holds the very call the loop made: the same bits as the kernel without tables
-    import runtime.codegen.lower as lower
+    import runtime.codegen.lowering.lower as lower
 
     monkeypatch.setattr(lower, "tabulate", lambda lines, *a, **k: (lines, []))
     plain = _program(fn, inputs)

@@ -1,4 +1,4 @@
-"""Note [a kernel tried in its program] (runtime/trial.py): a program of fixed sizes whose kernels
+"""Note [a kernel tried in its program] (runtime/compiled/trial.py): a program of fixed sizes whose kernels
 ATen beat alone runs both ways on its first calls, alternated, and keeps the faster; every call
 computes what eager does either way. No test depends on a timing: the verdicts alone and the
 trial's times are given."""
@@ -11,8 +11,10 @@ import torch.nn.functional as F
 
 import runtime
 from alias import apply_aliases
-from runtime import autotune, threads, trial
+from runtime import autotune
 from runtime.codegen.build import cpu_compiler
+from runtime.compiled import trial
+from runtime.machine import threads
 from segmenter import capture, segment
 from tests.test_autotune import _matmul, _verdicts
 
@@ -181,7 +183,7 @@ def test_training_at_two_lengths_tries_each_program_and_matches_eager(cache, mon
 
 
 def test_a_program_whose_other_way_cannot_be_made_runs_as_measured(cache, monkeypatch) -> None:
-    from runtime.program import CompiledProgram
+    from runtime.compiled.program import CompiledProgram
 
     inputs = _inputs()
     finish = CompiledProgram._finish

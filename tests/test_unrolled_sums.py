@@ -1,4 +1,4 @@
-"""Note [few-term sums unrolled] (runtime/codegen/lower.py): a segment whose row plan declines and
+"""Note [few-term sums unrolled] (runtime/codegen/lowering/lower.py): a segment whose row plan declines and
 whose reductions are float sums/means of at most UNROLLED_TERMS elements per output runs as a
 pointwise kernel, each reduced value written out term by term; anything else keeps its reason.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.codegen.lower import UNROLLED_TERMS
+from runtime.codegen.lowering.lower import UNROLLED_TERMS
 from segmenter import SegmentKind
 from tests.util import assert_matches_eager, compiled_post
 

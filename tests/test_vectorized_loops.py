@@ -1,7 +1,7 @@
 """The inner loops of generated CPU kernels vectorize: GCC's own report (``-fopt-info-vec``) on
 the kernels' sources, built with the flags the runtime builds them with.
 
-Note [bool loads as bytes] (runtime/codegen/ctypes_.py): a loop that read a ``bool`` tensor through
+Note [bool loads as bytes] (runtime/codegen/source/ctypes_.py): a loop that read a ``bool`` tensor through
 a ``bool*`` and computed in float was not vectorized by GCC 12 with AVX-512 ("no vectype for
 stmt"), so every masked_fill / where under a mask ran one element at a time (a masked softmax of
 64x1024 took 3.5x eager's time). These programs are the shapes that found it.
@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import torch
 
-from runtime.codegen.build import CPU_FLAGS, cpu_compiler
+from runtime.machine.compiler import CPU_FLAGS, cpu_compiler
 from tests.util import compiled_post
 
 _CXX = cpu_compiler()

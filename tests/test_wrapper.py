@@ -1,4 +1,4 @@
-"""The generated program (runtime/wrapper.py, Note [generated wrapper]): what its source may hold,
+"""The generated program (runtime/emit/wrapper.py, Note [generated wrapper]): what its source may hold,
 its two variants, the backend registry, and the torch.compile backend's options."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import runtime
 from alias import apply_aliases
 from runtime.backends import BACKENDS
 from runtime.backends.base import Backend
-from runtime.guards import RELEARN, LearnedGuard
+from runtime.compiled.guards import RELEARN, LearnedGuard
 from segmenter import FusionGraph, GraphError, GraphInput, Node, TensorMeta, ValueRef, capture, segment
 
 from .util import assert_matches_eager
@@ -141,7 +141,7 @@ def test_a_value_the_caller_sees_is_never_folded() -> None:
 
 
 def test_deleted_names_are_reused_and_a_read_after_del_fails_at_generation() -> None:
-    from runtime.wrapper import Code
+    from runtime.emit.wrapper import Code
 
     code = Code(reuse=True)
     a = code.var("a")
@@ -176,7 +176,7 @@ def test_a_long_program_runs_in_parts_that_free_as_one_function_does(backend: st
     """See Note [program parts]: cut every few lines, the program gives eager's values, frees each
     intermediate at its last use (no frame holds a value a part deleted), and stays one
     function when it is short."""
-    import runtime.wrapper as wrapper
+    import runtime.emit.wrapper as wrapper
     from runtime.memory import PeakTracker
 
     def f(x):
@@ -202,8 +202,8 @@ def test_a_long_program_runs_in_parts_that_free_as_one_function_does(backend: st
 
 
 def test_cuts_fall_only_at_marks_and_leave_no_short_tail(monkeypatch) -> None:
-    from runtime import wrapper
-    from runtime.wrapper import Code
+    from runtime.emit import wrapper
+    from runtime.emit.wrapper import Code
 
     monkeypatch.setattr(wrapper, "PART_LINES", 8)  # every mark kept (one line apart, 8 // 8)
     code = Code(reuse=True)
@@ -220,8 +220,8 @@ def test_cuts_fall_only_at_marks_and_leave_no_short_tail(monkeypatch) -> None:
 def test_marks_closer_than_an_eighth_of_a_part_are_not_kept(monkeypatch) -> None:
     """See Note [program parts]: listing the live locals at every launch was a pass per launch; only
     marks at least PART_LINES // 8 lines apart are kept, and the cuts fall at those."""
-    from runtime import wrapper
-    from runtime.wrapper import Code
+    from runtime.emit import wrapper
+    from runtime.emit.wrapper import Code
 
     monkeypatch.setattr(wrapper, "PART_LINES", 40)
     code = Code(reuse=True)
@@ -412,16 +412,16 @@ def _detached_and_views(x, w):  # a training forward's saved values: y detached,
 ], ids=["softmax", "attention"])
 def test_outputs_that_are_views_of_outputs_skip_finish_where_they_lie_in_place(fn, make, off_copies, mode,
                                                                                 monkeypatch) -> None:
-    """Note [outputs that are views of outputs] (runtime/outputs.py): where every output that was
+    """Note [outputs that are views of outputs] (runtime/compiled/outputs.py): where every output that was
     a view is one of another output, and the plan made it one (post), the fast program hands the
     outputs back as they are, with no ``finish`` (eager's values, layouts and sharing); where the
     plan copied one (off: the attention output's detach, a kernel of its own), ``finish`` still
     makes them, as before (off leaves the softmax's views in its kernel's buffer: no finish)."""
-    import runtime.program
+    import runtime.compiled.program
 
     calls = []
-    real = runtime.program.finish
-    monkeypatch.setattr(runtime.program, "finish", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = runtime.compiled.program.finish
+    monkeypatch.setattr(runtime.compiled.program, "finish", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
     inputs = make()
     program = _program(fn, inputs, mode=mode)
@@ -448,15 +448,15 @@ def _returns_an_input_twice(x):
     (_returns_an_input_twice, lambda rows: [torch.randn(rows, 3)]),
 ], ids=["weight-and-repeat", "input-twice"])
 def test_outputs_that_are_inputs_or_repeats_skip_finish(fn, make, mode, monkeypatch) -> None:
-    """Note [outputs that are inputs] (runtime/outputs.py): inputs handed back (as they are or as
+    """Note [outputs that are inputs] (runtime/compiled/outputs.py): inputs handed back (as they are or as
     views) and outputs named twice take the fast return where they lie where the graph says, at
     two shapes; eager's values, layouts and sharing either way. In "off" mode the views of the
     inputs are copies the program made, so ``finish`` makes them again, as before."""
-    import runtime.program
+    import runtime.compiled.program
 
     calls = []
-    real = runtime.program.finish
-    monkeypatch.setattr(runtime.program, "finish", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = runtime.compiled.program.finish
+    monkeypatch.setattr(runtime.compiled.program, "finish", lambda *a, **k: calls.append(1) or real(*a, **k))
     for rows in (6, 9):
         torch.manual_seed(rows)
         inputs = make(rows)
@@ -483,7 +483,7 @@ def _transposed_twice(x, w):
 
 @pytest.mark.parametrize("rows", [6, 9])
 def test_a_view_that_changes_nothing_names_the_tensor_it_starts_from(rows: int) -> None:
-    """Note [a view that changes nothing] (runtime/metadata.py): ``t(t(w))`` is ``w`` itself in the
+    """Note [a view that changes nothing] (runtime/compiled/metadata.py): ``t(t(w))`` is ``w`` itself in the
     program (no tensor made), a view that does change the layout is still made; eager's values,
     layouts and sharing, at two shapes."""
     torch.manual_seed(rows)

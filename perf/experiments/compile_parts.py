@@ -2,7 +2,7 @@
 
     python -m perf.experiments.compile_parts [--nodes 100000] [--rounds 3] [--out perf/results/<machine>/compile_parts_100k.json]
 
-Note [program parts] (runtime/wrapper.py) cuts a long program into functions of about
+Note [program parts] (runtime/emit/wrapper.py) cuts a long program into functions of about
 ``PART_LINES`` lines. Here, per round, one fresh process per side ("whole": no cut; "parts": the
 default), the sides alternating: each builds the synthetic graph (perf.benchmarks.synthetic), segments it,
 runs the alias pass, and times ``runtime.compile`` with the torch backend, adding up the seconds
@@ -28,7 +28,7 @@ SIDES = {"whole": 10**9, "parts": None}  # PART_LINES per side (None: the defaul
 
 def measure_one(nodes: int, part_lines: int | None) -> dict[str, float]:
     import runtime
-    import runtime.wrapper as wrapper
+    import runtime.emit.wrapper as wrapper
     from alias import apply_aliases
     from segmenter import segment
 

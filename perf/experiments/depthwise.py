@@ -1,5 +1,5 @@
 """Depthwise convolutions on the CPU: eager (oneDNN) against the generated kernel
-(runtime/codegen/conv.py, Note [depthwise convolutions]), shape by shape, every shape as
+(runtime/codegen/opaque/conv.py, Note [depthwise convolutions]), shape by shape, every shape as
 the kernel (the cap ``conv.MAX_MACS`` these figures chose is now a measurement of each shape
 class: Note [choices by measurement] in runtime/autotune.py).
 

@@ -1,6 +1,6 @@
 """A lone-op kernel against ATen's op in training steps, alternated in one process: the embedding
-backward kernel (Note [embedding backward kernels] in runtime/codegen/embedding.py), or with
-``--kernels nll_loss`` the loss's (Note [nll loss kernels] in runtime/codegen/nll_loss.py).
+backward kernel (Note [embedding backward kernels] in runtime/codegen/opaque/embedding.py), or with
+``--kernels nll_loss`` the loss's (Note [nll loss kernels] in runtime/codegen/opaque/nll_loss.py).
 
 Usage: python -m perf.experiments.embedding_backward [--kernels embedding_backward|nll_loss]
                                                      [--processes 4] [--rounds 8] [--steps 10]

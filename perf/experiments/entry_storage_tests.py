@@ -30,7 +30,7 @@ def run(model: str, rounds: int) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     from perf.train_step import _model
     from runtime.dynamo import FusegCompiler, compile_with_aot
-    from runtime.wrapper import Code
+    from runtime.emit.wrapper import Code
 
     base, ids = _model(model)
     compiler, m = FusegCompiler(), copy.deepcopy(base)

@@ -1,5 +1,5 @@
 """Kernels built with and without merged split indices, in one process (Note [split indices
-merged] in runtime/codegen/index.py; a measurement).
+merged] in runtime/codegen/source/index.py; a measurement).
 
     python -m perf.experiments.index_merge [MODEL ...] [--rounds 9] [--out perf/results/<machine>/index_merge_cpu.json]
 
@@ -34,7 +34,7 @@ def _source(prog: Any, j: int) -> str:
 
 
 def run_model(name: str, rounds: int) -> dict[str, Any]:
-    import runtime.codegen.index as index
+    import runtime.codegen.source.index as index
 
     rule = index._merged
 

@@ -1,5 +1,5 @@
 """One-tap convolutions on the CPU (1-D and 2-D, filter size 1, stride 1, no padding): eager
-(oneDNN) against the generated kernel (runtime/codegen/onetap.py, Note [one-tap convolutions]) on
+(oneDNN) against the generated kernel (runtime/codegen/opaque/onetap.py, Note [one-tap convolutions]) on
 one thread and shared among threads, and, for 2-D ones, ATen's im2col + GEMM (the im2col backend),
 shape by shape, every shape as the kernel (the cap ``onetap.MAX_WORK`` these figures chose is now a measurement
 of each shape class: Note [choices by measurement] in runtime/autotune.py), so that the threading

@@ -1,5 +1,5 @@
 """1-D convolutions of more than one tap on the CPU: eager (oneDNN) against the generated kernel
-(runtime/codegen/patches.py, Note [1-D convolutions as patches]), shape by shape, every shape
+(runtime/codegen/opaque/patches.py, Note [1-D convolutions as patches]), shape by shape, every shape
 as the kernel, so that ``patches.MIN_FILTERS`` and ``patches.MAX_WORK`` were chosen from measured
 figures (both now a measurement of each shape class: Note [choices by measurement] in
 runtime/autotune.py).

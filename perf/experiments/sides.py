@@ -18,8 +18,8 @@ def built_both_ways(name: str, use_rule: Callable[[bool], None]) -> dict[str, li
     import torch
 
     from perf.train_step import _model
+    from runtime.compiled.program import CompiledProgram
     from runtime.dynamo import FusegCompiler, compile_with_aot
-    from runtime.program import CompiledProgram
 
     torch._dynamo.reset()  # (a model seen before would be traced with symbolic sizes: automatic dynamic shapes)
     base, ids = _model(name)

@@ -126,7 +126,7 @@ def summarize(out: str, tag: str) -> str:
                   "and on (after), one run; after/before of the wall time and of the profiler's kernel time "
                   "(a small case's wall time is mostly the host's):")
     _before_after(lines, bw, _load(os.path.join(out, f"gpu_bandwidth_loads_{tag}.json")),
-                  "Loads kept (Note [row registers] in runtime/codegen/rows.py, Note [elements along a broadcast "
+                  "Loads kept (Note [row registers] in runtime/codegen/lowering/rows.py, Note [elements along a broadcast "
                   "dim] in lower.py): fuseg's time with FUSEG_ROW_REGS=0 FUSEG_BCAST_EPT=0 (before) and on "
                   "(after), one run:")
     _before_after(lines, bw, _load(os.path.join(out, f"gpu_bandwidth_whole_off_{tag}.json")),

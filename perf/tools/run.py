@@ -14,8 +14,8 @@ from torch.utils import _pytree as pytree
 
 import runtime
 from alias import apply_aliases
+from runtime.compiled.segments_run import segments_run
 from runtime.memory import PeakTracker, modeled_peak
-from runtime.segments_run import segments_run
 from segmenter import FusionGraph, GraphError, SegmenterOptions, segment
 from segmenter.capturing.from_torch import bind_inputs
 from segmenter.capturing.reference import clone_inputs, run_graph, storage_key

@@ -5,9 +5,9 @@ registry. The program asks them in order for every kernel segment and never name
 
 OPAQUE segments run on torch, except those a backend lists in ``opaque_ops``: a lone
 convolution on the CPU is asked of cpp (depthwise ones: Note [depthwise convolutions] in
-runtime/codegen/conv.py), then of im2col (groups 1: Note [small convolutions] in im2col.py); a
-lone embedding or cumsum is asked of cpp (Note [embedding kernels] in runtime/codegen/embedding.py,
-Note [cumsum kernels] in runtime/codegen/scan.py).
+runtime/codegen/opaque/conv.py), then of im2col (groups 1: Note [small convolutions] in im2col.py); a
+lone embedding or cumsum is asked of cpp (Note [embedding kernels] in runtime/codegen/opaque/embedding.py,
+Note [cumsum kernels] in runtime/codegen/opaque/scan.py).
 A backend that cannot run here (not installed, another device, no compiler) or declines a
 segment (an op the generator does not take...) is passed over, with the reason recorded in
 ``program.passed_over``; torch takes every segment. ``backend="name"`` asks for one backend

@@ -52,7 +52,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from segmenter.ir.symbolic import SymbolicSizes, sizes_of
 
 from .. import autotune
-from ..wrapper import Code
+from ..emit.wrapper import Code
+from ..machine import threads
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
 
@@ -124,7 +125,7 @@ class ChosenAtCall(SegmentLaunch):
     def settled(self, plan_bits: tuple[int, ...]) -> bool:
         """Whether the way of the class of a call whose symbols have ``plan_bits`` (every symbol's
         bit length, in the plan's order) is chosen: in the table, not a trial (Note [a program's
-        ATen path per size class] in runtime/class_check.py)."""
+        ATen path per size class] in runtime/compiled/class_check.py)."""
         way = self.table.get(tuple(plan_bits[k] for k in self.kernel.symbols))
         return way is not None and not isinstance(way, functools.partial)  # (a trial's way is its ``run``, bound)
 
@@ -194,3 +195,15 @@ class _Trial:
             owner.measured.append(bits)
             owner.table[bits] = kernel if self.verdict.kernel else aten
         return out
+
+
+def _choose_again(program: Any) -> None:
+    """Note [torch's threads beside background compilers] in runtime/machine/threads.py: the ways a
+    program's launches chose at the call while builds held cores were chosen for the threads
+    left; their tables are emptied, and the next call in each class chooses again."""
+    for launch in getattr(program, "_chosen", {}).values():
+        if isinstance(launch, ChosenAtCall):
+            launch.table.clear()
+
+
+threads.on_builds_ended(_choose_again)

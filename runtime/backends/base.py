@@ -5,7 +5,7 @@ compiler?), then, per kernel segment, ``prepare`` returns a ``SegmentLaunch`` or
 ``Declined`` with the reason (recorded in ``program.passed_over``). Once every segment has its
 backend, ``build_all`` compiles what the chosen launches need (all together, so a cold cache
 costs one parallel build, not one compile per segment), and each launch emits its lines of the
-program (Note [generated wrapper] in runtime/wrapper.py). The program never names a backend: it
+program (Note [generated wrapper] in runtime/emit/wrapper.py). The program never names a backend: it
 asks them in the registry's order (runtime/backends/__init__.py).
 """
 
@@ -19,7 +19,7 @@ import torch
 
 from segmenter import FusionGraph, Segment
 
-from ..wrapper import Code
+from ..emit.wrapper import Code
 
 __all__ = ["Backend", "BuildContext", "SegmentLaunch"]
 
@@ -48,7 +48,7 @@ class SegmentLaunch:
     """One segment's launch: emits the program lines that read the segment's inputs (locals of
     ``code``) and define its outputs. ``dying``: inputs that are dead after it (deleted as soon as
     the launch is done with them). ``guard``: check the layouts of the inputs first (only where
-    the inputs were not made by the program itself; Note [planned layouts] in runtime/layout.py)."""
+    the inputs were not made by the program itself; Note [planned layouts] in runtime/storage/layout.py)."""
 
     backend: str = ""
     segment: Segment
@@ -85,7 +85,7 @@ class Backend:
         return None
 
     def build_later(self, launches: Sequence[SegmentLaunch]) -> tuple[Any, list[SegmentLaunch]] | None:
-        """Note [kernels built in the background] (runtime/background.py): where this backend can
+        """Note [kernels built in the background] (runtime/compiled/background.py): where this backend can
         compile off the caller's thread and ``launches`` need a compiler run, start it; returns
         its future and the launches that wait for it (the others ``build_all`` builds at once).
         None: nothing to compile, or no such build (then ``build_all`` builds everything)."""

@@ -11,24 +11,30 @@ from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir.symbolic import is_symbolic
 
 from ..codegen import Declined
-from ..codegen.attention import ATTENTION, ATTENTION_BACKWARD, attention_backward_kernel, attention_kernel
 from ..codegen.build import build_cpu_later, build_cpu_many, cpu_compiler, unbuilt_cpu
-from ..codegen.conv import CONVOLUTION, depthwise_kernel
-from ..codegen.embedding import EMBEDDING, EMBEDDING_BACKWARD, embedding_backward_kernel, embedding_kernel, index_error
-from ..codegen.gemm import matmul_kernel
 from ..codegen.kernel import Kernel
-from ..codegen.nll_loss import (
+from ..codegen.opaque.attention import ATTENTION, ATTENTION_BACKWARD, attention_backward_kernel, attention_kernel
+from ..codegen.opaque.conv import CONVOLUTION, depthwise_kernel
+from ..codegen.opaque.embedding import (
+    EMBEDDING,
+    EMBEDDING_BACKWARD,
+    embedding_backward_kernel,
+    embedding_kernel,
+    index_error,
+)
+from ..codegen.opaque.gemm import matmul_kernel
+from ..codegen.opaque.nll_loss import (
     NLL_LOSS_BACKWARD,
     NLL_LOSS_FORWARD,
     nll_loss_backward_kernel,
     nll_loss_forward_kernel,
     target_error,
 )
-from ..codegen.onetap import onetap_kernel
-from ..codegen.patches import patches_kernel
+from ..codegen.opaque.onetap import onetap_kernel
+from ..codegen.opaque.patches import patches_kernel
+from ..codegen.opaque.scan import CUMSUM, cumsum_kernel
 from ..codegen.runner import runner_kernel
-from ..codegen.scan import CUMSUM, cumsum_kernel
-from ..wrapper import Code
+from ..emit.wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
 from .kernels import KernelLaunch, layouts, raw_read_problem, views_of_outputs
 from .measured import choose, measure_pending
@@ -37,10 +43,10 @@ __all__ = ["CppBackend"]
 
 
 class CppLaunch(KernelLaunch):
-    #: the kernel reads its inputs' data pointers only (Note [views passed as pointers] in runtime/pointers.py)
+    #: the kernel reads its inputs' data pointers only (Note [views passed as pointers] in runtime/compiled/pointers.py)
     reads_pointers = True
     #: a run of such launches may be one native call (Note [one native call for a chain of
-    #: kernels] in runtime/chains.py): the launch is ``emit`` and ``emit_call`` as here
+    #: kernels] in runtime/compiled/chains.py): the launch is ``emit`` and ``emit_call`` as here
     chainable = True
 
     def emit_call(self, code: Code, values: list[str]) -> None:
@@ -48,13 +54,13 @@ class CppLaunch(KernelLaunch):
 
     def arguments(self, code: Code, values: list[str]) -> str:
         """The kernel's arguments: data pointers, then the call's symbol values where the kernel
-        reads symbolic sizes (Note [kernel sizes as arguments] in runtime/codegen/symsizes.py)."""
+        reads symbolic sizes (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py)."""
         return ", ".join([*(code.pointer(v) for v in values), *(["_zp"] if self.kernel.symbols else [])])
 
 
 class LoneOpLaunch(CppLaunch):
     """A lone OPAQUE op as its generated kernel: a depthwise or one-tap convolution (Note [depthwise
-    convolutions] in runtime/codegen/conv.py, Note [one-tap convolutions]), an embedding (Note [embedding kernels]), a
+    convolutions] in runtime/codegen/opaque/conv.py, Note [one-tap convolutions]), an embedding (Note [embedding kernels]), a
     cumsum (Note [cumsum kernels]), an attention (Note [attention kernels]) or a negative
     log-likelihood loss (Note [nll loss kernels]); launched, guarded and freed as any kernel."""
 
@@ -88,7 +94,7 @@ class LoneOpLaunch(CppLaunch):
 
 
 class MatmulLaunch(CppLaunch):
-    """A MATMUL segment as its generated kernel (Note [matmul kernels] in runtime/codegen/gemm.py):
+    """A MATMUL segment as its generated kernel (Note [matmul kernels] in runtime/codegen/opaque/gemm.py):
     the product is written into a buffer of its planned layout; outputs that are views of it
     are made after the launch, as for any kernel."""
 
@@ -109,7 +115,7 @@ class MatmulLaunch(CppLaunch):
 
 def _constant_sizes(graph: FusionGraph, seg: Segment, what: str) -> None:
     """Declined where a value of ``seg`` has symbolic sizes: ``what`` size stack buffers and loops
-    by constants (Note [kernel sizes as arguments] in runtime/codegen/symsizes.py; the matmul and
+    by constants (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py; the matmul and
     attention kernels take every size as an argument, convolutions not yet)."""
     for v in (*seg.inputs, *(o for n in seg.nodes for o in n.outputs if o is not None)):
         if is_symbolic(graph.metas[v]):
@@ -118,8 +124,8 @@ def _constant_sizes(graph: FusionGraph, seg: Segment, what: str) -> None:
 
 def convolution_kernel(graph: FusionGraph, node: Node) -> Kernel:
     """A depthwise convolution's kernel, or a one-tap one's (Note [one-tap convolutions] in
-    runtime/codegen/onetap.py), or a 1-D one's (Note [1-D convolutions as patches] in
-    runtime/codegen/patches.py), the first that takes it; or ``Declined`` with why none did."""
+    runtime/codegen/opaque/onetap.py), or a 1-D one's (Note [1-D convolutions as patches] in
+    runtime/codegen/opaque/patches.py), the first that takes it; or ``Declined`` with why none did."""
     why = []
     for name, make in (("depthwise", depthwise_kernel), ("one tap", onetap_kernel), ("patches", patches_kernel)):
         try:
@@ -187,7 +193,7 @@ class CppBackend(Backend):
     def build_all(self, launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, str]:
         kernels = [launch.kernel for launch in launches]  # type: ignore[attr-defined]
         declined = {}
-        # with the chain runner (runtime/chains.py), so that a cold cache builds it alongside
+        # with the chain runner (runtime/compiled/chains.py), so that a cold cache builds it alongside
         built = build_cpu_many([*kernels, runner_kernel()]) if kernels else []
         for launch, fn in zip(launches, built):
             if isinstance(fn, Declined):

@@ -13,7 +13,7 @@ from segmenter import Segment
 
 from ..codegen import Kernel
 from ..codegen.build import build_cuda
-from ..wrapper import Code
+from ..emit.wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
 from .kernels import KernelLaunch
 
@@ -25,7 +25,7 @@ def cuda_caller(fn, kernel: Kernel) -> Callable[..., None]:
     measured cheaper per launch than DLPack capsules (which also refuse tensors that require
     grad, and bfloat16, which CuPy has no dtype for). A kernel of symbolic sizes (Note [kernel
     sizes as arguments]) is called with the call's grid and its symbols' values too, and with its
-    block where that follows a size (Note [a row's block] in runtime/codegen/lower.py)."""
+    block where that follows a size (Note [a row's block] in runtime/codegen/lowering/lower.py)."""
     import cupy
     import numpy
 

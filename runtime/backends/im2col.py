@@ -26,7 +26,7 @@ setting, so turning it on recompiles).
 
 Taken: a segment that is one ``aten.convolution`` of a 4-D float32/float64 input in contiguous
 (NCHW) layout, with a dense weight, groups 1, dilation 1, stride and padding two integers each
-(``planar_args`` in runtime/codegen/conv.py), not transposed, its output contiguous and not
+(``planar_args`` in runtime/codegen/opaque/conv.py), not transposed, its output contiguous and not
 written into an input. Anything else is declined with the reason and runs on torch;
 ``backend="torch"`` (the reference path) never comes here.
 """
@@ -43,7 +43,7 @@ import torch
 from segmenter import Node, Segment, TensorMeta
 
 from ..codegen import Declined
-from ..codegen.conv import CONVOLUTION, planar_args
+from ..codegen.opaque.conv import CONVOLUTION, planar_args
 from .base import Backend, BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
 

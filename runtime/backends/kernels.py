@@ -2,7 +2,7 @@
 backends share.
 
 The kernel is lowered when the program is compiled, for the layouts its values will have
-(``layouts``; Note [planned layouts] in runtime/layout.py), and built with every other kernel
+(``layouts``; Note [planned layouts] in runtime/storage/layout.py), and built with every other kernel
 of the program at once (``Backend.build_all``). Its outputs are written into buffers allocated
 in their planned layout or, for a mutated input whose final value the kernel computes (Note
 [in-place write-back]), into the input itself. Outputs that are views of a value the kernel
@@ -22,12 +22,12 @@ import torch
 
 from segmenter import FusionGraph, GraphError, OpKind, Segment, op_info
 
-from .. import layout, pages
 from ..codegen import Declined, Kernel
-from ..codegen.index import dense_strides
-from ..codegen.lower import check_kind
+from ..codegen.lowering.lower import check_kind
 from ..codegen.memo import lower_memo
-from ..wrapper import Code
+from ..codegen.source.index import dense_strides
+from ..emit.wrapper import Code
+from ..storage import layout, pages
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import emit_torch
 

@@ -23,7 +23,7 @@ from segmenter.ir.symbolic import SymbolicSizes, size_hint, sizes_of
 
 from .. import autotune
 from ..codegen import Declined
-from ..wrapper import Code
+from ..emit.wrapper import Code
 from .at_call import at_call_eligible
 from .base import BuildContext, SegmentLaunch
 from .kernels import KernelLaunch, layouts
@@ -177,7 +177,7 @@ def measure_pending(launches: Sequence[SegmentLaunch]) -> dict[SegmentLaunch, st
             continue
         autotune.record(key, verdict)
         if not verdict.kernel:
-            # (kept for Note [a kernel tried in its program] in runtime/trial.py)
+            # (kept for Note [a kernel tried in its program] in runtime/compiled/trial.py)
             launch.verdict_key, launch.verdict = key, verdict  # type: ignore[attr-defined]
             declined[launch] = verdict.reason()
     return declined

@@ -24,9 +24,10 @@ from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.formats.nvfuser.ops import BINARY, DTYPES, UNARY
 from segmenter.ir.graph import ValueRef
 
-from .. import layout
 from ..codegen import Declined
-from ..codegen.checks import (
+from ..codegen.kernel import bind
+from ..codegen.kernel import norm_dim as _norm_dim
+from ..codegen.source.checks import (
     MAX_EXTENT,
     check_layout,
     check_segment_metas,
@@ -36,9 +37,8 @@ from ..codegen.checks import (
     shape_ints,
     slice_bounds,
 )
-from ..codegen.kernel import bind
-from ..codegen.kernel import norm_dim as _norm_dim
-from ..wrapper import Code
+from ..emit.wrapper import Code
+from ..storage import layout
 from .base import Backend, BuildContext, SegmentLaunch
 from .kernels import bits_problem
 

@@ -4,7 +4,7 @@ It takes every segment (MATMUL and OPAQUE segments only run here), is the refere
 backends are tested against, and is what a generated kernel falls back to. Each op is emitted as
 a direct call of the op's C++ entry point (``OpOverload._op``: no Python frame of the overload
 object in between), intermediates are deleted at their last use, and the segment's outputs are
-handed on in their planned layout (runtime/layout.py): a dense copy where the plan says the value
+handed on in their planned layout (runtime/storage/layout.py): a dense copy where the plan says the value
 crosses launches as one ("pre"/"off"), a fresh buffer where a kernel segment's output would
 otherwise share the storage of its input (the plan computed it; torch's view op did not copy).
 """
@@ -23,11 +23,11 @@ from segmenter.ir.graph import OpRef, ValueRef
 from segmenter.ir.ops import resolve_op, why_not_runnable
 from segmenter.ir.symbolic import is_symbolic
 
-from .. import layout, pages
-from ..codegen.index import dense_strides
-from ..inplace import out_overload
-from ..views import planned_views
-from ..wrapper import Code
+from ..codegen.source.index import dense_strides
+from ..emit.inplace import out_overload
+from ..emit.views import planned_views
+from ..emit.wrapper import Code
+from ..storage import layout, pages
 from .base import Backend, BuildContext, SegmentLaunch
 
 __all__ = ["TorchBackend", "TorchLaunch", "emit_node", "emit_nodes"]
@@ -141,7 +141,7 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
     """The nodes in order; a value that nothing after its last use reads (and ``keep`` does not
     hold) is deleted there, so intermediates die as they would in eager. ``planned``: node name
     -> (source, layout, offset delta) of the view ops made from the plan (Note [views from the
-    plan] in runtime/views.py): such a view reads its chain's source, and one nothing reads (a
+    plan] in runtime/emit/views.py): such a view reads its chain's source, and one nothing reads (a
     link of a chain) is not made. ``big``: node name -> the planned layout of its one output,
     computed by the op's ``.out`` overload into a buffer on huge pages (``big_outputs``)."""
     planned, big = planned or {}, big or {}
@@ -178,7 +178,7 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
 
 
 def big_outputs(ctx: BuildContext, seg: Segment, targets: Mapping[str, str], fast: bool) -> dict[str, TensorMeta]:
-    """Note [huge pages for big buffers] (runtime/pages.py), for ATen's ops: node name -> the
+    """Note [huge pages for big buffers] (runtime/storage/pages.py), for ATen's ops: node name -> the
     planned layout of an output of at least ``pages.HUGE_MIN`` bytes that the fast variant
     allocates itself and has the op's ``.out`` overload write (``out_overload``: every argument
     taken as the functional op takes it). Only known single-output ops with one ``out`` argument

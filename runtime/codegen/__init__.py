@@ -5,7 +5,8 @@ parameters and a body of index math and per-element expressions), or raises ``De
 the reason; ``Kernel.source("cuda" | "cpu")`` wraps the same body for either target.
 """
 
-from .ctypes_ import Declined
-from .lower import Kernel, Param, lower_segment
+from . import calibrate  # noqa: F401 - registers the measuring of the thread thresholds (thresholds.measured_by)
+from .lowering.lower import Kernel, Param, lower_segment
+from .source.ctypes_ import Declined
 
 __all__ = ["Declined", "Kernel", "Param", "lower_segment"]

@@ -2,250 +2,50 @@
 and CUDA with nvcc for checks without a GPU. Every build is cached by the exact source text:
 in this process (a second call compiles nothing) and, for the CPU build, on disk.
 
-Note [kernel cache safety]: the disk cache is a cache, never a source of truth.
-  * An entry is a ``.so`` plus a record of its size and SHA-256, written when it was built; an
-    entry is loaded only when the file matches its record, and rebuilt otherwise (a file cut short
-    by a crash or a full disk would kill the process with SIGBUS when loaded).
-  * A build happens in a fresh directory inside the cache dir: the compiler's output is fsynced,
-    then renamed into place (the record after it), on one filesystem, so the rename is atomic and
-    never crosses devices (EXDEV with a tmpfs /tmp and a disk cache). A reader sees a whole old
-    entry, a whole new one, or a mismatch it rebuilds; a loaded library's file is never written.
-  * A cache dir that cannot be made or written is bypassed: kernels go to a per-process temp dir,
-    removed when the process ends, with a warning.
-  * A compiler killed by a signal declines the kernel (the segment runs on torch) and says so; a
-    compiler that refuses the source is a generator bug (``CompileError``). Build dirs are removed
-    on every path out, and ones left by killed processes are removed after an hour.
+The machine's compiler, its flags, the cache dir and the compiling of one source into a library
+there (Note [kernel cache safety]) are runtime/machine/compiler.py's.
 """
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextvars
 import ctypes
-import functools
 import hashlib
 import os
-import platform
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
-import time
-import warnings
 from collections.abc import Callable
 
-from .. import threads
-from . import pause
-from .ctypes_ import Declined
+from ..machine import pause, threads
+from ..machine.compiler import (
+    CompileError,
+    _compile,
+    _compile_into,
+    _configured_dir,
+    _cpu_build_key,
+    _fall_back,
+    _fsync_write,
+    _install,
+    _sound,
+    cache_dir,
+    compilations,
+    cpu_compiler,
+    write_whole,
+)
 from .kernel import routine_settings, translation_unit
-from .lower import Kernel
-from .symsizes import raw_symbol
+from .lowering.lower import Kernel
+from .source.ctypes_ import Declined
+from .source.symsizes import raw_symbol
 
 __all__ = ["CompileError", "write_whole", "build_cpu", "build_cpu_later", "build_cpu_many", "build_cuda", "cache_dir", "cpu_compiler",
            "nvcc_check", "unbuilt_cpu"]
 
 
-class CompileError(RuntimeError):
-    """Generated source that the compiler refused (a generator bug): the message holds its log."""
-
-
 _CPU: dict[str, Callable[..., None]] = {}
 _CUDA: dict[str, object] = {}
-#: number of compilations run in this process (tests read it to see that the cache works)
-compilations = {"cpu": 0, "cuda": 0}
-_COUNTING = threading.Lock()  # builds may run on a thread of their own (build_cpu_later)
-#: configured cache dir -> the dir used (itself, or the per-process fallback)
-_USABLE: dict[str, str] = {}
-_FALLBACK: list[str] = []
-_STALE_BUILD_S = 3600
-
-
-def _configured_dir() -> str:
-    return os.environ.get("FUSEG_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuseg", "kernels")
-
-
-def cache_dir() -> str:
-    """The directory kernels are cached in: the configured one (``FUSEG_CACHE_DIR``, else
-    ``~/.cache/fuseg/kernels``) where it can be made and written, else a per-process temp dir."""
-    path = _configured_dir()
-    usable = _USABLE.get(path)
-    if usable is None:
-        try:
-            os.makedirs(path, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-")
-            os.close(fd)
-            os.unlink(probe)
-            _remove_stale_builds(path)
-            usable = path
-        except OSError as e:
-            usable = _fall_back(path, e)
-        _USABLE[path] = usable
-    return usable
-
-
-def _fall_back(path: str, error: OSError) -> str:
-    if not _FALLBACK:
-        _FALLBACK.append(tempfile.mkdtemp(prefix="fuseg-kernels-"))
-        atexit.register(shutil.rmtree, _FALLBACK[0], ignore_errors=True)
-    warnings.warn(f"kernel cache {path!r} is not usable ({error.strerror or error}): kernels are cached in "
-                  f"{_FALLBACK[0]} for this process only (set FUSEG_CACHE_DIR)", stacklevel=4)
-    _USABLE[path] = _FALLBACK[0]
-    return _FALLBACK[0]
-
-
-def _remove_stale_builds(path: str) -> None:
-    """Build dirs of processes killed while building (every other path out removes its own)."""
-    now = time.time()
-    with os.scandir(path) as entries:
-        for e in entries:
-            if e.name.startswith(".build-") and now - e.stat(follow_symlinks=False).st_mtime > _STALE_BUILD_S:
-                shutil.rmtree(e.path, ignore_errors=True)
-
-
-#: -O3 and the machine's own instruction set: loops over unit strides vectorize (Note [pointwise
-#: loops]); OpenMP shares big loops among torch's threads (torch's libgomp is the one loaded);
-#: no fast-math and no floating-point contraction, so results stay those of eager (eager rounds
-#: a*b and then +c; g++ contracts them into one FMA unless told not to, -std=c++17 or not: on
-#: an AVX-512 machine a kernel of x*y + z differed from eager on 15362 of 65536 elements);
-#: without trapping math, branches that pick a value (clamps, NaN rules) become vector selects;
-#: without errno from math functions (nothing reads it), sqrt is one instruction that vectorizes
-#: and may move out of a loop (values are unchanged: only errno is no longer set)
-#: (kernels with ``if`` statements are built without loop if-conversion, a function attribute:
-#: Note [no if-conversion of branches] in kernel.py)
-CPU_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
-             "-fno-math-errno", "-fno-trapping-math")  # no code reads FP exception flags; selects may then vectorize
-
-
-@functools.cache
-def _cpu_build_key() -> str:
-    """What besides the source decides the binary: the compiler, the flags and, because of
-    -march=native, this CPU's features (a cache dir shared between machines stays correct)."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return f"\n// {cpu_compiler()} {' '.join(CPU_FLAGS)} {platform.machine()} {hashlib.sha256(flags.encode()).hexdigest()}"
-
-
-def cpu_compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-
-
-def _record(lib_path: str) -> str:
-    return lib_path + ".sha256"
-
-
-def _sound(lib_path: str) -> bool:
-    """The cached file is the one its record describes (size and SHA-256)."""
-    try:
-        with open(_record(lib_path)) as f:
-            size, digest = f.read().split()
-        with open(lib_path, "rb") as f:
-            data = f.read()
-    except (OSError, ValueError):
-        return False
-    return len(data) == int(size) and hashlib.sha256(data).hexdigest() == digest
-
-
-def write_whole(path: str, text: str, prefix: str) -> None:
-    """``text`` as the file ``path``, written beside it (a temp file named ``prefix``...) and
-    renamed over it: a reader sees the old file or the new one. Raises ``OSError``."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=prefix)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _fsync_write(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-_IDLE = (getattr(os, "SCHED_IDLE", None), os.sched_param(0) if hasattr(os, "sched_param") else None)
-
-
-def _idle_in_child() -> None:
-    """Run in the compiler's process before it starts (``preexec_fn``): Linux's SCHED_IDLE
-    policy, which its own children (cc1plus, as, ld) inherit; else the lowest nice value. One
-    system call on objects made beforehand: nothing here takes a lock another thread may hold."""
-    policy, param = _IDLE
-    try:
-        os.sched_setscheduler(0, policy, param)  # type: ignore[arg-type]
-    except (AttributeError, OSError, TypeError):
-        try:
-            os.nice(19)
-        except OSError:
-            pass
-
-
-def _compile(cxx: str, src: str, what: str, tmp: str, low_priority: bool = False) -> tuple[str, bytes]:
-    """Compile ``src`` in the build dir ``tmp``: the library's path there and its bytes.
-    ``low_priority``: the compiler runs only where a core would be idle (Note [kernels built in
-    the background] in runtime/background.py)."""
-    cpp, out = os.path.join(tmp, "k.cpp"), os.path.join(tmp, "k.so")
-    with open(cpp, "w") as f:
-        f.write(src)
-    # (Note [kernels built in the background]: a background build's compiler runs only where a
-    # core would be idle, so a thread of torch's that wakes takes the core at once. Set after
-    # the start, a policy missed the compiler's children, and a tiny LM's decode step took
-    # 15 ms instead of 0.7 while one ran: its CPU attention waited for its second thread.)
-    # (Note [compilers paused while dynamo traces] in pause.py: a background one is also stopped
-    # while the caller's thread traces or plans)
-    cmd = [cxx, *CPU_FLAGS, "-o", out, cpp]
-    r = (pause.run_compiler(cmd, _idle_in_child if os.name == "posix" else None) if low_priority
-         else subprocess.run(cmd, capture_output=True, text=True))
-    with _COUNTING:
-        compilations["cpu"] += 1
-    if r.returncode < 0:
-        try:
-            sig = signal.Signals(-r.returncode).name
-        except ValueError:
-            sig = str(-r.returncode)
-        raise Declined(f"{cxx} was killed by signal {sig} while compiling {what}")
-    if r.returncode != 0:
-        raise CompileError(f"{cxx} refused {what}:\n{r.stderr[-4000:]}\n--- source ---\n{src}")
-    with open(out, "rb") as f:
-        data = f.read()
-    _fsync_write(out, data)
-    return out, data
-
-
-def _install(tmp: str, built: str, data: bytes, lib_path: str) -> None:
-    """Put the library ``built`` (in build dir ``tmp``) at ``lib_path`` with its record, by renames
-    on one filesystem (Note [kernel cache safety])."""
-    rec = os.path.join(tmp, "k.sha256")
-    _fsync_write(rec, f"{len(data)} {hashlib.sha256(data).hexdigest()}\n".encode())
-    os.replace(built, lib_path)  # same directory tree, one filesystem: atomic
-    os.replace(rec, _record(lib_path))
-    try:
-        fd = os.open(os.path.dirname(lib_path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # some filesystems cannot fsync a directory: the renames are still atomic
-
-
-def _compile_into(lib_path: str, cxx: str, src: str, name: str, low_priority: bool = False) -> None:
-    """Compile ``src`` and put the library and its record at ``lib_path`` (Note [kernel cache safety])."""
-    tmp = tempfile.mkdtemp(dir=os.path.dirname(lib_path), prefix=".build-")
-    try:
-        out, data = _compile(cxx, src, f"kernel {name}", tmp, low_priority)
-        _install(tmp, out, data, lib_path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _compile_group(entries: list[tuple[Kernel, str]], cxx: str, low_priority: bool = False) -> None:
@@ -276,7 +76,7 @@ def _entry(kernel: Kernel) -> tuple[str, str]:
     """The kernel's source and its key in the caches (the source and what else decides the binary)."""
     src = kernel.source("cpu")
     raw = raw_symbol(kernel.function("cpu"))  # (the prelude is the same text for every kernel)
-    if raw is not None:  # Note [kernel sizes as arguments] in symsizes.py: never compiled in as text
+    if raw is not None:  # Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py: never compiled in as text
         raise Declined(f"kernel {kernel.name}: a symbolic size ({raw}) was formatted outside its printer")
     return src, hashlib.sha256((src + _cpu_build_key()).encode()).hexdigest()[:24]
 
@@ -356,7 +156,7 @@ _LATER_LOCK = threading.Lock()
 
 
 def build_cpu_later(kernels: list[Kernel]) -> concurrent.futures.Future:
-    """Note [kernels built in the background] (runtime/background.py): ``build_cpu_many(kernels)``
+    """Note [kernels built in the background] (runtime/compiled/background.py): ``build_cpu_many(kernels)``
     on one thread of its own, the compilers on every core at the lowest scheduling priority (the
     caller's threads go on running first: the compilers take what they leave idle). Builds queue
     one after another, so a kernel two programs both miss is compiled
@@ -367,7 +167,7 @@ def build_cpu_later(kernels: list[Kernel]) -> concurrent.futures.Future:
             _LATER.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuseg-build"))
         pool = _LATER[0]
     # (in the caller's context: the contextvars that say how symbolic sizes hash and print)
-    # (Note [torch's threads beside background compilers] in runtime/threads.py: cores of their own)
+    # (Note [torch's threads beside background compilers] in runtime/machine/threads.py: cores of their own)
     future = pool.submit(contextvars.copy_context().run, build_cpu_many, list(kernels), threads.background_jobs(), True)
     with _LATER_LOCK:
         _UNDER_WAY.add(future)
@@ -440,7 +240,7 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
                     if not any(m[1].symbols for m in group):
                         raise
                     # a kernel of symbolic sizes the compiler refuses: each on its own below, where
-                    # it declines (Note [kernel sizes as arguments] in symsizes.py)
+                    # it declines (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py)
 
             groups = _groups(missing, min(len(missing), jobs or os.cpu_count() or 1))
             with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:  # the compilers run as processes

@@ -8,10 +8,10 @@ kernels' own flags) times, on torch's threads (its libgomp is the one loaded):
 * ``macs``: the prelude's ``fuseg_mm_nt`` (the linear layers' product) at M x 2M by M for
   M = 16 .. 256, its threshold a variable here, on one thread against the threads;
 * ``beside_loop``, ``beside_macs``: two such loops (products) at once, one thread each, as the
-  runner runs a group (Note [kernels side by side] in runtime/chains.py), against the two one
+  runner runs a group (Note [kernels side by side] in runtime/compiled/chains.py), against the two one
   after the other, each as it runs alone (on the threads from the threshold just measured);
 * ``pack_rows``, ``nn_pack_rows``: on one thread, a product whose B is read in place against one
-  that copies B first (Note [register tiles] in gemm_prelude.py), by rows of C: a small linear
+  that copies B first (Note [register tiles] in runtime/codegen/source/gemm_prelude.py), by rows of C: a small linear
   layer's (2..32 rows by 256 x 128, B contiguous along k) and a wide B read along its rows
   (16..128 rows by GPT-2's 2304 columns, one block of 256 of k);
 * ``costly_call``: on one thread, the loop above and one of ``fuseg_exp`` over 2^18 elements:
@@ -67,6 +67,8 @@ from typing import Any
 
 import torch
 
+from ..machine.compiler import _compile_into, _cpu_build_key, _sound, cache_dir, cpu_compiler, machine, write_whole
+from . import thresholds
 from .thresholds import Thresholds
 
 __all__ = ["CALLS", "FIELDS", "TIE", "keep", "kept_detail", "kept_or_measured", "measure", "prepare", "thresholds_path"]
@@ -184,7 +186,7 @@ extern "C" void fuseg_cal_costly(const float* x, const float* w, float* y, long 
 
 def source() -> str:
     """The library's source: the prelude with its matmul threshold a variable, then the loops."""
-    from .ctypes_ import prelude
+    from .source.ctypes_ import prelude
 
     return ("#define FUSEG_I long long\n#define FUSEG_PARALLEL_MACS fuseg_cal_macs\n"
             "#define FUSEG_PACK_ROWS fuseg_cal_pack\n#define FUSEG_NN_PACK_ROWS fuseg_cal_nn_pack\n"
@@ -193,16 +195,12 @@ def source() -> str:
 
 
 def _library_path() -> str:
-    from .build import _cpu_build_key, cache_dir
-
     digest = hashlib.sha256((source() + _cpu_build_key()).encode()).hexdigest()[:24]
     return os.path.join(cache_dir(), f"fuseg_thresholds_{digest}.so")
 
 
 def _build() -> str:
     """The library, built into the cache dir where it is not there whole; its path."""
-    from .build import _compile_into, _sound, cpu_compiler
-
     path = _library_path()
     if not _sound(path):
         cxx = cpu_compiler()
@@ -219,9 +217,6 @@ _PREPARE_LOCK = threading.Lock()
 def prepare() -> None:
     """Where the thresholds are neither set nor kept, start building the library in the
     background (the first ``measure`` waits for it)."""
-    from . import thresholds
-    from .build import cpu_compiler
-
     if os.environ.get("FUSEG_THREAD_THRESHOLDS") or torch.get_num_threads() <= 1 or cpu_compiler() is None:
         return
     if _kept(torch.get_num_threads()) is not None:
@@ -281,7 +276,7 @@ def _beside(ladder: list[tuple[int, float, float]], alone: int) -> int:
 def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
     """Note [how the thresholds are measured], on ``threads`` of torch's: the thresholds and
     every median they came from."""
-    from . import pause
+    from ..machine import pause
 
     lib = ctypes.CDLL(_built())
     ptr, n_ = ctypes.c_void_p, ctypes.c_long
@@ -349,9 +344,6 @@ FIELDS = ("loop", "macs", "costly_call", "beside_loop", "beside_macs", "pack_row
 
 def thresholds_path(threads: int) -> str:
     """This machine's file of thresholds for ``threads`` threads, in the kernel cache dir."""
-    from ..autotune import machine
-    from .build import cache_dir
-
     what = json.dumps(machine(), sort_keys=True) + hashlib.sha256(source().encode()).hexdigest() + _FORM
     return os.path.join(cache_dir(), f"threads-{threads}-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json")
 
@@ -359,8 +351,6 @@ def thresholds_path(threads: int) -> str:
 def _kept_file(threads: int) -> dict[str, Any] | None:
     """The kept file for this machine and ``threads``, read; None where there is none, or it is
     damaged or another machine's."""
-    from ..autotune import machine
-
     try:
         with open(thresholds_path(threads), encoding="utf-8") as f:
             got = json.load(f)
@@ -383,9 +373,6 @@ def _kept(threads: int) -> Thresholds | None:
 
 def keep(threads: int, t: Thresholds, detail: dict[str, Any]) -> None:
     """``t`` and the medians it came from, kept as this machine's for ``threads``."""
-    from ..autotune import machine
-    from .build import write_whole
-
     body = json.dumps({"machine": machine(), "threads": threads, **{k: getattr(t, k) for k in FIELDS},
                        "measured": detail})
     try:
@@ -417,3 +404,7 @@ def kept_or_measured(threads: int) -> Thresholds | None:
         return None
     keep(threads, got, detail)
     return got
+
+
+# (thresholds.py resolves through this, looked up at each call: a test may replace it)
+thresholds.measured_by(lambda threads: kept_or_measured(threads))

@@ -1,5 +1,5 @@
 """Kernels and their parameters, the op sets the lowering dispatches on, and the statement
-builder (``Body``) shared by the pointwise lowering (lower.py) and the row kernels (rows.py)."""
+builder (``Body``) shared by the pointwise lowering (runtime/codegen/lowering/lower.py) and the row kernels (runtime/codegen/lowering/rows.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import torch
 from segmenter import Node
 from segmenter.ir.ops import resolve_op
 
-from . import index as ix
 from . import thresholds
-from .checks import dim_arg
-from .ctypes_ import Declined, prelude, storage_type, store
-from .gemm_prelude import NN_PACK_ROWS, PACK_ROWS
-from .symsizes import sizes_active
+from .source import index as ix
+from .source.checks import dim_arg
+from .source.ctypes_ import Declined, prelude, storage_type, store
+from .source.gemm_prelude import NN_PACK_ROWS, PACK_ROWS
+from .source.symsizes import sizes_active
 
 __all__ = ["CONST", "cuda_ept", "cuda_tuning", "half_exact", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
@@ -48,13 +48,13 @@ class Kernel:
     kind: str  # "pointwise" | "row"
     index_type: str = "long long"  # "int" where every index and offset fits in 31 bits
     #: what the function returns: "void", or "long long" for a CPU kernel that counts the
-    #: elements it refused (an index out of range: Note [embedding kernels] in embedding.py)
+    #: elements it refused (an index out of range: Note [embedding kernels] in runtime/codegen/opaque/embedding.py)
     returns: str = "void"
     #: set by a generator whose kernel calls the prelude's matmul routines where each product
     #: is under the beside threshold: the kernel may run beside others (``beside``)
     beside: bool = False
     #: the multiply-adds from which the prelude's matmul routines share a product among threads,
-    #: for a kernel that calls them (gemm.py, attention.py, matconv.py): the thresholds it was
+    #: for a kernel that calls them (runtime/codegen/opaque/gemm.py, runtime/codegen/opaque/attention.py, runtime/codegen/opaque/matconv.py): the thresholds it was
     #: generated with (Note [thread thresholds measured here] in thresholds.py), so its source
     #: names them; with the rows from which a product copies B first (nt, nn)
     parallel_macs: int | None = None
@@ -66,7 +66,7 @@ class Kernel:
 
     @property
     def symbols(self) -> tuple[int, ...]:
-        """The plan's symbols the body reads (Note [kernel sizes as arguments] in symsizes.py)."""
+        """The plan's symbols the body reads (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py)."""
         return tuple(sorted({int(k) for k in _SYMBOL.findall(self.body)}))
 
     def function(self, target: str) -> str:
@@ -147,7 +147,7 @@ def branches_with_loads(body: str) -> bool:
 
 
 # Note [no partial redundancy elimination around inlined math]: fuseg_exp, fuseg_erf and
-# fuseg_tanh (Note [vectorizable exp], ctypes_.py) are branch-free as written, ternaries that
+# fuseg_tanh (Note [vectorizable exp], runtime/codegen/source/ctypes_.py) are branch-free as written, ternaries that
 # if-conversion turns into vector selects. g++ 12.2's PRE (-ftree-pre, on at -O3) can move
 # their computations into the arms of those ternaries once several are inlined into one loop
 # with other values: the loop then has control flow that if-conversion leaves, and it is not
@@ -172,7 +172,7 @@ def calls_inlined_math(body: str) -> bool:
 # symbolic sizes, whose block follows a size: Note [kernel sizes as arguments] wants one source
 # for every plan of a graph; the H100 run at f5db8b0 compiled a kernel at a new size). A row pass
 # over a row of known length R is then written, on CUDA, as a loop of ceil(R / block) iterations
-# (8 for rows of 4096 with 512 threads; rows.py, up to 16), which nvcc unrolls, issuing the row's
+# (8 for rows of 4096 with 512 threads; runtime/codegen/lowering/rows.py, up to 16), which nvcc unrolls, issuing the row's
 # loads together instead of one at a time (the strided ``for j = thread; j < R; j += block`` was
 # not unrolled even with the block a constant: PTX of 21 loads against 24 for three passes of 8):
 # the H100 run at 7559d64 had softmax / layer norm / RMS norm over 4096x4096 at 1.31-1.36x the time
@@ -180,7 +180,7 @@ def calls_inlined_math(body: str) -> bool:
 # elements per thread (a grid that many times smaller; each thread's elements a block apart, so a
 # warp's accesses stay contiguous), for the same reason. These numbers (4 elements, 16 iterations)
 # are constants, measured only as a whole on one H100 (FUSEG_CUDA_TUNING below), not per device. FUSEG_CUDA_TUNING=0 turns these, the GPU's own half
-# conversions (Note [half conversions on the GPU] in ctypes_.py) and the skipped round trips of
+# conversions (Note [half conversions on the GPU] in runtime/codegen/source/ctypes_.py) and the skipped round trips of
 # Note [values already rounded] (on both targets) off: the code as it was before,
 # for a before/after measurement in one run (perf/gpu_validate.sh). Read when a kernel is lowered
 # (EPT) or its source made (the rest).
@@ -192,7 +192,7 @@ def cuda_tuning() -> bool:
 def soft_half(target: str) -> str:
     """``#define FUSEG_SOFT_HALF`` where the software fp16/bf16 conversions are asked for: on CUDA
     with FUSEG_CUDA_TUNING=0, on either target with FUSEG_SOFT_HALF=1 (Note [fp16 on the CPU] in
-    ctypes_.py); else nothing. A before/after switch: the source, hence the cache key, changes."""
+    runtime/codegen/source/ctypes_.py); else nothing. A before/after switch: the source, hence the cache key, changes."""
     if (target == "cuda" and not cuda_tuning()) or os.environ.get("FUSEG_SOFT_HALF") == "1":
         return "#define FUSEG_SOFT_HALF\n"
     return ""
@@ -255,7 +255,7 @@ BESIDE_MARK = " /* may run beside */"
 
 def beside(kernel: Kernel) -> bool:
     """Whether the CPU kernel may run beside other kernels of its chain, on one thread each (Note
-    [kernels side by side] in runtime/chains.py): each of its parallel loops has work under the
+    [kernels side by side] in runtime/compiled/chains.py): each of its parallel loops has work under the
     beside threshold (Note [thread thresholds measured here] in thresholds.py), and a kernel that
     calls the matmul routines (one generated with ``parallel_macs``) only where its generator
     says each product is under it."""
@@ -269,7 +269,7 @@ def parallel_if(elements: int, lines: list[str]) -> str | None:
     against the loop threshold), as the tail of an OpenMP pragma: None (one thread), "" (threads),
     ``BESIDE_MARK`` (threads, where the kernel runs alone), or, where the work is a symbolic
     size, an ``if(...)`` clause that decides at the call, so the choice is no condition of the
-    plan (Note [kernel sizes as arguments] in symsizes.py)."""
+    plan (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py)."""
     work, least = loop_work(elements, lines), thresholds.current()
     if isinstance(work, torch.SymInt) and sizes_active():
         return f" if({work} >= {least.loop})"
@@ -280,7 +280,7 @@ def parallel_if(elements: int, lines: list[str]) -> str | None:
 
 def loop_kernel(prefix: str, kind: str, lines: list[str], work: object | None, clause: str,
                 params: tuple[Param, ...], returns: str = "void") -> Kernel:
-    """A CPU kernel of a lone op written as C ``lines`` (embedding.py, nll_loss.py): the loop
+    """A CPU kernel of a lone op written as C ``lines`` (runtime/codegen/opaque/embedding.py, runtime/codegen/opaque/nll_loss.py): the loop
     after the ``// loops`` mark shared among threads where ``work`` is worth it (``parallel_if``;
     None: one thread, a sum in order), ``clause`` the pragma's own additions; named ``prefix``
     and a hash of its body and parameters."""
@@ -344,7 +344,7 @@ class Body:
 
 
 # Note [values already rounded]: eager rounds each fp16/bf16 op's result to its dtype, so the
-# lowering wraps a node's float result in a round trip (``fuseg_bf2f(fuseg_f2bf(x))``, lower.py's
+# lowering wraps a node's float result in a round trip (``fuseg_bf2f(fuseg_f2bf(x))``, runtime/codegen/lowering/lower.py's
 # ``rounded``). A value that is already a bf16 (a load, a view of one, a copy, the other half of a
 # cat, an earlier round trip) comes back unchanged from it, yet each one cost a conversion pair per
 # element: a RoPE block's element made ten of them. ``half_exact`` recognizes an expression whose

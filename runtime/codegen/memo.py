@@ -23,7 +23,7 @@ from segmenter import FusionGraph, Segment
 from segmenter.ir.graph import OpRef, ValueRef
 
 from .kernel import Kernel, Param
-from .lower import lower_segment
+from .lowering.lower import lower_segment
 
 __all__ = ["lower_memo", "segment_key"]
 

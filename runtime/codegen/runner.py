@@ -1,11 +1,11 @@
 """The chain runner: one native function that calls a list of built kernels in order (Note [one
-native call for a chain of kernels] in runtime/chains.py).
+native call for a chain of kernels] in runtime/compiled/chains.py).
 
 It is a kernel like any other (built and cached with a program's kernels), with two int64
 parameters: ``code``, the chain's steps, and ``slots``, the base addresses of the call. ``code``
 is ``[steps, then per step: kernel address, argument count, flags, then per argument: slot,
 bytes]``; an argument is ``slots[slot] + bytes``. A step's flags: ``COUNTS`` (it returns a
-count), and on the first step of a group (Note [kernels side by side] in runtime/chains.py) the
+count), and on the first step of a group (Note [kernels side by side] in runtime/compiled/chains.py) the
 group's size shifted by ``GROUP_SHIFT``: the group's steps are called at once, shared among
 torch's threads, each step on one thread (its own parallel loops run by a team of one). The program makes ``code``
 when it is compiled, from kernels it built and offsets it planned; only ``slots`` changes from
@@ -37,7 +37,7 @@ _COUNT_MAX = (1 << 43) - 1
 
 #: a step's flags: it returns a count; the steps of a group (its first step's flags >> GROUP_SHIFT)
 COUNTS, GROUP_SHIFT = 1, 8
-#: the most steps in a group (Note [kernels side by side] in runtime/chains.py)
+#: the most steps in a group (Note [kernels side by side] in runtime/compiled/chains.py)
 GROUP_MAX = 8
 
 

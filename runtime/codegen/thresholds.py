@@ -4,7 +4,7 @@ Note [thread thresholds measured here]: a generated loop runs on torch's threads
 its work passes a threshold, a matmul routine where a product's multiply-adds do; below it the
 loop runs on the caller's thread alone. A kernel on one thread may instead run beside other
 kernels of its chain, each on a thread of its own (Note [kernels side by side] in
-runtime/chains.py), which wakes the threads once for them all. So there are two thresholds of
+runtime/compiled/chains.py), which wakes the threads once for them all. So there are two thresholds of
 each kind:
 
 * ``loop`` and ``macs``: from where a kernel's threads are faster than one thread, for a kernel
@@ -23,7 +23,7 @@ measured on the machine that runs the kernels, once, and kept in the kernel cach
 the thresholds are measured] in calibrate.py), as the verdicts of Note [choices by measurement]
 (runtime/autotune.py) are; with them what an exp costs in a loop's work (``costly_call``) and
 from how many rows a product copies its operand B first (``pack_rows``, ``nn_pack_rows``: Note
-[register tiles] in gemm_prelude.py), the other constants set on one machine that decided speed
+[register tiles] in runtime/codegen/source/gemm_prelude.py), the other constants set on one machine that decided speed
 inside the kernels:
 
     current()      -> the thresholds kernels are generated with now: those set by
@@ -44,14 +44,14 @@ import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from .gemm_prelude import NN_PACK_ROWS, PACK_ROWS
+from .source.gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 
-__all__ = ["UNMEASURED", "Thresholds", "current", "parse", "pinned", "resolve", "resolved"]
+__all__ = ["UNMEASURED", "Thresholds", "current", "measured_by", "parse", "pinned", "resolve", "resolved"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Thresholds:
     "pinned", "unmeasured"); ``costly_call``: what a call of exp, tanh, erf or another libm
     function costs in a loop's element, in plain ops (Note [work of a loop]); ``pack_rows``,
     ``nn_pack_rows``: rows of a product from which its matmul routine copies B first (Note
-    [register tiles] in gemm_prelude.py)."""
+    [register tiles] in runtime/codegen/source/gemm_prelude.py)."""
 
     loop: int
     macs: int
@@ -92,6 +92,8 @@ _LOCK = threading.Lock()
 _STATE: dict[str, Thresholds | None] = {"pinned": None}
 #: torch's thread count -> the thresholds resolved for it in this process
 _RESOLVED: dict[int, Thresholds] = {}
+#: Note [how the thresholds are measured] in calibrate.py, registered there (``measured_by``)
+_MEASURER: dict[str, Callable[[int], Thresholds | None] | None] = {"kept_or_measured": None}
 
 
 def parse(text: str) -> Thresholds:
@@ -141,9 +143,16 @@ def resolve(threads: int) -> Thresholds:
         return parse(text)
     if threads <= 1:
         return UNMEASURED  # (no loop is shared among one thread: the thresholds decide nothing)
-    from . import calibrate
+    measurer = _MEASURER["kept_or_measured"]
+    return (measurer(threads) if measurer is not None else None) or UNMEASURED
 
-    return calibrate.kept_or_measured(threads) or UNMEASURED
+
+def measured_by(kept_or_measured: Callable[[int], Thresholds | None]) -> None:
+    """``kept_or_measured(threads)`` gives ``resolve`` the thresholds kept for this machine, else
+    measured now (None where they cannot be): calibrate.py, above this module (it builds its
+    library with the kernels' prelude and compiler), registers it when imported; the package's
+    ``__init__`` imports it, so it is registered before any kernel asks."""
+    _MEASURER["kept_or_measured"] = kept_or_measured
 
 
 def resolved() -> bool:

@@ -262,7 +262,7 @@ def finish(
                 f"input {graph.inputs[m.input].name!r}: unsupported operation: more than one element of the "
                 "written-to tensor refers to a single memory location. Please clone() the tensor before "
                 "performing the operation.")
-    # ``written``: inputs a launch already wrote in place (runtime/inplace.py); no copy for those.
+    # ``written``: inputs a launch already wrote in place (runtime/emit/inplace.py); no copy for those.
     finals = {m.input: detached(env[m.value]) for m in graph.mutations if m.input not in written}
     fresh: list[torch.Tensor | None] = []
     taken: set[int] = set()

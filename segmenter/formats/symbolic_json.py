@@ -9,7 +9,7 @@ stride or storage offset stands, and wherever an argument is a size::
 
 A symbol's name is a key: an identifier of at most ``MAX_SYMBOL_NAME`` ASCII characters, which
 reaches nothing but this module's own parser and the messages (a plan's generated code names its
-symbols itself: Note [sizes in generated source] in runtime/wrapper.py). A size expression is
+symbols itself: Note [sizes in generated source] in runtime/emit/wrapper.py). A size expression is
 read by a parser of its own (``parse_size``), never evaluated: integers, declared names, ``+``,
 ``*`` and parentheses, at most ``MAX_EXPRESSION`` characters and ``MAX_DEPTH`` parentheses deep.
 Each symbol has a range (``min`` at least 2: sizes 0 and 1 are specialized, as dynamo

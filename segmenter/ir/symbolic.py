@@ -195,7 +195,7 @@ class SymbolicSizes:
         #: how each symbol is shown: a graph file's own names (``S``), else ShapeEnv's (``s17``)
         self.display: dict[sympy.Symbol, str] = {}
         #: what torch's meta kernels computed for a node, by its op and its inputs' symbolic
-        #: layouts, for this plan only (Note [checking a plan's metas once] in runtime/codegen/checks.py)
+        #: layouts, for this plan only (Note [checking a plan's metas once] in runtime/codegen/source/checks.py)
         self.meta_checks: dict[object, list[object]] = {}
         #: dynamo's symbols as ours, where the plan's inputs came from dynamo's placeholders
         #: (``symbolic_inputs``; Note [dynamo's values, translated] in segmenter/capturing/dynamo_values.py)
@@ -261,7 +261,7 @@ class SymbolicSizes:
 
     def unseal(self) -> None:
         """Guards may be added again (a program made again from its plan, sealed after:
-        Note [kernels built in the background] in runtime/program.py)."""
+        Note [kernels built in the background] in runtime/compiled/program.py)."""
         self.env._error_on_new_guards = False
         self.sealed = False
 
@@ -321,7 +321,7 @@ class SymbolicSizes:
 
     def c_expr(self, x: int | torch.SymInt) -> str:
         """C/C++ source for an int or a SymInt over our symbols; symbol k reads ``fuseg_s<k>``
-        (Note [kernel sizes as arguments] in runtime/codegen/symsizes.py)."""
+        (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py)."""
         if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt)):
             raise NotSymbolic(f"not a size: {type(x).__name__}")
         if isinstance(x, int):

@@ -1,5 +1,5 @@
 """Reductions over outer dims on the CPU: eager against the program on the generated kernel
-(``backend="cpp"``, Note [column passes] in runtime/codegen/columns.py) and on the torch backend
+(``backend="cpp"``, Note [column passes] in runtime/codegen/lowering/columns.py) and on the torch backend
 (what ran before those segments were generated: the generator declined them).
 
     python -m perf.experiments.reductions.outer_reductions [--rounds 5] [--calls 30] [--out perf/results/<machine>/outer_reductions_cpu.json]

@@ -12,7 +12,7 @@ tree first on ``sys.path``; the record keeps per side the median over rounds of 
 Without ``--before`` only this checkout is timed. Outputs are compared with eager's every time.
 
 The cases are the row reductions with a max or min pass (Note [max without a NaN chain] in
-runtime/codegen/rows.py) and those that write a value per row (thread 0's test, which cost the
+runtime/codegen/lowering/rows.py) and those that write a value per row (thread 0's test, which cost the
 CPU kernel its if-conversion before): amax, amin, a lone softmax and logsumexp at a few shapes,
 and a row sum (no max pass, no row output: the control).
 """

@@ -2,7 +2,7 @@
 
     python -m perf.experiments.reductions.softmax_exps [--rounds 3] [--out perf/results/<machine>/softmax_exps_cpu.json]
 
-Note [softmax keeps its exps] (runtime/codegen/rows.py): the sum pass keeps each exp and the
+Note [softmax keeps its exps] (runtime/codegen/lowering/rows.py): the sum pass keeps each exp and the
 write reads it back, where it used to compute it again. Both kernels are built in one process
 (``EXP_SCRATCH_BYTES = 0`` gives the old one, which is exactly what the change switched off) and
 timed interleaved with eager (both kernels scale by the sum's reciprocal, so the sides differ
@@ -35,7 +35,7 @@ def _attention_softmax(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _program(inputs: list[torch.Tensor], scratch_bytes: int):
     import runtime
-    import runtime.codegen.rows as rows
+    import runtime.codegen.lowering.rows as rows
     from alias import apply_aliases
     from segmenter import capture, segment
 
@@ -62,7 +62,7 @@ def _per_call_ms(fn, inputs: list[torch.Tensor], calls: int, blocks: int = 7) ->
 
 
 def measure(rounds: int) -> list[dict]:
-    import runtime.codegen.rows as rows
+    import runtime.codegen.lowering.rows as rows
 
     rows_out = []
     for name, batch, s in CASES:

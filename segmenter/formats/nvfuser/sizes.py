@@ -33,7 +33,7 @@ Sizes are bounded as a graph file's are (segmenter/ir/limits.py: 2**48 bytes a t
 when the graph is built: a hostile ``inputs`` list is refused there, and no size the import computes
 can overflow. They are no condition of the plan: at a call the tensors exist, torch refuses what
 would overflow, and the kernels record the bounds their index math needs as conditions of their own
-(MAX_EXTENT in runtime/codegen/checks.py).
+(MAX_EXTENT in runtime/codegen/source/checks.py).
 """
 
 from __future__ import annotations

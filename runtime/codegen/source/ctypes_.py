@@ -1,0 +1,322 @@
+"""C types, literals and the shared prelude of generated kernels (both targets).
+
+Storage types are what a tensor's memory holds; compute types are what the kernel computes in:
+fp16/bf16/fp32 compute in float (as torch's CUDA kernels do), fp64 in double, every integer type
+in long long, bool in bool. fp16 and bf16 are stored as ``unsigned short`` and converted by the
+bit-level routines below, the same code on the GPU and on the CPU, so the CPU build checks them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...machine.compiler import Declined
+from .gemm_prelude import GEMM_PRELUDE
+
+__all__ = ["COMPUTE", "STORAGE", "Declined", "compute_type", "literal", "prelude", "storage_type"]
+
+
+STORAGE: dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "unsigned short",
+    torch.bfloat16: "unsigned short", torch.bool: "bool", torch.uint8: "unsigned char",
+    torch.int8: "signed char", torch.int16: "short", torch.int32: "int", torch.int64: "long long",
+}
+COMPUTE: dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "float", torch.bfloat16: "float",
+    torch.bool: "bool", torch.uint8: "long long", torch.int8: "long long", torch.int16: "long long",
+    torch.int32: "long long", torch.int64: "long long",
+}
+
+
+def storage_type(dtype: torch.dtype) -> str:
+    if dtype not in STORAGE:
+        raise Declined(f"dtype {dtype} is not supported by the kernel generator")
+    return STORAGE[dtype]
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    storage_type(dtype)
+    return COMPUTE[dtype]
+
+
+def literal(value: object, ctype: str) -> str:
+    """A Python scalar as a C literal of ``ctype``: only a bool, int or float is taken, an int
+    only within 64 bits (Note [checked source values] in checks.py)."""
+    if isinstance(value, complex):
+        raise Declined("complex scalars are not supported")
+    if not isinstance(value, (bool, int, float)):
+        raise Declined(f"scalar argument {type(value).__name__} {value!r:.60}: not a bool, int or float")
+    if ctype == "bool":
+        return "true" if value else "false"
+    if ctype == "long long":
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise Declined(f"scalar {value} in an integer computation")
+            value = int(value)
+        v = int(value)
+        if not -(2 ** 63) <= v < 2 ** 63:
+            raise Declined(f"scalar {v} does not fit a 64-bit integer")
+        return "(-9223372036854775807LL - 1)" if v == -(2 ** 63) else f"{v}LL"
+    try:
+        v = float(value)
+    except OverflowError:
+        raise Declined(f"scalar {value} does not fit a double") from None
+    if math.isnan(v):
+        return f"(({ctype})FUSEG_NAN)"
+    if math.isinf(v):
+        return f"(({ctype})FUSEG_INF)" if v > 0 else f"(-({ctype})FUSEG_INF)"
+    text = repr(v)
+    return f"{text}f" if ctype == "float" else text
+
+
+# Note [bool loads as bytes]: GCC 12 (-O3 -march=native, AVX-512) does not vectorize a loop that
+# loads through a ``bool*`` and computes in float ("no vectype for stmt" on the float load), nor one
+# that casts a bool to float: every masked_fill / where under a mask and every masked softmax ran
+# one element at a time (a masked softmax of 64x1024 took 163 us against eager's 45; 27 us after).
+# So a bool element is read as its byte compared with 0 (torch stores bools as bytes: the same
+# value, and defined for any byte a hostile buffer holds), and a bool widened to a number is a
+# select (``lower.convert``). tests/test_vectorized_loops.py reads the vectorizer's own report.
+def load(dtype: torch.dtype, ref: str) -> str:
+    if dtype == torch.float16:
+        return f"fuseg_h2f({ref})"
+    if dtype == torch.bfloat16:
+        return f"fuseg_bf2f({ref})"
+    if dtype == torch.bool:  # Note [bool loads as bytes]
+        return f"(*(const unsigned char*)&{ref} != 0)"
+    return f"(({compute_type(dtype)}){ref})"  # Declined for a dtype the generator has no type for
+
+
+def store(dtype: torch.dtype, expr: str) -> str:
+    if dtype == torch.float16:
+        return f"fuseg_f2h((float)({expr}))"
+    if dtype == torch.bfloat16:
+        return f"fuseg_f2bf((float)({expr}))"
+    return f"(({storage_type(dtype)})({expr}))"
+
+
+_COMMON = r"""
+// Note [half conversions on the GPU]: on CUDA a float <-> fp16 conversion is one cvt instruction
+// (sm_80 and later for bf16), which rounds to nearest even as the software versions below do (and
+// as ATen's CUDA kernels convert); the software versions cost 6-20 integer operations each, and a
+// bf16 RoPE block on the H100 ran at 600-800 GB/s with them, bound by arithmetic, not memory.
+// FUSEG_SOFT_HALF (FUSEG_CUDA_TUNING=0: Note [CUDA launch shapes]) keeps the software versions.
+#if defined(__CUDA_ARCH__) && !defined(FUSEG_SOFT_HALF)
+FUSEG_FN float fuseg_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+FUSEG_FN unsigned short fuseg_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#elif !defined(__CUDACC__) && defined(__F16C__) && defined(__FLT16_MAX__) && !defined(FUSEG_SOFT_HALF)
+// Note [fp16 on the CPU]: an x86 CPU with F16C (-march=native says so) and a compiler with _Float16
+// (GCC 12, clang): one vcvtph2ps / vcvtps2ph each, which round to nearest even under the default
+// MXCSR as the software versions below do (tests/test_codegen.py checks every fp16 value and the
+// ties between them, bit for bit). GCC 12 does not vectorize them without AVX512-FP16, but the
+// branchy software versions did not vectorize either: an fp16 RoPE block's kernel took 9.4 ms
+// against eager's 0.46 here (perf/results/amd-epyc-zen3/half_round_trips_cpu.json has the after).
+FUSEG_FN float fuseg_h2f(unsigned short h) { _Float16 x; __builtin_memcpy(&x, &h, 2); return (float)x; }
+FUSEG_FN unsigned short fuseg_f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; __builtin_memcpy(&h, &x, 2); return h; }
+#else
+FUSEG_FN float fuseg_h2f(unsigned short h) {
+  unsigned int sign = ((unsigned int)h & 0x8000u) << 16, e = ((unsigned int)h >> 10) & 0x1fu, m = (unsigned int)h & 0x3ffu;
+  if (e == 0x1fu) return fuseg_bits2f(sign | 0x7f800000u | (m << 13));
+  if (e == 0u) { float f = (float)m * 5.9604644775390625e-08f; return sign ? -f : f; }
+  return fuseg_bits2f(sign | ((e + 112u) << 23) | (m << 13));
+}
+FUSEG_FN unsigned short fuseg_f2h(float f) {
+  unsigned int x = fuseg_f2bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+  if (a < 0x38800000u) {
+    unsigned int e = a >> 23;
+    if (e < 102u) return (unsigned short)sign;
+    unsigned int mant = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    unsigned int q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q += 1u;
+    return (unsigned short)(sign | q);
+  }
+  unsigned int h = (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu), rem = a & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1u;
+  return (unsigned short)(sign | h);
+}
+#endif
+FUSEG_FN float fuseg_bf2f(unsigned short b) { return fuseg_bits2f((unsigned int)b << 16); }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(FUSEG_SOFT_HALF)
+FUSEG_FN unsigned short fuseg_f2bf(float f) { unsigned short b; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f)); return b; }
+#else
+FUSEG_FN unsigned short fuseg_f2bf(float f) {
+  unsigned int x = fuseg_f2bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+  return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+#endif
+template <class T> FUSEG_FN T fuseg_max(T a, T b) { return (a != a || b != b) ? (T)(a + b) : (a > b ? a : b); }
+template <class T> FUSEG_FN T fuseg_min(T a, T b) { return (a != a || b != b) ? (T)(a + b) : (a < b ? a : b); }
+template <class T> FUSEG_FN T fuseg_sum(T a, T b) { return (T)(a + b); }
+// Note [max without a NaN chain] (rows.py): the CPU's max/min passes compare alone (one vector
+// max/min instruction) and keep a NaN flag beside them
+template <class T> FUSEG_FN T fuseg_max_ordered(T a, T b) { return a > b ? a : b; }
+template <class T> FUSEG_FN T fuseg_min_ordered(T a, T b) { return a < b ? a : b; }
+template <class T> FUSEG_FN T fuseg_any(T a, T b) { return (T)(a || b); }
+// Note [sums in chunks] (cascade.py): a chunk's partial sum added into the row's sum with its
+// rounding error kept aside (Neumaier); the total adds the error back where the sum is finite
+template <class T> FUSEG_FN void fuseg_sum_into(T& s, T& c, T x) {
+  const T t = s + x;
+  c += ((s < 0 ? -s : s) >= (x < 0 ? -x : x)) ? (T)((s - t) + x) : (T)((x - t) + s);
+  s = t;
+}
+template <class T> FUSEG_FN T fuseg_sum_total(T s, T c) { return s - s == 0 ? (T)(s + c) : s; }
+template <class T> FUSEG_FN T fuseg_all(T a, T b) { return (T)(a && b); }
+// Note [kernel sizes as arguments] (symsizes.py): a symbolic size divided as Python divides
+FUSEG_FN long long fuseg_fdiv(long long a, long long b) { long long q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+FUSEG_FN long long fuseg_fmod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+
+_CUDA = r"""
+#define FUSEG_FN __device__ __forceinline__
+#define FUSEG_UNROLL _Pragma("unroll")
+#define FUSEG_ON_CPU(cpu, cuda) (cuda)
+#define FUSEG_INF __int_as_float(0x7f800000)
+#define FUSEG_NAN __int_as_float(0x7fc00000)
+#define FUSEG_BLOCK ((FUSEG_I)blockIdx.x)
+#define FUSEG_NBLOCKS ((FUSEG_I)gridDim.x)
+#define FUSEG_THREAD ((FUSEG_I)threadIdx.x)
+#define FUSEG_BLOCK_DIM ((FUSEG_I)blockDim.x)
+FUSEG_FN float fuseg_bits2f(unsigned int u) { return __uint_as_float(u); }
+FUSEG_FN unsigned int fuseg_f2bits(float f) { return __float_as_uint(f); }
+FUSEG_FN float fuseg_exp(float x) { return expf(x); }
+FUSEG_FN double fuseg_exp(double x) { return exp(x); }
+FUSEG_FN float fuseg_tanh(float x) { return tanhf(x); }
+FUSEG_FN double fuseg_tanh(double x) { return tanh(x); }
+FUSEG_FN float fuseg_erf(float x) { return erff(x); }
+FUSEG_FN double fuseg_erf(double x) { return erf(x); }
+""" + _COMMON + r"""
+// One value per thread in, the block's combined value out, in every thread.
+template <class T, T (*OP)(T, T)> __device__ T fuseg_block_reduce(T v, T identity) {
+  __shared__ T buf[32];
+  for (int o = 16; o > 0; o >>= 1) v = OP(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) buf[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? buf[lane] : identity;
+    for (int o = 16; o > 0; o >>= 1) v = OP(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) buf[0] = v;
+  }
+  __syncthreads();
+  return buf[0];
+}
+"""
+
+# Note [no headers in the CPU prelude]: <cmath> was most of a kernel build (a translation unit of
+# bart-tiny's 4 kernels: 0.22-0.29 s with it, 0.14 s without; g++ on an empty file 0.05 s), and a
+# cold cache builds a program's kernels before its first call. The prelude includes nothing: the
+# math functions the generators emit are declared here, for float and double, as libstdc++'s
+# <cmath> defines them (each calls the compiler builtin of its own type: sqrt(float) is
+# __builtin_sqrtf): bart-tiny's kernels disassemble to the same instructions either way. The
+# kernel cases run every function against eager in float (one-op cases) and double ("math-double").
+# A generator that emits a function not listed here gets a compiler error, not another overload.
+_CPU_MATH = ("sqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "sinh",
+             "cosh", "asin", "acos", "atan", "erf", "erfc", "floor", "ceil", "trunc", "rint", "fabs")
+
+_CPU = r"""
+#define FUSEG_MATH1(fn) static inline float fn(float x) { return __builtin_##fn##f(x); } \
+  static inline double fn(double x) { return __builtin_##fn(x); }
+#define FUSEG_MATH2(fn) static inline float fn(float x, float y) { return __builtin_##fn##f(x, y); } \
+  static inline double fn(double x, double y) { return __builtin_##fn(x, y); }
+namespace fuseg_math {
+""" + "".join(f"FUSEG_MATH1({f})\n" for f in _CPU_MATH) + r"""FUSEG_MATH2(pow)
+FUSEG_MATH2(copysign)
+}
+using namespace fuseg_math;
+#define FUSEG_FN static inline
+#define FUSEG_UNROLL
+#define FUSEG_ON_CPU(cpu, cuda) (cpu)
+#if defined(__GNUC__) && !defined(__clang__)
+#define FUSEG_NO_IF_CONVERT __attribute__((optimize("no-tree-loop-if-convert")))
+#define FUSEG_NO_PRE __attribute__((optimize("no-tree-pre")))
+#else
+#define FUSEG_NO_IF_CONVERT
+#define FUSEG_NO_PRE
+#endif
+#define FUSEG_INF (__builtin_inff())
+#define FUSEG_NAN (__builtin_nanf(""))
+#define FUSEG_BLOCK ((FUSEG_I)0)
+#define FUSEG_NBLOCKS ((FUSEG_I)1)
+#define FUSEG_THREAD ((FUSEG_I)0)
+#define FUSEG_BLOCK_DIM ((FUSEG_I)1)
+#define __global__
+static inline float fuseg_bits2f(unsigned int u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline unsigned int fuseg_f2bits(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4); return u; }
+static inline float rsqrt(float x) { return 1.0f / sqrt(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+// Note [vectorizable exp]: libm's expf is a call the compiler cannot vectorize, so a float exp on
+// the CPU is this branch-free one (as ATen's CPU kernels use a vectorized exp of their own, not
+// libm's): Cody-Waite reduction by ln 2, a degree-6 polynomial, 2^n applied in two factors (so
+// results down to the denormals are right); within 1 ulp of the exact value over [-103.97, 88.72]
+// (tests/test_codegen.py checks it), inf/0 beyond, NaN kept.
+static inline float fuseg_exp(float x) {
+  float n = __builtin_rintf(x * 1.44269504088896341f);
+  n = n < -152.f ? -152.f : (n > 129.f ? 129.f : n);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int ni = (int)n, h = ni / 2;
+  float y = p * fuseg_bits2f((unsigned int)(h + 127) << 23) * fuseg_bits2f((unsigned int)(ni - h + 127) << 23);
+  y = x > 88.72283935546875f ? FUSEG_INF : y;
+  y = x < -103.97208404541015625f ? 0.0f : y;
+  return x != x ? x : y;
+}
+static inline double fuseg_exp(double x) { return exp(x); }
+// Note [vectorizable tanh and erf]: libm's tanhf/erff are calls too, and GELU spends its time in
+// them. tanh: for |x| < 0.625 an odd polynomial (Cephes tanhf), beyond 1 - 2 / (exp(2|x|) + 1)
+// with the sign restored; within 2 ulp (tests/test_codegen.py). erf, which only GELU calls (the
+// erf op is libm's): the Abramowitz-Stegun 7.1.26 form that ATen's own vectorized CPU erf (so
+// eager's GELU) uses, for every x, absolute error below 1.5e-7. That is relative error in
+// 1 + erf, all GELU needs. A Taylor branch for small |x| (relative accuracy of erf itself near 0)
+// was dropped: a GELU over 1M floats on one thread went from 1.95x eager's time to 1.70x (three
+// alternating runs). The rest of that gap is fused multiply-adds, which ATen's vector code uses
+// and ISO C++ contraction rules keep out of ours. Both branch-free.
+static inline float fuseg_tanh(float x) {
+  const float a = fabs(x), z = x * x;
+  const float big = 1.0f - 2.0f / (fuseg_exp(2.0f * a) + 1.0f);
+  const float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
+                        + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+  const float y = a < 0.625f ? small : copysign(big, x);
+  return (x != x || x == 0.0f) ? x : y;  // NaN, and the sign of a zero, kept
+}
+static inline double fuseg_tanh(double x) { return tanh(x); }
+static inline float fuseg_erf(float x) {
+  const float a = fabs(x);
+  const float t = 1.0f / (1.0f + 0.3275911f * a);
+  const float r = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  const float y = copysign(1.0f - r * fuseg_exp(-(x * x)), x);
+  return (x != x || x == 0.0f) ? x : y;
+}
+static inline double fuseg_erf(double x) { return erf(x); }
+""" + _COMMON + r"""
+// Reductions a row pass may vectorize (#pragma omp simd): NaN propagates as in fuseg_max/min.
+// (integer rows too: rows.py marks their max/min passes simd as well)
+#pragma omp declare reduction(fuseg_max : float : omp_out = fuseg_max<float>(omp_out, omp_in)) initializer(omp_priv = -FUSEG_INF)
+#pragma omp declare reduction(fuseg_max : double : omp_out = fuseg_max<double>(omp_out, omp_in)) initializer(omp_priv = -(double)FUSEG_INF)
+#pragma omp declare reduction(fuseg_min : float : omp_out = fuseg_min<float>(omp_out, omp_in)) initializer(omp_priv = FUSEG_INF)
+#pragma omp declare reduction(fuseg_min : double : omp_out = fuseg_min<double>(omp_out, omp_in)) initializer(omp_priv = (double)FUSEG_INF)
+#pragma omp declare reduction(fuseg_max_ordered : float : omp_out = fuseg_max_ordered<float>(omp_out, omp_in)) initializer(omp_priv = -FUSEG_INF)
+#pragma omp declare reduction(fuseg_max_ordered : double : omp_out = fuseg_max_ordered<double>(omp_out, omp_in)) initializer(omp_priv = -(double)FUSEG_INF)
+#pragma omp declare reduction(fuseg_min_ordered : float : omp_out = fuseg_min_ordered<float>(omp_out, omp_in)) initializer(omp_priv = FUSEG_INF)
+#pragma omp declare reduction(fuseg_min_ordered : double : omp_out = fuseg_min_ordered<double>(omp_out, omp_in)) initializer(omp_priv = (double)FUSEG_INF)
+#pragma omp declare reduction(fuseg_max : long long : omp_out = fuseg_max<long long>(omp_out, omp_in)) initializer(omp_priv = (-9223372036854775807LL - 1))
+#pragma omp declare reduction(fuseg_min : long long : omp_out = fuseg_min<long long>(omp_out, omp_in)) initializer(omp_priv = 9223372036854775807LL)
+// One thread per block on the CPU: the block's value is the thread's.
+template <class T, T (*OP)(T, T)> static inline T fuseg_block_reduce(T v, T) { return v; }
+""" + GEMM_PRELUDE + r"""
+"""
+
+
+def prelude(target: str) -> str:
+    return _CUDA if target == "cuda" else _CPU
