@@ -277,7 +277,7 @@ def aten_way(program: Any, chosen: dict[int, Any], finish: Callable[[dict[int, A
     """``program`` (just finished with ``chosen``) made again with every generated segment on
     torch; its attributes each way (``kernel``, ``aten``; each with its own unwrapped entry), the
     program left as ``aten``. None where the ATen way could not be made (the program as it was)."""
-    from .backends.torch_backend import TorchLaunch
+    from ..backends.torch_backend import TorchLaunch
 
     kernel = dict(program.__dict__)
     on_torch = dict(chosen)

@@ -189,7 +189,7 @@ def _beside(fn: Callable[..., Any], args: tuple) -> Any:
     if way == "cores":
         return _with_cores_left(fn, args)
     if way == "calls-first":
-        from .codegen import pause
+        from . import pause
 
         with pause.held():
             return fn(*args)
