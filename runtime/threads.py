@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from runtime.options import current
+
 __all__ = ["at_own_threads", "background_jobs", "beside_builds", "builds_ended", "builds_started", "register",
            "reserving"]
 
@@ -53,8 +55,8 @@ _STATE = {"busy": False}
 
 
 def reserving() -> bool:
-    """Whether background builds get cores of their own (unless FUSEG_BUILD_THREADS=0)."""
-    return os.environ.get("FUSEG_BUILD_THREADS", "1") != "0"
+    """Whether background builds get cores of their own (the ``build_threads`` option, FUSEG_BUILD_THREADS)."""
+    return current().build_threads
 
 
 def background_jobs() -> int:

@@ -16,7 +16,7 @@ segment (an op the generator does not take...) is passed over, with the reason r
 
 from __future__ import annotations
 
-import os
+from runtime.options import current
 
 from .base import Backend, BuildContext, SegmentLaunch
 from .cpp import CppBackend
@@ -35,7 +35,7 @@ def backends_for(device_type: str, forced: str = "auto") -> list[tuple[Backend, 
     names = [b.name for b in BACKENDS]
     if forced != "auto" and forced not in names:
         raise ValueError(f"unknown backend {forced!r} (known: auto, {', '.join(names)})")
-    disabled = set(os.environ.get("FUSEG_DISABLE", "").split(","))
+    disabled = current().disable
     out = []
     for b in BACKENDS:
         if forced != "auto" and b.name not in (forced, "torch"):
@@ -44,7 +44,7 @@ def backends_for(device_type: str, forced: str = "auto") -> list[tuple[Backend, 
             continue
         why = b.unavailable(device_type)
         if why is None and b.name in disabled and b.name != "torch":
-            why = "disabled by FUSEG_DISABLE"
+            why = "disabled (the disable option, FUSEG_DISABLE)"
         if forced == b.name and why is not None:
             raise ValueError(f"backend {forced!r} is not available: {why}")
         out.append((b, why))

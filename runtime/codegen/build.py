@@ -36,6 +36,8 @@ import time
 import warnings
 from collections.abc import Callable
 
+from runtime.options import current, default_cache_dir
+
 from .. import threads
 from . import pause
 from .ctypes_ import Declined
@@ -63,8 +65,7 @@ _STALE_BUILD_S = 3600
 
 
 def _configured_dir() -> str:
-    return os.environ.get("FUSEG_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuseg", "kernels")
+    return current().cache_dir or default_cache_dir()
 
 
 def cache_dir() -> str:
@@ -133,7 +134,7 @@ def _cpu_build_key() -> str:
 
 
 def cpu_compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    return current().cxx or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
 def _record(lib_path: str) -> str:
@@ -443,8 +444,10 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
                     # it declines (Note [kernel sizes as arguments] in symsizes.py)
 
             groups = _groups(missing, min(len(missing), jobs or os.cpu_count() or 1))
+            # (each in a copy of this context: the runtime options a source is made with, Note [options in one place])
+            context = contextvars.copy_context()
             with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:  # the compilers run as processes
-                list(pool.map(build_group, groups))
+                list(pool.map(lambda group: context.copy().run(build_group, group), groups))
 
     def build(digest: str, k: Kernel, src: str) -> Callable[..., None] | Declined:
         if digest in declined:

@@ -67,6 +67,8 @@ from typing import Any
 
 import torch
 
+from runtime.options import current
+
 from .thresholds import Thresholds
 
 __all__ = ["CALLS", "FIELDS", "TIE", "keep", "kept_detail", "kept_or_measured", "measure", "prepare", "thresholds_path"]
@@ -222,7 +224,7 @@ def prepare() -> None:
     from . import thresholds
     from .build import cpu_compiler
 
-    if os.environ.get("FUSEG_THREAD_THRESHOLDS") or torch.get_num_threads() <= 1 or cpu_compiler() is None:
+    if current().thread_thresholds or torch.get_num_threads() <= 1 or cpu_compiler() is None:
         return
     if _kept(torch.get_num_threads()) is not None:
         return

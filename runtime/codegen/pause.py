@@ -40,6 +40,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from runtime.options import current
+
 __all__ = ["MAX_HOLD_S", "enabled", "held", "hold", "holding", "release", "release_all", "run_compiler"]
 
 #: seconds after which a hold is overridden (a leaked one must not stop the builds for good)
@@ -52,8 +54,8 @@ _CAN_STOP = hasattr(os, "killpg") and hasattr(signal, "SIGSTOP")
 
 
 def enabled() -> bool:
-    """The pause is on unless FUSEG_PAUSE_BUILDS=0."""
-    return os.environ.get("FUSEG_PAUSE_BUILDS", "1") != "0"
+    """The pause is on unless the ``pause_builds`` option is off (FUSEG_PAUSE_BUILDS=0)."""
+    return current().pause_builds
 
 
 def holding() -> bool:
