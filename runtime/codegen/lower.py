@@ -640,8 +640,8 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         for shape, ps in by_shape.items():
             loops.append(_pointwise_loop(lw, shape, ps, stores, "  "))
         R = row.R
-        # 512 threads: on an H100, layer/RMS norm over rows of 4096 ran 1.3-1.7x faster than with 1024, softmax the same (FUSEG_ROW_BLOCK
-        # sweep, perf/results/nvidia-h100/gpu_row_block_sweep_h100.json)
+        # 512 threads: on an H100, layer/RMS norm over rows of 4096 ran 1.3-1.7x faster than with 1024, softmax the same (a sweep of
+        # forced blocks, a switch since removed: perf/results/nvidia-h100/gpu_row_block_sweep_h100.json)
         block = _row_block(R)
         rows_body = row_loop(lw, row, full, rowouts, stores, block)
         if takes_columns(row):  # Note [column passes]: on the CPU, a tile of rows per thread

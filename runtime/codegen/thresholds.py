@@ -89,7 +89,6 @@ class Thresholds:
 #: there); a kernel then runs beside others exactly where it has no threads
 UNMEASURED = Thresholds(1 << 15, 1 << 22, "unmeasured", 8)
 
-_ENV = "FUSEG_THREAD_THRESHOLDS"
 _LOCK = threading.Lock()
 _STATE: dict[str, Thresholds | None] = {"pinned": None}
 #: torch's thread count -> the thresholds resolved for it in this process
