@@ -32,7 +32,7 @@ from . import logs
 from .codegen import pause
 from .cudagraphs import use_cuda_graphs
 from .options import FIELDS as RUNTIME_FIELDS
-from .options import PROCESS_FIELDS, RuntimeOptions
+from .options import PROCESS_FIELDS, bound
 from .options import current as runtime_options_now
 from .options import use as use_runtime_options
 from .program import CompiledProgram
@@ -100,7 +100,7 @@ class FusegCompiler:
                  runtime_options: Mapping[str, Any] | None = None) -> None:
         self.mode = mode
         #: Note [options in one place] (runtime/options.py): the runtime options given here, over
-        #: the environment's; each graph's calls run with them (``_applied``)
+        #: the environment's; each graph's calls run with them (``options.bound``)
         self.runtime_changes = dict(runtime_options or {})
         process_wide = sorted(set(self.runtime_changes) & PROCESS_FIELDS)
         if process_wide:
@@ -151,7 +151,7 @@ class FusegCompiler:
         given = runtime_options_now().replace(**self.runtime_changes)
         with use_runtime_options(given):
             made = self._split_at_data(gm, tokens) if has_data_dependent_sizes(gm) else self._compile(gm, tokens)
-        return self._register(*(_applied(fn, given) for fn in made), tokens, gm)
+        return self._register(*(bound(fn, given) for fn in made), tokens, gm)
 
     def _split_at_data(self, gm: fx.GraphModule, tokens: frozenset[int]) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """Note [sizes read from data run on torch] (runtime/unbacked.py): the ops whose sizes
@@ -434,15 +434,6 @@ def strip_effect_tokens(gm: fx.GraphModule) -> frozenset[int]:
         graph.erase_node(placeholders[i])
     gm.recompile()
     return positions
-
-
-def _applied(fn: Callable[..., Any], given: RuntimeOptions) -> Callable[..., Any]:
-    """``fn`` called with the runtime options ``given`` in force (Note [options in one place])."""
-    def with_options(*args: Any) -> Any:
-        with use_runtime_options(given):
-            return fn(*args)
-
-    return with_options
 
 
 def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:

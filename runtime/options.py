@@ -25,10 +25,10 @@ import contextvars
 import dataclasses
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["PROCESS_FIELDS", "SOURCE_FIELDS", "RuntimeOptions", "configure", "current", "default_cache_dir",
+__all__ = ["PROCESS_FIELDS", "SOURCE_FIELDS", "RuntimeOptions", "bound", "configure", "current", "default_cache_dir",
            "from_env", "parse_thread_thresholds", "use"]
 
 _TRUE = ("1", "true", "yes", "on")
@@ -205,8 +205,15 @@ _APPLIED: contextvars.ContextVar[RuntimeOptions | None] = contextvars.ContextVar
                                                                                  default=None)
 
 
+# (the key of the cache: the variables' raw values. ``os.environ.get`` raises and catches a
+# KeyError for each unset one, ~25x the time of a look-up in the mapping os.environ keeps of the
+# encoded names, which every change through os.environ, monkeypatch's included, updates)
+_RAW_NAMES = tuple(os.environ.encodekey(n) for n in _NAMES) if hasattr(os.environ, "encodekey") else ()
+
+
 def _environment() -> RuntimeOptions:
-    key = tuple(map(os.environ.get, _NAMES))
+    raw = getattr(os.environ, "_data", None)  # (looked up each time: os.environ may be replaced)
+    key = tuple(map(raw.get, _RAW_NAMES)) if raw is not None and _RAW_NAMES else tuple(map(os.environ.get, _NAMES))
     got = _FROM_ENV.get(key)
     if got is None:
         got = from_env()  # (a bad value raises here, each time it is asked: nothing cached)
@@ -236,6 +243,18 @@ def configure(options: RuntimeOptions | None = None, **changes: Any) -> RuntimeO
     chosen = (options or _environment()).replace(**changes)
     _CONFIGURED[:] = [chosen]
     return chosen
+
+
+def bound(fn: Callable[..., Any], options: RuntimeOptions) -> Callable[..., Any]:
+    """``fn``, each call of it with ``options`` in force (``use`` without a generator's cost per call)."""
+    def with_options(*args: Any, **kwargs: Any) -> Any:
+        token = _APPLIED.set(options)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _APPLIED.reset(token)
+
+    return with_options
 
 
 @contextlib.contextmanager

@@ -106,6 +106,8 @@ def test_current_follows_the_environment_use_and_configure(monkeypatch: pytest.M
             assert options.current().row_regs and not options.current().huge_pages
         assert not options.current().row_regs
     assert options.current().huge_pages and options.current().row_regs
+    seen = options.bound(options.current, RuntimeOptions(huge_pages=False))
+    assert seen().huge_pages is False and options.current().huge_pages is True  # (each call within, only)
     try:
         options.configure(bcast_whole=False)
         assert options.current().bcast_whole is False
