@@ -13,7 +13,8 @@ torch's deleter frees it; resizable, picklable): only the pages under it differ.
 hint: where the kernel has no huge page free it falls back to small pages (with ``defrag`` set to
 ``madvise`` it first tries to compact memory, which can stall a fault on a fragmented host). Only
 the fast variant advises (Note [fast and safe programs]), only on the CPU, and only for buffers
-whose size is known when the program is compiled; ``FUSEG_HUGE_PAGES=0`` turns it off. Under
+whose size is known when the program is compiled; the ``huge_pages`` runtime option
+(``FUSEG_HUGE_PAGES=0``) turns it off. Under
 ``always`` the kernel already backs aligned regions with huge pages (nothing to advise); under
 ``never``, or off Linux, nothing is done.
 """

@@ -29,7 +29,7 @@ again while other builds are under way (Note [kernels built in the background]) 
 fixed choices at torch's own count, the compilers paused for it (``at_own_threads``): it measured
 them with the threads left, under the key of torch's own count, computed when it was compiled,
 so a verdict for one thread was kept, on disk too, as one for two. Calls outside fuseg's programs (the caller's own ops)
-keep their threads. ``FUSEG_BUILD_THREADS=0`` leaves the thread count alone (and the compilers
+keep their threads. The ``build_threads`` runtime option off (``FUSEG_BUILD_THREADS=0``) leaves the thread count alone (and the compilers
 on every core, as before).
 """
 

@@ -11,7 +11,8 @@ Note [cumsum kernels] in runtime/codegen/scan.py).
 A backend that cannot run here (not installed, another device, no compiler) or declines a
 segment (an op the generator does not take...) is passed over, with the reason recorded in
 ``program.passed_over``; torch takes every segment. ``backend="name"`` asks for one backend
-(torch still takes what it declines); ``FUSEG_DISABLE=cpp,cupy`` passes over backends by name.
+(torch still takes what it declines); the ``disable`` runtime option (``FUSEG_DISABLE=cpp,cupy``)
+passes over backends by name.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ program), and, with FUSEG_BUILD_THREADS=0 only, each call of a program whose ker
 being built (Note [interim calls hold the pause] in runtime/background.py; otherwise the
 compilers have cores of their own and run on: Note [torch's threads beside background
 compilers] in runtime/threads.py). Builds on the caller's thread (``low_priority=False``: the caller waits for them) are
-never paused. FUSEG_PAUSE_BUILDS=0 turns the pause off (perf.dynamic_shapes' ``fuseg-unpaused``
+never paused. The ``pause_builds`` runtime option (FUSEG_PAUSE_BUILDS=0) turns the pause off (perf.dynamic_shapes' ``fuseg-unpaused``
 runs that way, for the before/after in one record).
 
 Nothing can stay stopped: a hold that is never released (a callback that is not paired, an
