@@ -194,11 +194,14 @@ def test_torch_compile_options_reach_the_runtime(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("FUSEG_HUGE_PAGES", "1")
     torch._dynamo.reset()
     try:
+        compiled = torch.compile(fn, backend="fuseg", options={"background_builds": False, "huge_pages": False,
+                                                                "bcast_ept": False})
         with torch.no_grad():
-            out = torch.compile(fn, backend="fuseg", options={"background_builds": False, "huge_pages": False,
-                                                               "bcast_ept": False})(x)
-        torch.testing.assert_close(out, fn(x))
-        ((background, seen),) = made
+            for shape in ((5, 6), (5, 6), (7, 3)):  # (the later calls through the direct entry, and a new shape)
+                y = torch.randn(shape)
+                torch.testing.assert_close(compiled(y), fn(y))
+        assert made and all(m == made[0] for m in made)  # (a program per shape, each with the options)
+        background, seen = made[0]
         assert background is False
         assert (seen.background_builds, seen.huge_pages, seen.bcast_ept) == (False, False, False)
         assert options.current().huge_pages is True  # (the compile's options stay the compile's)
