@@ -33,7 +33,7 @@ __all__ = ["PROCESS_FIELDS", "SOURCE_FIELDS", "RuntimeOptions", "bound", "config
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_THRESHOLDS_FORMAT = ("expected LOOP,MACS[,COSTLY[,BESIDE_LOOP,BESIDE_MACS[,PACK_ROWS,NN_PACK_ROWS]]], positive "
+_THRESHOLDS_FORMAT = ("LOOP,MACS[,COSTLY[,BESIDE_LOOP,BESIDE_MACS[,PACK_ROWS,NN_PACK_ROWS]]], positive "
                       "integers (elements of a loop's work and multiply-adds of a product from which threads share "
                       "them; what a call of exp costs in plain ops; below what a kernel may run beside others; "
                       "rows from which a product copies B first)")
@@ -124,7 +124,7 @@ def _check(name: str, value: Any) -> Any:
         if (isinstance(value, (tuple, list)) and len(value) in (2, 3, 5, 7)
                 and all(type(v) is int and v > 0 for v in value)):
             return tuple(value)
-        raise _bad(name, value, "None or 2, 3, 5 or 7 positive integers (" + _THRESHOLDS_FORMAT[9:] + ")")
+        raise _bad(name, value, f"None or a tuple of {_THRESHOLDS_FORMAT}")
     if name == "disable":
         names = value.split(",") if isinstance(value, str) else value
         if isinstance(names, Iterable) and all(isinstance(n, str) for n in names):
@@ -149,7 +149,7 @@ def parse_thread_thresholds(text: str) -> tuple[int, ...]:
             raise ValueError
         values = tuple(int(p.strip()) for p in parts)
     except ValueError:
-        raise ValueError(f"{name}={text!r}: {_THRESHOLDS_FORMAT}") from None
+        raise ValueError(f"{name}={text!r}: expected {_THRESHOLDS_FORMAT}") from None
     if min(values) <= 0:
         raise ValueError(f"{name}={text!r}: every value must be positive")
     return values
