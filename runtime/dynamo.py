@@ -12,10 +12,9 @@ compiles again, never misreads. A graph with sizes read from data (``.item()`` a
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +33,10 @@ from .compiled.program import CompiledProgram
 from .compiled.segments_run import segments_run
 from .cudagraphs import use_cuda_graphs
 from .machine import pause
+from .options import FIELDS as RUNTIME_FIELDS
+from .options import PROCESS_FIELDS, bound
+from .options import current as runtime_options_now
+from .options import use as use_runtime_options
 from .unbacked import DataDependentSplit, split_at_data
 
 __all__ = ["DECOMPOSED", "STATS", "FusegCompiler", "aot_backend", "compile_with_aot", "decompositions", "fuseg_backend",
@@ -94,26 +97,31 @@ class FusegCompiler:
 
     def __init__(self, mode: str = "post", options: SegmenterOptions | None = None, backend: str = "auto",
                  dynamic: bool = True, cuda_graphs: bool = False, background_builds: bool | str | None = None,
-                 ) -> None:
+                 runtime_options: Mapping[str, Any] | None = None) -> None:
         self.mode = mode
+        #: Note [options in one place] (runtime/options.py): the runtime options given here, over
+        #: the environment's; each graph's calls run with them (``options.bound``)
+        self.runtime_changes = dict(runtime_options or {})
+        process_wide = sorted(set(self.runtime_changes) & PROCESS_FIELDS)
+        if process_wide:
+            raise ValueError(f"fuseg: options {process_wide} are the process's, not one compile's: set them in "
+                             "the environment or with runtime.options.configure(...) (docs/options.md)")
+        given = runtime_options_now().replace(**self.runtime_changes)  # (a bad value fails here, named)
         _pause_during_dynamo_compiles()
         #: Note [kernels built in the background] (runtime/compiled/background.py): a program's new
         #: kernels (a symbolic plan's or one of fixed sizes; not one captured into a CUDA graph)
         #: compile off the caller's thread while torch runs their segments: True for
         #: every graph, False for none, "inference" (the default) for inference graphs only (a
         #: training step's backward kernels are what its steps run; measured there). The
-        #: environment's FUSEG_BACKGROUND_BUILDS=1 / 0 sets True / False.
-        env = os.environ.get("FUSEG_BACKGROUND_BUILDS", "inference")
+        #: ``background_builds`` runtime option (FUSEG_BACKGROUND_BUILDS=1 / 0) sets True / False.
         self.background_builds: bool | str = (
-            background_builds if background_builds is not None
-            else {"1": True, "0": False}.get(env, "inference"))
+            background_builds if background_builds is not None else given.background_builds)
         self._inference_graph = False  # (set by ``infer`` around the graph it compiles)
         #: capture each program of static shapes into a CUDA graph (Note [CUDA graphs of a program])
         self.cuda_graphs = cuda_graphs
-        # FUSEG_BIAS_AFTER_MATMUL=0: Note [a matmul's bias after it] off where no options are given
-        # (the before of its measurement in perf/gpu_validate.sh)
-        self.options = options or SegmenterOptions(
-            bias_after_matmul=False if os.environ.get("FUSEG_BIAS_AFTER_MATMUL") == "0" else None)
+        # the bias_after_matmul runtime option (FUSEG_BIAS_AFTER_MATMUL=0): Note [a matmul's bias
+        # after it] off where no options are given (the before of its measurement in perf/gpu_validate.sh)
+        self.options = options or SegmenterOptions(bias_after_matmul=given.bias_after_matmul)
         self.backend = backend
         #: plan graphs with symbolic sizes once for every size (Note [symbolic plans]); False:
         #: specialize every graph to each call's sizes, as before
@@ -133,9 +141,17 @@ class FusegCompiler:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         tokens = strip_effect_tokens(gm)
-        if has_data_dependent_sizes(gm):
-            return self._register(*self._split_at_data(gm, tokens), tokens, gm)
-        return self._register(*self._compile(gm, tokens), tokens, gm)
+        if not self.runtime_changes:
+            if has_data_dependent_sizes(gm):
+                return self._register(*self._split_at_data(gm, tokens), tokens, gm)
+            return self._register(*self._compile(gm, tokens), tokens, gm)
+        # the options resolved once per graph, over the environment as it is now: a graph's
+        # program is made at its first call, and remade at later ones (its kernels, in builds
+        # that copy the caller's context), so each call of ``run`` and ``hot`` runs with them
+        given = runtime_options_now().replace(**self.runtime_changes)
+        with use_runtime_options(given):
+            made = self._split_at_data(gm, tokens) if has_data_dependent_sizes(gm) else self._compile(gm, tokens)
+        return self._register(*(bound(fn, given) for fn in made), tokens, gm)
 
     def _split_at_data(self, gm: fx.GraphModule, tokens: frozenset[int]) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """Note [sizes read from data run on torch] (runtime/unbacked.py): the ops whose sizes
@@ -432,11 +448,17 @@ def fuseg_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **options: 
         warnings.warn(f"fuseg: torch.compile(mode={options['mode']!r}) is Inductor's setting; fuseg ignores it",
                       stacklevel=2)
     opts = dict(options.get("options") or {}, **{k: v for k, v in options.items() if k not in ("options", "mode")})
-    unknown = set(opts) - {"alias_mode", "backend", "cuda_graphs"}
+    # Note [options in one place] (runtime/options.py): the runtime options of one compile are keys too
+    known = ["alias_mode", "backend", "cuda_graphs", *(f for f in RUNTIME_FIELDS if f not in PROCESS_FIELDS)]
+    unknown = set(opts) - set(known)
     if unknown:
-        raise ValueError(f"fuseg: unknown options {sorted(unknown)} (known: alias_mode, backend, cuda_graphs)")
+        process = sorted(unknown & PROCESS_FIELDS)
+        raise ValueError(f"fuseg: unknown options {sorted(unknown)} (known: {', '.join(known)})" + (
+            f"; {process} are the process's: set them in the environment or with runtime.options.configure(...)"
+            if process else ""))
     compiler = FusegCompiler(mode=opts.get("alias_mode", "post"), backend=opts.get("backend", "auto"),
-                             cuda_graphs=bool(opts.get("cuda_graphs", False)))
+                             cuda_graphs=bool(opts.get("cuda_graphs", False)),
+                             runtime_options={k: v for k, v in opts.items() if k in RUNTIME_FIELDS})
     return compile_with_aot(compiler, gm, example_inputs)
 
 

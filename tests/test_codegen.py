@@ -13,6 +13,7 @@ import torch
 
 import runtime
 from alias import apply_aliases
+from runtime import options
 from runtime.codegen import Declined
 from runtime.codegen.build import compilations, nvcc_check, nvcc_check_many
 from segmenter import SegmentKind, capture, segment
@@ -43,17 +44,21 @@ def test_generated_kernels_match_eager(case: str, mode: str) -> None:
     assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("soft", ["0", "1"])
-def test_half_and_bfloat16_conversions_are_bit_exact(monkeypatch, soft: str) -> None:
+@pytest.mark.parametrize("soft", [False, True])
+def test_half_and_bfloat16_conversions_are_bit_exact(soft: bool) -> None:
     """Every fp16 bit pattern to float and back; float values at and between fp16/bf16 values
     (ties included), subnormals, overflow and NaN, against torch's conversions: with F16C's
     instructions where this CPU has them (Note [fp16 on the CPU]) and with the software
-    versions (FUSEG_SOFT_HALF=1)."""
-    monkeypatch.setenv("FUSEG_SOFT_HALF", soft)
+    versions (the ``soft_half`` runtime option: what a CPU without F16C runs)."""
+    with options.use(soft_half=soft):
+        _check_half_conversions(soft)
+
+
+def _check_half_conversions(soft: bool) -> None:
     bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
     halves = bits.view(torch.float16)
     prog = _program(lambda h: h.to(torch.float32), [halves])
-    assert prog.kernels and all(("#define FUSEG_SOFT_HALF" in k.source("cpu")) == (soft == "1")
+    assert prog.kernels and all(("#define FUSEG_SOFT_HALF" in k.source("cpu")) == soft
                                 for k in prog.kernels.values())
     got, = prog(halves)
     want = halves.to(torch.float32)
@@ -278,17 +283,6 @@ def test_nvcc_rejects_a_broken_kernel() -> None:
     assert [name for name, _ in failed] == [broken.name] and "error" in failed[0][1]
     assert nvcc_check_many(others) == []
     assert subprocess is not None
-
-
-@pytest.mark.parametrize("case", ["softmax", "layer-norm", "rms-norm", "var-std", "sum-mean", "softmax-masked"])
-def test_row_cache_variant_matches_eager(case: str, monkeypatch) -> None:
-    """FUSEG_ROW_CACHE=1 (Note [row cache]; off by default, slower on an H100) stays correct."""
-    monkeypatch.setenv("FUSEG_ROW_CACHE", "1")
-    fn, inputs = CASES[case]
-    prog = _program(fn, inputs)
-    assert any("FUSEG_EPT" in k.body for k in prog.kernels.values())
-    tol = TOL.get(case, 1e-6)
-    assert_matches_eager(fn, inputs, prog.graph, program=prog, atol=tol, rtol=tol)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")

@@ -12,9 +12,10 @@ DOCS = os.path.join(ROOT, "docs")
 P = "FUSEG" + "_"  # (spelled apart: this file's own text reads no variable)
 
 #: how code reads (or sets, for a child process) an environment variable: os.environ.get("X"),
-#: os.environ["X"], getenv("X"), monkeypatch.setenv("X"), _ENV = "X", dict(os.environ, X=...), ${X}
+#: os.environ["X"], getenv("X"), monkeypatch.setenv("X"), _ENV = "X", dict(os.environ, X=...), ${X},
+#: and a runtime option's variable, ``_opt(..., env="X", ...)`` (runtime/options.py)
 _READS = (
-    re.compile(rf"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[(\[]|getenv\(|setenv\(|_ENV\s*=)\s*["']({P}[A-Z0-9_]+)["']"""),
+    re.compile(rf"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[(\[]|getenv\(|setenv\(|_ENV\s*=|\benv=)\s*["']({P}[A-Z0-9_]+)["']"""),
     re.compile(rf"\b({P}[A-Z0-9_]+)="),
     re.compile(rf"\$\{{?({P}[A-Z0-9_]+)"),
 )
@@ -46,9 +47,10 @@ def environment_variables(sources: dict[str, str]) -> dict[str, str]:
 def test_the_scan_finds_reads_and_not_macros() -> None:
     text = (f'a = os.environ.get("{P}A", "1")\nb = os.environ["{P}B"]\n_ENV = "{P}C"\n'
             f'env = dict(os.environ, {P}D="0")\nmonkeypatch.setenv("{P}E", "0")\n'
-            f'src = "#define {P}I long long\\n{P}ON_CPU(x, y)"\n')
+            f'src = "#define {P}I long long\\n{P}ON_CPU(x, y)"\n'
+            f'huge: bool = _opt(True, env="{P}G", doc="")\n')
     assert sorted(environment_variables({"x.py": text, "y.sh": f"echo ${{{P}F:-x}}"})) == [
-        f"{P}{c}" for c in "ABCDEF"]
+        f"{P}{c}" for c in "ABCDEFG"]
 
 
 def test_every_environment_variable_is_on_options_md() -> None:

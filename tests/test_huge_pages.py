@@ -13,6 +13,7 @@ import torch
 
 import runtime
 from alias import apply_aliases
+from runtime import options
 from runtime.storage import pages
 from segmenter import capture, segment
 
@@ -79,10 +80,10 @@ def test_big_buffers_match_eager(name: str, backend: str) -> None:
     with torch.no_grad():
         assert_matches_eager(fn, inputs, plan.graph, program=program)  # the fast variant
     assert_matches_eager(fn, inputs, plan.graph, program=program)
-    assert _advises(program) == (big and pages.ENABLED)
+    assert _advises(program) == (big and pages.enabled())
 
 
-@pytest.mark.skipif(not pages.ENABLED, reason="transparent huge pages are not offered on request here")
+@pytest.mark.skipif(not pages.enabled(), reason="transparent huge pages are not offered on request here")
 @pytest.mark.parametrize("name", ["lone softmax (ATen, out=)", "pointwise kernel"])
 def test_big_outputs_are_advised(name: str) -> None:
     fn, make, _ = CASES[name]
@@ -109,22 +110,35 @@ def test_the_safe_variant_never_advises() -> None:
     outs = program(x)
     for got, want in zip(outs, _pointwise(x.detach())):
         torch.testing.assert_close(got.detach(), want)
-    assert _advises(program) == pages.ENABLED
+    assert _advises(program) == pages.enabled()
     assert not any(v is pages.empty_huge for v in program._safe.__globals__.values())
 
 
 def test_turned_off_by_the_environment() -> None:
     env = dict(os.environ, FUSEG_HUGE_PAGES="0", PYTHONPATH=_ROOT)
-    out = subprocess.run([sys.executable, "-c", "import runtime.storage.pages as p; print(p.ENABLED)"],
+    out = subprocess.run([sys.executable, "-c", "import runtime.storage.pages as p; print(p.enabled())"],
                          env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_turned_off_by_the_option() -> None:
+    """The ``huge_pages`` runtime option (Note [options in one place]): a program compiled with it
+    off advises nothing, where one compiled beside it would."""
+    fn, make, big = CASES["pointwise kernel"]
+    inputs = make()
+    plan = apply_aliases(segment(capture(fn, inputs)), "post")
+    with options.use(huge_pages=False):
+        assert not pages.enabled()
+        off = runtime.compile(plan, backend="cpp")
+    assert not _advises(off)
+    assert _advises(runtime.compile(plan, backend="cpp")) == (big and pages.OFFERED)
 
 
 def test_the_mode_is_read_from_the_kernel() -> None:
     mode = pages.thp_mode()
     assert mode in (None, "always", "madvise", "never")
-    assert pages.ENABLED == (mode == "madvise" and sys.platform.startswith("linux")
-                             and os.environ.get("FUSEG_HUGE_PAGES", "1") != "0")
+    assert pages.OFFERED == (mode == "madvise" and sys.platform.startswith("linux"))
+    assert pages.enabled() == (pages.OFFERED and options.current().huge_pages)
 
 
 def test_random_ops_keep_their_own_allocation() -> None:

@@ -8,8 +8,8 @@ that is already a half (a load, a view of one, a cat of them, an earlier roundin
 conversion round trip. On the CPU the conversions are software (a bf16 rounding is 5 integer
 operations and a select, an fp16 one about 20), so a RoPE block's element paid ~10 of them.
 Note [fp16 on the CPU] (ctypes_.py) converts fp16 with F16C where the CPU has it.
-``FUSEG_CUDA_TUNING=0`` (read when a kernel is lowered) with ``FUSEG_SOFT_HALF=1`` (read when its
-source is made) gives the kernels as they were before both, so both
+The runtime options ``cuda_tuning=False`` (read when a kernel is lowered) with ``soft_half=True``
+(read when its source is made) give the kernels as they were before both, so both
 programs are built in one process and timed interleaved with eager: per round and case, eager,
 "before" and "after" each run a block of calls, the median block per call is kept, ratios are per
 round, then the median over rounds. Outputs are compared with eager's: bit for bit, and the largest
@@ -20,7 +20,6 @@ and after alike).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 import warnings
@@ -52,19 +51,11 @@ def _cases() -> list[tuple[str, object]]:
 def _program(fn, inputs, tuning: str):
     import runtime
     from alias import apply_aliases
+    from runtime import options
     from segmenter import capture, segment
 
-    saved = {k: os.environ.get(k) for k in ("FUSEG_CUDA_TUNING", "FUSEG_SOFT_HALF")}
-    os.environ["FUSEG_CUDA_TUNING"] = tuning
-    os.environ["FUSEG_SOFT_HALF"] = "1" if tuning == "0" else "0"
-    try:
+    with options.use(cuda_tuning=tuning != "0", soft_half=tuning == "0"):
         return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
 
 
 def _block(call, calls: int) -> float:

@@ -11,12 +11,13 @@ Note [cumsum kernels] in runtime/codegen/opaque/scan.py).
 A backend that cannot run here (not installed, another device, no compiler) or declines a
 segment (an op the generator does not take...) is passed over, with the reason recorded in
 ``program.passed_over``; torch takes every segment. ``backend="name"`` asks for one backend
-(torch still takes what it declines); ``FUSEG_DISABLE=cpp,cupy`` passes over backends by name.
+(torch still takes what it declines); the ``disable`` runtime option (``FUSEG_DISABLE=cpp,cupy``)
+passes over backends by name.
 """
 
 from __future__ import annotations
 
-import os
+from runtime.options import current
 
 from .base import Backend, BuildContext, SegmentLaunch
 from .cpp import CppBackend
@@ -35,7 +36,7 @@ def backends_for(device_type: str, forced: str = "auto") -> list[tuple[Backend, 
     names = [b.name for b in BACKENDS]
     if forced != "auto" and forced not in names:
         raise ValueError(f"unknown backend {forced!r} (known: auto, {', '.join(names)})")
-    disabled = set(os.environ.get("FUSEG_DISABLE", "").split(","))
+    disabled = current().disable
     out = []
     for b in BACKENDS:
         if forced != "auto" and b.name not in (forced, "torch"):
@@ -44,7 +45,7 @@ def backends_for(device_type: str, forced: str = "auto") -> list[tuple[Backend, 
             continue
         why = b.unavailable(device_type)
         if why is None and b.name in disabled and b.name != "torch":
-            why = "disabled by FUSEG_DISABLE"
+            why = "disabled (the disable option, FUSEG_DISABLE)"
         if forced == b.name and why is not None:
             raise ValueError(f"backend {forced!r} is not available: {why}")
         out.append((b, why))

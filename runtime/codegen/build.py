@@ -243,8 +243,10 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
                     # it declines (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py)
 
             groups = _groups(missing, min(len(missing), jobs or os.cpu_count() or 1))
+            # (each in a copy of this context: the runtime options a source is made with, Note [options in one place])
+            context = contextvars.copy_context()
             with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:  # the compilers run as processes
-                list(pool.map(build_group, groups))
+                list(pool.map(lambda group: context.copy().run(build_group, group), groups))
 
     def build(digest: str, k: Kernel, src: str) -> Callable[..., None] | Declined:
         if digest in declined:

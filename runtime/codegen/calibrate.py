@@ -67,6 +67,8 @@ from typing import Any
 
 import torch
 
+from runtime.options import current
+
 from ..machine.compiler import _compile_into, _cpu_build_key, _sound, cache_dir, cpu_compiler, machine, write_whole
 from . import thresholds
 from .thresholds import Thresholds
@@ -217,7 +219,7 @@ _PREPARE_LOCK = threading.Lock()
 def prepare() -> None:
     """Where the thresholds are neither set nor kept, start building the library in the
     background (the first ``measure`` waits for it)."""
-    if os.environ.get("FUSEG_THREAD_THRESHOLDS") or torch.get_num_threads() <= 1 or cpu_compiler() is None:
+    if current().thread_thresholds or torch.get_num_threads() <= 1 or cpu_compiler() is None:
         return
     if _kept(torch.get_num_threads()) is not None:
         return

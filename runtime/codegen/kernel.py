@@ -4,13 +4,13 @@ builder (``Body``) shared by the pointwise lowering (runtime/codegen/lowering/lo
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from runtime.options import current
 from segmenter import Node
 from segmenter.ir.ops import resolve_op
 
@@ -185,15 +185,16 @@ def calls_inlined_math(body: str) -> bool:
 # for a before/after measurement in one run (perf/gpu_validate.sh). Read when a kernel is lowered
 # (EPT) or its source made (the rest).
 def cuda_tuning() -> bool:
-    """See Note [CUDA launch shapes]: on unless FUSEG_CUDA_TUNING=0."""
-    return os.environ.get("FUSEG_CUDA_TUNING", "1") != "0"
+    """See Note [CUDA launch shapes]: on unless the ``cuda_tuning`` option is off (FUSEG_CUDA_TUNING=0)."""
+    return current().cuda_tuning
 
 
 def soft_half(target: str) -> str:
     """``#define FUSEG_SOFT_HALF`` where the software fp16/bf16 conversions are asked for: on CUDA
-    with FUSEG_CUDA_TUNING=0, on either target with FUSEG_SOFT_HALF=1 (Note [fp16 on the CPU] in
-    runtime/codegen/source/ctypes_.py); else nothing. A before/after switch: the source, hence the cache key, changes."""
-    if (target == "cuda" and not cuda_tuning()) or os.environ.get("FUSEG_SOFT_HALF") == "1":
+    with FUSEG_CUDA_TUNING=0, on either target with the ``soft_half`` option (Note [fp16 on the CPU] in
+    runtime/codegen/source/ctypes_.py; what a CPU without F16C runs, for its tests); else nothing. The source, hence the
+    cache key, changes."""
+    if (target == "cuda" and not cuda_tuning()) or current().soft_half:
         return "#define FUSEG_SOFT_HALF\n"
     return ""
 

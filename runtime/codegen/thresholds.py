@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+
+from runtime.options import current as current_options
+from runtime.options import parse_thread_thresholds
 
 from .source.gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 
@@ -87,7 +89,6 @@ class Thresholds:
 #: there); a kernel then runs beside others exactly where it has no threads
 UNMEASURED = Thresholds(1 << 15, 1 << 22, "unmeasured", 8)
 
-_ENV = "FUSEG_THREAD_THRESHOLDS"
 _LOCK = threading.Lock()
 _STATE: dict[str, Thresholds | None] = {"pinned": None}
 #: torch's thread count -> the thresholds resolved for it in this process
@@ -100,18 +101,11 @@ def parse(text: str) -> Thresholds:
     """``FUSEG_THREAD_THRESHOLDS``'s value, positive integers: "LOOP,MACS", "LOOP,MACS,COSTLY",
     "LOOP,MACS,COSTLY,BESIDE_LOOP,BESIDE_MACS" or that and ",PACK_ROWS,NN_PACK_ROWS" (what is not
     given: ``UNMEASURED``'s, the beside thresholds equal to LOOP and MACS)."""
-    parts = text.split(",")
-    try:
-        if len(parts) not in (2, 3, 5, 7):
-            raise ValueError
-        values = [int(p.strip()) for p in parts]
-    except ValueError:
-        raise ValueError(f"{_ENV}={text!r}: expected LOOP,MACS[,COSTLY[,BESIDE_LOOP,BESIDE_MACS[,PACK_ROWS,"
-                         "NN_PACK_ROWS]]], positive integers (elements of a loop's work and multiply-adds of a "
-                         "product from which threads share them; what a call of exp costs in plain ops; below "
-                         "what a kernel may run beside others; rows from which a product copies B first)") from None
-    if min(values) <= 0:
-        raise ValueError(f"{_ENV}={text!r}: every value must be positive")
+    return from_values(parse_thread_thresholds(text))
+
+
+def from_values(values: tuple[int, ...]) -> Thresholds:
+    """The thresholds 2, 3, 5 or 7 positive integers give (``parse``'s values; the ``thread_thresholds`` option)."""
     costly = values[2] if len(values) >= 3 else UNMEASURED.costly_call
     beside = values[3:5] if len(values) >= 5 else [0, 0]
     pack = values[5:7] if len(values) == 7 else [UNMEASURED.pack_rows, UNMEASURED.nn_pack_rows]
@@ -138,9 +132,9 @@ def resolve(threads: int) -> Thresholds:
     """The thresholds for ``threads`` threads, resolved afresh (``current`` keeps the first for
     the process): the setting, else the kept ones, else measured now and kept, else
     ``UNMEASURED``."""
-    text = os.environ.get(_ENV)
-    if text:
-        return parse(text)
+    values = current_options().thread_thresholds
+    if values:
+        return from_values(values)
     if threads <= 1:
         return UNMEASURED  # (no loop is shared among one thread: the thresholds decide nothing)
     measurer = _MEASURER["kept_or_measured"]

@@ -34,6 +34,8 @@ import warnings
 
 import torch
 
+from runtime.options import current, default_cache_dir
+
 from . import pause
 
 __all__ = ["CPU_FLAGS", "CompileError", "Declined", "cache_dir", "compilations", "cpu_compiler", "machine",
@@ -59,8 +61,7 @@ _STALE_BUILD_S = 3600
 
 
 def _configured_dir() -> str:
-    return os.environ.get("FUSEG_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuseg", "kernels")
+    return current().cache_dir or default_cache_dir()
 
 
 def cache_dir() -> str:
@@ -129,7 +130,7 @@ def _cpu_build_key() -> str:
 
 
 def cpu_compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    return current().cxx or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
 def _record(lib_path: str) -> str:

@@ -17,7 +17,7 @@ outermost), fuseg's own making of a program at a graph's first call (import, pla
 program), and each call of a program while background builds are under way (Note [calls first
 while kernels build] in runtime/machine/threads.py; not under its ``"cores"`` policy, FUSEG_BUILD_THREADS=1,
 where the compilers have cores of their own and run on, nor past its bound). Builds on the caller's thread (``low_priority=False``: the caller waits for them) are
-never paused. FUSEG_PAUSE_BUILDS=0 turns the pause off (perf.dynamic_shapes' ``fuseg-unpaused``
+never paused. The ``pause_builds`` runtime option (FUSEG_PAUSE_BUILDS=0) turns the pause off (perf.dynamic_shapes' ``fuseg-unpaused``
 runs that way, for the before/after in one record).
 
 Nothing can stay stopped: a hold that is never released (a callback that is not paired, an
@@ -39,6 +39,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from runtime.options import current
+
 __all__ = ["MAX_HOLD_S", "enabled", "held", "hold", "holding", "release", "release_all", "run_compiler"]
 
 #: seconds after which a hold is overridden (a leaked one must not stop the builds for good)
@@ -51,8 +53,8 @@ _CAN_STOP = hasattr(os, "killpg") and hasattr(signal, "SIGSTOP")
 
 
 def enabled() -> bool:
-    """The pause is on unless FUSEG_PAUSE_BUILDS=0."""
-    return os.environ.get("FUSEG_PAUSE_BUILDS", "1") != "0"
+    """The pause is on unless the ``pause_builds`` option is off (FUSEG_PAUSE_BUILDS=0)."""
+    return current().pause_builds
 
 
 def holding() -> bool:

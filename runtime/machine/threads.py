@@ -88,6 +88,8 @@ from typing import Any
 
 import torch
 
+from runtime.options import current
+
 __all__ = ["HOLD_CALLS_S", "POLICIES", "at_own_threads", "background_jobs", "beside_builds", "builds_ended",
            "builds_started", "cores", "on_builds_ended", "overdue", "policy", "register", "reserving", "use_policy", "way_now"]
 
@@ -112,7 +114,7 @@ def policy() -> str:
     chosen = _CHOSEN["policy"]
     if chosen is not None:
         return chosen
-    return "cores" if os.environ.get("FUSEG_BUILD_THREADS", "0") == "1" else "calls-first"
+    return "cores" if current().build_threads else "calls-first"
 
 
 def use_policy(name: str | None) -> None:

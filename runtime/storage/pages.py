@@ -13,7 +13,8 @@ torch's deleter frees it; resizable, picklable): only the pages under it differ.
 hint: where the kernel has no huge page free it falls back to small pages (with ``defrag`` set to
 ``madvise`` it first tries to compact memory, which can stall a fault on a fragmented host). Only
 the fast variant advises (Note [fast and safe programs]), only on the CPU, and only for buffers
-whose size is known when the program is compiled; ``FUSEG_HUGE_PAGES=0`` turns it off. Under
+whose size is known when the program is compiled; the ``huge_pages`` runtime option
+(``FUSEG_HUGE_PAGES=0``) turns it off. Under
 ``always`` the kernel already backs aligned regions with huge pages (nothing to advise); under
 ``never``, or off Linux, nothing is done.
 """
@@ -21,12 +22,12 @@ whose size is known when the program is compiled; ``FUSEG_HUGE_PAGES=0`` turns i
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 
 import torch
 
 from . import layout
+from ..options import current
 
 __all__ = ["HUGE_MIN", "empty_huge", "empty_sized", "thp_mode", "wants_huge"]
 
@@ -60,13 +61,19 @@ def _madvise_fn():  # noqa: ANN202 - a ctypes function or None
 
 
 _MADVISE = _madvise_fn()
-ENABLED = _MADVISE is not None and thp_mode() == "madvise" and os.environ.get("FUSEG_HUGE_PAGES", "1") != "0"
+#: whether this machine advises on request (the kernel's mode read once, at import)
+OFFERED = _MADVISE is not None and thp_mode() == "madvise"
+
+
+def enabled() -> bool:
+    """Whether big CPU buffers are advised now: offered here, and the ``huge_pages`` option on."""
+    return OFFERED and current().huge_pages
 
 
 def wants_huge(nbytes: int, device: torch.device, fast: bool) -> bool | None:
     """Whether a program variant allocates a buffer of ``nbytes`` with ``empty_huge``; None where
     ``nbytes`` is a symbolic size: ``empty_sized`` decides at the call (no condition of the plan)."""
-    if not (ENABLED and fast and device.type == "cpu"):
+    if not (enabled() and fast and device.type == "cpu"):
         return False
     if isinstance(nbytes, torch.SymInt):
         return None

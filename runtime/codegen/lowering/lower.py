@@ -22,11 +22,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import os
 import re
 
 import torch
 
+from runtime.options import current
 from segmenter import FusionGraph, Node, Segment, SegmentKind
 from segmenter.ir.graph import ValueRef, view_roots
 from segmenter.ir.symbolic import is_symbolic
@@ -81,7 +81,7 @@ class _Lowerer:
         self.regs: dict[tuple[str, int], str] = {}  # (node, output) -> row variable
         self.in_place = in_place  # node name -> graph input it writes
         self.row: Row | None = None
-        self.cache_body: Body | None = None  # the pass body whose loads go through the row cache
+        self.cache_body: Body | None = None  # the pass body whose loads are kept in row registers
         self.cache_fill = False  # whether a load not cached yet is added to it (reduction passes)
         self.row_cache: dict[tuple[str, str], str] = {}
         self.cache_decls: list[str] = []
@@ -137,22 +137,20 @@ class _Lowerer:
         expr = load(p.dtype, f"{p.name}[{off}]")
         if b is not self.cache_body:
             return expr
-        # a row kernel's pass at the top of its body: each thread keeps the elements it reads in
-        # registers (Note [row cache] in rows.py), so a later pass does not read them again
+        # a row kernel's pass at the top of its body: each CUDA thread keeps the elements it reads
+        # in registers (Note [row registers] in rows.py), so a later pass does not read them again
         key = (p.name, off)
         arr = self.row_cache.get(key)
         if arr is None:
             if not self.cache_fill:
                 return expr
-            if self.slots and (len(self.row_cache) + 1) * self.slots > ROW_REGISTERS:
+            if (len(self.row_cache) + 1) * self.slots > ROW_REGISTERS:
                 return expr  # Note [row registers] in rows.py: past its budget, read again
             arr = self.row_cache[key] = self.fresh("k")
-            decl, fill = f"    {compute_type(p.dtype)} {arr}[{self.slots or 'FUSEG_EPT'}];", f"{b.indent}{arr}[it] = {expr};"
-            if self.slots:  # on CUDA only: the CPU loop reads memory as before
-                decl, fill = f"#ifdef __CUDACC__\n{decl}\n#endif", f"#ifdef __CUDACC__\n{fill}\n#endif"
-            self.cache_decls.append(decl)
-            b.lines.append(fill)
-        return f"FUSEG_ON_CPU({expr}, {arr}[it])" if self.slots else f"{arr}[it]"
+            # on CUDA only: the CPU loop reads memory as before
+            self.cache_decls.append(f"#ifdef __CUDACC__\n    {compute_type(p.dtype)} {arr}[{self.slots}];\n#endif")
+            b.lines.append(f"#ifdef __CUDACC__\n{b.indent}{arr}[it] = {expr};\n#endif")
+        return f"FUSEG_ON_CPU({expr}, {arr}[it])"
 
     def node_value(self, b: Body, node: Node, k: int, idx: list[str]) -> str:
         op = node.op
@@ -560,8 +558,7 @@ def check_kind(seg: Segment) -> None:
 
 
 def _row_block(R: int) -> int:
-    """A row kernel's block on CUDA: the row rounded up to whole warps, from 32 to 512 threads
-    (FUSEG_ROW_BLOCK: a multiple of 32 from 32 to 1024, for sweeps).
+    """A row kernel's block on CUDA: the row rounded up to whole warps, from 32 to 512 threads.
 
     Note [a row's block]: for a row of symbolic length the block is one expression,
     ``min(512, max(32, 32 * ceil(R / 32)))``, computed at each launch like the grid, so it is no
@@ -571,11 +568,6 @@ def _row_block(R: int) -> int:
     over the batch's tokens, made a new plan (0.4-0.6 s, no compiler run, on the CPU and on an H100)
     for a batch of 16-token sequences, seen before the graph was dynamic. The block is not in a
     symbolic kernel's source (it reads ``blockDim.x``: Note [CUDA launch shapes])."""
-    forced = int(os.environ.get("FUSEG_ROW_BLOCK", "0"))
-    if forced:
-        if forced % 32 or not 32 <= forced <= 1024:
-            raise Declined(f"FUSEG_ROW_BLOCK={forced}: a multiple of 32 from 32 to 1024 is needed")
-        return forced
     return smin(512, smax(32, (R + 31) // 32 * 32))
 
 
@@ -648,8 +640,8 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
         for shape, ps in by_shape.items():
             loops.append(_pointwise_loop(lw, shape, ps, stores, "  "))
         R = row.R
-        # 512 threads: on an H100, layer/RMS norm over rows of 4096 ran 1.3-1.7x faster than with 1024, softmax the same (FUSEG_ROW_BLOCK
-        # sweep, perf/results/nvidia-h100/gpu_row_block_sweep_h100.json)
+        # 512 threads: on an H100, layer/RMS norm over rows of 4096 ran 1.3-1.7x faster than with 1024, softmax the same (a sweep of
+        # forced blocks, a switch since removed: perf/results/nvidia-h100/gpu_row_block_sweep_h100.json)
         block = _row_block(R)
         rows_body = row_loop(lw, row, full, rowouts, stores, block)
         if takes_columns(row):  # Note [column passes]: on the CPU, a tile of rows per thread
@@ -812,9 +804,10 @@ def _broadcast_dim(lw: _Lowerer, loop: str, shape: tuple[int, ...], idx_vars: li
                    ept: int) -> tuple[int, int] | None:
     """See Note [elements along a broadcast dim]: the dim a CUDA thread's elements run along and how
     many it takes, or None."""
-    if ept == 1 or os.environ.get("FUSEG_BCAST_EPT", "1") == "0" or not all(type(n) is int for n in shape):
+    opts = current()
+    if ept == 1 or not opts.bcast_ept or not all(type(n) is int for n in shape):
         return None
-    whole = os.environ.get("FUSEG_BCAST_WHOLE", "1") != "0"
+    whole = opts.bcast_whole
     dims = [d for d, v in enumerate(idx_vars) if v != "0"]
     offsets = {off for _, off, lp in lw.loads if lp == loop}
     uses = {off: {d for d in dims if re.search(rf"\b{idx_vars[d]}\b", off)} for off in offsets}

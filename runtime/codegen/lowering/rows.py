@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from dataclasses import dataclass, replace
 
 import torch
 
+from runtime.options import current
 from segmenter import Node
 
 from ..kernel import CONST, LINEAR_VIEWS, Body, Param, bind, cuda_tuning, norm_dim, parallel_if, store_output
@@ -358,7 +358,7 @@ EXP_SCRATCH_BYTES = 64 * 1024
 # memory; softmax keeps its exps there as the CPU keeps them in its row array (Note [softmax
 # keeps its exps]): one exp per element instead of two. The H100 runs had softmax at 4096x4096
 # 1.30-1.33x a copy of its bytes, with three global reads and two exps per element.
-# The old row cache (Note [row cache], FUSEG_ROW_CACHE=1) did the same with a ``break`` out of
+# The old row cache (Note [row cache], removed) did the same with a ``break`` out of
 # each iteration past the row's end, and was slower: this one has no exit, so every load of a
 # pass can be issued before the first is used. Registers: at most ROW_REGISTERS values per
 # thread in these arrays (a load past that budget is read again, as before); ptxas reports no
@@ -369,8 +369,8 @@ ROW_REGISTERS = 32
 
 
 def row_registers() -> bool:
-    """See Note [row registers]: on unless FUSEG_ROW_REGS=0."""
-    return os.environ.get("FUSEG_ROW_REGS", "1") != "0"
+    """See Note [row registers]: on unless the ``row_regs`` option is off (FUSEG_ROW_REGS=0)."""
+    return current().row_regs
 
 
 def _identity(combine: str, ct: str) -> str:
@@ -387,25 +387,24 @@ def _identity(combine: str, ct: str) -> str:
 
 
 def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict, block: int) -> str:
-    """Note [row cache]: where a thread handles at most 8 elements of a row (R <= 8 * block), the
-    passes are loops of FUSEG_EPT iterations (ceil(R / block) on CUDA, R on the CPU, whose one
-    thread takes the whole row) and the inputs the reduction passes read are kept per thread in
-    arrays indexed by the iteration: later passes and the final write read registers, not memory.
-    Only loads at the top of a pass body are cached (never one inside a cat/pad branch).
-    Off unless FUSEG_ROW_CACHE=1: it made the H100 runs slower, not faster (see below)."""
+    """The loop over a segment's rows, each row's reduction passes and its writes (one block per
+    row on CUDA, one thread per row on the CPU).
+
+    Note [row cache]: a row cache kept the inputs of the reduction passes per thread in arrays
+    indexed by an iteration that ``break`` out past the row's end (R <= 8 * block). Measured
+    slower on an H100 (softmax-4k 0.065 -> 0.080 ms, layer-norm-4k 0.113 -> 0.177;
+    perf/results/nvidia-h100/gpu_row_cache_h100.json): the arrays were not kept in registers. It
+    was off by default behind a switch and went with it (issue 65); Note [row registers] is what
+    keeps a row's values now."""
     O, inner = row.O, row.I  # noqa: E741
     R = row.R
-    # off by default: measured slower on an H100 (softmax-4k 0.065 -> 0.080 ms, layer-norm-4k 0.113 ->
-    # 0.177; perf/results/nvidia-h100/gpu_row_cache_h100.json): the arrays are not kept in registers as hoped
-    # (the switch first: the comparison of a symbolic row would be a condition of the plan)
-    cached = os.environ.get("FUSEG_ROW_CACHE", "0") == "1" and R <= 8 * block
     # See Note [CUDA launch shapes]: with the block a constant of the source, a pass over a row of a
     # known length has a known trip count per thread; up to 16, it is written as such (unrolled)
     counted = (-(-R // block) if cuda_tuning() and isinstance(R, int) and isinstance(block, int)
                and R <= 16 * block else 0)
     # See Note [row registers]: where the block divides the row, each thread's iterations need no guard
     # and the values its reduction passes read are kept in registers on CUDA
-    lw.slots = counted if counted and not cached and R % block == 0 and row_registers() else 0
+    lw.slots = counted if counted and R % block == 0 and row_registers() else 0
     lines = []
     lines.append(f"  for (FUSEG_I row = FUSEG_BLOCK; row < {max(math.prod(O), 0)}; row += FUSEG_NBLOCKS) {{")
     outer = []
@@ -438,11 +437,6 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
                          f"    for (FUSEG_I j = {start}; j < {end}; j += FUSEG_BLOCK_DIM) {{",
                          "#endif"])
             lw.cache_body = b
-        elif cached:
-            head.append("    FUSEG_UNROLL for (int it = 0; it < FUSEG_EPT; ++it) {")
-            head.append("      const FUSEG_I j = FUSEG_THREAD + (FUSEG_I)it * FUSEG_BLOCK_DIM;")
-            head.append(f"      if (j >= {R}) break;")
-            lw.cache_body = b
         elif counted:  # Note [CUDA launch shapes]: a pass of a known trip count on CUDA, unrolled
             head.extend(["#ifdef __CUDACC__",
                          f"    FUSEG_UNROLL for (int it = 0; it < {counted}; ++it)"
@@ -459,8 +453,6 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         """Note [vectorized row passes]: on the CPU a pass over a row is one loop with no dependence
         between iterations but its reduction, so it is marked ``omp simd`` (the sums reassociate
         into vector lanes, as ATen's vectorized CPU reductions do; max/min keep their NaN rule)."""
-        if cached:
-            return head
         return ["#ifndef __CUDACC__", f"#pragma omp simd{clause}", "#endif", *head]
 
     def reduce_pass(ct: str, combine: str, element) -> str:
@@ -470,7 +462,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         acc, res = lw.fresh("acc"), lw.fresh("r")
         # (Note [sums in chunks]) a float sum over a long row adds chunks' partials, compensated
         length = cascade.row_chunk_length(R, inner)
-        chunk = not cached and combine == "fuseg_sum" and acc_ct in ("float", "double") and length is not None
+        chunk = combine == "fuseg_sum" and acc_ct in ("float", "double") and length is not None
         b, idx, head = j_loop(lw.fresh("P"), chunk)
         lw.cache_fill = True
         e = element(b, idx)
@@ -489,7 +481,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             lines.append(f"    {acc} = fuseg_sum_total<{acc_ct}>({acc}, {comp});")
             lines.append(f"    const {acc_ct} {res} = fuseg_block_reduce<{acc_ct}, {combine}<{acc_ct}>>({acc}, ({acc_ct})({ident}));")
             return res
-        flagged = not cached and acc_ct in ("float", "double") and combine in ("fuseg_max", "fuseg_min")
+        flagged = acc_ct in ("float", "double") and combine in ("fuseg_max", "fuseg_min")
         if flagged:  # Note [max without a NaN chain]
             nan, x = lw.fresh("nan"), lw.fresh("x")
             lines.extend(["#ifndef __CUDACC__", f"    int {nan} = 0;", "#endif"])
@@ -519,7 +511,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
 
     def scratch(ct: str) -> str | None:
         """See Note [softmax keeps its exps]: the per-thread array of a row's exps, or None."""
-        if cached or R * (8 if ct == "double" else 4) > EXP_SCRATCH_BYTES:
+        if R * (8 if ct == "double" else 4) > EXP_SCRATCH_BYTES:
             return None
         name = lw.fresh("e")
         if lw.slots:  # Note [row registers]: a CUDA thread keeps its own iterations' exps
@@ -552,11 +544,8 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     lines.append("  }")
     lw.cache_body = None
     head = []  # what stands before the row loop
-    if lw.cache_decls:
+    if lw.cache_decls:  # (Note [row registers]: only with ``lw.slots``)
         lines[decl_at:decl_at] = lw.cache_decls
-        if not lw.slots:
-            epr = f"(({R} + {block} - 1) / {block})"
-            head.append(f"#ifdef __CUDACC__\n#define FUSEG_EPT {epr}\n#else\n#define FUSEG_EPT {R}\n#endif")
     lw.slots = 0
     threads = parallel_if(math.prod(row.F), lines)
     if threads is not None and math.prod(O) > 1:  # rows shared among CPU threads
