@@ -26,8 +26,8 @@ import sys
 
 import torch
 
-from . import layout
 from ..options import current
+from . import layout
 
 __all__ = ["HUGE_MIN", "empty_huge", "empty_sized", "thp_mode", "wants_huge"]
 
