@@ -409,8 +409,8 @@ def _summary_cell(speeds: list[Speed]) -> str:
             f"{pair([s.eager for s in speeds], [s.inductor for s in speeds], max)} ({len(speeds)} models)")
     windows = [s for s in speeds if s.window_eager is not None or s.window_inductor is not None]
     if windows:
-        text += (f"; first {windows[0].window_s:g} s: "
-                 f"{pair([s.window_eager for s in windows], [s.window_inductor for s in windows], statistics.median)}")
+        we, wi = [s.window_eager for s in windows], [s.window_inductor for s in windows]
+        text += f"; first {windows[0].window_s:g} s: {pair(we, wi, statistics.median)}, worst {pair(we, wi, max)}"
     return text
 
 

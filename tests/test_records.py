@@ -103,9 +103,9 @@ def test_broken_json_a_stray_file_and_a_missing_machine_are_refused(tmp_path):
 
 def test_a_table_field_missing_is_named(tmp_path):
     results = _copy(tmp_path)
-    victim = results / "amd-epyc-zen4" / "train_step_cpu.json"
+    victim = results / "amd-epyc-zen4" / "train_step_protocol_cpu.json"
     _edit_record(victim, lambda d: d["summary"].pop("median_fuseg_over_eager"))
-    with pytest.raises(records.RecordError, match=r"amd-epyc-zen4/train_step_cpu.json: .*median_fuseg_over_eager"):
+    with pytest.raises(records.RecordError, match=r"amd-epyc-zen4/train_step_protocol_cpu.json: .*median_fuseg_over_eager"):
         records.table(records.load(results))
 
 
