@@ -297,7 +297,12 @@ def test_programs_match_eager_whatever_the_thresholds(name, n) -> None:
             if name == "threaded-alone-beside-in-groups" and fn is _block:
                 assert any(chain.groups for chain in prog.chains)
             for _ in range(12):
-                assert_matches_eager(fn, inputs, prog.plan.graph, program=prog, atol=1e-4, rtol=1e-4)
+                # (atol grows with n: _block's column sum adds n products whose partial sums reach
+                # thousands at n=200, so float32 rounding alone is ~2e-4 absolute, eager's own
+                # ~1.3e-4 against float64; a column whose sum lands near 0 then failed 1e-4 now and
+                # again: in CI twice in ~30 runs, with 2.1e-4 against eager)
+                assert_matches_eager(fn, inputs, prog.plan.graph, program=prog, atol=1e-4 * max(1.0, n / 24),
+                                     rtol=1e-4)
                 assert torch.get_num_threads() == threads
 
 
