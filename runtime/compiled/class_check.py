@@ -34,8 +34,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from .. import autotune
 from ..backends.at_call import ChosenAtCall
 from ..emit.wrapper import Code
@@ -98,7 +96,7 @@ class ClassCheck:
 
     def _choose(self, bits: tuple[int, ...]) -> Callable[..., Any]:
         """The way of a class met for the first time: kept, tried, or (not chosen now) the kernels'."""
-        if (autotune.policy() != "measure" or torch.are_deterministic_algorithms_enabled() or threads.busy()
+        if (not trial.checking(self.program) or threads.busy()
                 or not all(launch.settled(bits) for launch in self.at_call)):
             return self.ways["kernel"]
         key = self.key(bits)

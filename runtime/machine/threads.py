@@ -90,6 +90,8 @@ import torch
 
 from runtime.options import current
 
+from . import pause
+
 __all__ = ["HOLD_CALLS_S", "POLICIES", "at_own_threads", "background_jobs", "beside_builds", "builds_ended",
            "builds_started", "cores", "on_builds_ended", "overdue", "policy", "register", "reserving", "use_policy", "way_now"]
 
@@ -191,8 +193,6 @@ def _beside(fn: Callable[..., Any], args: tuple) -> Any:
     if way == "cores":
         return _with_cores_left(fn, args)
     if way == "calls-first":
-        from . import pause
-
         with pause.held():
             return fn(*args)
     return fn(*args)
@@ -207,8 +207,6 @@ def at_own_threads() -> Iterator[None]:
     if own is None or own == now:
         yield
         return
-    from . import pause
-
     with pause.held():
         torch.set_num_threads(own)
         try:
@@ -226,7 +224,7 @@ def _wrapped(entry: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def busy() -> bool:
-    """Whether background builds hold cores now (entries run torch on the threads they leave)."""
+    """Whether background builds are under way (entries run beside them: ``way_now``)."""
     return _STATE["busy"]
 
 
