@@ -129,12 +129,22 @@ def test_the_beside_threshold_of_a_ladder(name, ladder, alone, want) -> None:
 
 # -- measured and kept ---------------------------------------------------------------------------
 
+def _skip_where_disturbed(*hows: str) -> None:
+    """A real measurement that another process disturbed is not kept (Note [a disturbed
+    measurement]; tests/test_calibration_disturbed.py): where the machine was that busy, what
+    is kept cannot be checked."""
+    if "disturbed" in hows:
+        pytest.skip("another process disturbed the measurement (Note [a disturbed measurement]): nothing kept")
+
+
 @needs_compiler
 def test_measured_then_kept_then_measured_again_when_damaged(unresolved, monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("FUSEG_THREAD_THRESHOLDS")
     monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path))
     got = calibrate.kept_or_measured(2)
-    assert got is not None and got.how == "measured"
+    assert got is not None
+    _skip_where_disturbed(got.how)
+    assert got.how == "measured"
     path = calibrate.thresholds_path(2)
     kept = json.load(open(path))
     assert kept["machine"] == autotune.machine() and kept["threads"] == 2
@@ -194,7 +204,8 @@ def test_prepare_builds_the_library_the_measurement_loads(unresolved, monkeypatc
     assert os.path.dirname(path) == build.cache_dir() and build._sound(path)
     before = build.compilations["cpu"]
     got = thresholds.current()
-    assert got.how == "measured" and build.compilations["cpu"] == before  # (the library prepared: no build)
+    # (the library prepared: no build; measured, or disturbed by another process: measured all the same)
+    assert got.how in ("measured", "disturbed") and build.compilations["cpu"] == before
     assert "build" not in calibrate._PREPARED
     calibrate.prepare()  # resolved: nothing more starts
     assert "build" not in calibrate._PREPARED
@@ -336,6 +347,7 @@ def test_a_fresh_machine_measures_once_and_keeps_them(tmp_path) -> None:
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
     first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    _skip_where_disturbed(first[0], second[0])
     assert first[0] == "measured" and second == ["kept", *first[1:]]
     assert any(n.startswith("threads-2-") for n in os.listdir(tmp_path))
 
@@ -369,11 +381,13 @@ def test_the_cli_measures_keeps_and_measures_again(unresolved, monkeypatch, tmp_
         pytest.skip("one thread: nothing is measured")
     assert main(["threads", "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
+    _skip_where_disturbed(first["how"])
     assert first["how"] == "measured" and os.path.exists(first["path"]) and first["measured"]["loop_ns"]
     assert main(["threads"]) == 0
     text = capsys.readouterr().out
     assert f"from {first['loop']} elements" in text and "kept" in text
     assert main(["threads", "--measure", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
+    _skip_where_disturbed(again["how"])
     assert again["how"] == "measured" and again["measured"] != first["measured"]  # (new medians, kept)
     assert json.load(open(first["path"]))["measured"] == again["measured"]

@@ -200,20 +200,26 @@ def _threads(measure: bool, as_json: bool) -> int:
     if measure and t.how == "kept":
         print(f"measuring on {n} threads ...", file=sys.stderr)
         t, detail = calibrate.measure(n)
-        calibrate.keep(n, t, detail)
+        calibrate.keep(n, t, detail)  # (not where it was disturbed)
+    elif t.how == "disturbed":
+        detail = calibrate.last_detail(n)
     else:
         detail = calibrate.kept_detail(n) if t.how in ("kept", "measured") else {}
     if as_json:
         print(json.dumps({"threads": n, **{k: getattr(t, k) for k in calibrate.FIELDS}, "how": t.how,
                           "path": calibrate.thresholds_path(n), "measured": detail}, indent=1))
         return 0
-    where = {"set": "set by FUSEG_THREAD_THRESHOLDS", "unmeasured": "not measured (one thread)"}.get(
-        t.how, f"{t.how}, in {calibrate.thresholds_path(n)}")
+    where = {"set": "set by FUSEG_THREAD_THRESHOLDS", "unmeasured": "not measured (one thread)",
+             "disturbed": f"disturbed (not kept): another process took the cores while they were measured "
+                          f"{detail.get('attempts', 1)} times; the unmeasured ones, and the next process "
+                          f"measures again"}.get(t.how, f"{t.how}, in {calibrate.thresholds_path(n)}")
     print(f"thread thresholds on {n} threads ({where}):")
     print(f"  a loop takes the threads from {t.loop} elements of work, a product from {t.macs} multiply-adds")
     print(f"  a kernel may run beside others below {t.beside_loop} elements, {t.beside_macs} multiply-adds")
     print(f"  an exp, tanh or erf counts as {t.costly_call} plain ops of a loop's element")
     print(f"  a product copies B first from {t.pack_rows} rows (B along k), {t.nn_pack_rows} rows (B along n)")
+    for line in detail.get("disturbed", []) if t.how == "disturbed" else []:
+        print(f"  disturbed: {line}")
     return 0
 
 

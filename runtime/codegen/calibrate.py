@@ -57,12 +57,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import dataclasses
 import hashlib
 import json
+import logging
 import os
 import statistics
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -71,9 +75,14 @@ from runtime.options import current
 
 from ..machine.compiler import _compile_into, _cpu_build_key, _sound, cache_dir, cpu_compiler, machine, write_whole
 from . import thresholds
-from .thresholds import Thresholds
+from .disturbance import disturbed, rungs_disturbed
+from .thresholds import UNMEASURED, Thresholds
 
-__all__ = ["CALLS", "FIELDS", "TIE", "keep", "kept_detail", "kept_or_measured", "measure", "prepare", "thresholds_path"]
+__all__ = ["ATTEMPTS", "CALLS", "FIELDS", "RETRY_BUDGET", "RETRY_PAUSE", "TIE", "keep", "kept_detail",
+           "kept_or_measured", "last_detail", "measure", "prepare", "thresholds_path"]
+
+#: under the ``fuseg`` logger that ``TORCH_LOGS=fuseg`` configures (Note [fuseg in torch's logs])
+log = logging.getLogger("fuseg.thresholds")
 
 #: timed pairs of calls per size (the first not counted); of the wide products, whose calls take
 #: a millisecond (their two ways 6-27% apart on the AVX-512 EPYC, far above the noise)
@@ -275,9 +284,35 @@ def _beside(ladder: list[tuple[int, float, float]], alone: int) -> int:
     return max(least, alone)
 
 
-def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
-    """Note [how the thresholds are measured], on ``threads`` of torch's: the thresholds and
-    every median they came from."""
+def _ladders_of(run: Callable[[str, int, int], tuple[float, float]], threads: int) -> dict[str, Any]:
+    """Every ladder, by ``run(name, arg, alone)``: the medians (ns) of the ladder ``name``'s two
+    ways at ``arg`` (elements, M, rows), ``alone`` the threshold its second way runs on the
+    threads from (``beside_*``); each ladder from its largest size down, each rung judged as it
+    comes (Note [a disturbed measurement]): at the first disturbed one the measuring stops, and
+    the record holds the rungs measured so far. The record: ``{name}_ns``, each ladder by size,
+    the costly call's, ``threads``."""
+    rungs = {"loop": [(1 << b, 1 << b) for b in _LOOP_BITS], "macs": [(2 * m ** 3, m) for m in _MM_SIZES],
+             "pack_rows": [(m, m) for m in _PACK_ROWS], "nn_pack_rows": [(m, m) for m in _NN_PACK_ROWS]}
+    detail: dict[str, Any] = {"threads": threads}
+    alone = {"loop": 0, "macs": 0}
+    for name in ("loop", "beside_loop", "macs", "beside_macs", "pack_rows", "nn_pack_rows"):
+        kind = name.removeprefix("beside_")
+        ladder: list[tuple[int, float, float]] = []
+        detail[f"{name}_ns"] = ladder
+        for size, arg in reversed(rungs[kind]):
+            ladder.insert(0, (size, *run(name, arg, alone[kind] if name != kind else 0)))
+            if rungs_disturbed(name, ladder, threads, alone[kind] if name != kind else None):
+                return detail
+        if name in alone:
+            alone[name] = _threshold(ladder)
+    n = 1 << 18
+    plain, costly = run("costly", n, 0)
+    return {**detail, "plain_ns_an_element": plain / n, "exp_ns_an_element": costly / n}
+
+
+def _measure_ladders(threads: int) -> dict[str, Any]:
+    """Note [how the thresholds are measured], on ``threads`` of torch's: ``_ladders_of`` the
+    library's loops and products."""
     from ..machine import pause
 
     lib = ctypes.CDLL(_built())
@@ -288,53 +323,95 @@ def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
     y, z = torch.empty(top), torch.empty(top)
     a, b = torch.rand(big * big), torch.rand(max(2 * big * big, _NN_PACK_K * _NN_PACK_N))
     c, d = torch.empty(max(2 * big * big, 128 * _NN_PACK_N)), torch.empty(2 * big * big)
-    ladders: dict[str, list[tuple[int, float, float]]] = {k: [] for k in ("loop", "beside_loop", "macs", "beside_macs",
-                                                                           "pack_rows", "nn_pack_rows")}
+    xp, wp, yp, zp = (ptr(t.data_ptr()) for t in (x, w, y, z))
+    ap, bp, cp, dp, outp = (ptr(t.data_ptr()) for t in (a, b, c, d, out))
+
+    def run(name: str, arg: int, alone: int) -> tuple[float, float]:
+        calls = CALLS
+        if name == "loop":
+            lib.fuseg_cal_loops(xp, wp, yp, n_(arg // _COLS), n_(calls), outp)
+        elif name == "beside_loop":
+            lib.fuseg_cal_loop_pairs(xp, wp, yp, zp, n_(arg // _COLS), ctypes.c_int(int(arg >= alone)), n_(calls), outp)
+        elif name == "macs":
+            lib.fuseg_cal_products(n_(arg), ap, bp, cp, n_(calls), outp)
+        elif name == "beside_macs":
+            lib.fuseg_cal_product_pairs(n_(arg), ap, bp, cp, dp, ctypes.c_longlong(alone), n_(calls), outp)
+        elif name == "pack_rows":
+            lib.fuseg_cal_packs(n_(arg), n_(_PACK_N), n_(_PACK_K), ap, bp, cp, n_(calls), outp)
+        elif name == "nn_pack_rows":
+            calls = _SLOW_CALLS
+            lib.fuseg_cal_nn_packs(n_(arg), n_(_NN_PACK_N), n_(_NN_PACK_K), ap, bp, cp, n_(calls), outp)
+        else:
+            lib.fuseg_cal_costly(xp, wp, yp, n_(arg), n_(calls), outp)
+        return _medians(out[:2 * calls])
+
     own = torch.get_num_threads()
     with pause.held():
         torch.set_num_threads(threads)
         try:
-            for bits in _LOOP_BITS:
-                lib.fuseg_cal_loops(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), n_((1 << bits) // _COLS),
-                                    n_(CALLS), ptr(out.data_ptr()))
-                ladders["loop"].append((1 << bits, *_medians(out)))
-            loop = _threshold(ladders["loop"])
-            for bits in _LOOP_BITS:
-                lib.fuseg_cal_loop_pairs(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), ptr(z.data_ptr()),
-                                         n_((1 << bits) // _COLS), ctypes.c_int(int(1 << bits >= loop)), n_(CALLS),
-                                         ptr(out.data_ptr()))
-                ladders["beside_loop"].append((1 << bits, *_medians(out)))
-            for m in _MM_SIZES:
-                lib.fuseg_cal_products(n_(m), ptr(a.data_ptr()), ptr(b.data_ptr()), ptr(c.data_ptr()), n_(CALLS),
-                                       ptr(out.data_ptr()))
-                ladders["macs"].append((2 * m ** 3, *_medians(out)))
-            macs = _threshold(ladders["macs"])
-            for m in _MM_SIZES:
-                lib.fuseg_cal_product_pairs(n_(m), ptr(a.data_ptr()), ptr(b.data_ptr()), ptr(c.data_ptr()),
-                                            ptr(d.data_ptr()), ctypes.c_longlong(macs), n_(CALLS), ptr(out.data_ptr()))
-                ladders["beside_macs"].append((2 * m ** 3, *_medians(out)))
-            for m in _PACK_ROWS:
-                lib.fuseg_cal_packs(n_(m), n_(_PACK_N), n_(_PACK_K), ptr(a.data_ptr()), ptr(b.data_ptr()),
-                                    ptr(c.data_ptr()), n_(CALLS), ptr(out.data_ptr()))
-                ladders["pack_rows"].append((m, *_medians(out)))
-            for m in _NN_PACK_ROWS:
-                lib.fuseg_cal_nn_packs(n_(m), n_(_NN_PACK_N), n_(_NN_PACK_K), ptr(a.data_ptr()), ptr(b.data_ptr()),
-                                       ptr(c.data_ptr()), n_(_SLOW_CALLS), ptr(out.data_ptr()))
-                ladders["nn_pack_rows"].append((m, *_medians(out[:2 * _SLOW_CALLS])))
-            n = 1 << 18
-            lib.fuseg_cal_costly(ptr(x.data_ptr()), ptr(w.data_ptr()), ptr(y.data_ptr()), n_(n), n_(CALLS),
-                                 ptr(out.data_ptr()))
-            plain, costly = _medians(out)
+            return _ladders_of(run, threads)
         finally:
             torch.set_num_threads(own)
+
+
+def _alone(detail: dict[str, Any]) -> dict[str, int]:
+    """The thresholds the ``beside_*`` ladders of ``detail`` ran with: its loop's and macs'."""
+    return {k: _threshold([tuple(r) for r in detail[f"{k}_ns"]]) for k in ("loop", "macs") if detail.get(f"{k}_ns")}
+
+
+def _verdict(detail: dict[str, Any], threads: int) -> list[str]:
+    """Note [a disturbed measurement] on the ladders of ``detail``, a measurement's record on
+    ``threads`` threads: what is disturbed, each in a line. Raises where it is no record."""
+    return disturbed({"threads": threads, **detail}, _alone(detail))
+
+
+def _thresholds_of(detail: dict[str, Any], how: str) -> Thresholds:
+    """The thresholds a whole measurement's record ``detail`` gives (Note [how the thresholds are measured])."""
+    ladders = {k: [tuple(r) for r in detail[f"{k}_ns"]] for k in ("loop", "beside_loop", "macs", "beside_macs",
+                                                                  "pack_rows", "nn_pack_rows")}
+    loop, macs = _threshold(ladders["loop"]), _threshold(ladders["macs"])
     # (a call of exp costs ``ratio`` plain elements; the element itself is one of them)
-    calls = max(1, round(costly / max(plain, 1e-9) - 1))
-    got = Thresholds(loop, macs, "measured", calls, _beside(ladders["beside_loop"], loop),
-                     _beside(ladders["beside_macs"], macs), _threshold(ladders["pack_rows"], 1.0),
-                     _threshold(ladders["nn_pack_rows"], 1.0))
-    detail = {**{f"{k}_ns": [list(r) for r in v] for k, v in ladders.items()},
-              "plain_ns_an_element": plain / n, "exp_ns_an_element": costly / n, "threads": threads}
-    return got, detail
+    costly = max(1, round(detail["exp_ns_an_element"] / max(detail["plain_ns_an_element"], 1e-12) - 1))
+    return Thresholds(loop, macs, how, costly, _beside(ladders["beside_loop"], loop),
+                      _beside(ladders["beside_macs"], macs), _threshold(ladders["pack_rows"], 1.0),
+                      _threshold(ladders["nn_pack_rows"], 1.0))
+
+
+#: measurements at most, the first included, while they are disturbed; the pause before each
+#: again (s); and from when a disturbed one is found, how long (s) a new one may still start
+ATTEMPTS = 3
+RETRY_PAUSE = 0.1
+RETRY_BUDGET = 1.0
+#: (the clock and the pause of the retries, replaced in tests: not time's own, which other threads use)
+_now, _sleep = time.monotonic, time.sleep
+#: thread count -> the record of this process's last measurement (``last_detail``)
+_LAST: dict[int, dict[str, Any]] = {}
+
+
+def measure(threads: int) -> tuple[Thresholds, dict[str, Any]]:
+    """Note [how the thresholds are measured], on ``threads`` of torch's: the thresholds and
+    the record they came from; where every attempt was disturbed (Note [a disturbed
+    measurement]), ``UNMEASURED``'s values as "disturbed", and the last attempt's record, its
+    ``disturbed`` lines said."""
+    attempts = 0
+    since: float | None = None
+    while True:
+        detail = _measure_ladders(threads)
+        attempts += 1
+        found = _verdict(detail, threads)
+        detail = {**detail, "attempts": attempts, **({"disturbed": found} if found else {})}
+        _LAST[threads] = detail
+        if not found:
+            return _thresholds_of(detail, "measured"), detail
+        since = _now() if since is None else since
+        if attempts >= ATTEMPTS or _now() - since >= RETRY_BUDGET:
+            return dataclasses.replace(UNMEASURED, how="disturbed"), detail
+        _sleep(RETRY_PAUSE)
+
+
+def last_detail(threads: int) -> dict[str, Any]:
+    """The record of this process's last measurement on ``threads`` threads (empty where none)."""
+    return dict(_LAST.get(threads, {}))
 
 
 # -- kept ---------------------------------------------------------------------------------------
@@ -350,19 +427,26 @@ def thresholds_path(threads: int) -> str:
     return os.path.join(cache_dir(), f"threads-{threads}-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json")
 
 
-def _kept_file(threads: int) -> dict[str, Any] | None:
+def _kept_file(threads: int, found: list[str] | None = None) -> dict[str, Any] | None:
     """The kept file for this machine and ``threads``, read; None where there is none, or it is
-    damaged or another machine's."""
+    damaged or another machine's, or its ladders were disturbed (Note [a disturbed measurement]:
+    a file kept before they were recognised; what is disturbed appended to ``found``)."""
     try:
         with open(thresholds_path(threads), encoding="utf-8") as f:
             got = json.load(f)
-        return got if got["machine"] == machine() and got["threads"] == threads else None
-    except (OSError, ValueError, KeyError, TypeError):
+        if got["machine"] != machine() or got["threads"] != threads:
+            return None
+        verdict = _verdict(dict(got.get("measured") or {}), threads)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    if verdict:
+        (found if found is not None else []).extend(verdict)
+        return None
+    return got
 
 
-def _kept(threads: int) -> Thresholds | None:
-    got = _kept_file(threads)
+def _kept(threads: int, found: list[str] | None = None) -> Thresholds | None:
+    got = _kept_file(threads, found)
     try:
         values = [int(got[k]) for k in FIELDS] if got is not None else None
     except (ValueError, KeyError, TypeError):
@@ -374,7 +458,10 @@ def _kept(threads: int) -> Thresholds | None:
 
 
 def keep(threads: int, t: Thresholds, detail: dict[str, Any]) -> None:
-    """``t`` and the medians it came from, kept as this machine's for ``threads``."""
+    """``t`` and the medians it came from, kept as this machine's for ``threads``; nothing where
+    they were disturbed (Note [a disturbed measurement]: the next process measures again)."""
+    if t.how == "disturbed" or _verdict(detail, threads):
+        return
     body = json.dumps({"machine": machine(), "threads": threads, **{k: getattr(t, k) for k in FIELDS},
                        "measured": detail})
     try:
@@ -384,7 +471,8 @@ def keep(threads: int, t: Thresholds, detail: dict[str, Any]) -> None:
 
 
 def kept_detail(threads: int) -> dict[str, Any]:
-    """The medians the kept thresholds came from (empty where none are kept)."""
+    """The medians the kept thresholds came from (empty where none are kept, or what is kept was
+    disturbed)."""
     got = _kept_file(threads)
     try:
         return dict(got["measured"]) if got is not None else {}
@@ -392,19 +480,35 @@ def kept_detail(threads: int) -> dict[str, Any]:
         return {}
 
 
+def _said(found: list[str]) -> str:
+    return "; ".join(found[:3]) + (f"; {len(found) - 3} more" if len(found) > 3 else "")
+
+
 def kept_or_measured(threads: int) -> Thresholds | None:
-    """The thresholds kept for this machine and ``threads``, else measured now and kept; None
-    where they cannot be measured (no compiler, a library that does not build or load)."""
-    got = _kept(threads)
+    """The thresholds kept for this machine and ``threads``, else measured now and kept (not
+    kept where the measurement stayed disturbed: Note [a disturbed measurement]); None where
+    they cannot be measured (no compiler, a library that does not build or load)."""
+    found: list[str] = []
+    got = _kept(threads, found)
     if got is not None:
         return got
+    if found:
+        log.info("the thread thresholds kept in %s came from a disturbed measurement (%s): measuring again",
+                 thresholds_path(threads), _said(found))
     try:
         got, detail = measure(threads)
     except Exception as e:  # noqa: BLE001 - any failure: the unmeasured thresholds, said once
         warnings.warn(f"fuseg: the thread thresholds could not be measured on this machine ({type(e).__name__}: "
                       f"{str(e)[:300]}); kernels use the unmeasured ones", stacklevel=2)
         return None
+    if got.how == "disturbed":
+        log.info("thread thresholds on %d threads: disturbed (not kept), %d measurements (%s); this process uses "
+                 "the unmeasured ones, the next measures again", threads, detail.get("attempts", 1),
+                 _said(detail.get("disturbed", [])))
+        return got
     keep(threads, got, detail)
+    log.info("thread thresholds on %d threads measured (%d measurements): %s; kept in %s", threads,
+             detail.get("attempts", 1), ", ".join(f"{k} {getattr(got, k)}" for k in FIELDS), thresholds_path(threads))
     return got
 
 
