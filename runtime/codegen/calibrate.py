@@ -20,7 +20,10 @@ kernels' own flags) times, on torch's threads (its libgomp is the one loaded):
 Each size's calls alternate the two ways, one right after the other, ``CALLS`` pairs, the order
 swapped from pair to pair, each call timed in C (``clock_gettime``, no Python between); the
 first pair is not counted, the medians are compared, and two ways within ``TIE`` of each other
-are a tie. ``loop`` and ``macs``: the smallest size from which threads were faster, there and at
+are a tie. Each ladder runs from its largest size down (the core's clock ramped up on the big
+work before the small sizes, whose calls are shortest), and each rung is judged as it comes by
+Note [a disturbed measurement] (runtime/codegen/disturbance.py): a median that another process
+made (a call waiting out its scheduler slice) stops the measuring there. ``loop`` and ``macs``: the smallest size from which threads were faster, there and at
 the next two sizes; twice the largest where they never were. ``beside_*``: a kernel may run
 beside others up to the sizes where side by side was faster (past a tie, from the first size
 after the last such win that ties or loses, there and at the next two), never below the alone
@@ -44,7 +47,20 @@ of measuring.
 What is kept: a file per machine (Note [choices by measurement]'s ``machine``: the CPU's model
 and flags, the compiler and torch) and thread count, holding the thresholds and every median
 they came from. A damaged or foreign file reads as none and is measured again; one that cannot
-be written leaves the thresholds to this process. The measuring holds the background compilers
+be written leaves the thresholds to this process. So does a file whose medians the rule finds
+disturbed (one kept before it existed: on the EPYC, ``loop`` 2^21 from threaded calls of 8-20
+ms), which is measured again. A disturbed measurement is measured again after ``RETRY_PAUSE``
+(0.1 s), up to ``ATTEMPTS`` (3) in all, a new one only within ``RETRY_BUDGET`` (1 s) of the
+first verdict; each disturbed one stops at its first disturbed rung (on the EPYC under a busy
+neighbour: the first rung, 21 pairs of calls, the threaded ones 8 ms each, about 0.2 s). Where
+every one was disturbed, nothing is kept (the next process measures again) and this process
+takes ``UNMEASURED``'s values, said as "disturbed" (the ``fuseg.thresholds`` log, ``fuseg
+threads``), not the least disturbed attempt's: those describe a machine whose other cores are
+taken, threads that never pay (twice the largest size) where the cores are free again once the
+neighbour's burst ends, and an attempt that stopped early has no figures past its ladder; the
+hand-set values held on the machines they were set on (a quiet EPYC measures 2^14 elements
+against their 2^15, 2.2 x 10^5 multiply-adds against their 2^22: products between run on one
+thread for that process). The measuring holds the background compilers
 stopped (Note [compilers paused while dynamo traces]), which would take a core from the threads.
 Its library is built once per cache dir, about a second: ``prepare`` starts that build in the
 background when dynamo first looks the backend up (runtime/dynamo.py's import), so it runs while

@@ -16,7 +16,7 @@ The rule, on each ladder's medians (size, the first way's ns, the second's), eac
 
 * a way's median at a size is disturbed where it is more than ``SLACK`` times the same way's
   median at a larger size: the same work on the same threads over fewer elements (rows, products)
-  cannot honestly take longer. Where the way ran otherwise at the larger size (one after the
+  cannot honestly take longer (the slack is for noise). Where the way ran otherwise at the larger size (one after the
   other, each on the threads from the threshold just measured: ``beside_*``'s second way), the
   threads could make the larger size faster by up to their count, so the bound is ``SLACK``
   times the threads there;
@@ -24,16 +24,18 @@ The rule, on each ladder's medians (size, the first way's ns, the second's), eac
   one way's median is disturbed where it is more than ``SLACK`` times the threads times the
   other's: no way of doing the same work is faster than another by more than its threads.
 
-On the file above the first rule finds the loop's threaded median at 2^9 803 times its median at
-2^18, the second the threaded median at 2^20 113 times one thread's; on a quiet machine's
+On the file above the first rule finds the loop's threaded median at 2^9 305 times its median at
+2^18 (at 2^17, 803 times), the second the threaded median at 2^20 113 times one thread's; on a quiet machine's
 ladders (this EPYC, all six) no median is more than 1.09 times a larger size's of the same way,
 and at the largest size the two ways are at most 1.98 times apart (a product on two threads, a
-product whose B is copied first). So ``SLACK`` = 4 leaves a margin of 2 to 4 for an honest
-machine (a clock that ramps up, a noisier CPU) and still finds a slice of 0.75 ms or more (a
-scheduler's least) landing in calls under 0.19 ms. What it cannot find: a disturbance at every
-size of a way alike but the largest, compared with nothing undisturbed (there the second rule
-finds the largest, unless the ways are within its bound), and one that moved fewer than half of
-a size's calls, which leaves the median alone.
+product whose B is copied first). So ``SLACK`` = 4 leaves a margin of 3.7 and 4 for an honest
+machine (a clock that ramps up, a noisier CPU), and a call that waits out a slice of 0.75 ms or
+more (a scheduler's least; 8-20 ms were seen here) is found wherever the same way took under
+0.19 ms at some larger size, which is all but the largest sizes of the loops and products. What
+it cannot find: a disturbance that moved fewer than half of a size's calls (it leaves the median
+alone); one that moved every size of a way alike, the largest within the second rule's bound of
+the other way (on many threads, whose bound is wide); and, in ``beside_*``, a median of the second
+way at its last size on one thread within the wider bound (it has only sizes on the threads above).
 
 Why the median stays the figure, not a low quantile or the least call: a disturbance of fewer
 than half the calls leaves the median where it was already, and one that hits most calls (the
