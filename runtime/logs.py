@@ -6,7 +6,9 @@ logging configures like its own (``TORCH_LOGS=fuseg``: INFO, ``+fuseg``: DEBUG; 
 module ``fuseg.py`` makes the name valid when torch reads the variable at import):
 - INFO: one line per program: the graph, specialized or a symbolic plan, segments, kernels,
   metadata ops, and the backend that runs each kernel segment (counted); a graph that could not
-  be planned symbolically, and why.
+  be planned symbolically, and why. On ``fuseg.thresholds`` (runtime/codegen/calibrate.py): the
+  thread thresholds measured and kept, a kept file found disturbed and measured again, or a
+  measurement that stayed "disturbed (not kept)" (Note [a disturbed measurement]).
 - DEBUG: each segment (kind, ops, backend, the backends passed over and why), each cut between
   segments with its reason, a symbolic plan's ranges and conditions, and the program's source.
 Under ``TORCH_TRACE`` each program is also written as two structured artifacts of the frame that

@@ -29,7 +29,9 @@ inside the kernels:
     current()      -> the thresholds kernels are generated with now: those set by
                       ``FUSEG_THREAD_THRESHOLDS`` (``parse``), else those kept for this machine
                       and thread count, else measured now, else, where nothing can be measured
-                      (no compiler, one thread, a library that fails), ``UNMEASURED``
+                      (no compiler, one thread, a library that fails), ``UNMEASURED``; where
+                      every measurement was disturbed by another process (Note [a disturbed
+                      measurement]), ``UNMEASURED``'s values as "disturbed", nothing kept
     pinned(t)      -> within, ``current()`` is ``t``
 
 Each kernel takes the matmul threshold it was generated with (``Kernel.parallel_macs``, and the
@@ -62,7 +64,7 @@ class Thresholds:
     among threads; ``macs``: multiply-adds of one product from which a matmul routine shares its
     panels; ``beside_loop``, ``beside_macs``: below them a kernel may run beside others (0: the
     same as ``loop``, ``macs``); ``how``: where they came from ("measured", "kept", "set",
-    "pinned", "unmeasured"); ``costly_call``: what a call of exp, tanh, erf or another libm
+    "pinned", "unmeasured", "disturbed": ``UNMEASURED``'s where the measurement stayed disturbed); ``costly_call``: what a call of exp, tanh, erf or another libm
     function costs in a loop's element, in plain ops (Note [work of a loop]); ``pack_rows``,
     ``nn_pack_rows``: rows of a product from which its matmul routine copies B first (Note
     [register tiles] in runtime/codegen/source/gemm_prelude.py)."""
