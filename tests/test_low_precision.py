@@ -76,7 +76,7 @@ def test_rope_rounds_only_what_eager_rounds(dtype, shape) -> None:
     head = C // 4  # 2 heads, 1 group: q, k, v of one head each
     fn, args = zoo._rope(B, T, 2, 1, head, head, dtype)()
     prog = runtime.compile(apply_aliases(segment(capture(fn, args)), "post"), backend="auto")
-    conv = "fuseg_bf2f(fuseg_f2bf(" if dtype == torch.bfloat16 else "fuseg_h2f(fuseg_f2h("
+    conv = "fuseg_bf_round(" if dtype == torch.bfloat16 else "fuseg_h2f(fuseg_f2h("
     loads = {m.group(1) for m in re.finditer(r"const float (t\d+) = fuseg_(?:bf2f|h2f)\(in\d+\[", "".join(
         k.body for k in prog.kernels.values()))}
     assert prog.kernels and loads
@@ -86,3 +86,66 @@ def test_rope_rounds_only_what_eager_rounds(dtype, shape) -> None:
     got, want = prog(*args), fn(*args)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+def _bf16_probe_values() -> torch.Tensor:
+    """Floats at every bf16 value, halfway between neighbours (ties both ways), one ulp either
+    side of those halfway points, subnormals, the largest floats (some round to inf), NaNs."""
+    halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    finite = halves[halves.isfinite()].double().unique()
+    mids = ((finite[1:] + finite[:-1]) / 2).float()
+    up, down = torch.nextafter(mids, torch.tensor(float("inf"))), torch.nextafter(mids, torch.tensor(-float("inf")))
+    special = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1.17e-38, 3.3895e38, 3.3961e38, 3.4028e38, -3.4028e38,
+                            float("inf"), -float("inf"), float("nan"), -float("nan")])
+    return torch.cat([halves, mids, up, down, special, torch.randn(10000) * 1e4])
+
+
+def test_bf16_round_in_float_is_bit_exact() -> None:
+    """See Note [bf16 rounding in float]: a float rounded to bf16 inside a kernel (``fuseg_bf_round``)
+    has eager's bits for every probe value, ties and NaNs included (a NaN stays a NaN)."""
+    from tests.util import compiled_post
+
+    xs = _bf16_probe_values()
+    fn = lambda x: x.to(torch.bfloat16).to(torch.float32) * 1.0  # noqa: E731
+    prog = compiled_post(fn, [xs], backend="cpp")
+    body = "".join(k.body for k in prog.kernels.values())
+    assert "fuseg_bf_round(" in body and "fuseg_f2bf(" not in body, body
+    got, want = prog(xs)[0], fn(xs)
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+
+@pytest.mark.parametrize("shape", [(4, 300), (3, 77)])
+def test_bf16_results_stored_as_their_bits_match_eager(shape) -> None:
+    """A bf16 kernel stores a value it already rounded as its top 16 bits (``fuseg_bf_bits``, no
+    second rounding), with eager's bits, at two shapes; inputs hold infs, NaNs and subnormals."""
+    from tests.util import compiled_post
+
+    torch.manual_seed(0)
+    a = torch.randn(*shape).to(torch.bfloat16)
+    b = torch.randn(*shape).to(torch.bfloat16)
+    a.view(-1)[:6] = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e-39, -1e-39, 3e38])
+    fn = lambda a, b: (a * b + a) * torch.rsqrt((a.float() * a.float()).mean(-1, keepdim=True) + 1e-6).to(a.dtype)  # noqa: E731
+    prog = compiled_post(fn, [a, b], backend="cpp")
+    body = "".join(k.body for k in prog.kernels.values())
+    assert "fuseg_bf_bits(" in body and "fuseg_f2bf(" not in body, body
+    got, want = prog(a, b)[0], fn(a, b)
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="no nvcc")
+def test_bf16_helpers_compile_for_cuda_once_per_unit() -> None:
+    """The helpers of Note [bf16 rounding in float] are defined with each kernel that calls them,
+    guarded: two such kernels in one translation unit compile with nvcc (and each alone does)."""
+    from runtime.codegen.build import nvcc_check_many
+    from tests.util import compiled_post
+
+    x = torch.randn(8, 256, dtype=torch.bfloat16)
+    one = compiled_post(lambda a, b: (a * b + a).sum(-1), [x, x], backend="cpp")
+    two = compiled_post(lambda a, b: (a - b) * 2, [x, x], backend="cpp")
+    kernels = [*one.kernels.values(), *two.kernels.values()]
+    assert len(kernels) == 2 and all("FUSEG_BF_HELPERS" in k.source("cuda") for k in kernels)
+    assert nvcc_check_many(kernels) == []

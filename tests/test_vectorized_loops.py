@@ -44,12 +44,24 @@ def _mask_any(x):
     return (x > 0).any(-1)
 
 
+def _rms_norm(x, w):  # Note [bf16 rounding in float]: its rounds and stores in the 32-bit lanes
+    return w * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def _silu_mul(a, b):
+    return torch.nn.functional.silu(a) * b
+
+
 CASES = {
     "masked softmax": (_masked_softmax, lambda: [torch.randn(64, 1024), torch.randn(1024), torch.rand(64, 1024) > 0.8]),
     "masked_fill": (_masked_fill, lambda: [torch.randn(64, 1024), torch.rand(64, 1024) > 0.5]),
     "where": (_where, lambda: [torch.rand(64, 1024) > 0.5, torch.randn(64, 1024), torch.randn(64, 1024)]),
     "float times bool, summed": (_masked_sum, lambda: [torch.randn(64, 1024), torch.rand(64, 1024) > 0.5]),
     "any of a comparison": (_mask_any, lambda: [torch.randn(64, 1024)]),
+    "bf16 RMS norm": (_rms_norm, lambda: [torch.randn(64, 1024, dtype=torch.bfloat16),
+                                          torch.randn(1024, dtype=torch.bfloat16)]),
+    "bf16 silu times": (_silu_mul, lambda: [torch.randn(64, 1024, dtype=torch.bfloat16),
+                                            torch.randn(64, 1024, dtype=torch.bfloat16)]),
 }
 
 

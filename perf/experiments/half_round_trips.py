@@ -89,7 +89,7 @@ def measure(rounds: int, calls: int) -> list[dict]:
                 per[side].append(statistics.median(_block(calls_of[side], calls) for _ in range(3)))
         ratio = [a / b for a, b in zip(per["after"], per["before"])]
         row = {"case": name, "kernels": {s: len(v) for s, v in sources.items()},
-               "round_trips": {s: sum(src.count("fuseg_bf2f(fuseg_f2bf(") + src.count("fuseg_h2f(fuseg_f2h(")
+               "round_trips": {s: sum(src.count("fuseg_bf_round(") + src.count("fuseg_h2f(fuseg_f2h(")
                                       for src in v) for s, v in sources.items()},
                "equal_eager": equal, "max_abs_diff": diff, **{f"{s}_ms": statistics.median(v) * 1e3 for s, v in per.items()},
                **{f"{s}_rounds_ms": [x * 1e3 for x in v] for s, v in per.items()},

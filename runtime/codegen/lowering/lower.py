@@ -294,7 +294,7 @@ class _Lowerer:
         if dtype == torch.float16:
             return f"fuseg_h2f(fuseg_f2h({expr}))"
         if dtype == torch.bfloat16:
-            return f"fuseg_bf2f(fuseg_f2bf({expr}))"
+            return f"fuseg_bf_round({expr})"  # Note [bf16 rounding in float] (runtime/codegen/kernel.py)
         if dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
             return f"((long long)({storage_type(dtype)})({expr}))"
         return expr
