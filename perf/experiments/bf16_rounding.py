@@ -10,7 +10,8 @@ bits (``fuseg_bf_bits``), where it wrote ``fuseg_bf2f(fuseg_f2bf(x))`` and store
 forms (``_before``), the "after" ones as the library builds them, both in this process; per round
 and case, eager, before and after each run a block of calls (interleaved, the order swapped from
 round to round), the median block per call is kept, ratios are per round, then the median over
-rounds. Blocks: lone fused ops at transformer sizes (``backend="cpp"``), and whole bf16 models of
+rounds. Blocks: lone fused ops at transformer sizes (``backend="cpp"``, the kernel kept whatever a timing
+against ATen says: ``autotune.fixed("kernel")``), and whole bf16 models of
 perf.models captured with ``runtime.compile_module`` (kernels or ATen chosen per segment as
 ``torch.compile(backend="fuseg")`` chooses them). Programs are not tried against their ATen path
 here (``trial.program_checks(False)``): what is compared is the kernels. Outputs are compared
@@ -98,9 +99,11 @@ def _ops() -> list[tuple[str, Callable[[], tuple[Callable[..., Any], list[torch.
 def _op_program(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> Any:
     import runtime
     from alias import apply_aliases
+    from runtime.autotune import fixed
     from segmenter import capture, segment
 
-    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
+    with fixed("kernel"):  # the kernel on both sides, whatever one timing against ATen said
+        return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
 
 
 def _model(name: str) -> tuple[Callable[..., Any], list[Any]]:
@@ -137,19 +140,23 @@ def _row(name: str, fn: Callable[..., Any], inputs: list[Any], make: Callable[..
          calls: int) -> dict[str, Any]:
     from runtime.compiled import trial
 
-    with _before():
-        before = make(fn, inputs)
-    after = make(fn, inputs)
+    with trial.program_checks(False):  # (and no verdict of an earlier trial keeps a side on ATen)
+        with _before():
+            before = make(fn, inputs)
+        after = make(fn, inputs)
     progs = {"before": before, "after": after}
     for p in progs.values():  # kernels built in the background: timed once they are all in
         getattr(p, "program", p).wait_for_builds()
     with torch.no_grad(), trial.program_checks(False):
         want = _leaves(fn(*inputs))
         equal, diff = {}, {}
+        outs = {}
         for side, p in progs.items():
-            got = _leaves(p(*inputs))
+            outs[side] = got = _leaves(p(*inputs))
             equal[side] = all(torch.equal(g, w) for g, w in zip(got, want))
             diff[side] = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want))
+        # the same rounding either way: where both ran the same segments as kernels, the same bits
+        same = all(torch.equal(a, b) for a, b in zip(outs["after"], outs["before"]))
         calls_of = {"eager": lambda: fn(*inputs), "before": lambda: before(*inputs), "after": lambda: after(*inputs)}
         per: dict[str, list[float]] = {k: [] for k in calls_of}
         for c in calls_of.values():
@@ -157,15 +164,16 @@ def _row(name: str, fn: Callable[..., Any], inputs: list[Any], make: Callable[..
         for r in range(rounds):
             for side in (list(calls_of) if r % 2 == 0 else list(reversed(calls_of))):
                 per[side].append(statistics.median(_block(calls_of[side], calls) for _ in range(3)))
-    program = getattr(after, "program", after)
-    row = {"case": name, "kernels": len(program.kernels), "equal_eager": equal, "max_abs_diff": diff,
+    row = {"case": name, "kernels": {s: len(getattr(p, "program", p).kernels) for s, p in progs.items()},
+           "equal_eager": equal, "max_abs_diff": diff, "after_equals_before": same,
            **{f"{s}_ms": statistics.median(v) * 1e3 for s, v in per.items()},
            **{f"{s}_rounds_ms": [x * 1e3 for x in v] for s, v in per.items()},
            "after_over_before": statistics.median(a / b for a, b in zip(per["after"], per["before"])),
            "before_over_eager": statistics.median(b / e for b, e in zip(per["before"], per["eager"])),
            "after_over_eager": statistics.median(a / e for a, e in zip(per["after"], per["eager"]))}
     print(f"{name:>26}  eager {row['eager_ms']:.4f} ms  before {row['before_ms']:.4f}  after {row['after_ms']:.4f}"
-          f"  after/before {row['after_over_before']:.2f}  equal {equal}", flush=True)
+          f"  after/before {row['after_over_before']:.2f}  equal {equal}  same bits {same}  kernels {row['kernels']}",
+          flush=True)
     return row
 
 
