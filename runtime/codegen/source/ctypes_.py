@@ -254,18 +254,31 @@ static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 // libm's): Cody-Waite reduction by ln 2, a degree-6 polynomial, 2^n applied in two factors (so
 // results down to the denormals are right); within 1 ulp of the exact value over [-103.97, 88.72]
 // (tests/test_codegen.py checks it), inf/0 beyond, NaN kept.
+// Note [fused multiply-adds in the math functions]: the kernels are built with -ffp-contract=off
+// (an op's a * b + c rounds twice, as eager's does), but inside exp, tanh and erf, whose results
+// are approximations anyway, the polynomials and the reduction are written as fused multiply-adds
+// (FUSEG_MAD) where the CPU has them (-march=native defines __FMA__), as ATen's vectorized exp
+// (Sleef) is: a SiLU-times-input kernel over 256x2816 floats took 0.80x the time (250 -> 201 us on
+// two threads of the AMD EPYC family 25 model 17, the same source otherwise; scratch), and the
+// results stay within the tests' bounds (tests/test_codegen.py). Without FMA they are the plain
+// multiply and add (a call of libm's fmaf would not vectorize).
+#if defined(__FMA__)
+#define FUSEG_MAD(a, b, c) __builtin_fmaf((a), (b), (c))
+#else
+#define FUSEG_MAD(a, b, c) ((a) * (b) + (c))
+#endif
 static inline float fuseg_exp(float x) {
   float n = __builtin_rintf(x * 1.44269504088896341f);
   n = n < -152.f ? -152.f : (n > 129.f ? 129.f : n);
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
+  float r = FUSEG_MAD(n, -0.693359375f, x);
+  r = FUSEG_MAD(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = FUSEG_MAD(p, r, 1.3981999507e-3f);
+  p = FUSEG_MAD(p, r, 8.3334519073e-3f);
+  p = FUSEG_MAD(p, r, 4.1665795894e-2f);
+  p = FUSEG_MAD(p, r, 1.6666665459e-1f);
+  p = FUSEG_MAD(p, r, 5.0000001201e-1f);
+  p = FUSEG_MAD(p * r, r, r) + 1.0f;
   const int ni = (int)n, h = ni / 2;
   float y = p * fuseg_bits2f((unsigned int)(h + 127) << 23) * fuseg_bits2f((unsigned int)(ni - h + 127) << 23);
   y = x > 88.72283935546875f ? FUSEG_INF : y;
@@ -285,8 +298,9 @@ static inline double fuseg_exp(double x) { return exp(x); }
 static inline float fuseg_tanh(float x) {
   const float a = fabs(x), z = x * x;
   const float big = 1.0f - 2.0f / (fuseg_exp(2.0f * a) + 1.0f);
-  const float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
-                        + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+  const float q = FUSEG_MAD(FUSEG_MAD(FUSEG_MAD(FUSEG_MAD(-5.70498872745e-3f, z, 2.06390887954e-2f), z,
+                                                  -5.37397155531e-2f), z, 1.33314422036e-1f), z, -3.33332819422e-1f);
+  const float small = FUSEG_MAD(q * z, x, x);
   const float y = a < 0.625f ? small : copysign(big, x);
   return (x != x || x == 0.0f) ? x : y;  // NaN, and the sign of a zero, kept
 }
@@ -294,8 +308,9 @@ static inline double fuseg_tanh(double x) { return tanh(x); }
 static inline float fuseg_erf(float x) {
   const float a = fabs(x);
   const float t = 1.0f / (1.0f + 0.3275911f * a);
-  const float r = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-  const float y = copysign(1.0f - r * fuseg_exp(-(x * x)), x);
+  const float r = FUSEG_MAD(FUSEG_MAD(FUSEG_MAD(FUSEG_MAD(1.061405429f, t, -1.453152027f), t, 1.421413741f), t,
+                                     -0.284496736f), t, 0.254829592f) * t;
+  const float y = copysign(FUSEG_MAD(-r, fuseg_exp(-(x * x)), 1.0f), x);
   return (x != x || x == 0.0f) ? x : y;
 }
 static inline double fuseg_erf(double x) { return erf(x); }
