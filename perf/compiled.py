@@ -267,12 +267,25 @@ def _to(x: Any, device: str) -> Any:
     return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
-def load_model(name: str, device: str) -> tuple[Any, list[Any]]:
-    """A model of ``MODELS`` and its inputs on ``device``, dynamo's caches reset first."""
+#: what ``--dtype`` takes: the dtype a model's parameters and floating inputs are cast to
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _cast(x: Any, dtype: torch.dtype) -> Any:
+    if isinstance(x, torch.nn.Module):
+        return x.to(dtype)
+    return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def load_model(name: str, device: str, dtype: str = "float32") -> tuple[Any, list[Any]]:
+    """A model of ``MODELS`` and its inputs on ``device``, its parameters and floating inputs in
+    ``dtype`` (a name of ``DTYPES``), dynamo's caches reset first."""
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     torch._dynamo.reset()
     fn, inputs = MODELS[name]()
+    if dtype != "float32":
+        fn, inputs = _cast(fn, DTYPES[dtype]), [_cast(t, DTYPES[dtype]) for t in inputs]
     return _to(fn, device), [_to(t, device) for t in inputs]
 
 
@@ -396,15 +409,15 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
 
 
 def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
-                   order: tuple[str, ...] = CONTESTANTS) -> dict[str, Any]:
+                   order: tuple[str, ...] = CONTESTANTS, dtype: str = "float32") -> dict[str, Any]:
     """Note [the protocol] for one model, in this process (``protocol_child``: in a fresh one with
     empty caches): a row with the settled keys of ``bench_compiled``'s rows and ``protocol``."""
     from runtime.dynamo import registered_by_name
 
     registered_by_name()
-    fn, inputs = load_model(name, "cpu")
+    fn, inputs = load_model(name, "cpu", dtype)
     row: dict[str, Any] = {"model": name, "held_out": name in HELD_OUT or name in UNSEEN, "set": _set_of(name),
-                           "device": "cpu"}
+                           "device": "cpu", **({"dtype": dtype} if dtype != "float32" else {})}
     first: dict[str, float] = {}
     windows: dict[str, list[float]] = {}
     extra: dict[str, dict[str, Any]] = {}
@@ -465,7 +478,8 @@ def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
     return row
 
 
-def protocol_child(name: str, window: float, rounds: int, calls: int, order: tuple[str, ...]) -> dict[str, Any]:
+def protocol_child(name: str, window: float, rounds: int, calls: int, order: tuple[str, ...],
+                   dtype: str = "float32") -> dict[str, Any]:
     """``protocol_model`` in a fresh process with empty Inductor and fuseg caches (fuseg's
     background builds as a user has them, whatever the caller's environment says)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -474,8 +488,8 @@ def protocol_child(name: str, window: float, rounds: int, calls: int, order: tup
         env.pop("FUSEG_BACKGROUND_BUILDS", None)
         code = ("import json, sys; from perf.compiled import protocol_model;"
                 "print(json.dumps(protocol_model(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),"
-                " tuple(sys.argv[5].split(',')))))")
-        r = subprocess.run([sys.executable, "-c", code, name, str(window), str(rounds), str(calls), ",".join(order)],
+                " tuple(sys.argv[5].split(',')), sys.argv[6])))")
+        r = subprocess.run([sys.executable, "-c", code, name, str(window), str(rounds), str(calls), ",".join(order), dtype],
                            capture_output=True, text=True, env=env, timeout=3600)
         if r.returncode != 0:
             tail = r.stderr.strip().splitlines()
@@ -485,13 +499,13 @@ def protocol_child(name: str, window: float, rounds: int, calls: int, order: tup
 
 
 def bench_protocol(names: list[str], window: float, rounds: int = 5, calls: int = 20, first_call: int = 0,
-                   progress: bool = True, on_row: Callable[[list[dict[str, Any]]], None] | None = None
-                   ) -> list[dict[str, Any]]:
+                   progress: bool = True, on_row: Callable[[list[dict[str, Any]]], None] | None = None,
+                   dtype: str = "float32") -> list[dict[str, Any]]:
     """Note [the protocol] per model, each in a fresh process; with ``first_call``, the
     fresh-process first calls of ``bench_compiled`` added to each row."""
     rows: list[dict[str, Any]] = []
     for name, order in zip(names, protocol_orders(len(names))):
-        row = protocol_child(name, window, rounds, calls, order)
+        row = protocol_child(name, window, rounds, calls, order, dtype)
         if first_call and "error" not in row:
             row.update(first_call_fields(name, first_call))
         rows.append(row)
@@ -620,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
                         "fresh process per model (Note [the protocol]; CPU only)")
     p.add_argument("--window", type=float, default=30.0,
                    help="with --protocol: seconds of calls after each contestant's first call (per model)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                   help="the models' parameters and floating inputs in this dtype (with --protocol; default float32)")
     p.add_argument("--out", help="the record, written again after every model")
     p.add_argument("--plot")
     a = p.parse_args(argv)
@@ -627,10 +643,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--device cuda: no CUDA device here")
     if a.protocol and (a.device != "cpu" or a.variants):
         p.error("--protocol: on the CPU, with its own contestants (eager, inductor, fuseg)")
+    if a.dtype != "float32" and not a.protocol:
+        p.error("--dtype: with --protocol")
     if a.window <= 0:
         p.error("--window must be positive")
     first_calls = 0 if a.no_first_call or a.device == "cuda" else (
         a.first_calls if a.first_calls is not None else 0 if a.protocol else 3)
+    if a.dtype != "float32":  # (the fresh-process first calls are float32's; the protocol times its own)
+        first_calls = 0
     sets = {"default": list(DEFAULT), "unseen": list(UNSEEN), "all": list(MODELS), "gpu": GPU}
     names = a.models or sets[a.set or ("gpu" if a.device == "cuda" else "default")]
     variants = tuple(v for v in a.variants.split(",") if v) if a.variants else (
@@ -641,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     head = {"benchmark": f"compiled models, {a.device}", "environment": environment(a.device),
             "threads": torch.get_num_threads(), "rounds": a.rounds, "calls": a.calls, "first_calls": first_calls,
             "variants": ["eager", *variants], **({"protocol_window_s": a.window} if a.protocol else {}),
+            **({"dtype": a.dtype} if a.dtype != "float32" else {}),
             "command": "python -m perf.compiled " + " ".join(argv if argv is not None else sys.argv[1:])}
 
     def record(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -652,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     if a.protocol:
-        rows = bench_protocol(names, a.window, a.rounds, a.calls, first_calls, on_row=record)
+        rows = bench_protocol(names, a.window, a.rounds, a.calls, first_calls, on_row=record, dtype=a.dtype)
     else:
         rows = bench_compiled(names, a.rounds, a.calls, first_calls, device=a.device, variants=variants, on_row=record)
     result = record(rows)

@@ -91,9 +91,9 @@ def test_compiled_main_writes_a_protocol_record(stand_ins, monkeypatch, tmp_path
     swapping places from one model to the next; the record names the machine and the window."""
     seen = []
 
-    def child(name, window, rounds, calls, order):
+    def child(name, window, rounds, calls, order, dtype="float32"):
         seen.append(order)
-        return compiled.protocol_model(name, window, rounds, calls, order)
+        return compiled.protocol_model(name, window, rounds, calls, order, dtype)
 
     monkeypatch.setattr(compiled, "protocol_child", child)
     out = tmp_path / "r.json"
@@ -106,6 +106,25 @@ def test_compiled_main_writes_a_protocol_record(stand_ins, monkeypatch, tmp_path
     for row, order in zip(d["rows"], seen):
         _check_protocol(row["protocol"], list(order), 0.1)
     assert set(d["summary"]["all"]["protocol"]["median_fuseg_vs_eager"]) == set(PHASES)
+
+
+def test_compiled_protocol_in_bfloat16_casts_the_model_and_says_so(stand_ins, monkeypatch, tmp_path) -> None:
+    """``--dtype bfloat16``: the model's parameters and floating inputs in bf16 (what each contestant
+    runs), the record and each row name the dtype; without --protocol it is refused."""
+    fn, inputs = compiled.load_model("mlp", "cpu", "bfloat16")
+    assert {p.dtype for p in fn.parameters()} == {torch.bfloat16}
+    assert all(t.dtype == torch.bfloat16 for t in inputs if t.is_floating_point())
+    monkeypatch.setattr(compiled, "protocol_child",
+                        lambda name, window, rounds, calls, order, dtype: compiled.protocol_model(
+                            name, window, rounds, calls, order, dtype))
+    out = tmp_path / "r.json"
+    assert compiled.main(["mlp", "--protocol", "--window", "0.1", "--rounds", "1", "--calls", "2",
+                          "--dtype", "bfloat16", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["dtype"] == "bfloat16" and d["rows"][0]["dtype"] == "bfloat16" and d["first_calls"] == 0
+    _check_protocol(d["rows"][0]["protocol"], ["eager", "inductor", "fuseg"], 0.1)
+    with pytest.raises(SystemExit):
+        compiled.main(["mlp", "--dtype", "bfloat16"])
 
 
 def test_a_train_step_protocol_undoes_the_windows_updates_before_the_check() -> None:
