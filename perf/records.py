@@ -277,7 +277,8 @@ def _headlines(records: list[Record]) -> list[Record]:
 # folder whose machine.json names a CPU and no GPU (a CPU kind). The README's has a row per
 # workload (the median and the worst of its models); the records' index (perf/results/README.md)
 # one row per workload and model. Both are read from the headline records (those with a ``row``; the latest of a row on a machine)
-# of the speed benchmarks: perf.compiled (inference), perf.train_step (a training step),
+# of the speed benchmarks: perf.compiled (inference; a record of ``--dtype bfloat16`` or ``float16`` is a
+# workload of its own), perf.train_step (a training step),
 # perf.dynamic_shapes (training on changing lengths, generation). A cell holds fuseg/eager and
 # fuseg/Inductor once settled and, where the record has Note [the protocol] in perf/compiled.py,
 # the same two for the window of calls after the first (fuseg/eager there: the window's mean over
@@ -285,7 +286,8 @@ def _headlines(records: list[Record]) -> list[Record]:
 # workload, the later one's figures stand. Older records without some ratio show "-".
 
 #: the speed benchmarks' workloads, in the table's order
-WORKLOADS = ("Inference", "Training step", "Training, changing lengths", "Generation, new prompt lengths")
+WORKLOADS = ("Inference", "Inference, bfloat16", "Inference, float16", "Training step", "Training, changing lengths",
+             "Generation, new prompt lengths")
 
 
 @dataclass(frozen=True)
@@ -317,9 +319,10 @@ def _speeds(d: dict[str, Any]) -> list[tuple[str, str, Speed]]:
     bench = str(d.get("benchmark", ""))
     out: list[tuple[str, str, Speed]] = []
     if bench.startswith("compiled models") and "cuda" not in bench:
+        dtype = d.get("dtype", "float32")  # (perf.compiled --dtype: a workload of its own, not float32's models)
         for r in d["rows"]:
             if "fuseg_vs_eager" in r or "protocol" in r:
-                out.append(("Inference", r["model"],
+                out.append(("Inference" if dtype == "float32" else f"Inference, {dtype}", r["model"],
                             _with_protocol(Speed(r.get("fuseg_vs_eager"), r.get("fuseg_vs_inductor")), r)))
     elif bench == "dynamic_shapes/train-interleaved":
         for name, v in d["results"].items():

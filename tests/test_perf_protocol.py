@@ -289,6 +289,20 @@ def test_a_later_record_of_a_machine_overrides_an_earlier_ones_model(two_cpu_kin
     assert "| Inference | gpt2-768 | 1.10x / 1.30x; first 30 s 1.25x / 0.95x | 0.70x / 0.75x |" in lines
 
 
+def test_a_bfloat16_record_is_a_workload_of_its_own(two_cpu_kinds) -> None:
+    """A ``perf.compiled --dtype bfloat16`` record's models (the same names as float32's) go in a
+    workload row of their own, after float32's, and leave float32's figures as they were."""
+    data = _compiled_record("New CPU (family 2)", {"gpt2-768": (0.9, 1.05)}, True)
+    data["dtype"] = "bfloat16"
+    _record(two_cpu_kinds / "cpu-new" / "bf16.json", data, "Inference, bf16", "2026-12-08")
+    lines = records.speed_table(records.load(two_cpu_kinds)).splitlines()
+    assert "| Inference | gpt2-768 | 1.10x / 1.30x; first 30 s 1.25x / 0.95x | 0.80x / 0.90x |" in lines
+    bf16 = "| Inference, bfloat16 | gpt2-768 | 0.90x / 1.05x; first 30 s 1.25x / 0.95x |  |"
+    assert bf16 in lines and lines.index(bf16) < [i for i, x in enumerate(lines) if x.startswith("| Training")][0]
+    summary = records.speed_summary(records.load(two_cpu_kinds)).splitlines()
+    assert any(x.startswith("| Inference, bfloat16 | 0.90x / 1.05x, worst 0.90x / 1.05x (1 models)") for x in summary)
+
+
 def test_check_tells_a_stale_speed_table(two_cpu_kinds, monkeypatch, capsys) -> None:
     root = two_cpu_kinds.parent.parent
     readme = root / "README.md"
