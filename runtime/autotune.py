@@ -252,8 +252,9 @@ def verdict_of(kernel_us: list[float], aten_us: list[float]) -> Verdict:
 def measure(kernel: Callable[[], object], aten: Callable[[], object]) -> Verdict:
     """Both ways once untimed (first calls allocate and set up), then alternated rounds: of a few
     calls each where a call is fast (at least ``_MIN_ROUNDS`` rounds each, then up to ``_BUDGET_S``
-    more), of one call where it takes more than a round (two rounds each: a slow op's call is
-    costly, and far above the noise of a fast one); the medians."""
+    more), of one call where it takes more than a round (three rounds each: a slow op's call is
+    costly, and far above the noise of a fast one, but one call another process disturbed must
+    not decide); the medians."""
     kernel()
     aten()
     times: dict[str, list[float]] = {"kernel": [], "aten": []}
@@ -268,8 +269,9 @@ def measure(kernel: Callable[[], object], aten: Callable[[], object]) -> Verdict
 
     round_of(1, runs)
     slowest = max(times["kernel"][0], times["aten"][0]) * 1e-6
-    if slowest > _ROUND_S:
-        round_of(1, runs[::-1])
+    if slowest > _ROUND_S:  # three calls each: one another process disturbed (a lone bf16 GELU
+        round_of(1, runs[::-1])  # kernel of ~0.3 ms once read 3008 us against ATen's 603, scratch)
+        round_of(1, runs)  # moves no median (Note [choices by measurement])
     else:
         calls = max(1, min(64, int(_ROUND_S / max(slowest, 1e-7))))
         deadline = None

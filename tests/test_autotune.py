@@ -525,3 +525,37 @@ def test_a_choice_at_the_call_made_beside_builds_is_made_again_after_them(cache,
     finally:
         torch.set_num_threads(threads_before)
         torch._dynamo.reset()
+
+
+class _Clock:
+    """A stand-in for ``time.perf_counter``: each way's call advances it by the call's given time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def way(self, seconds: list[float], steady: float):
+        it = iter(seconds)
+
+        def call() -> None:
+            self.now += next(it, steady)
+        return call
+
+
+def test_one_disturbed_call_of_a_slow_op_decides_no_verdict(monkeypatch) -> None:
+    """Note [choices by measurement]: a slow op's sides are timed a call at a time; another
+    process holding a core for a scheduler slice (here 3 ms) during one of the kernel's calls must
+    not send the segment to ATen for good: the median is of three calls each, not two."""
+    clock = _Clock()
+    monkeypatch.setattr(autotune.time, "perf_counter", clock)
+    # untimed first calls, then the kernel's first timed call disturbed; steady: kernel 0.2 ms, ATen 0.6 ms
+    kernel = clock.way([2e-4, 3e-3], 2e-4)
+    aten = clock.way([6e-4], 6e-4)
+    v = autotune.measure(kernel, aten)
+    assert v.kernel and v.kernel_us == pytest.approx(200.0) and v.aten_us == pytest.approx(600.0)
+    # a real difference still decides: ATen's steady 0.1 ms beats the kernel's 0.2 ms
+    clock = _Clock()
+    monkeypatch.setattr(autotune.time, "perf_counter", clock)
+    assert not autotune.measure(clock.way([], 2e-4), clock.way([], 1e-4)).kernel
