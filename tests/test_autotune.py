@@ -545,7 +545,7 @@ class _Clock:
 
 
 def test_one_disturbed_call_of_a_slow_op_decides_no_verdict(monkeypatch) -> None:
-    """Note [choices by measurement]: a slow op's sides are timed a call at a time; another
+    """See Note [choices by measurement]. A slow op's sides are timed a call at a time; another
     process holding a core for a scheduler slice (here 3 ms) during one of the kernel's calls must
     not send the segment to ATen for good: the median is of three calls each, not two."""
     clock = _Clock()

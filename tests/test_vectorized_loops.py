@@ -52,6 +52,20 @@ def _silu_mul(a, b):
     return torch.nn.functional.silu(a) * b
 
 
+def _rope_q_k(qp, kp, cos, sin):  # HF Llama's RoPE over q and k (Note [simd pointwise loops])
+    def rot(x):
+        return torch.cat((-x[..., 32:], x[..., :32]), dim=-1)
+    q, k = qp.view(1, 64, 16, 64).transpose(1, 2), kp.view(1, 64, 16, 64).transpose(1, 2)
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+def _rope_inputs(dtype):
+    # (64 tokens of 16 heads: work enough for OpenMP's threads, whose outlined loop loses the
+    # pointers' __restrict__)
+    return lambda: [torch.randn(64, 1024).to(dtype), torch.randn(64, 1024).to(dtype),
+                    torch.randn(1, 1, 64, 64).to(dtype), torch.randn(1, 1, 64, 64).to(dtype)]
+
+
 CASES = {
     "masked softmax": (_masked_softmax, lambda: [torch.randn(64, 1024), torch.randn(1024), torch.rand(64, 1024) > 0.8]),
     "masked_fill": (_masked_fill, lambda: [torch.randn(64, 1024), torch.rand(64, 1024) > 0.5]),
@@ -62,6 +76,8 @@ CASES = {
                                           torch.randn(1024, dtype=torch.bfloat16)]),
     "bf16 silu times": (_silu_mul, lambda: [torch.randn(64, 1024, dtype=torch.bfloat16),
                                             torch.randn(64, 1024, dtype=torch.bfloat16)]),
+    "RoPE over q and k": (_rope_q_k, _rope_inputs(torch.float32)),
+    "bf16 RoPE over q and k": (_rope_q_k, _rope_inputs(torch.bfloat16)),
 }
 
 
@@ -104,7 +120,8 @@ def test_inner_loops_vectorize(name, tmp_path):
     fn, make = CASES[name]
     inputs = make()
     prog = compiled_post(fn, inputs, backend="cpp")
-    torch.testing.assert_close(prog(*inputs)[0], fn(*inputs))
+    for got, want in zip(prog(*inputs), fn(*inputs) if isinstance(fn(*inputs), tuple) else [fn(*inputs)]):
+        torch.testing.assert_close(got, want)
     assert prog.kernels, "no generated kernel to read"
     for index, kernel in prog.kernels.items():
         src = kernel.source("cpu")
@@ -121,3 +138,50 @@ def test_inner_loops_vectorize(name, tmp_path):
         missed = [(a, b) for a, b in inner if not any(a <= n <= b for n in vectorized)]
         assert not missed, (f"segment {index}: inner loops at lines {missed} not vectorized\n"
                             + "\n\n".join("\n".join(src.splitlines()[a - 1:b]) for a, b in missed))
+
+
+def _in_place(x, y):
+    x.mul_(2.0).add_(y)
+    return x
+
+
+_SIMD = {  # (fn, inputs, whether the innermost loop is marked omp simd: Note [simd pointwise loops])
+    "two outputs, four inputs": (_rope_q_k, _rope_inputs(torch.float32), True),
+    "an add of two 2-d inputs": (lambda x, y: x * 2.0 + y, lambda: [torch.randn(64, 1024), torch.randn(64, 1024)], True),
+    "an in-place update (written to an output of its own)": (
+        _in_place, lambda: [torch.randn(64, 1024), torch.randn(64, 1024)], True),
+    "a pad of the last dim (its branch ranges split: if (0) / if (1))": (
+        lambda x: torch.nn.functional.pad(x, (1, 1)) * 2.0, lambda: [torch.randn(64, 1022)], True),
+    "a pad of rows (an if around a load)": (
+        lambda x: torch.nn.functional.pad(x, (0, 0, 1, 1)) * 2.0, lambda: [torch.randn(62, 1024)], False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SIMD))
+def test_which_pointwise_loops_are_marked_simd(name) -> None:
+    fn, make, marked = _SIMD[name]
+    inputs = make()
+    want = fn(*[t.clone() for t in inputs])
+    prog = compiled_post(fn, [t.clone() for t in inputs], backend="cpp")
+    assert prog.kernels, "no generated kernel"
+    cpu = "".join(k.function("cpu").split("#else")[-1] for k in prog.kernels.values())
+    assert ("#pragma omp simd\n" in cpu) == marked, cpu
+    args = [t.clone() for t in inputs]
+    got = prog(*args)
+    for g, w in zip(got, want if isinstance(want, tuple) else [want]):
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+def test_a_loop_whose_pointers_may_meet_is_not_marked_simd() -> None:
+    """See Note [simd pointwise loops]. A kernel writing an input in place, or a loop reading an
+    output back, keeps GCC's own choice (the pragma would state what is not so)."""
+    from types import SimpleNamespace
+
+    from runtime.codegen.lowering.lower import _simd
+
+    body = ["    const float t2 = ((float)in0[i_0 * 8 + i_1]);", "    out0[i_0 * 8 + i_1] = ((float)(t2));"]
+    apart = SimpleNamespace(params={"in0": SimpleNamespace(target=None), "out0": SimpleNamespace(target=None)})
+    in_place = SimpleNamespace(params={"in0": SimpleNamespace(target=None), "out0": SimpleNamespace(target="in0")})
+    assert _simd(apart, body) and not _simd(in_place, body)
+    assert not _simd(apart, [*body, "    const float t3 = ((float)out0[i_0 * 8 + (i_1 + 1)]);"])
+    assert not _simd(apart, [*body, "    if (i_0 > 2) {", "    }"])
