@@ -137,11 +137,13 @@ def _block(call: Callable[[], Any], calls: int) -> float:
 
 
 def _row(name: str, fn: Callable[..., Any], inputs: list[Any], make: Callable[..., Any], rounds: int,
-         calls: int) -> dict[str, Any]:
+         calls: int, before_of: Callable[[], Any] = _before) -> dict[str, Any]:
+    """One case: ``make(fn, inputs)`` built within ``before_of()`` and as the library builds it, then
+    timed interleaved with eager (the module's docstring)."""
     from runtime.compiled import trial
 
     with trial.program_checks(False):  # (and no verdict of an earlier trial keeps a side on ATen)
-        with _before():
+        with before_of():
             before = make(fn, inputs)
         after = make(fn, inputs)
     progs = {"before": before, "after": after}
