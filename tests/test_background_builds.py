@@ -33,7 +33,13 @@ def _cold_cache(tmp_path, monkeypatch):
 def gate(monkeypatch):
     """The background builds held back until ``gate.set()``; ``gate.started`` counts them once
     their thread has reached them (``gate.reached(n)`` waits for that: the build's thread may not
-    have run yet when the call that submitted it returns)."""
+    have run yet when the call that submitted it returns). A build held here makes no progress
+    whatever the caller does, so a program does not wait for it sooner than ``WAIT_AFTER_S``
+    (Note [the wait follows the builds' share] measures the compilers' share of the time:
+    tests/test_builds_share.py)."""
+    from runtime.machine import threads
+
+    monkeypatch.setattr(threads, "STARVED_SHARE", 0.0)
     real = build.build_cpu_many
     opened = threading.Event()
     opened.started = 0  # type: ignore[attr-defined]

@@ -168,6 +168,9 @@ class CompiledProgram:
         #: once it is done (its launches, and what ``backend_of``/``passed_over`` then say)
         self._building: Any = None
         self._building_since = 0.0  # (time.monotonic() when ``interim_launches`` started the builds)
+        #: ``pause.stopped_seconds()`` then, and the calls that ran torch's ops since (Note [the wait
+        #: follows the builds' share] in runtime/machine/threads.py)
+        self._stopped_since, self._interim_calls = 0.0, 0
         self._after_build: tuple[dict[int, SegmentLaunch], dict[int, str], dict[int, tuple]] | None = None
         if background:
             chosen = interim_launches(self, chosen)
@@ -232,7 +235,9 @@ class CompiledProgram:
         if self._built():
             return self.entry(*inputs)
         with _interim_call():
-            return self._entry_now(*inputs)
+            results = self._entry_now(*inputs)
+        self._interim_calls += results is not None
+        return results
 
     def _built(self) -> bool:
         """Whether the builds started are done; the first call that sees them done makes the
@@ -242,12 +247,22 @@ class CompiledProgram:
         if self._building is None:
             return False
         if not all(f.done() for f in self._building):
-            if time.monotonic() - self._building_since < WAIT_AFTER_S:
+            if not self._wait_now():
                 return False
             pause.release_all()  # (Note [compilers paused while dynamo traces])
             concurrent.futures.wait(self._building)
         self._rebuild()
         return True
+
+    def _wait_now(self) -> bool:
+        """Whether a call still finding builds under way waits for them: ``WAIT_AFTER_S`` after
+        they started, or sooner where they are starved (Note [the wait follows the builds' share]
+        in runtime/machine/threads.py) at a call after the first since they started."""
+        elapsed = time.monotonic() - self._building_since
+        if elapsed >= WAIT_AFTER_S:
+            return True
+        return self._interim_calls > 0 and threads.builds_starved(
+            elapsed, pause.stopped_seconds() - self._stopped_since)
 
     def wait_for_builds(self) -> None:
         """Wait for the builds started in the background, then run the kernels from now on."""
@@ -747,7 +762,9 @@ class CompiledProgram:
         if self._building is None or all(f.done() for f in self._building):
             return threads.beside_builds(run, inputs)
         with _interim_call():
-            return threads.beside_builds(run, inputs)
+            results = threads.beside_builds(run, inputs)
+        self._interim_calls += 1
+        return results
 
     def accepts(self, *inputs: Any) -> bool:
         """Whether ``inputs`` match the signature exactly (cheap: one generated comparison)."""

@@ -41,13 +41,14 @@ from collections.abc import Callable, Iterator
 
 from runtime.options import current
 
-__all__ = ["MAX_HOLD_S", "enabled", "held", "hold", "holding", "release", "release_all", "run_compiler"]
+__all__ = ["MAX_HOLD_S", "enabled", "held", "hold", "holding", "release", "release_all", "run_compiler",
+           "stopped_seconds"]
 
 #: seconds after which a hold is overridden (a leaked one must not stop the builds for good)
 MAX_HOLD_S = 120.0
 _POLL_S = 0.5
 _COND = threading.Condition()
-_STATE = {"holds": 0, "since": 0.0}
+_STATE = {"holds": 0, "since": 0.0, "stopped": 0.0}  # stopped: seconds of holds ended so far
 _RUNNING: set[subprocess.Popen] = set()  # background compilers under way, each leader of its group
 _CAN_STOP = hasattr(os, "killpg") and hasattr(signal, "SIGSTOP")
 
@@ -64,7 +65,24 @@ def holding() -> bool:
 
 
 def _in_force() -> bool:
-    return _STATE["holds"] > 0 and time.monotonic() - _STATE["since"] < MAX_HOLD_S
+    return _STATE["holds"] > 0 and _clock() - _STATE["since"] < MAX_HOLD_S
+
+
+def _clock() -> float:
+    return time.monotonic()
+
+
+def stopped_seconds() -> float:
+    """Seconds that holds were in force in this process so far, the one in force now included:
+    the time no background compiler could run (Note [the wait follows the builds' share] in
+    runtime/machine/threads.py)."""
+    with _COND:
+        return _STATE["stopped"] + (_held_for() if _STATE["holds"] else 0.0)
+
+
+def _held_for() -> float:
+    """(under ``_COND``, a hold in force or expired) how long the holds now counted have held."""
+    return min(_clock() - _STATE["since"], MAX_HOLD_S)
 
 
 def _signal_all(sig: int) -> None:
@@ -87,7 +105,7 @@ def hold() -> None:
             _override()  # (an expired hold: this one starts its own clock)
         _STATE["holds"] += 1
         if _STATE["holds"] == 1:
-            _STATE["since"] = time.monotonic()
+            _STATE["since"] = _clock()
             _signal_all(signal.SIGSTOP)
 
 
@@ -98,6 +116,7 @@ def release() -> None:
             return  # (overridden by ``release_all`` meanwhile, or the pause was off at the hold)
         _STATE["holds"] -= 1
         if _STATE["holds"] == 0:
+            _STATE["stopped"] += _held_for()
             _signal_all(signal.SIGCONT)
             _COND.notify_all()
 
@@ -155,6 +174,8 @@ def run_compiler(cmd: list[str], preexec_fn: Callable[[], None] | None) -> subpr
 
 def _override() -> None:
     """(under ``_COND``) every hold ended, the compilers continued and those waiting started."""
+    if _STATE["holds"]:
+        _STATE["stopped"] += _held_for()
     _STATE["holds"] = 0
     _signal_all(signal.SIGCONT)
     _COND.notify_all()
