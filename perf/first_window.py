@@ -144,19 +144,24 @@ def _window(name: str, seconds: float, policy: str, eager_s: float, eager_every:
             "window_over_interleaved_eager": (round(statistics.median(d for _, d in calls)
                                                     / statistics.median(d for _, d in eager_calls), 3)
                                               if eager_calls else None),
+            "window_mean_over_interleaved_eager_mean": (round(statistics.fmean(d for _, d in calls)
+                                                              / statistics.fmean(d for _, d in eager_calls), 3)
+                                                        if eager_calls else None),
             "max_diff": _max_diff(got, want),
             "seconds": per_second(calls, eager, n, eager_calls if eager_every else None)}
 
 
-def run_policy(name: str, seconds: float, policy: str, eager_s: float, eager_every: int = 0) -> dict[str, Any]:
+def run_policy(name: str, seconds: float, policy: str, eager_s: float, eager_every: int = 0,
+               setup: str = "") -> dict[str, Any]:
     """``window`` in a fresh process with empty kernel caches and fuseg's default of background
-    builds for inference graphs."""
+    builds for inference graphs; ``setup``: Python run in that process first (an experiment's
+    "before": perf/experiments/builds_share.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                    FUSEG_CACHE_DIR=os.path.join(tmp, "fuseg"))
         for var in ("FUSEG_BACKGROUND_BUILDS", "FUSEG_BUILD_THREADS"):
             env.pop(var, None)
-        code = (f"import json; from perf.first_window import window; "
+        code = (f"{setup}\nimport json; from perf.first_window import window; "
                 f"print(json.dumps(window({name!r}, {seconds!r}, {policy!r}, {eager_s!r}, {eager_every!r})))")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=3600)
         if r.returncode != 0:

@@ -1,11 +1,15 @@
 """Note [the wait follows the builds' share] (runtime/machine/threads.py): a program whose kernels
-are still building waits for them at a call after its first one where the compilers got under
-``STARVED_SHARE`` of the wall time since the builds started (calls back to back hold them
-stopped), and goes on running its ATen path where the caller leaves them time. The time holds
-stopped them is counted by ``pause.stopped_seconds`` (a given clock here)."""
+are still building waits for them at a call after its first one where its compilers got under
+``STARVED_SHARE`` of the cores they would use alone (calls back to back hold them stopped), and
+goes on running its ATen path where the caller leaves them time. The share is measured from the
+compilers' CPU times (runtime/machine/progress.py): here of real processes, a compiler that
+spins for half a CPU second before it runs the real one."""
 
 from __future__ import annotations
 
+import os
+import stat
+import sys
 import threading
 import time
 
@@ -13,138 +17,136 @@ import pytest
 import torch
 
 from runtime.codegen import build
-from runtime.machine import pause, threads
+from runtime.machine import pause, progress, threads
 
 from .test_background_builds import _planned
 from .test_dynamic import check_size as _check
 
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat") or build.cpu_compiler() is None,
+                                reason="needs Linux's /proc and a C++ compiler")
 
-@pytest.fixture
-def clock(monkeypatch):
-    """A clock of our own for the pause, no hold before or after."""
-    now = [50.0]
-    monkeypatch.setattr(pause, "_clock", lambda: now[0])
+#: a "compiler" that uses half a CPU second, stopped or not, then runs ``$@``
+_SPIN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\n"
+
+
+def _spinner(tmp_path, then: str = "") -> str:
+    script = tmp_path / "spin"
+    script.write_text(f'#!/bin/sh\n"{sys.executable}" -c "{_SPIN}"\n{then}\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def _wait_for(cond, seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def test_a_compiler_held_stopped_has_no_share_and_one_let_run_has_one(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
-    pause.release_all()
-    yield now
-    pause.release_all()
-
-
-def test_the_time_holds_stop_the_compilers_is_counted(clock) -> None:
-    start = pause.stopped_seconds()
+    script = _spinner(tmp_path)
+    done = threading.Thread(target=pause.run_compiler, args=([script], None))
+    done.start()
+    assert _wait_for(lambda: pause.compilers_under_way()[1]), "the compiler never started"
     with pause.held():
-        clock[0] += 2.0
-        with pause.held():  # (holds nest: counted once)
-            clock[0] += 1.0
-        assert pause.stopped_seconds() - start == pytest.approx(3.0)  # the hold in force, so far
-        clock[0] += 0.5
-    clock[0] += 10.0  # no hold: not counted
-    assert pause.stopped_seconds() - start == pytest.approx(3.5)
-    pause.hold()
-    clock[0] += 4.0
-    pause.release_all()  # (someone waits for the builds)
-    assert pause.stopped_seconds() - start == pytest.approx(7.5)
-    pause.hold()
-    clock[0] += pause.MAX_HOLD_S + 30  # a hold never released counts until it is overridden
-    assert pause.stopped_seconds() - start == pytest.approx(7.5 + pause.MAX_HOLD_S)
+        start = progress.mark()
+        time.sleep(0.4)
+        held = progress.share_since(start)
+    start = progress.mark()
+    time.sleep(0.2)
+    ran = progress.share_since(start)
+    done.join(30)
+    assert held is not None and ran is not None
+    assert held[1] >= 0.4 and held[0] < 0.1, held  # (CPU time comes in ticks of 10 ms)
+    assert ran[1] >= 0.2 and ran[0] > 0.25, ran  # (a core of its own, or one shared with a test beside it)
+    assert pause.compilers_under_way()[1] == []
 
 
-def test_nothing_is_counted_where_the_pause_is_off(clock, monkeypatch) -> None:
-    monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "0")
-    start = pause.stopped_seconds()
-    with pause.held():
-        clock[0] += 5.0
-    assert pause.stopped_seconds() == start
-
-
-# (elapsed, stopped, policy, pause on) -> whether the program waits now
+# (share, seconds it was taken over, policy, pause on) -> whether the program waits now
 STARVED = [
-    ((1.0, 1.0, "calls-first", True), True),     # calls back to back: no time between them
-    ((4.0, 3.5, "calls-first", True), True),     # share 0.125
-    ((4.0, 3.3, "calls-first", True), False),    # share 0.175
-    ((2.0, 0.2, "calls-first", True), False),    # a caller mostly idle
-    ((2.0, 2.5, "calls-first", True), True),     # (a hold counted from before the builds: share 0)
-    ((0.0, 0.0, "calls-first", True), False),    # no time yet: nothing to measure
-    ((1.0, 1.0, "cores", True), False),          # the compilers have cores of their own
-    ((1.0, 1.0, "idle", True), False),           # they run beside the calls
-    ((1.0, 1.0, "calls-first", False), False),   # the pause is off: calls never stop them
+    ((0.0, 1.0, "calls-first", True), True),      # calls back to back: the compilers stopped
+    ((0.12, 0.3, "calls-first", True), True),
+    ((0.2, 0.3, "calls-first", True), False),     # a caller that leaves them time
+    ((0.0, 0.1, "calls-first", True), False),     # too short to say
+    ((0.0, 1.0, "cores", True), False),           # the compilers have cores of their own
+    ((0.0, 1.0, "idle", True), False),            # they run beside the calls
+    ((0.0, 1.0, "calls-first", False), False),    # the pause is off: calls never stop them
 ]
 
 
 @pytest.mark.parametrize(("case", "waits"), STARVED, ids=[str(c) for c, _ in STARVED])
 def test_a_program_waits_at_once_only_where_its_builds_are_starved(case, waits, monkeypatch) -> None:
-    elapsed, stopped, policy, on = case
+    share, over, policy, on = case
     monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1" if on else "0")
     monkeypatch.setitem(threads._CHOSEN, "policy", policy)
-    assert threads.builds_starved(elapsed, stopped) is waits
+    assert threads.builds_starved((share, over)) is waits
+
+
+def test_nothing_measured_is_no_reason_to_wait(monkeypatch) -> None:
+    monkeypatch.setitem(threads._CHOSEN, "policy", "calls-first")
+    monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
+    assert progress.share_since(None) is None and not threads.builds_starved(None)
 
 
 @pytest.fixture
-def held_builds(monkeypatch, tmp_path):
-    """Builds in the background, in a cold cache, held back until a program waits for them (its
-    ``pause.release_all``) or the test lets them go (``.set()``); calls first with the pause on,
-    and a bound (``WAIT_AFTER_S``) that no test here reaches."""
+def spinning_compiler(monkeypatch, tmp_path):
+    """Builds in the background, in a cold cache, by a compiler that spins half a CPU second
+    first; calls first with the pause on, and a bound (``WAIT_AFTER_S``) no test here reaches;
+    ``waited`` says whether a program waited for its builds (its ``pause.release_all``)."""
     from runtime.compiled import program as program_module
 
+    monkeypatch.setenv("CXX", _spinner(tmp_path, f'exec "{build.cpu_compiler()}" "$@"'))
     monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setattr(build, "_CPU", {})
     monkeypatch.setenv("FUSEG_BACKGROUND_BUILDS", "1")
     monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
     monkeypatch.setitem(threads._CHOSEN, "policy", "calls-first")
     monkeypatch.setattr(program_module, "WAIT_AFTER_S", 600.0)
-    real, release_all = build.build_cpu_many, pause.release_all
-    opened = threading.Event()
+    release_all, waited = pause.release_all, []
 
-    def held(*args, **kwargs):
-        assert opened.wait(60), "the test never let the build go"
-        return real(*args, **kwargs)
-
-    def waited() -> None:
-        opened.waited = True  # type: ignore[attr-defined]
-        opened.set()
+    def release_and_note() -> None:
+        waited.append(time.monotonic())
         release_all()
 
-    opened.waited = False  # type: ignore[attr-defined]
-    monkeypatch.setattr(build, "build_cpu_many", held)
-    monkeypatch.setattr(pause, "release_all", waited)
+    monkeypatch.setattr(pause, "release_all", release_and_note)
     torch._dynamo.reset()
-    yield opened
-    opened.set()
+    yield waited
+    release_all()
     build.wait_for_background_builds()
     torch._dynamo.reset()
 
 
-@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
-def test_calls_back_to_back_wait_for_the_builds(held_builds) -> None:
+def test_calls_back_to_back_wait_for_the_builds(spinning_compiler) -> None:
     """The call that started the builds runs torch (it never waits: goal 2's first call); calls
     back to back after it (the caller's own checks held too: every moment of it is a call here)
-    soon find that the compilers had no time since, and one waits for them: from then on every
-    call runs the kernels, on three sizes, against eager."""
+    keep the compiler stopped, and one waits for it once its share was measured: from then on
+    every call runs the kernels, on three sizes, against eager."""
     compiler, compiled, fn, make, program = _planned("rms-norm")  # (its size-9 call started the builds)
     assert program._building is not None and "cpp" not in program.backend_of.values()
-    calls = 0
+    calls, end = 0, time.monotonic() + 60
     with pause.held():
-        while program._building is not None and calls < 1000:
+        while program._building is not None and time.monotonic() < end:
             _check(compiled, fn, make, 11 + calls % 2)
             calls += 1
-    assert held_builds.waited and program._building is None, (calls, program.passed_over)
+    assert spinning_compiler and program._building is None, (calls, program.passed_over)
     assert "cpp" in program.backend_of.values() and calls > 1, (calls, program.passed_over)
     _check(compiled, fn, make, 13)
 
 
-@pytest.mark.skipif(build.cpu_compiler() is None, reason="no C++ compiler")
-def test_a_caller_that_leaves_the_compilers_time_does_not_wait(held_builds) -> None:
+def test_a_caller_that_leaves_the_compilers_time_does_not_wait(spinning_compiler) -> None:
     """The same program with the caller idle between its calls (as a server between requests):
-    the compilers' share is high, so its calls run torch's ops and return while the build is
-    still held; once it is let go, a call runs the kernels."""
+    the compiler runs meanwhile, its share is high, and no call waits for it; its calls run
+    torch's ops until the build is done, then the kernels."""
     compiler, compiled, fn, make, program = _planned("rms-norm")
     assert program._building is not None
-    for n in (11, 12, 11):
-        time.sleep(max(0.2, 2 * (time.monotonic() - program._building_since)))  # (a share of 2/3 or more)
-        _check(compiled, fn, make, n)
-    assert not held_builds.waited and program._building is not None
-    assert "cpp" not in program.backend_of.values()
-    held_builds.set()
-    build.wait_for_background_builds()
+    calls, end = 0, time.monotonic() + 60
+    while program._building is not None and time.monotonic() < end:
+        time.sleep(0.1)
+        _check(compiled, fn, make, 11 + calls % 2)
+        calls += 1
+    assert not spinning_compiler and program._building is None, (calls, program.passed_over)
+    assert "cpp" in program.backend_of.values() and calls > 3, (calls, program.passed_over)
     _check(compiled, fn, make, 13)
-    assert program._building is None and "cpp" in program.backend_of.values(), program.passed_over

@@ -39,7 +39,7 @@ from ..codegen.source.symsizes import c_sizes
 from ..emit.inplace import plan_in_place_writes
 from ..emit.views import metadata_views, planned_views
 from ..emit.wrapper import Code
-from ..machine import pause, threads
+from ..machine import pause, progress, threads
 from . import trial
 from .background import interim_launches, rebuild
 from .chains import Chain, emit_chain, plan_chains
@@ -59,6 +59,8 @@ PURE_OPAQUE = frozenset({"aten.index.Tensor", "aten.cumsum.default"})
 #: seconds after which a program whose kernels are still being built in the background waits for
 #: them at its next call (Note [kernels built in the background] in runtime/compiled/background.py)
 WAIT_AFTER_S = 10.0
+#: seconds between two looks at the compilers' share (runtime/machine/progress.py reads /proc)
+_SHARE_EVERY_S = 0.05
 
 Env = dict[str, torch.Tensor]
 
@@ -168,9 +170,10 @@ class CompiledProgram:
         #: once it is done (its launches, and what ``backend_of``/``passed_over`` then say)
         self._building: Any = None
         self._building_since = 0.0  # (time.monotonic() when ``interim_launches`` started the builds)
-        #: ``pause.stopped_seconds()`` then, and the calls that ran torch's ops since (Note [the wait
-        #: follows the builds' share] in runtime/machine/threads.py)
-        self._stopped_since, self._interim_calls = 0.0, 0
+        #: the compilers' progress then, the calls that ran torch's ops since, and when the share
+        #: was last looked at (Note [the wait follows the builds' share] in runtime/machine/threads.py)
+        self._compilers_at_start: progress.Mark | None = None
+        self._interim_calls, self._share_looked = 0, 0.0
         self._after_build: tuple[dict[int, SegmentLaunch], dict[int, str], dict[int, tuple]] | None = None
         if background:
             chosen = interim_launches(self, chosen)
@@ -257,12 +260,15 @@ class CompiledProgram:
     def _wait_now(self) -> bool:
         """Whether a call still finding builds under way waits for them: ``WAIT_AFTER_S`` after
         they started, or sooner where they are starved (Note [the wait follows the builds' share]
-        in runtime/machine/threads.py) at a call after the first since they started."""
-        elapsed = time.monotonic() - self._building_since
-        if elapsed >= WAIT_AFTER_S:
+        in runtime/machine/threads.py), looked at once every ``_SHARE_EVERY_S`` at most, at a call
+        after the first since they started."""
+        now = time.monotonic()
+        if now - self._building_since >= WAIT_AFTER_S:
             return True
-        return self._interim_calls > 0 and threads.builds_starved(
-            elapsed, pause.stopped_seconds() - self._stopped_since)
+        if self._interim_calls == 0 or now - self._share_looked < _SHARE_EVERY_S:
+            return False
+        self._share_looked = now
+        return threads.builds_starved(progress.share_since(self._compilers_at_start))
 
     def wait_for_builds(self) -> None:
         """Wait for the builds started in the background, then run the kernels from now on."""

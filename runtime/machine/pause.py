@@ -41,15 +41,18 @@ from collections.abc import Callable, Iterator
 
 from runtime.options import current
 
-__all__ = ["MAX_HOLD_S", "enabled", "held", "hold", "holding", "release", "release_all", "run_compiler",
-           "stopped_seconds"]
+__all__ = ["MAX_HOLD_S", "compilers_under_way", "enabled", "held", "hold", "holding", "release", "release_all",
+           "run_compiler"]
 
 #: seconds after which a hold is overridden (a leaked one must not stop the builds for good)
 MAX_HOLD_S = 120.0
 _POLL_S = 0.5
 _COND = threading.Condition()
-_STATE = {"holds": 0, "since": 0.0, "stopped": 0.0}  # stopped: seconds of holds ended so far
+_STATE = {"holds": 0, "since": 0.0}
 _RUNNING: set[subprocess.Popen] = set()  # background compilers under way, each leader of its group
+#: when each compiler under way started, and the seconds the ended ones lasted (``compilers_under_way``)
+_STARTED: dict[int, float] = {}
+_LIFE = {"ended": 0.0}
 _CAN_STOP = hasattr(os, "killpg") and hasattr(signal, "SIGSTOP")
 
 
@@ -65,24 +68,7 @@ def holding() -> bool:
 
 
 def _in_force() -> bool:
-    return _STATE["holds"] > 0 and _clock() - _STATE["since"] < MAX_HOLD_S
-
-
-def _clock() -> float:
-    return time.monotonic()
-
-
-def stopped_seconds() -> float:
-    """Seconds that holds were in force in this process so far, the one in force now included:
-    the time no background compiler could run (Note [the wait follows the builds' share] in
-    runtime/machine/threads.py)."""
-    with _COND:
-        return _STATE["stopped"] + (_held_for() if _STATE["holds"] else 0.0)
-
-
-def _held_for() -> float:
-    """(under ``_COND``, a hold in force or expired) how long the holds now counted have held."""
-    return min(_clock() - _STATE["since"], MAX_HOLD_S)
+    return _STATE["holds"] > 0 and time.monotonic() - _STATE["since"] < MAX_HOLD_S
 
 
 def _signal_all(sig: int) -> None:
@@ -96,6 +82,16 @@ def _signal_all(sig: int) -> None:
                 pass  # it ended (or was reaped) meanwhile
 
 
+def compilers_under_way() -> tuple[float, list[int]]:
+    """The seconds background compilers have existed in this process so far, summed over them
+    (those under way until now; stopped or not), and the process ids of those under way: what
+    runtime/machine/progress.py measures their share of the machine against."""
+    with _COND:
+        now = time.monotonic()
+        return (_LIFE["ended"] + sum(now - t for t in _STARTED.values()),
+                [p.pid for p in _RUNNING if p.returncode is None])
+
+
 def hold() -> None:
     """Stop the background compilers (and start none) until the matching ``release``."""
     if not enabled():
@@ -105,7 +101,7 @@ def hold() -> None:
             _override()  # (an expired hold: this one starts its own clock)
         _STATE["holds"] += 1
         if _STATE["holds"] == 1:
-            _STATE["since"] = _clock()
+            _STATE["since"] = time.monotonic()
             _signal_all(signal.SIGSTOP)
 
 
@@ -116,7 +112,6 @@ def release() -> None:
             return  # (overridden by ``release_all`` meanwhile, or the pause was off at the hold)
         _STATE["holds"] -= 1
         if _STATE["holds"] == 0:
-            _STATE["stopped"] += _held_for()
             _signal_all(signal.SIGCONT)
             _COND.notify_all()
 
@@ -150,6 +145,7 @@ def run_compiler(cmd: list[str], preexec_fn: Callable[[], None] | None) -> subpr
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True, preexec_fn=preexec_fn)
         _RUNNING.add(proc)
+        _STARTED[proc.pid] = time.monotonic()
     try:
         while True:
             try:
@@ -169,13 +165,12 @@ def run_compiler(cmd: list[str], preexec_fn: Callable[[], None] | None) -> subpr
     finally:
         with _COND:
             _RUNNING.discard(proc)
+            _LIFE["ended"] += time.monotonic() - _STARTED.pop(proc.pid, time.monotonic())
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _override() -> None:
     """(under ``_COND``) every hold ended, the compilers continued and those waiting started."""
-    if _STATE["holds"]:
-        _STATE["stopped"] += _held_for()
     _STATE["holds"] = 0
     _signal_all(signal.SIGCONT)
     _COND.notify_all()

@@ -92,7 +92,7 @@ from runtime.options import current
 
 from . import pause
 
-__all__ = ["HOLD_CALLS_S", "POLICIES", "STARVED_SHARE", "builds_starved", "at_own_threads", "background_jobs", "beside_builds", "builds_ended",
+__all__ = ["HOLD_CALLS_S", "POLICIES", "SHARE_OVER_S", "STARVED_SHARE", "builds_starved", "at_own_threads", "background_jobs", "beside_builds", "builds_ended",
            "builds_started", "cores", "on_builds_ended", "overdue", "policy", "register", "reserving", "use_policy", "way_now"]
 
 _LOCK = threading.Lock()
@@ -110,40 +110,48 @@ _CHOSEN: dict[str, str | None] = {"policy": None}
 HOLD_CALLS_S = 10.0
 
 
-#: the compilers' share of the wall time since a program's builds started under which it waits for
+#: the compilers' share of the cores since a program's builds started under which it waits for
 #: them at once (Note [the wait follows the builds' share]: 1 less the smallest gain recorded)
 STARVED_SHARE = 0.15
+#: seconds of compiler lifetime a share is taken over before it decides (its CPU times come in
+#: ticks of 10 ms: a share over less is mostly rounding)
+SHARE_OVER_S = 0.25
 
 
 # Note [the wait follows the builds' share]: under calls first the compilers run only between
-# calls (and during the caller's own work outside fuseg's programs), so the time they get is the
-# wall time that no hold covered (``pause.stopped_seconds`` counts what holds covered). A
-# program whose kernels are still building runs its ATen path (eager's ops, ``t_e`` a call); once
-# built, its kernels (``t_k``). If the builds need ``B`` seconds of the cores to themselves and get
-# a share ``s`` of the wall time, calls first runs ``t_e`` calls for ``B/s`` seconds; waiting for
-# them at once runs no call for ``B`` seconds, then ``t_k`` calls: over those ``B/s`` seconds it
-# makes ``(1 - s) t_e / t_k`` times as many calls, more wherever ``s < 1 - t_k/t_e``, whatever
-# ``B`` is. ``t_k/t_e`` is not known before the kernels exist; the settled records put fuseg at
-# 0.64-0.85x eager's call (perf/results/amd-epyc-zen4/compiled_realistic_protocol_cpu.json), so
-# under ``STARVED_SHARE`` = 0.15 (1 - 0.85) waiting at once wins on every model recorded; above it
-# the program goes on running its ATen path to the fixed bound (``WAIT_AFTER_S``), as before: a
-# caller that leaves the cores idle between calls (a server between requests, a generate loop's
-# own Python on one core) gives the builds their time. The share is taken at a program's call
-# after its first one since the builds started (the call that starts them, in the middle of
-# dynamo's compile that holds the pause, never waits: its first call stays short, goal 2), and
+# calls (and beside the caller's own work outside fuseg's programs), at SCHED_IDLE. A program
+# whose kernels are still building runs its ATen path (eager's ops, ``t_e`` a call); once built,
+# its kernels (``t_k``). If the builds need ``B`` seconds of the cores to themselves and get a
+# share ``s`` of them, calls first runs ``t_e`` calls for ``B/s`` seconds; waiting for them at once
+# runs no call for ``B`` seconds, then ``t_k`` calls: over those ``B/s`` seconds it makes
+# ``(1 - s) t_e / t_k`` times as many calls, more wherever ``s < 1 - t_k/t_e``, whatever ``B`` is.
+# ``t_k/t_e`` is not known before the kernels exist; the settled records put fuseg at 0.64-0.85x
+# eager's call (perf/results/amd-epyc-zen4/compiled_realistic_protocol_cpu.json), so under
+# ``STARVED_SHARE`` = 0.15 (1 - 0.85) waiting at once wins on every model recorded; above it the
+# program goes on running its ATen path to the fixed bound (``WAIT_AFTER_S``), as before: a
+# caller that leaves cores idle (a server between requests, a generate loop's Python on one
+# core) gives the builds their time. The share is measured, not inferred from the calls: the
+# compilers' CPU seconds over the seconds they existed (runtime/machine/progress.py). The time
+# between calls is no measure of it: a tiny Llama called back to back spent about 13% of the
+# wall time outside its calls, yet its compilers, started in those gaps and stopped at each call
+# (with torch's OpenMP workers still spinning on the other core), did not end within 8 s where
+# they take about 1.5 s alone. A share is taken over ``SHARE_OVER_S`` of compiler lifetime at
+# least, at a program's call after its first one since the builds started (the call that starts
+# them, in the middle of dynamo's compile, never waits: the first call stays short, goal 2), and
 # only under calls first with the pause on (under ``"cores"`` the compilers have cores of their
 # own; under ``"idle"`` they run beside calls; both keep the fixed bound). Measured before the
 # rule (GPT-2-768, calls back to back, this two-vCPU Zen 4, 2026-12-07): its builds took 1.2 s
 # with the cores to themselves, yet the call that waited at the 10 s bound still waited 1.17 s
-# for them: the share was about nothing, and ten seconds ran the ATen path for no progress.
-def builds_starved(elapsed: float, stopped: float) -> bool:
-    """Whether a program whose builds started ``elapsed`` seconds ago, during which holds stopped
-    the compilers ``stopped`` seconds, should wait for them now (Note [the wait follows the
-    builds' share]): under calls first with the pause on, their share of that time is under
-    ``STARVED_SHARE``."""
-    if elapsed <= 0 or policy() != "calls-first" or not pause.enabled():
+# for them: ten seconds of the ATen path for almost no progress.
+def builds_starved(share: tuple[float, float] | None) -> bool:
+    """Whether a program whose compilers got ``share`` (their share of the cores, and the seconds
+    of compiler lifetime it was taken over: runtime/machine/progress.py's ``share_since``) should
+    wait for them now (Note [the wait follows the builds' share]): under calls first with the
+    pause on, a share under ``STARVED_SHARE`` taken over ``SHARE_OVER_S`` or more."""
+    if share is None or policy() != "calls-first" or not pause.enabled():
         return False
-    return 1.0 - min(stopped, elapsed) / elapsed < STARVED_SHARE
+    got, over = share
+    return over >= SHARE_OVER_S and got < STARVED_SHARE
 
 
 def policy() -> str:
