@@ -142,7 +142,11 @@ SHARE_OVER_S = 0.25
 # own; under ``"idle"`` they run beside calls; both keep the fixed bound). Measured before the
 # rule (GPT-2-768, calls back to back, this two-vCPU Zen 4, 2026-12-07): its builds took 1.2 s
 # with the cores to themselves, yet the call that waited at the 10 s bound still waited 1.17 s
-# for them: ten seconds of the ATen path for almost no progress.
+# for them: ten seconds of the ATen path for almost no progress. Before and after
+# (perf/results/amd-epyc-zen4/builds_share_cpu.json, ``python -m perf.experiments.builds_share``:
+# five realistic models, the first 30 s of calls back to back, each window's mean call over eager's
+# at the same moments): 0.84-0.94x eager before, 0.72-0.84x after; the builds ended at 11.1-13.0 s
+# before, 2.0-3.3 s after.
 def builds_starved(share: tuple[float, float] | None) -> bool:
     """Whether a program whose compilers got ``share`` (their share of the cores, and the seconds
     of compiler lifetime it was taken over: runtime/machine/progress.py's ``share_since``) should
