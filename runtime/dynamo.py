@@ -65,7 +65,7 @@ def _hold(_args: Any) -> None:
     with _DYNAMO_LOCK:
         if not _DYNAMO_HOLDS:
             _DYNAMO_HOLDS.append(True)
-            pause.hold()
+            pause.hold(compile=True)
 
 
 def _release(_args: Any) -> None:
@@ -214,7 +214,7 @@ class FusegCompiler:
                 program, sizes = cache.get(key) or (None, {})
                 if program is None:
                     # (Note [compilers paused while dynamo traces]: the background ones stop meanwhile)
-                    with pause.held():
+                    with pause.held(compile=True):
                         with _disable_current_modes():  # Note [compiling outside the caller's modes]
                             graph = from_fx(gm, list(args), name=gm.meta.get("fuseg_name") or f"aot_graph_{len(self.compiled)}",
                                             number_outputs=sizes)
@@ -268,7 +268,7 @@ class FusegCompiler:
         sizes: dict[int, Any] = {}
         try:
             # (Note [compilers paused while dynamo traces]: the background ones stop meanwhile)
-            with _disable_current_modes(), symbolic_hashing(), pause.held():  # Note [compiling outside the caller's modes]
+            with _disable_current_modes(), symbolic_hashing(), pause.held(compile=True):  # Note [compiling outside the caller's modes]
                 graph = from_fx(gm, list(args), name=gm.meta.get("fuseg_name") or f"aot_graph_{len(self.compiled)}", number_outputs=sizes,
                                 symbolic=True)
                 program = CompiledProgram(apply_aliases(segment(graph, self.options), self.mode), self.backend,

@@ -67,13 +67,13 @@ def test_a_compiler_held_stopped_has_no_share_and_one_let_run_has_one(tmp_path, 
 
 # (share, seconds it was taken over, policy, pause on) -> whether the program waits now
 STARVED = [
-    ((0.0, 1.0, "calls-first", True), True),      # calls back to back: the compilers stopped
-    ((0.12, 0.3, "calls-first", True), True),
-    ((0.2, 0.3, "calls-first", True), False),     # a caller that leaves them time
-    ((0.0, 0.1, "calls-first", True), False),     # too short to say
-    ((0.0, 1.0, "cores", True), False),           # the compilers have cores of their own
-    ((0.0, 1.0, "idle", True), False),            # they run beside the calls
-    ((0.0, 1.0, "calls-first", False), False),    # the pause is off: calls never stop them
+    ((0.0, 1.5, "calls-first", True), True),      # calls back to back: the compilers stopped
+    ((0.12, 1.0, "calls-first", True), True),
+    ((0.2, 3.0, "calls-first", True), False),     # a caller that leaves them time
+    ((0.0, 0.5, "calls-first", True), False),     # too short to say: a burst of calls
+    ((0.0, 1.5, "cores", True), False),           # the compilers have cores of their own
+    ((0.0, 1.5, "idle", True), False),            # they run beside the calls
+    ((0.0, 1.5, "calls-first", False), False),    # the pause is off: calls never stop them
 ]
 
 
@@ -89,6 +89,21 @@ def test_nothing_measured_is_no_reason_to_wait(monkeypatch) -> None:
     monkeypatch.setitem(threads._CHOSEN, "policy", "calls-first")
     monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
     assert progress.share_since(None) is None and not threads.builds_starved(None)
+
+
+def test_a_compile_starts_the_share_again(monkeypatch) -> None:
+    """A compile (dynamo's trace, fuseg's making of a program) holds the compilers by design: the
+    share is taken again from its end, not across it; a call's hold changes nothing."""
+    monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
+    start = progress.mark()
+    with pause.held():  # (a call's)
+        pass
+    assert progress.since_the_last_compile(start) is start
+    with pause.held(compile=True):
+        pass
+    again = progress.since_the_last_compile(start)
+    assert again is not start and again.compiles == pause.compiles() == start.compiles + 1
+    assert progress.since_the_last_compile(again) is again
 
 
 @pytest.fixture

@@ -268,6 +268,7 @@ class CompiledProgram:
         if self._interim_calls == 0 or now - self._share_looked < _SHARE_EVERY_S:
             return False
         self._share_looked = now
+        self._compilers_at_start = progress.since_the_last_compile(self._compilers_at_start)
         return threads.builds_starved(progress.share_since(self._compilers_at_start))
 
     def wait_for_builds(self) -> None:

@@ -41,14 +41,14 @@ from collections.abc import Callable, Iterator
 
 from runtime.options import current
 
-__all__ = ["MAX_HOLD_S", "compilers_under_way", "enabled", "held", "hold", "holding", "release", "release_all",
+__all__ = ["MAX_HOLD_S", "compilers_under_way", "compiles", "enabled", "held", "hold", "holding", "release", "release_all",
            "run_compiler"]
 
 #: seconds after which a hold is overridden (a leaked one must not stop the builds for good)
 MAX_HOLD_S = 120.0
 _POLL_S = 0.5
 _COND = threading.Condition()
-_STATE = {"holds": 0, "since": 0.0}
+_STATE = {"holds": 0, "since": 0.0, "compiles": 0}  # compiles: holds for a compile so far (``compiles``)
 _RUNNING: set[subprocess.Popen] = set()  # background compilers under way, each leader of its group
 #: when each compiler under way started, and the seconds the ended ones lasted (``compilers_under_way``)
 _STARTED: dict[int, float] = {}
@@ -92,11 +92,20 @@ def compilers_under_way() -> tuple[float, list[int]]:
                 [p.pid for p in _RUNNING if p.returncode is None])
 
 
-def hold() -> None:
-    """Stop the background compilers (and start none) until the matching ``release``."""
+def compiles() -> int:
+    """How many holds for a compile (dynamo's trace of a frame, fuseg's making of a program) this
+    process has made so far: the time they hold is no measure of how a caller's calls share the
+    cores with the compilers (Note [the wait follows the builds' share] in runtime/machine/threads.py)."""
+    return _STATE["compiles"]
+
+
+def hold(compile: bool = False) -> None:
+    """Stop the background compilers (and start none) until the matching ``release``;
+    ``compile``: the hold is for a compile, not a call (``compiles``)."""
     if not enabled():
         return
     with _COND:
+        _STATE["compiles"] += compile
         if _STATE["holds"] and not _in_force():
             _override()  # (an expired hold: this one starts its own clock)
         _STATE["holds"] += 1
@@ -124,9 +133,9 @@ def release_all() -> None:
 
 
 @contextlib.contextmanager
-def held() -> Iterator[None]:
-    """``hold()`` for the block."""
-    hold()
+def held(compile: bool = False) -> Iterator[None]:
+    """``hold(compile)`` for the block."""
+    hold(compile)
     try:
         yield
     finally:

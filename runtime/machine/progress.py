@@ -15,20 +15,23 @@ the fixed bound, as it did before). Where there is no /proc, nothing is measured
 from __future__ import annotations
 
 import os
-import resource
+import time
 from typing import NamedTuple
 
 from . import pause
 
-__all__ = ["Mark", "mark", "share_since"]
+__all__ = ["Mark", "mark", "share_since", "since_the_last_compile"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class Mark(NamedTuple):
-    """The compilers' CPU seconds and their summed lifetimes at some moment."""
+    """The compilers' CPU seconds and their summed lifetimes at some moment, and how many
+    compiles had held them by then (``pause.compiles``)."""
     cpu_s: float
     life_s: float
+    compiles: int
+    at: float  # (time.monotonic())
 
 
 def _group_cpu(pid: int) -> float:
@@ -48,6 +51,8 @@ def _group_cpu(pid: int) -> float:
 
 
 def _ended_cpu() -> float:
+    import resource  # (POSIX only: where there is /proc there is this)
+
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
@@ -60,16 +65,25 @@ def mark() -> Mark | None:
     # those under way first, then the ended: one that ends in between counts twice (a larger
     # share, the safe side), never not at all
     live = sum(_group_cpu(p) for p in pids)
-    return Mark(live + _ended_cpu(), life)
+    return Mark(live + _ended_cpu(), life, pause.compiles(), time.monotonic())
+
+
+def since_the_last_compile(start: Mark | None) -> Mark | None:
+    """``start``, or a mark taken now where a compile has held the compilers since ``start``
+    was taken: the share is measured over the caller's calls, not over a trace of dynamo's
+    (Note [the wait follows the builds' share])."""
+    if start is not None and start.compiles == pause.compiles():
+        return start
+    return mark()
 
 
 def share_since(start: Mark | None) -> tuple[float, float] | None:
-    """(the compilers' share of the cores they would have used alone, the seconds of compiler
-    lifetime it is taken over) since ``start``; None where nothing can be measured."""
+    """(the compilers' share of the cores they would have used alone, the seconds since
+    ``start`` it is taken over); None where nothing can be measured, or no compiler existed."""
     now = mark()
     if start is None or now is None:
         return None
     life = now.life_s - start.life_s
     if life <= 0:
         return None
-    return min(1.0, max(0.0, now.cpu_s - start.cpu_s) / life), life
+    return min(1.0, max(0.0, now.cpu_s - start.cpu_s) / life), now.at - start.at

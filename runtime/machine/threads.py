@@ -113,9 +113,9 @@ HOLD_CALLS_S = 10.0
 #: the compilers' share of the cores since a program's builds started under which it waits for
 #: them at once (Note [the wait follows the builds' share]: 1 less the smallest gain recorded)
 STARVED_SHARE = 0.15
-#: seconds of compiler lifetime a share is taken over before it decides (its CPU times come in
-#: ticks of 10 ms: a share over less is mostly rounding)
-SHARE_OVER_S = 0.25
+#: seconds a share is taken over before it decides: a caller's pattern of calls, not one burst of
+#: them (the compilers' CPU times also come in ticks of 10 ms)
+SHARE_OVER_S = 1.0
 
 
 # Note [the wait follows the builds' share]: under calls first the compilers run only between
@@ -127,17 +127,28 @@ SHARE_OVER_S = 0.25
 # ``(1 - s) t_e / t_k`` times as many calls, more wherever ``s < 1 - t_k/t_e``, whatever ``B`` is.
 # ``t_k/t_e`` is not known before the kernels exist; the settled records put fuseg at 0.64-0.85x
 # eager's call (perf/results/amd-epyc-zen4/compiled_realistic_protocol_cpu.json), so under
-# ``STARVED_SHARE`` = 0.15 (1 - 0.85) waiting at once wins on every model recorded; above it the
+# ``STARVED_SHARE`` = 0.15 (1 - 0.85) waiting at once wins on every float32 model recorded (bf16
+# models gain less, 0.79-0.98x eager: there a share between 1 - t_k/t_e and 0.15 makes waiting at
+# once the worse, by at most 13% fewer calls until calls first would have ended the builds; calls
+# back to back give a share near 0, where waiting wins on all). Above it the
 # program goes on running its ATen path to the fixed bound (``WAIT_AFTER_S``), as before: a
 # caller that leaves cores idle (a server between requests, a generate loop's Python on one
-# core) gives the builds their time. The share is measured, not inferred from the calls: the
-# compilers' CPU seconds over the seconds they existed (runtime/machine/progress.py). The time
-# between calls is no measure of it: a tiny Llama called back to back spent about 13% of the
-# wall time outside its calls, yet its compilers, started in those gaps and stopped at each call
-# (with torch's OpenMP workers still spinning on the other core), did not end within 8 s where
-# they take about 1.5 s alone. A share is taken over ``SHARE_OVER_S`` of compiler lifetime at
-# least, at a program's call after its first one since the builds started (the call that starts
-# them, in the middle of dynamo's compile, never waits: the first call stays short, goal 2), and
+# core) gives the builds their time. The share is measured, not inferred from the time between
+# calls: the compilers' CPU seconds over the seconds they existed (runtime/machine/progress.py),
+# which counts what they really got of that time (torch's OpenMP workers spin on after a region,
+# and each stop and continue costs a signal to every compiler's group). A tiny Llama called back
+# to back (calls of about 1.3 ms; dynamo's guards and the loop's Python between them) gave its
+# compilers 24-42% of the cores: calls first goes on there, as its kernels gain about 20%
+# (0.78-0.84x eager once built), and its builds end near the fixed bound. A share is taken over
+# ``SHARE_OVER_S`` (1 s) at least, since the later of the builds' start and the last compile
+# (dynamo's trace of a frame, fuseg's making of a program: they hold the compilers by design and
+# say nothing of how the caller's calls leave them time), so that it covers the caller's pattern
+# of calls, not one burst. phi3-tiny's generate loop (calls with transformers' Python between
+# them) gave its compilers 50-57% over the 10 s before the fixed bound; a first version of this
+# rule that decided over a quarter second of compiler lifetime, right after dynamo's re-trace at
+# the second prompt length, read 13% and waited 8 s for every build queued (scratch runs,
+# 2026-12-07). The share is looked at a program's calls after its first one since the builds
+# started (the call that starts them never waits: the first call stays short, goal 2), and
 # only under calls first with the pause on (under ``"cores"`` the compilers have cores of their
 # own; under ``"idle"`` they run beside calls; both keep the fixed bound). Measured before the
 # rule (GPT-2-768, calls back to back, this two-vCPU Zen 4, 2026-12-07): its builds took 1.2 s
@@ -149,7 +160,7 @@ SHARE_OVER_S = 0.25
 # before, 2.0-3.3 s after.
 def builds_starved(share: tuple[float, float] | None) -> bool:
     """Whether a program whose compilers got ``share`` (their share of the cores, and the seconds
-    of compiler lifetime it was taken over: runtime/machine/progress.py's ``share_since``) should
+    it was taken over: runtime/machine/progress.py's ``share_since``) should
     wait for them now (Note [the wait follows the builds' share]): under calls first with the
     pause on, a share under ``STARVED_SHARE`` taken over ``SHARE_OVER_S`` or more."""
     if share is None or policy() != "calls-first" or not pause.enabled():
