@@ -45,7 +45,8 @@ a build ran (torch's CPU attention waiting for its second OpenMP thread; scratch
 protocol with timers around each call and torch's profiler, not committed). A caller busy on
 every core gives such a compiler no time, so a program whose builds are not done
 ``WAIT_AFTER_S`` (10 s) after they started waits for them at its next call (the cores are then
-idle, and the compilers run). A program is made again once, at the first call that finds its
+idle, and the compilers run), and sooner where their measured share of the cores says they are
+starved (Note [the wait follows the builds' share] in runtime/machine/threads.py). A program is made again once, at the first call that finds its
 builds done (0.05-0.35 s of Python for a tiny LM's graphs, the launches' source generated
 again: a timer around ``rebuild`` in scratch runs of that protocol).
 

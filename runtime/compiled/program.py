@@ -245,8 +245,9 @@ class CompiledProgram:
     def _built(self) -> bool:
         """Whether the builds started are done; the first call that sees them done makes the
         program again with its kernels (then True, and ``entry`` is the new program's). A build
-        still under way ``WAIT_AFTER_S`` after it started is waited for here (its compilers run
-        only on idle cores: a caller busy on every core would otherwise never give them time)."""
+        still under way ``WAIT_AFTER_S`` after it started, or starved sooner (``_wait_now``), is
+        waited for here (its compilers run only on idle cores: a caller busy on every core would
+        otherwise never give them time)."""
         if self._building is None:
             return False
         if not all(f.done() for f in self._building):
