@@ -362,7 +362,7 @@ def _measure_ladders(threads: int) -> dict[str, Any]:
         return _medians(out[:2 * calls])
 
     own = torch.get_num_threads()
-    with pause.held():
+    with pause.held(compile=True):  # (a measurement, not a call: Note [the wait follows the builds' share])
         torch.set_num_threads(threads)
         try:
             return _ladders_of(run, threads)

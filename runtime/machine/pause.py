@@ -93,9 +93,10 @@ def compilers_under_way() -> tuple[float, list[int]]:
 
 
 def compiles() -> int:
-    """How many holds for a compile (dynamo's trace of a frame, fuseg's making of a program) this
-    process has made so far: the time they hold is no measure of how a caller's calls share the
-    cores with the compilers (Note [the wait follows the builds' share] in runtime/machine/threads.py)."""
+    """How many holds for a compile (dynamo's trace of a frame, fuseg's making of a program, or
+    the thread thresholds' measurement) this process has made so far: the time they hold is no
+    measure of how a caller's calls share the cores with the compilers (Note [the wait follows
+    the builds' share] in runtime/machine/threads.py)."""
     return _STATE["compiles"]
 
 
