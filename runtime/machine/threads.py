@@ -156,8 +156,8 @@ SHARE_OVER_S = 1.0
 # for them: ten seconds of the ATen path for almost no progress. Before and after
 # (perf/results/amd-epyc-zen4/builds_share_cpu.json, ``python -m perf.experiments.builds_share``:
 # five realistic models, the first 30 s of calls back to back, each window's mean call over eager's
-# at the same moments): 0.84-0.94x eager before, 0.72-0.84x after; the builds ended at 11.1-13.0 s
-# before, 2.0-3.3 s after.
+# at the same moments): 0.78-0.96x eager before, 0.75-0.81x after; the builds ended at 11.2-12.4 s
+# before, 2.5-3.3 s after.
 def builds_starved(share: tuple[float, float] | None) -> bool:
     """Whether a program whose compilers got ``share`` (their share of the cores, and the seconds
     it was taken over: runtime/machine/progress.py's ``share_since``) should
