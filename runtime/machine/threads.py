@@ -157,7 +157,12 @@ SHARE_OVER_S = 1.0
 # (perf/results/amd-epyc-zen4/builds_share_cpu.json, ``python -m perf.experiments.builds_share``:
 # five realistic models, the first 30 s of calls back to back, each window's mean call over eager's
 # at the same moments): 0.78-0.96x eager before, 0.75-0.81x after; the builds ended at 11.2-12.4 s
-# before, 2.5-3.3 s after.
+# before, 2.5-3.3 s after. What it does not yet tell apart: back to back, those models' compilers
+# got 4-15% over the first second (startup; about 3% a second after it); phi3-tiny's generate
+# loop, right after a new plan, 12% over that second in one run and about 50% in another, so
+# a generate loop may wait for every build queued (5.7 s) where calls first would have ended
+# them in its gaps. A share below the threshold for two seconds in a row would separate the
+# runs seen so far; not done (scratch probes, 2026-12-07).
 def builds_starved(share: tuple[float, float] | None) -> bool:
     """Whether a program whose compilers got ``share`` (their share of the cores, and the seconds
     it was taken over: runtime/machine/progress.py's ``share_since``) should
