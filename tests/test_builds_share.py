@@ -91,6 +91,29 @@ def test_nothing_measured_is_no_reason_to_wait(monkeypatch) -> None:
     assert progress.share_since(None) is None and not threads.builds_starved(None)
 
 
+def test_a_program_waits_after_spans_in_a_row_each_starved(monkeypatch) -> None:
+    """``Starvation``: spans of ``SHARE_OVER_S`` are looked at one after another; the program waits
+    once ``STARVED_SPANS`` of them in a row had a share under ``STARVED_SHARE`` (one span with more
+    starts the count again; so does a compile). The shares are given here."""
+    monkeypatch.setitem(threads._CHOSEN, "policy", "calls-first")
+    monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
+    shares: list = []
+    monkeypatch.setattr(progress, "mark", lambda: progress.Mark(0.0, 0.0, pause.compiles(), 0.0))
+    monkeypatch.setattr(progress, "share_since", lambda start: shares.pop(0))
+    watch = threads.Starvation()
+    assert threads.STARVED_SPANS == 2
+    seen = []
+    for share in [None, (0.0, 0.4), (0.1, 1.0), (0.5, 1.2), (0.1, 1.0), (0.12, 1.1)]:
+        shares.append(share)
+        seen.append(watch.look())
+    # (nothing measured; too short; starved once; not starved; starved once; twice: wait)
+    assert seen == [False, False, False, False, False, True]
+    shares.append((0.1, 1.0))
+    with pause.held(compile=True):
+        pass
+    assert watch.look() is False and watch.starved == 1  # (a compile: counted again from it)
+
+
 def test_a_compile_starts_the_share_again(monkeypatch) -> None:
     """A compile (dynamo's trace, fuseg's making of a program) holds the compilers by design: the
     share is taken again from its end, not across it; a call's hold changes nothing."""

@@ -90,7 +90,7 @@ import torch
 
 from ..backends import SegmentLaunch
 from ..backends.torch_backend import TorchLaunch
-from ..machine import progress, threads
+from ..machine import threads
 
 if TYPE_CHECKING:
     from .program import CompiledProgram
@@ -112,7 +112,7 @@ def interim_launches(program: CompiledProgram, chosen: dict[int, SegmentLaunch])
         return chosen
     program._after_build = dict(chosen), dict(program.backend_of), dict(program.passed_over)
     program._building, program._building_since = futures, time.monotonic()
-    program._compilers_at_start, program._interim_calls = progress.mark(), 0
+    program._starvation, program._interim_calls = threads.Starvation(), 0
     interim = dict(chosen)
     for launch in waiting:
         i = launch.segment.index

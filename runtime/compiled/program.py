@@ -39,7 +39,7 @@ from ..codegen.source.symsizes import c_sizes
 from ..emit.inplace import plan_in_place_writes
 from ..emit.views import metadata_views, planned_views
 from ..emit.wrapper import Code
-from ..machine import pause, progress, threads
+from ..machine import pause, threads
 from . import trial
 from .background import interim_launches, rebuild
 from .chains import Chain, emit_chain, plan_chains
@@ -172,7 +172,7 @@ class CompiledProgram:
         self._building_since = 0.0  # (time.monotonic() when ``interim_launches`` started the builds)
         #: the compilers' progress then, the calls that ran torch's ops since, and when the share
         #: was last looked at (Note [the wait follows the builds' share] in runtime/machine/threads.py)
-        self._compilers_at_start: progress.Mark | None = None
+        self._starvation: threads.Starvation | None = None
         self._interim_calls, self._share_looked = 0, 0.0
         self._after_build: tuple[dict[int, SegmentLaunch], dict[int, str], dict[int, tuple]] | None = None
         if background:
@@ -261,16 +261,15 @@ class CompiledProgram:
     def _wait_now(self) -> bool:
         """Whether a call still finding builds under way waits for them: ``WAIT_AFTER_S`` after
         they started, or sooner where they are starved (Note [the wait follows the builds' share]
-        in runtime/machine/threads.py), looked at once every ``_SHARE_EVERY_S`` at most, at a call
-        after the first since they started."""
+        in runtime/machine/threads.py: ``Starvation``), looked at once every ``_SHARE_EVERY_S`` at
+        most, at a call after the first since they started."""
         now = time.monotonic()
         if now - self._building_since >= WAIT_AFTER_S:
             return True
         if self._interim_calls == 0 or now - self._share_looked < _SHARE_EVERY_S:
             return False
         self._share_looked = now
-        self._compilers_at_start = progress.since_the_last_compile(self._compilers_at_start)
-        return threads.builds_starved(progress.share_since(self._compilers_at_start))
+        return self._starvation is not None and self._starvation.look()
 
     def wait_for_builds(self) -> None:
         """Wait for the builds started in the background, then run the kernels from now on."""

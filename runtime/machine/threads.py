@@ -90,9 +90,9 @@ import torch
 
 from runtime.options import current
 
-from . import pause
+from . import pause, progress
 
-__all__ = ["HOLD_CALLS_S", "POLICIES", "SHARE_OVER_S", "STARVED_SHARE", "builds_starved", "at_own_threads", "background_jobs", "beside_builds", "builds_ended",
+__all__ = ["HOLD_CALLS_S", "POLICIES", "SHARE_OVER_S", "STARVED_SHARE", "STARVED_SPANS", "Starvation", "builds_starved", "at_own_threads", "background_jobs", "beside_builds", "builds_ended",
            "builds_started", "cores", "on_builds_ended", "overdue", "policy", "register", "reserving", "use_policy", "way_now"]
 
 _LOCK = threading.Lock()
@@ -116,6 +116,8 @@ STARVED_SHARE = 0.15
 #: seconds a share is taken over before it decides: a caller's pattern of calls, not one burst of
 #: them (the compilers' CPU times also come in ticks of 10 ms)
 SHARE_OVER_S = 1.0
+#: such spans in a row with a share under ``STARVED_SHARE`` before a program waits
+STARVED_SPANS = 2
 
 
 # Note [the wait follows the builds' share]: under calls first the compilers run only between
@@ -157,12 +159,13 @@ SHARE_OVER_S = 1.0
 # (perf/results/amd-epyc-zen4/builds_share_cpu.json, ``python -m perf.experiments.builds_share``:
 # five realistic models, the first 30 s of calls back to back, each window's mean call over eager's
 # at the same moments): 0.78-0.96x eager before, 0.75-0.81x after; the builds ended at 11.2-12.4 s
-# before, 2.5-3.3 s after. What it does not yet tell apart: back to back, those models' compilers
-# got 4-15% over the first second (startup; about 3% a second after it); phi3-tiny's generate
-# loop, right after a new plan, 12% over that second in one run and about 50% in another, so
-# a generate loop may wait for every build queued (5.7 s) where calls first would have ended
-# them in its gaps. A share below the threshold for two seconds in a row would separate the
-# runs seen so far; not done (scratch probes, 2026-12-07).
+# before, 2.5-3.3 s after (a program then waited after one starved span). One span did not
+# tell apart: back to back, those models' compilers got 4-15% over the first second (startup;
+# about 3% a second after it); phi3-tiny's generate loop, right after a new plan, 12% over that
+# second in one run and about 50% in another, so a generate loop waited for every build queued
+# (5.7 s) where calls first would have ended them in its gaps. So a program waits only after ``STARVED_SPANS`` (2) spans of ``SHARE_OVER_S`` in a
+# row each under the threshold (``Starvation``): back to back, GPT-2-768's compilers got 13.6%
+# and then 10.5% (then about 3% a second), so it waits at about 2 s instead of 1 s.
 def builds_starved(share: tuple[float, float] | None) -> bool:
     """Whether a program whose compilers got ``share`` (their share of the cores, and the seconds
     it was taken over: runtime/machine/progress.py's ``share_since``) should
@@ -172,6 +175,27 @@ def builds_starved(share: tuple[float, float] | None) -> bool:
         return False
     got, over = share
     return over >= SHARE_OVER_S and got < STARVED_SHARE
+
+
+class Starvation:
+    """A program's look at its compilers' share while its builds are under way (Note [the wait
+    follows the builds' share]), span by span: ``look()`` says whether the program waits now."""
+
+    def __init__(self) -> None:
+        self.start, self.starved = progress.mark(), 0
+
+    def look(self) -> bool:
+        """Whether the last ``STARVED_SPANS`` spans of ``SHARE_OVER_S`` or more since the later of
+        the builds' start and the last compile were each starved (``builds_starved``)."""
+        start = progress.since_the_last_compile(self.start)
+        if start is not self.start:
+            self.start, self.starved = start, 0
+        share = progress.share_since(self.start)
+        if share is None or share[1] < SHARE_OVER_S:
+            return False
+        self.starved = self.starved + 1 if builds_starved(share) else 0
+        self.start = progress.mark()
+        return self.starved >= STARVED_SPANS
 
 
 def policy() -> str:
