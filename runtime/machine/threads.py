@@ -158,14 +158,18 @@ STARVED_SPANS = 2
 # for them: ten seconds of the ATen path for almost no progress. Before and after
 # (perf/results/amd-epyc-zen4/builds_share_cpu.json, ``python -m perf.experiments.builds_share``:
 # five realistic models, the first 30 s of calls back to back, each window's mean call over eager's
-# at the same moments): 0.78-0.96x eager before, 0.75-0.81x after; the builds ended at 11.2-12.4 s
-# before, 2.5-3.3 s after (a program then waited after one starved span). One span did not
+# at the same moments), with one starved span enough: 0.78-0.96x eager before, 0.75-0.81x after;
+# the builds ended at 11.2-12.4 s before, 2.5-3.3 s after. One span did not
 # tell apart: back to back, those models' compilers got 4-15% over the first second (startup;
 # about 3% a second after it); phi3-tiny's generate loop, right after a new plan, 12% over that
 # second in one run and about 50% in another, so a generate loop waited for every build queued
 # (5.7 s) where calls first would have ended them in its gaps. So a program waits only after ``STARVED_SPANS`` (2) spans of ``SHARE_OVER_S`` in a
 # row each under the threshold (``Starvation``): back to back, GPT-2-768's compilers got 13.6%
-# and then 10.5% (then about 3% a second), so it waits at about 2 s instead of 1 s.
+# and then 10.5% (then about 3% a second), so it waits at about 2 s instead of 1 s; and the
+# generate loop waited at the fixed bound in two probes of two, for 1.05-1.44 s. The same
+# experiment with two spans: 0.79-0.92x eager before, 0.71-0.91x after (llama-1024 0.895 ->
+# 0.912, no gain there in that run; the others 0.07-0.11 less); builds ended at 11.2-12.1 s
+# before, 3.7-4.4 s after.
 def builds_starved(share: tuple[float, float] | None) -> bool:
     """Whether a program whose compilers got ``share`` (their share of the cores, and the seconds
     it was taken over: runtime/machine/progress.py's ``share_since``) should
