@@ -21,6 +21,7 @@ from runtime.machine import pause, progress, threads
 
 from .test_background_builds import _planned
 from .test_dynamic import check_size as _check
+from .test_pause import _wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat") or build.cpu_compiler() is None,
                                 reason="needs Linux's /proc and a C++ compiler")
@@ -34,15 +35,6 @@ def _spinner(tmp_path, then: str = "") -> str:
     script.write_text(f'#!/bin/sh\n"{sys.executable}" -c "{_SPIN}"\n{then}\n')
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script)
-
-
-def _wait_for(cond, seconds: float = 10.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def test_a_compiler_held_stopped_has_no_share_and_one_let_run_has_one(tmp_path, monkeypatch) -> None:
