@@ -50,7 +50,8 @@ _POLL_S = 0.5
 _COND = threading.Condition()
 _STATE = {"holds": 0, "since": 0.0, "compiles": 0}  # compiles: holds for a compile so far (``compiles``)
 _RUNNING: set[subprocess.Popen] = set()  # background compilers under way, each leader of its group
-#: when each compiler under way started, and the seconds the ended ones lasted (``compilers_under_way``)
+#: when each compiler under way was asked for (started or waiting for a release to start), and
+#: the seconds the ended ones lasted from then (``compilers_under_way``)
 _STARTED: dict[int, float] = {}
 _LIFE = {"ended": 0.0}
 _CAN_STOP = hasattr(os, "killpg") and hasattr(signal, "SIGSTOP")
@@ -84,8 +85,9 @@ def _signal_all(sig: int) -> None:
 
 def compilers_under_way() -> tuple[float, list[int]]:
     """The seconds background compilers have existed in this process so far, summed over them
-    (those under way until now; stopped or not), and the process ids of those under way: what
-    runtime/machine/progress.py measures their share of the machine against."""
+    (each from when its build asked for it, so a compiler a hold keeps from starting counts as
+    one that gets nothing; those under way until now, stopped or not), and the process ids of
+    those running: what runtime/machine/progress.py measures their share of the machine against."""
     with _COND:
         now = time.monotonic()
         return (_LIFE["ended"] + sum(now - t for t in _STARTED.values()),
@@ -146,16 +148,21 @@ def held(compile: bool = False) -> Iterator[None]:
 def run_compiler(cmd: list[str], preexec_fn: Callable[[], None] | None) -> subprocess.CompletedProcess:
     """A background build's compiler: started when no hold is in force, in a process group of its
     own (so that a hold stops its children too), and waited for, stopped or not."""
+    token = object()  # (its lifetime counts from here: a compiler that a hold keeps from starting is starved too)
     with _COND:
-        while _STATE["holds"] > 0:
-            if not _in_force():
-                _override()
-                break
-            _COND.wait(_POLL_S)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, preexec_fn=preexec_fn)
+        _STARTED[id(token)] = time.monotonic()
+        try:
+            while _STATE["holds"] > 0:
+                if not _in_force():
+                    _override()
+                    break
+                _COND.wait(_POLL_S)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True, preexec_fn=preexec_fn)
+        except BaseException:
+            _LIFE["ended"] += time.monotonic() - _STARTED.pop(id(token))
+            raise
         _RUNNING.add(proc)
-        _STARTED[proc.pid] = time.monotonic()
     try:
         while True:
             try:
@@ -175,7 +182,7 @@ def run_compiler(cmd: list[str], preexec_fn: Callable[[], None] | None) -> subpr
     finally:
         with _COND:
             _RUNNING.discard(proc)
-            _LIFE["ended"] += time.monotonic() - _STARTED.pop(proc.pid, time.monotonic())
+            _LIFE["ended"] += time.monotonic() - _STARTED.pop(id(token))
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
