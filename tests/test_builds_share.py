@@ -57,6 +57,23 @@ def test_a_compiler_held_stopped_has_no_share_and_one_let_run_has_one(tmp_path, 
     assert pause.compilers_under_way()[1] == []
 
 
+def test_a_compiler_a_hold_keeps_from_starting_counts_as_starved(tmp_path, monkeypatch) -> None:
+    """A compiler asked for while a hold is in force does not start (Note [compilers paused while
+    dynamo traces]); its lifetime counts from the asking, so its share is nothing, not unmeasured
+    (calls back to back that never let it start once never made a program wait)."""
+    monkeypatch.setenv("FUSEG_PAUSE_BUILDS", "1")
+    with pause.held():
+        start = progress.mark()
+        done = threading.Thread(target=pause.run_compiler, args=([_spinner(tmp_path)], None))
+        done.start()
+        time.sleep(0.3)
+        life, running = pause.compilers_under_way()
+        share = progress.share_since(start)
+        assert running == [] and share is not None and share[0] == 0.0, (life, running, share)
+    done.join(30)
+    assert not done.is_alive()
+
+
 # (share, seconds it was taken over, policy, pause on) -> whether the program waits now
 STARVED = [
     ((0.0, 1.5, "calls-first", True), True),      # calls back to back: the compilers stopped
