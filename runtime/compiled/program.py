@@ -170,8 +170,9 @@ class CompiledProgram:
         #: once it is done (its launches, and what ``backend_of``/``passed_over`` then say)
         self._building: Any = None
         self._building_since = 0.0  # (time.monotonic() when ``interim_launches`` started the builds)
-        #: the compilers' progress then, the calls that ran torch's ops since, and when the share
-        #: was last looked at (Note [the wait follows the builds' share] in runtime/machine/threads.py)
+        #: the look at the compilers' share since the builds started, the calls that ran torch's
+        #: ops since, and when the share was last looked at (Note [the wait follows the builds'
+        #: share] in runtime/machine/threads.py)
         self._starvation: threads.Starvation | None = None
         self._interim_calls, self._share_looked = 0, 0.0
         self._after_build: tuple[dict[int, SegmentLaunch], dict[int, str], dict[int, tuple]] | None = None
