@@ -74,7 +74,8 @@ from runtime.codegen.build import wait_for_background_builds
 
 from .bench import environment
 
-__all__ = ["CONTESTANTS", "GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "bench_protocol", "load_model",
+__all__ = ["CONTESTANTS", "GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "bench_protocol", "compile_alone",
+           "load_model",
            "main", "protocol_model", "protocol_record", "protocol_summary", "timed_window"]
 
 from .models import DEFAULT, HELD_OUT, MODELS, UNSEEN
@@ -122,6 +123,35 @@ def _max_diff(got: Any, want: Any) -> float:
 
 #: the contestants of the protocol, in the order they are compared
 CONTESTANTS = ("eager", "inductor", "fuseg")
+
+
+# Note [contestants compile alone]: dynamo keeps two things per function for the whole process,
+# shared by every ``torch.compile`` of it whatever the backend: which sizes changed between its
+# compiles (automatic dynamic: a later compile makes those sizes symbolic from its first graph)
+# and one recompile limit. Contestants compiled one after another in one process would share
+# both, so the second would start from what the first learnt. Found by the generation protocol
+# (perf.dynamic_shapes): all four models share ``forward``'s code, and whichever of Inductor and
+# fuseg came second compiled symbolic graphs at its first generate and never recompiled in its
+# window; the one that came first recompiled at the second prompt length (Inductor about 13 s,
+# fuseg about 3 s). The record of 2026-12-07 put fuseg at 1.24x and 1.22x Inductor's window on
+# phi3 and starcoder2, where fuseg came first, and at 0.51x and 0.44x on qwen2 and olmo, where it
+# came second. ``compile_alone`` forgets the sizes seen (torch's own PGO state, reset as
+# ``torch._dynamo.reset`` resets it, without dropping the graphs compiled) and gives the compile a
+# recompile limit of its own (``isolate_recompiles``, where torch has it). torch.compile is lazy:
+# a contestant is compiled this way right before its first call.
+
+
+def compile_alone(fn: Any, **kw: Any) -> Any:
+    """``torch.compile(fn, **kw)`` as the only compile of ``fn`` in this process would be (Note
+    [contestants compile alone]); call it right before the compiled function's first call."""
+    import inspect
+
+    from torch._dynamo import pgo
+
+    pgo.reset_code_state()
+    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:
+        kw.setdefault("isolate_recompiles", True)
+    return torch.compile(fn, **kw)
 
 
 def timed_window(call: Callable[[], Any], seconds: float) -> list[float]:
@@ -241,13 +271,13 @@ def _compile(fn: Any, variant: str) -> tuple[Callable[..., Any], Any]:
         from runtime.dynamo import FusegCompiler, compile_with_aot
 
         compiler = FusegCompiler(cuda_graphs=True)  # what options={"cuda_graphs": True} makes
-        return torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex)), compiler
+        return compile_alone(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex)), compiler
     kw: dict[str, Any] = {"inductor": {"backend": "inductor"},
                           "inductor_ro": {"backend": "inductor", "mode": "reduce-overhead"},
                           "fuseg": {"backend": "fuseg"},
                           "dynamo": {"backend": "eager"},  # the captured ops run as they are
                           "floor": {"backend": _no_work_backend}}[variant]  # no work at all
-    return torch.compile(fn, **kw), None
+    return compile_alone(fn, **kw), None
 
 
 def _graphs_record(compiler: Any) -> list[dict[str, Any]]:

@@ -139,11 +139,14 @@ def _named(backend: str) -> str:
     return backend
 
 
-def _compiled_forward(model: Any, backend: str) -> None:
-    import torch
+def _compiled_forward(model: Any, backend: Any) -> None:
+    """``model.forward`` compiled by ``backend`` (a name, or a backend function) as the only compile
+    in the process would be (Note [contestants compile alone] in perf/compiled.py): the protocol
+    compiles its contestants one after another in one process, right before each one's first call."""
+    from perf.compiled import compile_alone
 
     if backend != "eager":
-        model.forward = torch.compile(model.forward, backend=_named(backend))
+        model.forward = compile_alone(model.forward, backend=_named(backend) if isinstance(backend, str) else backend)
 
 
 def _plans(backend: str) -> dict[str, Any]:
@@ -456,9 +459,11 @@ def run_train(name: str, backend: str) -> dict[str, Any]:
 
     import torch
 
+    from perf.compiled import compile_alone
+
     model = _model(name).train()
     ref = copy.deepcopy(model)
-    step = model if backend == "eager" else torch.compile(model, backend=_named(backend))
+    step = model if backend == "eager" else compile_alone(model, backend=_named(backend))
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.01), torch.optim.SGD(ref.parameters(), lr=0.01)
     times, loss_diff, grad_diff, builds, full_gc = [], [], [], [], []
     collections = _FullCollections()
@@ -510,8 +515,10 @@ def run_train_interleaved(name: str, backends: list[str], passes: int, warm: int
     ``backends``."""
     import torch
 
+    from perf.compiled import compile_alone
+
     models = {b: _model(name).train() for b in backends}
-    steps = {b: m if b == "eager" else torch.compile(m, backend=_named(b)) for b, m in models.items()}
+    steps = {b: m if b == "eager" else compile_alone(m, backend=_named(b)) for b, m in models.items()}
     opts = {b: torch.optim.SGD(m.parameters(), lr=0.01) for b, m in models.items()}
     lengths = TRAIN_LENGTHS[:len(set(TRAIN_LENGTHS))]
     times: dict[str, list[float]] = {b: [] for b in backends}

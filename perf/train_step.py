@@ -99,6 +99,7 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
     import torch
 
     warnings.filterwarnings("ignore")
+    from perf.compiled import compile_alone
     from runtime.dynamo import fuseg_backend
 
     if window is not None:
@@ -115,7 +116,8 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
     for v, backend in backends.items():
         model = copy.deepcopy(base)
         # a backend per variant: dynamo would otherwise reuse one variant's graphs for another's copy
-        fn = model if backend is None else torch.compile(model, backend=backend)
+        # (and compiled as if alone in the process: Note [contestants compile alone] in perf/compiled.py)
+        fn = model if backend is None else compile_alone(model, backend=backend)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         variants[v] = (model, fn, opt)
         start = {k: p.detach().clone() for k, p in model.named_parameters()}

@@ -156,14 +156,54 @@ def test_processes_merge_their_protocols_number_by_number() -> None:
                                        "fuseg": {"window": {"calls": 4, "mean_s": 0.2}}}
 
 
+def _symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph dynamo hands a backend has a symbolic size among its inputs."""
+    for n in gm.graph.nodes:
+        v = n.meta.get("example_value") if n.op == "placeholder" else None
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape)):
+            return True
+    return False
+
+
+def _graphs_seen_by(name: str, seen: list[tuple[str, bool]]) -> Any:
+    """A backend that runs the graph as it is and notes, per graph, whether its sizes are symbolic."""
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.append((name, _symbolic(gm)))
+        return gm.forward
+    return backend
+
+
+def test_a_contestant_compiles_as_if_alone_in_its_process() -> None:
+    """Note [contestants compile alone]: a plain second ``torch.compile`` of a function whose sizes
+    changed under the first one starts with symbolic sizes; ``compile_alone`` starts static."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() + 1
+
+    torch._dynamo.reset()
+    seen: list[tuple[str, bool]] = []
+    first = compiled.compile_alone(f, backend=_graphs_seen_by("first", seen))
+    first(torch.ones(3))
+    first(torch.ones(4))
+    torch.compile(f, backend=_graphs_seen_by("plain", seen))(torch.ones(5))
+    alone = compiled.compile_alone(f, backend=_graphs_seen_by("alone", seen))
+    alone(torch.ones(6))
+    alone(torch.ones(7))
+    assert seen == [("first", False), ("first", True), ("plain", True), ("alone", False), ("alone", True)]
+    torch._dynamo.reset()
+
+
 def test_a_generate_protocol_times_new_lengths_in_its_window(monkeypatch) -> None:
+    """Stand-in backends that note their graphs: each contestant's first generate compiles graphs
+    of fixed sizes, as in a process of its own, whoever came before it (Note [contestants compile
+    alone]); the second length makes them symbolic."""
     from perf import dynamic_shapes as ds
 
     monkeypatch.setattr(ds, "LENGTHS", (5, 9, 13))
     monkeypatch.setattr(ds, "NEW_TOKENS", 2)
     real = ds._compiled_forward
+    seen: list[tuple[str, bool]] = []
     monkeypatch.setattr(ds, "_compiled_forward", lambda model, backend: real(
-        model, {"inductor": "eager", "fuseg": "eager"}.get(backend, backend)))
+        model, _graphs_seen_by(backend, seen) if backend != "eager" else backend))
     torch._dynamo.reset()
     row = ds.run_generate_protocol("qwen2", ["eager", "inductor", "fuseg"], 0.2, 2)
     p = row["protocol"]
@@ -171,6 +211,9 @@ def test_a_generate_protocol_times_new_lengths_in_its_window(monkeypatch) -> Non
     for b in ("eager", "inductor", "fuseg"):
         assert 1 <= p[b]["window_lengths_new"] <= 2 and len(row["settled_seconds"][b]) == 2
         assert row["tokens_equal_eager"][b] == [True, True]
+    for b in ("inductor", "fuseg"):
+        graphs = [symbolic for name, symbolic in seen if name == b]
+        assert graphs[0] is False and True in graphs, (b, graphs)
     assert ds.protocol_orders(["eager", "inductor", "fuseg"], 3) == [
         ["eager", "inductor", "fuseg"], ["eager", "fuseg", "inductor"], ["eager", "inductor", "fuseg"]]
 
