@@ -174,8 +174,9 @@ def _graphs_seen_by(name: str, seen: list[tuple[str, bool]]) -> Any:
 
 
 def test_a_contestant_compiles_as_if_alone_in_its_process() -> None:
-    """Note [contestants compile alone]: a plain second ``torch.compile`` of a function whose sizes
-    changed under the first one starts with symbolic sizes; ``compile_alone`` starts static."""
+    """A plain second ``torch.compile`` of a function whose sizes
+    changed under the first one starts with symbolic sizes; ``compile_alone`` starts static (Note
+    [contestants compile alone])."""
     def f(x: torch.Tensor) -> torch.Tensor:
         return x.sin() + 1
 
