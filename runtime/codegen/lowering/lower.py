@@ -63,7 +63,7 @@ from ..source.ctypes_ import COMPUTE, Declined, compute_type, literal, load, sto
 from ..source.symsizes import sizes_active, smax, smin
 from .columns import column_loop, takes_columns
 from .fission import fission
-from .pointwise import ELEMENTWISE
+from .pointwise import ELEMENTWISE, pow_as_eager
 from .rows import REDUCTIONS, ROW_REGISTERS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
 from .tables import tabulate
 
@@ -338,7 +338,11 @@ class _Lowerer:
                 args[n] = f"(({want})({v}))"
             elif v is not None:
                 raise Declined(f"{node.op}: argument {n} is {type(v).__name__}")
-        expr = rule.fn(args, ct)
+        expr = None
+        if node.op == "aten.pow.Tensor_Scalar":  # Note [pow as eager rounds it] (pointwise.py)
+            expr = pow_as_eager(args["self"], args.get("exponent"), ct, out.dtype, lambda e: self.rounded(out.dtype, e))
+        if expr is None:
+            expr = rule.fn(args, ct)
         res_ct, out_ct = ("bool" if rule.how == "cmp" else ct), compute_type(out.dtype)
         if res_ct != out_ct:
             expr = f"(({out_ct})({expr}))"
