@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "ROW_CHUNK_LENGTH", "SCALAR_CHUNK", "chunk_close", "chunked", "column_chunk_open", "row_chunk_open",
-           "row_chunk_length"]
+__all__ = ["ATEN_SUM_LANES", "COLUMN_CHUNK", "ROW_CHUNK", "ROW_CHUNK_LENGTH", "SCALAR_CHUNK", "aten_order_applies", "aten_row_sum",
+           "chunk_close", "chunked", "column_chunk_open", "row_chunk_open", "row_chunk_length"]
 
 #: rows of a known length up to this keep their one loop (the sizes of real models' norms)
 ROW_CHUNK = 4096
@@ -82,3 +82,82 @@ def column_chunk_open(R: object) -> list[str]:  # noqa: N803
 def chunk_close(ct: str, acc: str, comp: str, part: str) -> list[str]:
     """A chunk's partial added into the sum (compensated), and the chunk loop closed."""
     return [f"    fuseg_sum_into<{ct}>({acc}, {comp}, {part});", "    }"]
+
+
+# Note [sums in ATen's order]: a float32 or float64 sum (or mean) over a row of a known length
+# reduced along the innermost dim adds its elements in the order of ATen's CPU ``cascade_sum``
+# (aten/src/ATen/native/cpu/SumKernel.cpp, ``vectorized_inner_sum``), so its bits are eager's:
+# vectors of ``ATEN_SUM_LANES`` lanes (ATen dispatches its sum at AVX2's width even on an AVX-512
+# CPU: 8 floats, 4 doubles; its generic vectors have the same width), read four at a time into
+# four accumulators, which cascade every 16 (or more) steps up four levels; the vectors left over
+# go into the first accumulator, the four are added in order, then the scalars past the last
+# vector are summed from 0 and the lanes added to them one by one. A mean is that sum divided by
+# the length, as ATen's CPU mean is. Half precision rounding made the difference visible: T5's
+# RMS norm (a mean of squares in float) in bfloat16 differed from eager by one rounding at 80
+# values of its output; with this order it is eager's bit for bit. The CUDA source keeps its
+# block-wide sum (ATen's CUDA order is another), and rows longer than ``ROW_CHUNK``, of a symbolic
+# length, or shorter than a vector keep theirs (Note [sums in chunks]). Checked against
+# ``torch.sum`` and ``torch.mean`` over rows of 8 to 4096 (tests/test_reduction_accuracy.py).
+ATEN_SUM_LANES = {"float": 8, "double": 4}
+
+
+def aten_order_applies(R: object, acc_ct: str, innermost: bool) -> bool:  # noqa: N803
+    """Whether a row sum pass is emitted in ATen's order (Note [sums in ATen's order])."""
+    lanes = ATEN_SUM_LANES.get(acc_ct)
+    return lanes is not None and innermost and isinstance(R, int) and lanes <= R <= ROW_CHUNK
+
+
+def _ceil_log2(x: int) -> int:
+    """ATen's ``CeilLog2``: at least 1, the bits of x - 1 past that."""
+    return 1 if x <= 2 else (x - 1).bit_length()
+
+
+def aten_row_sum(R: int, ct: str, acc: str, body: list[str], element: str, fresh) -> list[str]:  # noqa: N803, ANN001
+    """The CPU lines that set ``acc`` (declared by the caller) to the sum of ``element`` over
+    ``j`` in [0, R) in ATen's order; ``body`` computes ``element`` from ``j``. ``fresh(prefix)``
+    names the loop's variables. The elements are computed first, in one vectorized loop as any
+    pass computes them, into an array of the row (at most ``ROW_CHUNK`` values); the sum then
+    reads it in ATen's order, the four accumulators of ``lanes`` lanes side by side as one array
+    (accumulator q's lane l at q * lanes + l: a step reads 4 * lanes consecutive values)."""
+    lanes = ATEN_SUM_LANES[ct]
+    n_vec = R // lanes
+    ilp = n_vec // 4
+    power = max(4, _ceil_log2(ilp) // 4)
+    step, mask = 1 << power, (1 << power) - 1
+    w = 4 * lanes
+    v, a, i, t = (fresh(p) for p in ("av", "aa", "ai", "at"))
+    lines = [f"    {ct} {v}[{R}];", "#pragma omp simd", f"    for (FUSEG_I j = 0; j < {R}; ++j) {{", *body,
+             f"      {v}[j] = ({ct})({element});", "    }"]
+    # (the cascade is laid out here, R being known: a kernel with an ``if`` is built without
+    # if-conversion, Note [no if-conversion of branches], which left a bf16 RMS norm's write
+    # pass scalar, 7x slower; and a row too short to fill the first level's steps never
+    # cascades: its upper levels stay +0, and adding +0 changes no sum, so they are left out)
+    blocks = ilp // step
+    levels = 4 if blocks else 1
+    lines += [f"    {ct} {a}[{levels}][{w}] = {{}};"]
+
+    def reads(first: int, last: int) -> list[str]:  # the steps first..last-1 into the first level
+        return [f"    for (FUSEG_I {i} = {first}; {i} < {last}; ++{i}) {{",
+                f"      for (int {t} = 0; {t} < {w}; ++{t}) {{ {a}[0][{t}] += {v}[{i} * {w} + {t}]; }}", "    }"]
+
+    for blk in range(blocks):
+        lines += reads(blk * step, (blk + 1) * step)
+        done = (blk + 1) * step
+        for lv in range(1, 4):
+            lines.append(f"    for (int {t} = 0; {t} < {w}; ++{t}) {{ {a}[{lv}][{t}] += {a}[{lv - 1}][{t}]; {a}[{lv - 1}][{t}] = ({ct})0; }}")
+            if done & (mask << (lv * power)):
+                break
+    if ilp > blocks * step:
+        lines += reads(blocks * step, ilp)
+    for lv in range(1, levels):
+        lines.append(f"    for (int {t} = 0; {t} < {w}; ++{t}) {{ {a}[0][{t}] += {a}[{lv}][{t}]; }}")
+    # (from here on a few vectors' worth, written out: GCC unrolls loops this short rather than
+    # vectorize them as loops, and pairs the statements itself)
+    for vec in range(ilp * 4, n_vec):  # the (at most three) vectors past the last four: the first accumulator
+        lines += [f"    {a}[0][{x}] += {v}[{vec * lanes + x}];" for x in range(lanes)]
+    for q in range(1, 4):
+        lines += [f"    {a}[0][{x}] += {a}[0][{q * lanes + x}];" for x in range(lanes)]
+    lines.append(f"    {acc} = ({ct})0;")
+    lines += [f"    {acc} += {v}[{x}];" for x in range(n_vec * lanes, R)]
+    lines += [f"    {acc} += {a}[0][{x}];" for x in range(lanes)]
+    return lines

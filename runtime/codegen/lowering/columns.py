@@ -97,7 +97,9 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
     early = bool(full) and all(p.value not in lw.chains and p.target is None for p in full)
     written = [False]  # (set by the pass that stored them)
 
-    def reduce_pass(ct: str, combine: str, element) -> str:  # noqa: ANN001 - element(body, idx) -> expr
+    def reduce_pass(ct: str, combine: str, element, aten: bool = False) -> str:  # noqa: ANN001 - element(body, idx) -> expr
+        # (``aten``: a sum in ATen's order where it can be, Note [sums in ATen's order]: a column
+        # pass's order is ATen's outer sum's, not this one; not taken here)
         acc_ct = "int" if ct == "bool" else ct
         acc = lw.fresh("acc")
         lines.append(f"    {acc_ct} {acc}[{tile}];")

@@ -455,19 +455,27 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         into vector lanes, as ATen's vectorized CPU reductions do; max/min keep their NaN rule)."""
         return ["#ifndef __CUDACC__", f"#pragma omp simd{clause}", "#endif", *head]
 
-    def reduce_pass(ct: str, combine: str, element) -> str:
-        """One block-wide pass; ``element(body, idx)`` is the value combined. The row variable."""
+    def reduce_pass(ct: str, combine: str, element, aten: bool = False) -> str:
+        """One block-wide pass; ``element(body, idx)`` is the value combined. The row variable.
+        ``aten``: a sum ATen computes with ``cascade_sum`` (a sum or a mean), in its order on the
+        CPU where Note [sums in ATen's order] applies."""
         acc_ct = "int" if ct == "bool" else ct
         ident = _identity(combine, ct)
         acc, res = lw.fresh("acc"), lw.fresh("r")
         # (Note [sums in chunks]) a float sum over a long row adds chunks' partials, compensated
         length = cascade.row_chunk_length(R, inner)
         chunk = combine == "fuseg_sum" and acc_ct in ("float", "double") and length is not None
+        in_order = (aten and combine == "fuseg_sum" and not chunk
+                    and cascade.aten_order_applies(R, acc_ct, row.reduced == (len(row.F) - 1,)))
         b, idx, head = j_loop(lw.fresh("P"), chunk)
         lw.cache_fill = True
         e = element(b, idx)
         lw.cache_fill = False
         lines.append(f"    {acc_ct} {acc} = ({acc_ct})({ident});")
+        if in_order:  # Note [sums in ATen's order]: the CPU's lines; CUDA's pass below, as before
+            lines.append("#ifndef __CUDACC__")
+            lines.extend(cascade.aten_row_sum(R, acc_ct, acc, b.lines, e, lw.fresh))
+            lines.append("#else")
         if chunk:
             comp, part = lw.fresh("comp"), lw.fresh("part")
             lines.append(f"    {acc_ct} {comp} = ({acc_ct})0;")
@@ -501,6 +509,8 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         else:
             lines.append(f"      {acc} = {combine}<{acc_ct}>({acc}, ({acc_ct})({e}));")
             lines.append("    }")
+        if in_order:
+            lines.append("#endif")
         lines.append(f"    const {acc_ct} {res} = fuseg_block_reduce<{acc_ct}, {combine}<{acc_ct}>>({acc}, ({acc_ct})({ident}));")
         return res
 
@@ -576,7 +586,7 @@ def emit_reductions(lw, R: int, reduce_pass, row_let, scratch_array) -> None:  #
             return lw.convert(lw.value(b, x, idx), xm.dtype, ct)
         name = op.split(".")[1]
         if name in ("sum", "mean"):
-            r = reduce_pass(ct, "fuseg_sum", xval)
+            r = reduce_pass(ct, "fuseg_sum", xval, aten=True)
             lw.regs[(node.name, 0)] = r if name == "sum" else row_let(ct, f"{r} / ({ct}){R}")
         elif name in ("amax", "amin"):
             lw.regs[(node.name, 0)] = reduce_pass(ct, "fuseg_max" if name == "amax" else "fuseg_min", xval)
