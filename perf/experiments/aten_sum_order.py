@@ -15,17 +15,13 @@ in bfloat16, whose RMS norm is a mean in float; Llama in float32).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import sys
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from ..bench import environment, write_record
-from .bf16_rounding import _model, _model_program, _op_program, _row
+from .bf16_rounding import _args, _model_rows, _op_program, _row, _write
 
 
 @contextlib.contextmanager
@@ -50,15 +46,7 @@ def _row_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--models", default="t5-encoder-512,llama-1024", help="comma-separated perf.models names (none: '')")
-    p.add_argument("--out", default=None)
-    argv = sys.argv[1:] if argv is None else argv
-    a = p.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
+    a, argv = _args(__doc__, argv, "t5-encoder-512,llama-1024")
     rows: list[dict[str, Any]] = []
     for shape in ((256, 512), (256, 1024), (64, 4096), (4096, 64)):
         inputs = [torch.randn(*shape), torch.randn(shape[-1])]
@@ -66,17 +54,10 @@ def main(argv: list[str] | None = None) -> int:
                          _lane_sums))
     rows.append(_row("row sum 256x1024 float32", _row_sum, [torch.randn(256, 1024)], _op_program, a.rounds, a.calls,
                      _lane_sums))
-    for name in (m for m in a.models.split(",") if m):
-        fn, inputs = _model(name)  # (bfloat16)
-        dtype = torch.bfloat16 if name.startswith("t5") else torch.float32
-        fn = fn.to(dtype)
-        rows.append(_row(f"{name} ({str(dtype)[6:]})", fn, inputs, _model_program, a.rounds, max(3, a.calls // 5),
-                         _lane_sums))
-    if a.out:
-        write_record({"benchmark": "row sums in ATen's order against lane-parallel sums (Note [sums in ATen's order]), CPU",
-                      "command": "python -m perf.experiments.aten_sum_order " + " ".join(argv),
-                      "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
-                      "calls": a.calls, "rows": rows}, a.out)
+    rows += _model_rows(a.models, lambda name: (torch.bfloat16 if name.startswith("t5") else torch.float32,),
+                        a.rounds, a.calls, _lane_sums)
+    _write("row sums in ATen's order against lane-parallel sums (Note [sums in ATen's order]), CPU", "aten_sum_order",
+           argv, a, rows)
     return 0
 
 

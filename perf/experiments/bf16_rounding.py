@@ -179,6 +179,44 @@ def _row(name: str, fn: Callable[..., Any], inputs: list[Any], make: Callable[..
     return row
 
 
+def _model_rows(models: str, dtypes: Callable[[str], tuple[torch.dtype, ...]], rounds: int, calls: int,
+                before_of: Callable[[], Any]) -> list[dict[str, Any]]:
+    """``_row`` of each of ``models`` (comma-separated perf.models names) in each of its ``dtypes``,
+    its "before" side built within ``before_of()`` (the experiments that share this module)."""
+    rows = []
+    for name in (m for m in models.split(",") if m):
+        for dtype in dtypes(name):
+            fn, inputs = _model(name)
+            rows.append(_row(f"{name} ({str(dtype)[6:]})", fn.to(dtype), inputs, _model_program, rounds,
+                             max(3, calls // 5), before_of))
+    return rows
+
+
+def _args(doc: str, argv: list[str] | None, models: str) -> tuple[Any, list[str]]:
+    """The options of an experiment built on ``_row`` (``--rounds``, ``--calls``, ``--models``,
+    ``--out``) and its argv; warnings off and the seed set, as each of them starts."""
+    import sys
+
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--models", default=models, help="comma-separated perf.models names (none: '')")
+    p.add_argument("--out", default=None)
+    argv = sys.argv[1:] if argv is None else argv
+    a = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    return a, argv
+
+
+def _write(benchmark: str, module: str, argv: list[str], a: Any, rows: list[dict[str, Any]]) -> None:
+    """The experiment's record at ``a.out`` (if given), with its command and this machine."""
+    if a.out:
+        write_record({"benchmark": benchmark, "command": f"python -m perf.experiments.{module} " + " ".join(argv),
+                      "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
+                      "calls": a.calls, "rows": rows}, a.out)
+
+
 def measure(rounds: int, calls: int, models: list[str]) -> list[dict[str, Any]]:
     rows = []
     for name, make in _ops():
@@ -205,11 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     rows = measure(a.rounds, a.calls, [m for m in a.models.split(",") if m])
-    if a.out:
-        write_record({"benchmark": "bf16 rounding in float before/after (Note [bf16 rounding in float]), CPU",
-                      "command": "python -m perf.experiments.bf16_rounding " + " ".join(argv or []),
-                      "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
-                      "calls": a.calls, "rows": rows}, a.out)
+    _write("bf16 rounding in float before/after (Note [bf16 rounding in float]), CPU", "bf16_rounding", argv or [], a, rows)
     return 0
 
 

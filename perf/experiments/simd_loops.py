@@ -14,17 +14,13 @@ and whole models (float32 and bf16).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import sys
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from ..bench import environment, write_record
-from .bf16_rounding import _model, _model_program, _op_program, _row
+from .bf16_rounding import _args, _model_rows, _op_program, _row, _write
 
 
 @contextlib.contextmanager
@@ -48,32 +44,15 @@ def _rope(qp: torch.Tensor, kp: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--models", default="llama-1024", help="comma-separated perf.models names (none: '')")
-    p.add_argument("--out", default=None)
-    argv = sys.argv[1:] if argv is None else argv
-    a = p.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
+    a, argv = _args(__doc__, argv, "llama-1024")
     rows: list[dict[str, Any]] = []
     for dtype in (torch.float32, torch.bfloat16):
         inputs = [torch.randn(256, 1024).to(dtype), torch.randn(256, 1024).to(dtype),
                   torch.randn(1, 1, 256, 64).to(dtype), torch.randn(1, 1, 256, 64).to(dtype)]
         rows.append(_row(f"RoPE q and k 16x256x64 {str(dtype)[6:]}", _rope, inputs, _op_program, a.rounds, a.calls,
                          _unmarked))
-    for name in (m for m in a.models.split(",") if m):
-        for dtype in (torch.float32, torch.bfloat16):
-            fn, inputs = _model(name)
-            fn = fn.to(dtype)
-            rows.append(_row(f"{name} ({str(dtype)[6:]})", fn, inputs, _model_program, a.rounds, max(3, a.calls // 5),
-                             _unmarked))
-    if a.out:
-        write_record({"benchmark": "pointwise loops with and without omp simd (Note [simd pointwise loops]), CPU",
-                      "command": "python -m perf.experiments.simd_loops " + " ".join(argv),
-                      "environment": environment("cpu"), "threads": torch.get_num_threads(), "rounds": a.rounds,
-                      "calls": a.calls, "rows": rows}, a.out)
+    rows += _model_rows(a.models, lambda name: (torch.float32, torch.bfloat16), a.rounds, a.calls, _unmarked)
+    _write("pointwise loops with and without omp simd (Note [simd pointwise loops]), CPU", "simd_loops", argv, a, rows)
     return 0
 
 
