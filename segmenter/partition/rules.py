@@ -122,23 +122,21 @@ def _plain_traits(op: str) -> NodeTraits:
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _runs_atens(graph: FusionGraph, node: Node) -> bool:
-    """Whether an op the generator takes runs ATen's own op here instead (Note [layer norm in low
-    precision runs ATen's])."""
-    if node.op != "aten.native_layer_norm.default":
-        return False
-    first = next((a for a in node.args if hasattr(a, "name")), None)
-    return first is not None and graph.metas[first.name].dtype in _HALF
+def _runs_atens(op: str, dtype: torch.dtype) -> bool:
+    """Whether an op the generator takes runs ATen's own op here instead, given its first tensor
+    argument's dtype (Note [layer norm in low precision runs ATen's])."""
+    return op == "aten.native_layer_norm.default" and dtype in _HALF
 
 
 def node_traits(graph: FusionGraph, node: Node) -> NodeTraits:
     plain = _plain_traits(node.op)
     if plain.kind != OpKind.REDUCTION:
         return plain
-    if _runs_atens(graph, node):
-        return NodeTraits(OpKind.OPAQUE, None, False)
     first = next((a for a in node.args if hasattr(a, "name")), None)
-    shape = graph.metas[first.name].shape if first is not None else ()
+    meta = graph.metas[first.name] if first is not None else None
+    if meta is not None and _runs_atens(node.op, meta.dtype):
+        return NodeTraits(OpKind.OPAQUE, None, False)
+    shape = meta.shape if meta is not None else ()
     # a domain is compared and hashed: symbolic sizes by their expressions (size_key)
     return replace(plain, domain=Domain(size_key(shape), _reduced_dims(node, shape)))
 

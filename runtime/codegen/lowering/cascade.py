@@ -97,7 +97,7 @@ def chunk_close(ct: str, acc: str, comp: str, part: str) -> list[str]:
 # values of its output; with this order it is eager's bit for bit. The CUDA source keeps its
 # block-wide sum (ATen's CUDA order is another), and rows longer than ``ROW_CHUNK``, of a symbolic
 # length, or shorter than a vector keep theirs (Note [sums in chunks]). Checked against
-# ``torch.sum`` and ``torch.mean`` over rows of 8 to 4096 (tests/test_reduction_accuracy.py).
+# ``torch.sum`` and ``torch.mean`` over rows of 8 to 4096 (tests/test_aten_sum_order.py).
 ATEN_SUM_LANES = {"float": 8, "double": 4}
 
 
