@@ -78,7 +78,7 @@ class RuntimeOptions:
     bcast_ept: bool = _opt(True, env="FUSEG_BCAST_EPT", doc="Note [elements along a broadcast dim]")
     #: a small broadcast dim that 4 does not divide taken whole by a thread (a before/after switch)
     bcast_whole: bool = _opt(True, env="FUSEG_BCAST_WHOLE", doc="Note [elements along a broadcast dim]")
-    #: the software fp16/bf16 conversions on either target (what a CPU without F16C runs; tests)
+    #: the software fp16/bf16 conversions on CUDA too (the CPU always runs them: Note [fp16 on the CPU]; tests)
     soft_half: bool = _opt(False, env=None, doc="Note [fp16 on the CPU]")
 
     def __post_init__(self) -> None:

@@ -47,9 +47,9 @@ def test_generated_kernels_match_eager(case: str, mode: str) -> None:
 @pytest.mark.parametrize("soft", [False, True])
 def test_half_and_bfloat16_conversions_are_bit_exact(soft: bool) -> None:
     """Every fp16 bit pattern to float and back; float values at and between fp16/bf16 values
-    (ties included), subnormals, overflow and NaN, against torch's conversions: with F16C's
-    instructions where this CPU has them (Note [fp16 on the CPU]) and with the software
-    versions (the ``soft_half`` runtime option: what a CPU without F16C runs)."""
+    (ties included), subnormals, overflow and NaN, against torch's conversions: the branchless
+    software versions the CPU runs (Note [fp16 on the CPU]), with and without the ``soft_half``
+    option (which changes CUDA's source only)."""
     with options.use(soft_half=soft):
         _check_half_conversions(soft)
 

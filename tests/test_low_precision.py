@@ -57,6 +57,7 @@ def test_half_exact_recognizes_whole_conversions_only() -> None:
 
     assert half_exact("fuseg_bf2f(in0[i * 2 + (j)])") == torch.bfloat16
     assert half_exact("fuseg_h2f(fuseg_f2h((t1 * t2)))") == torch.float16
+    assert half_exact("fuseg_h_round((t1 * t2))") == torch.float16
     assert half_exact("fuseg_bf2f(a) + fuseg_bf2f(b)") is None  # a sum of two halves is not one
     assert half_exact("fuseg_bf2f(a) * (float)2") is None
     assert half_exact("(fuseg_bf2f(a))") is None
@@ -77,7 +78,7 @@ def test_rope_rounds_only_what_eager_rounds(dtype, shape) -> None:
     head = C // 4  # 2 heads, 1 group: q, k, v of one head each
     fn, args = zoo._rope(B, T, 2, 1, head, head, dtype)()
     prog = runtime.compile(apply_aliases(segment(capture(fn, args)), "post"), backend="auto")
-    conv = "fuseg_bf_round(" if dtype == torch.bfloat16 else "fuseg_h2f(fuseg_f2h("
+    conv = "fuseg_bf_round(" if dtype == torch.bfloat16 else "fuseg_h_round("
     loads = {m.group(1) for m in re.finditer(r"const float (t\d+) = fuseg_(?:bf2f|h2f)\(in\d+\[", "".join(
         k.body for k in prog.kernels.values()))}
     assert prog.kernels and loads
@@ -89,16 +90,18 @@ def test_rope_rounds_only_what_eager_rounds(dtype, shape) -> None:
         torch.testing.assert_close(g, w, atol=0, rtol=0)
 
 
-def _bf16_probe_values() -> torch.Tensor:
-    """Floats at every bf16 value, halfway between neighbours (ties both ways), one ulp either
-    side of those halfway points, subnormals, the largest floats (some round to inf), NaNs."""
-    halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+def _probe_values(dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Floats at every value of the half ``dtype``, halfway between neighbours (ties both ways),
+    one ulp either side of those halfway points, subnormals, the largest floats (some round to
+    inf), NaNs."""
+    halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).float()
     finite = halves[halves.isfinite()].double().unique()
     mids = ((finite[1:] + finite[:-1]) / 2).float()
     up, down = torch.nextafter(mids, torch.tensor(float("inf"))), torch.nextafter(mids, torch.tensor(-float("inf")))
     special = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1.17e-38, 3.3895e38, 3.3961e38, 3.4028e38, -3.4028e38,
+                            65504.0, 65519.99, 65520.0, -65520.0, 2.9802322e-08, 2.98023259e-08, -5.96e-08,
                             float("inf"), -float("inf"), float("nan"), -float("nan")])
-    return torch.cat([halves, mids, up, down, special, torch.randn(10000) * 1e4])
+    return torch.cat([halves, mids, up, down, special, torch.randn(10000) * 1e4, torch.randn(10000) * 1e-5])
 
 
 def test_bf16_round_in_float_is_bit_exact() -> None:
@@ -106,11 +109,27 @@ def test_bf16_round_in_float_is_bit_exact() -> None:
     has eager's bits for every probe value, ties and NaNs included (a NaN stays a NaN)."""
     from tests.util import compiled_post
 
-    xs = _bf16_probe_values()
+    xs = _probe_values(torch.bfloat16)
     fn = lambda x: x.to(torch.bfloat16).to(torch.float32) * 1.0  # noqa: E731
     prog = compiled_post(fn, [xs], backend="cpp")
     body = "".join(k.body for k in prog.kernels.values())
     assert "fuseg_bf_round(" in body and "fuseg_f2bf(" not in body, body
+    got, want = prog(xs)[0], fn(xs)
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+
+def test_fp16_round_in_float_is_bit_exact() -> None:
+    """See Note [fp16 rounding in float]: a float rounded to fp16 inside a kernel (``fuseg_h_round``)
+    has eager's bits for every probe value: ties, subnormals, overflow to inf, NaNs (a NaN stays one)."""
+    from tests.util import compiled_post
+
+    xs = _probe_values(torch.float16)
+    fn = lambda x: x.to(torch.float16).to(torch.float32) * 1.0  # noqa: E731
+    prog = compiled_post(fn, [xs], backend="cpp")
+    body = "".join(k.body for k in prog.kernels.values())
+    assert "fuseg_h_round(" in body and "fuseg_f2h(" not in body, body
     got, want = prog(xs)[0], fn(xs)
     nan = want.isnan()
     assert torch.equal(got.isnan(), nan)
@@ -144,12 +163,13 @@ def test_bf16_helpers_compile_for_cuda_once_per_unit() -> None:
     from runtime.codegen.build import nvcc_check_many
     from tests.util import compiled_post
 
-    x = torch.randn(8, 256, dtype=torch.bfloat16)
-    one = compiled_post(lambda a, b: (a * b + a).sum(-1), [x, x], backend="cpp")
-    two = compiled_post(lambda a, b: (a - b) * 2, [x, x], backend="cpp")
-    kernels = [*one.kernels.values(), *two.kernels.values()]
-    assert len(kernels) == 2 and all("FUSEG_BF_HELPERS" in k.source("cuda") for k in kernels)
-    assert nvcc_check_many(kernels) == []
+    for dtype, guard in ((torch.bfloat16, "FUSEG_BF_HELPERS"), (torch.float16, "FUSEG_H_HELPERS")):
+        x = torch.randn(8, 256, dtype=dtype)
+        one = compiled_post(lambda a, b: (a * b + a).sum(-1), [x, x], backend="cpp")
+        two = compiled_post(lambda a, b: (a - b) * 2, [x, x], backend="cpp")
+        kernels = [*one.kernels.values(), *two.kernels.values()]
+        assert len(kernels) == 2 and all(guard in k.source("cuda") for k in kernels)
+        assert nvcc_check_many(kernels) == []
 
 
 # --- eager's bits in half precision ------------------------------------------------------------

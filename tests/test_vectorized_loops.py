@@ -78,6 +78,15 @@ CASES = {
                                             torch.randn(64, 1024, dtype=torch.bfloat16)]),
     "RoPE over q and k": (_rope_q_k, _rope_inputs(torch.float32)),
     "bf16 RoPE over q and k": (_rope_q_k, _rope_inputs(torch.bfloat16)),
+    # (Note [fp16 on the CPU]) loops of F16C's one-value conversions stayed scalar
+    "fp16 RoPE over q and k": (_rope_q_k, _rope_inputs(torch.float16)),
+    "fp16 silu times": (_silu_mul, lambda: [torch.randn(64, 1024, dtype=torch.float16),
+                                            torch.randn(64, 1024, dtype=torch.float16)]),
+    "fp16 RMS norm": (_rms_norm, lambda: [torch.randn(64, 1024, dtype=torch.float16),
+                                          torch.randn(1024, dtype=torch.float16)]),
+    "float layer norm of fp16 rows": (
+        lambda x: torch.nn.functional.layer_norm(x.float(), (x.shape[-1],)),
+        lambda: [torch.randn(64, 4096, dtype=torch.float16)]),
 }
 
 

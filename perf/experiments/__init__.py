@@ -28,6 +28,8 @@ One line each: what it measured, and its record (its file name, under perf/resul
   simd_loops        pointwise loops under OpenMP with and without ``omp simd``, in one process: simd_loops_cpu.json
   builds_share      the first 30 s of calls with and without the wait that follows the builds' share: builds_share_cpu.json
   aten_sum_order    row sums in ATen's order against lane-parallel sums, in one process: aten_sum_order_cpu.json
+  half_vectors      fp16 kernels with branchless conversions against F16C's one-value ones, in one process:
+                    half_vectors_cpu.json
 
 The size caps the first three chose (``conv.MAX_MACS``, ``onetap.MAX_WORK``, ``patches.MAX_WORK``) are
 gone: kernel or ATen is measured on each machine (Note [choices by measurement] in runtime/autotune.py).

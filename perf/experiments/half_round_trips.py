@@ -7,7 +7,8 @@ Note [values already rounded] (runtime/codegen/kernel.py): the lowering no longe
 that is already a half (a load, a view of one, a cat of them, an earlier rounding) in another
 conversion round trip. On the CPU the conversions are software (a bf16 rounding is 5 integer
 operations and a select, an fp16 one about 20), so a RoPE block's element paid ~10 of them.
-Note [fp16 on the CPU] (ctypes_.py) converts fp16 with F16C where the CPU has it.
+Note [fp16 on the CPU] (ctypes_.py) converted fp16 with F16C where the CPU had it when this ran;
+the CPU now runs branchless software conversions either way (perf/experiments/half_vectors.py).
 The runtime options ``cuda_tuning=False`` (read when a kernel is lowered) with ``soft_half=True``
 (read when its source is made) give the kernels as they were before both, so both
 programs are built in one process and timed interleaved with eager: per round and case, eager,

@@ -21,7 +21,7 @@ from .source.ctypes_ import Declined, prelude, storage_type, store
 from .source.gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 from .source.symsizes import sizes_active
 
-__all__ = ["CONST", "HALF_HELPERS", "cuda_ept", "cuda_tuning", "half_exact", "half_helpers", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "HALF_HELPERS", "H_HELPERS", "cuda_ept", "cuda_tuning", "half_exact", "half_helpers", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -190,10 +190,10 @@ def cuda_tuning() -> bool:
 
 
 def soft_half(target: str) -> str:
-    """``#define FUSEG_SOFT_HALF`` where the software fp16/bf16 conversions are asked for: on CUDA
-    with FUSEG_CUDA_TUNING=0, on either target with the ``soft_half`` option (Note [fp16 on the CPU] in
-    runtime/codegen/source/ctypes_.py; what a CPU without F16C runs, for its tests); else nothing. The source, hence the
-    cache key, changes."""
+    """``#define FUSEG_SOFT_HALF`` where the software fp16/bf16 conversions are asked for on CUDA:
+    with FUSEG_CUDA_TUNING=0, or the ``soft_half`` option (written on either target; the CPU runs
+    the software fp16 conversions anyway, Note [fp16 on the CPU] in runtime/codegen/source/ctypes_.py); else
+    nothing. The source, hence the cache key, changes."""
     if (target == "cuda" and not cuda_tuning()) or current().soft_half:
         return "#define FUSEG_SOFT_HALF\n"
     return ""
@@ -351,7 +351,8 @@ class Body:
 # element: a RoPE block's element made ten of them. ``half_exact`` recognizes an expression whose
 # value is exactly a half (the result of ``fuseg_bf2f``/``fuseg_h2f``, whatever its argument), and
 # ``Body.let`` records the variables bound to one, so ``rounded`` returns them as they are.
-_HALF_CALLS = (("fuseg_bf2f(", torch.bfloat16), ("fuseg_bf_round(", torch.bfloat16), ("fuseg_h2f(", torch.float16))
+_HALF_CALLS = (("fuseg_bf2f(", torch.bfloat16), ("fuseg_bf_round(", torch.bfloat16), ("fuseg_h2f(", torch.float16),
+               ("fuseg_h_round(", torch.float16))
 
 
 def half_exact(expr: str) -> torch.dtype | None:
@@ -407,8 +408,31 @@ FUSEG_FN float fuseg_bf_round(float f) {
 FUSEG_FN unsigned short fuseg_bf_bits(float f) { return (unsigned short)(fuseg_f2bits(f) >> 16); }
 #endif
 """
+# Note [fp16 rounding in float]: as Note [bf16 rounding in float] for fp16 on the CPU: the round
+# trip through 16 bits (``fuseg_h2f(fuseg_f2h(x))``, each of them a branchless conversion: Note
+# [fp16 on the CPU]) costs both conversions per op; ``fuseg_h_round`` rounds in the 32-bit lanes
+# to the same bits: a normal value's mantissa to 10 bits (to nearest even), a value below fp16's
+# smallest normal to a multiple of 2^-24 (added to 0.5 and 0.5 taken away, both exact but the
+# rounding), 65520 and past to inf, a NaN to the quiet NaN the round trip gives.
+H_HELPERS = r"""#ifndef FUSEG_H_HELPERS
+#define FUSEG_H_HELPERS
+#ifdef __CUDA_ARCH__
+FUSEG_FN float fuseg_h_round(float f) { return fuseg_h2f(fuseg_f2h(f)); }
+#else
+FUSEG_FN float fuseg_h_round(float f) {
+  const unsigned int x = fuseg_f2bits(f), a = x & 0x7fffffffu, sign = x & 0x80000000u;
+  const unsigned int normal = (x + 0xfffu + ((x >> 13) & 1u)) & 0xffffe000u;
+  const unsigned int sub = sign | fuseg_f2bits((fuseg_bits2f(a) + 0.5f) - 0.5f);
+  return fuseg_bits2f(a > 0x7f800000u ? (sign | 0x7fc00000u) : (a >= 0x477ff000u ? (sign | 0x7f800000u)
+                      : (a < 0x38800000u ? sub : normal)));
+}
+#endif
+#endif
+"""
 
 
 def half_helpers(body: str) -> str:
-    """``HALF_HELPERS`` where ``body`` calls them (Note [bf16 rounding in float]), else nothing."""
-    return HALF_HELPERS if "fuseg_bf_round(" in body or "fuseg_bf_bits(" in body else ""
+    """``HALF_HELPERS`` and ``H_HELPERS`` where ``body`` calls them (Note [bf16 rounding in float],
+    Note [fp16 rounding in float]), else nothing."""
+    return ((HALF_HELPERS if "fuseg_bf_round(" in body or "fuseg_bf_bits(" in body else "")
+            + (H_HELPERS if "fuseg_h_round(" in body else ""))

@@ -293,7 +293,7 @@ class _Lowerer:
                 and cuda_tuning()):  # (off with the rest of the tuning: a before/after in one run)
             return expr
         if dtype == torch.float16:
-            return f"fuseg_h2f(fuseg_f2h({expr}))"
+            return f"fuseg_h_round({expr})"  # Note [fp16 rounding in float] (runtime/codegen/kernel.py)
         if dtype == torch.bfloat16:
             return f"fuseg_bf_round({expr})"  # Note [bf16 rounding in float] (runtime/codegen/kernel.py)
         if dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):

@@ -105,36 +105,35 @@ _COMMON = r"""
 #if defined(__CUDA_ARCH__) && !defined(FUSEG_SOFT_HALF)
 FUSEG_FN float fuseg_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 FUSEG_FN unsigned short fuseg_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-#elif !defined(__CUDACC__) && defined(__F16C__) && defined(__FLT16_MAX__) && !defined(FUSEG_SOFT_HALF)
-// Note [fp16 on the CPU]: an x86 CPU with F16C (-march=native says so) and a compiler with _Float16
-// (GCC 12, clang): one vcvtph2ps / vcvtps2ph each, which round to nearest even under the default
-// MXCSR as the software versions below do (tests/test_codegen.py checks every fp16 value and the
-// ties between them, bit for bit). GCC 12 does not vectorize them without AVX512-FP16, but the
-// branchy software versions did not vectorize either: an fp16 RoPE block's kernel took 9.4 ms
-// against eager's 0.46 here (perf/results/amd-epyc-zen3/half_round_trips_cpu.json has the after).
+#elif defined(FUSEG_F16C_HALF) && !defined(__CUDACC__) && defined(__F16C__) && defined(__FLT16_MAX__)
+// F16C's scalar instructions (Note [fp16 on the CPU]), the "before" of perf/experiments/half_vectors.py
 FUSEG_FN float fuseg_h2f(unsigned short h) { _Float16 x; __builtin_memcpy(&x, &h, 2); return (float)x; }
 FUSEG_FN unsigned short fuseg_f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; __builtin_memcpy(&h, &x, 2); return h; }
 #else
+// Note [fp16 on the CPU]: the CPU converts fp16 with integer and float operations and selects, no
+// branch, so a loop over fp16 values vectorizes. GCC 12 vectorizes no _Float16 conversion, with
+// F16C or AVX512-FP16 alike (checked for -march=native on Zen 4 and -march=sapphirerapids): a
+// loop of F16C's one-value instructions was scalar, and so was its sum: a float layer norm of an
+// fp16 row of 4096 added its squares into one accumulator, its rstd 12x eager's error, and ran
+// one element at a time. Each piece is exact: fp16's exponent and mantissa moved to float's
+// places with the bias difference (112) added; a subnormal is its mantissa times 2^-24 (an int
+// converted and scaled by a power of two); inf and NaN keep their bits under float's all-ones
+// exponent. Back: a normal value is rounded to nearest even on its bits (as the bf16 rounding
+// does); one below fp16's smallest normal is added to 0.5, whose float ulp is fp16's subnormal
+// step, so the hardware's rounding to nearest even does it and the sum's low bits are the
+// result; past 65520 it is inf and a NaN is fp16's quiet NaN. tests/test_codegen.py checks every
+// fp16 value and the ties between them, bit for bit; CUDA with FUSEG_SOFT_HALF runs these too.
 FUSEG_FN float fuseg_h2f(unsigned short h) {
-  unsigned int sign = ((unsigned int)h & 0x8000u) << 16, e = ((unsigned int)h >> 10) & 0x1fu, m = (unsigned int)h & 0x3ffu;
-  if (e == 0x1fu) return fuseg_bits2f(sign | 0x7f800000u | (m << 13));
-  if (e == 0u) { float f = (float)m * 5.9604644775390625e-08f; return sign ? -f : f; }
-  return fuseg_bits2f(sign | ((e + 112u) << 23) | (m << 13));
+  unsigned int sign = ((unsigned int)h & 0x8000u) << 16, em = (unsigned int)h & 0x7fffu, e = em & 0x7c00u;
+  unsigned int normal = (em << 13) + (112u << 23), infnan = (em << 13) | 0x7f800000u;
+  unsigned int sub = fuseg_f2bits((float)(int)(em & 0x3ffu) * 5.9604644775390625e-08f);
+  return fuseg_bits2f(sign | (e == 0x7c00u ? infnan : (e == 0u ? sub : normal)));
 }
 FUSEG_FN unsigned short fuseg_f2h(float f) {
   unsigned int x = fuseg_f2bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
-  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
-  if (a < 0x38800000u) {
-    unsigned int e = a >> 23;
-    if (e < 102u) return (unsigned short)sign;
-    unsigned int mant = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
-    unsigned int q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u))) q += 1u;
-    return (unsigned short)(sign | q);
-  }
-  unsigned int h = (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu), rem = a & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1u;
+  unsigned int normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  unsigned int sub = fuseg_f2bits(fuseg_bits2f(a) + 0.5f) - 0x3f000000u;
+  unsigned int h = a > 0x7f800000u ? 0x7e00u : (a >= 0x477ff000u ? 0x7c00u : (a < 0x38800000u ? sub : normal));
   return (unsigned short)(sign | h);
 }
 #endif
