@@ -17,7 +17,7 @@ One line each: what it measured, and its record (its file name, under perf/resul
   kernel_choice     the generated matmul and attention kernels against ATen's ops per shape: kernel_choice_cpu.json
   shapes/class_crossing    a prompt crossing a power of two under backend="fuseg", against a checkout: class_crossing_cpu.json
   shapes/second_length_parts  where the second prompt length's time goes (issue 41): second_length_*_cpu.json
-  half_round_trips  fp16/bf16 blocks with and without the round trips of rounded values: half_round_trips_cpu.json
+  half_round_trips  fp16/bf16 blocks with and without the round trips of rounded values (record in git history)
   index_merge       kernels built with and without merged split indices, in one process: index_merge_cpu.json
   no_pre            kernels built with and without g++'s PRE, in one process: no_pre_cpu.json
   sides             (no record) the shared part of index_merge and no_pre: programs built two ways, timed
