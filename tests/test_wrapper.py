@@ -73,7 +73,7 @@ def test_profile_launches_covers_every_launch() -> None:
 
 
 def test_registry_order_and_interface() -> None:
-    assert [b.name for b in BACKENDS] == ["nvfuser", "cupy", "cpp", "im2col", "torch"]
+    assert [b.name for b in BACKENDS] == ["nvfuser", "cupy", "cpp", "im2col", "half-matmul", "torch"]
     assert all(isinstance(b, Backend) for b in BACKENDS)
     program = _program(lambda x: x.exp() + 1, [torch.randn(3)], backend="torch")
     assert set(program.backend_of.values()) == {"torch"} and program.passed_over == {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import keyword
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,14 +30,14 @@ from ..emit.wrapper import Code
 from ..storage import layout, pages
 from .base import Backend, BuildContext, SegmentLaunch
 
-__all__ = ["TorchBackend", "TorchLaunch", "emit_node", "emit_nodes"]
+__all__ = ["TorchBackend", "TorchLaunch", "emit_node", "emit_nodes", "emit_torch", "op_entry", "render_args"]
 
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
-def _op_entry(node: Node) -> torch._ops.OpOverload:
+def op_entry(node: Node) -> torch._ops.OpOverload:
     op = resolve_op(node.op)
     if not isinstance(op, torch._ops.OpOverload | torch._ops.HigherOrderOperator):
         raise GraphError(f"node {node.name!r}: {why_not_runnable(node.op)}; it cannot be run")
@@ -62,17 +62,22 @@ def _render(code: Code, a: Any) -> str:
     return code.const(a)
 
 
-def emit_node(code: Code, node: Node, out: str | None = None) -> None:
-    """``node``'s op as one call defining its outputs' locals; with ``out`` (a graph input, or a
-    big output's buffer already made: ``big_outputs``), the op's ``.out`` overload writes the
-    result straight into it (Note [in-place write-back])."""
-    op = _op_entry(node)
-    names = _argument_names(op) if node.kwargs else None
+def render_args(code: Code, node: Node) -> list[str]:
+    """``node``'s arguments as Python expressions, its keyword arguments as ``name=value``."""
+    names = _argument_names(op_entry(node)) if node.kwargs else None
     for k, _ in node.kwargs:
         # keyword names reach the source: only identifiers, and only the schema's own where there is one
         if not k.isidentifier() or keyword.iskeyword(k) or (names is not None and k not in names):
             raise GraphError(f"node {node.name!r}: {node.op} has no argument {k!r}")
-    args = [_render(code, a) for a in node.args] + [f"{k}={_render(code, v)}" for k, v in node.kwargs]
+    return [_render(code, a) for a in node.args] + [f"{k}={_render(code, v)}" for k, v in node.kwargs]
+
+
+def emit_node(code: Code, node: Node, out: str | None = None) -> None:
+    """``node``'s op as one call defining its outputs' locals; with ``out`` (a graph input, or a
+    big output's buffer already made: ``big_outputs``), the op's ``.out`` overload writes the
+    result straight into it (Note [in-place write-back])."""
+    op = op_entry(node)
+    args = render_args(code, node)
     if out is not None:
         target, why_not = out_overload(node)
         if target is None:  # pragma: no cover - plan_in_place_writes only picks nodes with a usable one
@@ -137,13 +142,14 @@ def _count_error(node: Node) -> str:
 
 def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[str, str],
                planned: Mapping[str, tuple[str, TensorMeta, int]] | None = None,
-               big: Mapping[str, TensorMeta] | None = None) -> None:
+               big: Mapping[str, TensorMeta] | None = None, emit: Callable[..., None] = emit_node) -> None:
     """The nodes in order; a value that nothing after its last use reads (and ``keep`` does not
     hold) is deleted there, so intermediates die as they would in eager. ``planned``: node name
     -> (source, layout, offset delta) of the view ops made from the plan (Note [views from the
     plan] in runtime/emit/views.py): such a view reads its chain's source, and one nothing reads (a
     link of a chain) is not made. ``big``: node name -> the planned layout of its one output,
-    computed by the op's ``.out`` overload into a buffer on huge pages (``big_outputs``)."""
+    computed by the op's ``.out`` overload into a buffer on huge pages (``big_outputs``). ``emit``:
+    what emits one node's call (``emit_node``'s signature; Note [half matmuls in float])."""
     planned, big = planned or {}, big or {}
 
     def reads(node: Node) -> tuple[str, ...]:
@@ -163,9 +169,9 @@ def emit_nodes(code: Code, nodes: Sequence[Node], keep: set[str], targets: dict[
             m = big[node.name]
             code.line(f"{out} = {code.const(pages.empty_huge)}({code.const(m.shape)}, {code.const(m.stride)}, "
                       f"{code.const(m.dtype)})")
-            emit_node(code, node, node.outputs[0])
+            emit(code, node, node.outputs[0])
         elif view is None:
-            emit_node(code, node, targets.get(node.name))
+            emit(code, node, targets.get(node.name))
         elif unread:
             unread = []  # a view nothing reads is not made
         else:
@@ -255,15 +261,16 @@ def _conform_line(code: Code, v: str, m: TensorMeta, what: str) -> str:
     return f"{v} = {code.const(layout.ensure)}({v}, {code.const((m.stride, m.shape, m.dtype, m, what))})"
 
 
-def emit_torch(code: Code, ctx: BuildContext, seg: Segment, dying: frozenset[str]) -> None:
-    """``seg`` on torch (also the fallback of a generated kernel)."""
+def emit_torch(code: Code, ctx: BuildContext, seg: Segment, dying: frozenset[str],
+               emit: Callable[..., None] = emit_node) -> None:
+    """``seg`` on torch (also the fallback of a generated kernel); ``emit`` as in ``emit_nodes``."""
     targets = ctx.targets(seg)
     written = {o for n in seg.nodes if n.name in targets for o in n.outputs if o is not None}
     roots = _view_roots_inside(seg)
     # inputs still alive after this launch, and the roots of view outputs (compared below), are kept
     keep = set(seg.outputs) | (set(seg.inputs) - dying) | set(targets.values()) | set(roots.values())
     emit_nodes(code, seg.nodes, keep, targets, planned_views(ctx.graph, seg, targets),
-               big_outputs(ctx, seg, targets, code.fast))
+               big_outputs(ctx, seg, targets, code.fast), emit)
     emit_outputs(code, ctx, seg, written, roots)
     late = [v for v in dict.fromkeys(roots.values()) if v in dying]
     if late:

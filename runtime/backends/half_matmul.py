@@ -1,0 +1,160 @@
+"""The half-matmul backend: an fp16 or bf16 matmul on the CPU computed by ATen's float32 GEMM on
+its operands widened, the product rounded back, where that was measured faster here than ATen's
+own op in the half dtype.
+
+Note [half matmuls in float]: a CPU without AVX512-FP16 or AMX-FP16 has no fast fp16 GEMM in
+ATen: torch 2.13's ``mm``/``addmm`` of fp16 operands laid out as ``x @ w`` (a GPT-2 Conv1D) run a
+plain loop, 271 ms for 256x768 by 768x2304 on the AMD EPYC family 25 model 17 of the records,
+where the float32 product takes 5.7 ms; an fp16 GPT-2 at hidden 768 spent 99.6% of its 2.3 s
+call there (eager and Inductor alike: Inductor calls the same op). Widening both operands,
+ATen's float32 op, and rounding the product to fp16 computes the same sums in float (ATen's fp16
+GEMM accumulates in float too) in another order, with one rounding at the end as there: the
+product can differ from eager's in the last fp16 bit at places, as a generated float32 matmul
+differs from ATen's BLAS. bf16 has oneDNN's kernels on a CPU with avx512_bf16 and is seldom
+slower, but no rule says which CPU has what, so each shape is measured: both ways on made-up
+operands of its layouts, once per machine (the verdict kept with the kernels' verdicts, Note
+[choices by measurement] in runtime/autotune.py), on at most ``_MEASURED_MACS`` multiply-adds:
+a product with more is measured on its first rows of A (a slow half GEMM costs seconds a call at
+a vocabulary projection's size; both ways scale with the rows, and the widening of B, which does
+not, is charged in full to the float side). Not taken: with
+``torch.use_deterministic_algorithms(True)`` (eager's op, eager's bits: Note [no choice by
+timing] in runtime/backends/im2col.py), under ``autotune.fixed`` (the tests of generated kernels
+and benchmarks of ATen's path), a product whose operands or output are not all one half dtype,
+and a segment other than one ``mm``/``addmm``/``bmm`` among views.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from segmenter import Node, OpKind, Segment, op_info
+from segmenter.ir.graph import ValueRef
+from segmenter.ir.symbolic import is_symbolic, size_hint
+
+from .. import autotune
+from ..codegen import Declined
+from ..codegen.opaque.gemm import MATMULS
+from ..emit.wrapper import Code
+from .base import Backend, BuildContext, SegmentLaunch
+from .torch_backend import TorchLaunch, emit_node, emit_torch, op_entry, render_args
+
+__all__ = ["HalfMatmulBackend", "in_float"]
+
+_HALVES = (torch.float16, torch.bfloat16)
+#: multiply-adds a measurement runs a product of at most (more: its first rows of A only)
+_MEASURED_MACS = 1 << 25
+
+
+def in_float(op: Callable[..., torch.Tensor], *args: Any, out: torch.Tensor | None = None,
+             **kwargs: Any) -> torch.Tensor:
+    """``op`` of the tensors of ``args`` widened to float32, its result rounded to their dtype (into
+    ``out`` where given: a buffer of its own, Note [huge pages for big buffers], rounded as it is copied)."""
+    half = next(a.dtype for a in args if isinstance(a, torch.Tensor))
+    r = op(*[a.float() if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+    return r.to(half) if out is None else out.copy_(r)
+
+
+def _emit(code: Code, node: Node, out: str | None) -> None:
+    """The product in float (``in_float``), every other node as torch runs it."""
+    if node.op not in MATMULS:
+        emit_node(code, node, out)
+        return
+    (o,) = node.outputs
+    args = [code.const(op_entry(node)._op), *render_args(code, node)] + ([f"out={code.var(out)}"] if out else [])
+    code.line(f"{code.var(o)} = {code.const(in_float)}({', '.join(args)})")
+
+
+class HalfMatmulLaunch(TorchLaunch):
+    backend = "half-matmul"
+
+    def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
+        emit_torch(code, self.ctx, self.segment, dying, _emit)
+
+
+def _operands(ctx: BuildContext, node: Node) -> list[ValueRef]:
+    a = node.args
+    if node.op == "aten.addmm.default":
+        refs = list(a[:3])
+        if any(k in ("beta", "alpha") and v != 1 for k, v in node.kwargs) or any(v != 1 for v in a[3:]):
+            raise Declined("addmm with beta or alpha other than 1")
+    else:
+        refs = list(a[:2])
+    if len(refs) != (3 if node.op == "aten.addmm.default" else 2) or not all(isinstance(v, ValueRef) for v in refs):
+        raise Declined("a matmul of something other than tensor values")
+    return refs
+
+
+def _made_up(meta: Any, rows: int | None = None, row_dim: int = -2) -> torch.Tensor:
+    """Random values of ``meta``'s layout at its first call's sizes; ``rows``: that many of ``row_dim`` only."""
+    shape = [size_hint(n) for n in meta.shape]
+    stride = [size_hint(s) for s in meta.stride]
+    if rows is not None and len(shape) >= -row_dim and shape[row_dim] > rows:
+        shape[row_dim] = rows
+    extent = sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if 0 not in shape else 1
+    return torch.randn(extent, dtype=meta.dtype).as_strided(shape, stride)
+
+
+def _key(node: Node, metas: list[Any]) -> str:
+    """The verdict's key: the op, its operands' layouts (a symbolic size by its class at the first
+    call's sizes, as a measured kernel's key names it) and torch's threads."""
+    parts = []
+    for m in metas:
+        shape = [f"{autotune.class_of_bits(max(size_hint(n), 0).bit_length())}" if is_symbolic(n) else str(n)
+                 for n in m.shape]
+        stride = [f"{autotune.class_of_bits(max(size_hint(s), 0).bit_length())}" if is_symbolic(s) else str(s)
+                  for s in m.stride]
+        parts.append(f"{'x'.join(shape)}/{','.join(stride)}")
+    return f"half matmul in float: {node.op} {str(metas[0].dtype).removeprefix('torch.')} {' '.join(parts)}; " \
+           f"threads {torch.get_num_threads()}"
+
+
+class HalfMatmulBackend(Backend):
+    name = "half-matmul"
+    device = "cpu"
+
+    def prepare(self, ctx: BuildContext, seg: Segment) -> SegmentLaunch:
+        products = [n for n in seg.nodes if n.op in MATMULS]
+        if len(products) != 1 or any(op_info(n.op).kind != OpKind.VIEW for n in seg.nodes if n.op not in MATMULS):
+            raise Declined("not one mm/addmm/bmm among views")
+        node = products[0]
+        refs = _operands(ctx, node)
+        metas = [ctx.graph.metas[v.name] for v in refs]
+        out = node.outputs[0] if len(node.outputs) == 1 else None
+        dtypes = {m.dtype for m in metas} | ({ctx.graph.metas[out].dtype} if out is not None else set())
+        if out is None or len(dtypes) != 1 or metas[0].dtype not in _HALVES:
+            raise Declined("not a product of fp16 or bf16 values alone (float32 ones are the cpp backend's)")
+        if torch.are_deterministic_algorithms_enabled():
+            raise Declined("deterministic algorithms are on (torch.use_deterministic_algorithms): no choice by "
+                           "timing, ATen's half op as in eager")
+        if autotune.policy() != "measure":
+            raise Declined(f"choices fixed (autotune.fixed({autotune.policy()!r})): ATen's half op")
+        key = _key(node, metas)
+        verdict = autotune.lookup(key)
+        if verdict is None:
+            verdict = _measure(node, metas)
+            autotune.record(key, verdict)
+        if not verdict.kernel:
+            raise Declined(f"ATen's {str(metas[0].dtype).removeprefix('torch.')} op measured faster on this CPU "
+                           f"({verdict.aten_us:.1f} us a call against {verdict.kernel_us:.1f} us in float32; "
+                           "Note [half matmuls in float])")
+        return HalfMatmulLaunch(ctx, seg)
+
+
+def _measure(node: Node, metas: list[Any]) -> autotune.Verdict:
+    """Both ways on made-up operands (Note [half matmuls in float]): on the first rows of A where
+    the product has more than ``_MEASURED_MACS`` multiply-adds."""
+    a, b = (metas[1], metas[2]) if node.op == "aten.addmm.default" else (metas[0], metas[1])
+    batch = math.prod(size_hint(n) for n in a.shape[:-2])
+    m, k, n = size_hint(a.shape[-2]), size_hint(a.shape[-1]), size_hint(b.shape[-1])
+    rows = max(1, _MEASURED_MACS // max(1, batch * k * n)) if batch * m * k * n > _MEASURED_MACS else None
+    made = []
+    for i, meta in enumerate(metas):
+        bias_rows = node.op == "aten.addmm.default" and i == 0 and len(meta.shape) == 2  # (a bias of m rows)
+        made.append(_made_up(meta, rows if (meta is a or bias_rows) else None))
+    op = op_entry(node)._op
+    with torch.no_grad():
+        return autotune.measure(lambda: in_float(op, *made), lambda: op(*made))

@@ -1,0 +1,208 @@
+"""Note [half matmuls in float] (runtime/backends/half_matmul.py): an fp16/bf16 matmul on the CPU
+runs as ATen's float32 op on widened operands, rounded back, where that was measured faster
+than ATen's half op; otherwise, with deterministic algorithms, and under fixed choices, ATen's
+half op runs as in eager. No test depends on which way a timing comes out: where the outcome
+matters the measurement is replaced by a given verdict (as tests/test_autotune.py does)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import runtime
+from alias import apply_aliases
+from runtime import autotune
+from runtime.backends import half_matmul
+from segmenter import SegmentKind, capture, segment
+
+H, BF = torch.float16, torch.bfloat16
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh verdict file, measuring on."""
+    monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    with autotune.fixed("measure"):
+        yield tmp_path
+
+
+def _given(monkeypatch, in_float: bool) -> list:
+    """Measurements return this verdict; the list gets the made-up operands' products per measurement."""
+    calls: list = []
+
+    def fake(run_float, run_aten):
+        calls.append((run_float(), run_aten()))
+        return autotune.Verdict(in_float, 1.0, 2.0) if in_float else autotune.Verdict(False, 2.0, 1.0)
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    return calls
+
+
+def _program(fn, inputs):
+    return runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="auto")
+
+
+def _products(prog) -> list[int]:
+    return [s.index for s in prog.plan.segments if s.kind == SegmentKind.MATMUL]
+
+
+def _conv1d(x, w, b):  # GPT-2's Conv1D: x @ w + b over the flattened tokens
+    return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
+
+
+def _linear(x, w, b):  # a Linear: x @ w.t() + b
+    return F.linear(x, w, b)
+
+
+def _bmm(a, b):
+    return torch.bmm(a, b) * 0.5
+
+
+def _mm_t(a, b):
+    return a @ b.t()
+
+
+def _inputs(name, dtype, s):
+    r = lambda *shape: torch.randn(*shape).to(dtype)  # noqa: E731
+    return {
+        "conv1d": [r(2, 8 * s, 48), r(48, 40), r(40)],
+        "linear": [r(3, 4 * s, 32), r(24, 32), r(24)],
+        "bmm": [r(3, 5 * s, 16), r(3, 16, 7 * s)],
+        "mm-t": [r(6 * s, 40), r(9, 40)],
+    }[name]
+
+
+PROGRAMS = {"conv1d": _conv1d, "linear": _linear, "bmm": _bmm, "mm-t": _mm_t}
+
+
+def _error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("dtype", [H, BF])
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_a_product_measured_faster_in_float_runs_in_float(cache, monkeypatch, name, dtype) -> None:
+    """Taken where the verdict says float: at two shapes, the values within eager's error against
+    float64 (twice it plus one unit of the dtype), eager's dtype, shape and strides."""
+    calls = _given(monkeypatch, True)
+    fn = PROGRAMS[name]
+    for s in (1, 3):
+        inputs = _inputs(name, dtype, s)
+        prog = _program(fn, inputs)
+        assert [prog.backend_of[i] for i in _products(prog)] == ["half-matmul"]
+        (got,) = prog(*inputs)
+        want = fn(*inputs)
+        ref = fn(*[t.double() for t in inputs])
+        assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+        assert _error(got, ref) <= 2 * _error(want, ref) + torch.finfo(dtype).eps
+    assert len(calls) == 2  # one measurement per shape: both ways ran on made-up operands
+    for in_float, aten in calls:
+        assert in_float.dtype == aten.dtype == dtype and in_float.shape == aten.shape
+
+
+def test_the_product_is_what_float32_gives_rounded_once(cache, monkeypatch) -> None:
+    """The product in float32 and one rounding: the same bits as ATen's float op on the widened
+    operands (what ``in_float`` says it is), for an fp16 Conv1D."""
+    _given(monkeypatch, True)
+    x, w, b = _inputs("conv1d", H, 2)
+    (got,) = _program(_conv1d, [x, w, b])(x, w, b)
+    assert torch.equal(got, _conv1d(x.float(), w.float(), b.float()).to(H))
+
+
+def test_a_product_aten_is_faster_at_stays_atens_with_the_reason(cache, monkeypatch) -> None:
+    _given(monkeypatch, False)
+    inputs = _inputs("conv1d", BF, 1)
+    prog = _program(_conv1d, inputs)
+    (i,) = _products(prog)
+    assert prog.backend_of[i] == "torch"
+    assert "ATen's bfloat16 op measured faster" in dict(prog.passed_over[i])["half-matmul"]
+    assert torch.equal(prog(*inputs)[0], _conv1d(*inputs))  # eager's op, eager's bits
+
+
+def test_the_verdict_is_kept_and_a_second_compile_measures_nothing(cache, monkeypatch) -> None:
+    calls = _given(monkeypatch, True)
+    inputs = _inputs("linear", H, 1)
+    _program(_linear, inputs)
+    assert len(calls) == 1
+    monkeypatch.setattr(autotune, "_MEMORY", {})  # a new process: the file, not memory
+    prog = _program(_linear, inputs)
+    assert len(calls) == 1
+    assert [prog.backend_of[i] for i in _products(prog)] == ["half-matmul"]
+
+
+def test_not_taken_with_deterministic_algorithms_or_fixed_choices(cache, monkeypatch) -> None:
+    calls = _given(monkeypatch, True)
+    inputs = _inputs("conv1d", H, 1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        prog = _program(_conv1d, inputs)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    (i,) = _products(prog)
+    assert prog.backend_of[i] == "torch" and "deterministic" in dict(prog.passed_over[i])["half-matmul"]
+    with autotune.fixed("kernel"):
+        prog = _program(_conv1d, inputs)
+    assert prog.backend_of[i] == "torch" and "fixed" in dict(prog.passed_over[i])["half-matmul"]
+    assert calls == []
+    assert torch.equal(prog(*inputs)[0], _conv1d(*inputs))
+
+
+def test_float32_products_are_not_asked(cache, monkeypatch) -> None:
+    calls = _given(monkeypatch, True)
+    inputs = _inputs("conv1d", torch.float32, 1)
+    prog = _program(_conv1d, inputs)
+    (i,) = _products(prog)
+    assert prog.backend_of[i] != "half-matmul"
+    # (the cpp backend's own measurement of its kernel: its launch returns its outputs as a list)
+    assert all(t.dtype == torch.float32 for pair in calls for side in pair
+               for t in (side if isinstance(side, (list, tuple)) else [side]))
+
+
+def test_a_big_product_is_measured_on_its_first_rows(cache, monkeypatch) -> None:
+    """Past ``_MEASURED_MACS`` multiply-adds both ways run on the first rows of A (and of a bias of
+    A's rows), the rest of the layouts as planned."""
+    calls = _given(monkeypatch, True)
+    monkeypatch.setattr(half_matmul, "_MEASURED_MACS", 48 * 40 * 4)
+    x, w, b = _inputs("conv1d", H, 2)  # 32 rows of A
+    _program(lambda x, w, b2: torch.addmm(b2, x.reshape(-1, 48), w), [x, w, b.expand(32, 40).contiguous()])
+    ((in_float, aten),) = calls
+    assert in_float.shape == aten.shape == (4, 40)
+
+
+def test_a_big_product_is_rounded_into_its_own_buffer(cache, monkeypatch) -> None:
+    """A product of at least ``pages.HUGE_MIN`` bytes goes into a buffer the program allocates
+    (Note [huge pages for big buffers]): rounded as it is copied there, the same values."""
+    from runtime.storage import pages
+
+    _given(monkeypatch, True)
+    monkeypatch.setattr(pages, "HUGE_MIN", 1024)
+    a, b = torch.randn(64, 40).to(H), torch.randn(40, 48).to(H)  # [64, 48]: 6 KiB
+    prog = _program(lambda a, b: torch.mm(a, b), [a, b])
+    assert "out=" in prog.source and [prog.backend_of[i] for i in _products(prog)] == ["half-matmul"]
+    (got,) = prog(a, b)
+    assert got.dtype == H and torch.equal(got, (a.float() @ b.float()).to(H))
+
+
+def test_an_fp16_gpt2_runs_its_products_in_float_within_eagers_error(cache, monkeypatch) -> None:
+    """A whole fp16 model (GPT-2's Conv1D projections, tiny): every product in float, the logits
+    within eager's error against the float64 model plus one fp16 unit."""
+    from perf.models import MODELS
+
+    _given(monkeypatch, True)
+    model, inputs = MODELS["gpt2-tiny"]()
+    model = model.eval()
+    ref = model.double()(*inputs)
+    ref = (ref.logits if hasattr(ref, "logits") else ref[0]).double()
+    model = model.to(H)
+    prog = runtime.compile_module(model, inputs)
+    program = prog.program
+    kinds = [program.backend_of[i] for i in _products(program)]
+    assert kinds and set(kinds) == {"half-matmul"}
+    with torch.no_grad():
+        out, want = prog(*inputs), model(*inputs)
+    got = out.logits if hasattr(out, "logits") else out[0]
+    want = want.logits if hasattr(want, "logits") else want[0]
+    assert got.dtype == H and got.shape == want.shape
+    assert _error(got, ref) <= 2 * _error(want, ref) + torch.finfo(H).eps
