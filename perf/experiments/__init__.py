@@ -13,7 +13,7 @@ One line each: what it measured, and its record (its file name, under perf/resul
   reductions/row_reductions    row max/min kernels against eager, 3524c23 against edc6b39: row_reductions_cpu.json
   reductions/softmax_exps      softmax row kernels keeping their exps against recomputing them: softmax_exps_cpu.json
   compile_parts     Python's compile() of a 100k-node program, whole and in parts: compile_parts_100k.json
-  pipeline_ab       the pipeline at 100k nodes against b30ce78: pipeline_before_after_100k_session21.json
+  pipeline_ab       the pipeline at 100k nodes against b30ce78 (record in git history)
   kernel_choice     the generated matmul and attention kernels against ATen's ops per shape: kernel_choice_cpu.json
   shapes/class_crossing    a prompt crossing a power of two under backend="fuseg", against a checkout: class_crossing_cpu.json
   shapes/second_length_parts  where the second prompt length's time goes (issue 41): second_length_*_cpu.json
