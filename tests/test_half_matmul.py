@@ -162,13 +162,28 @@ def test_float32_products_are_not_asked(cache, monkeypatch) -> None:
 
 def test_a_big_product_is_measured_on_its_first_rows(cache, monkeypatch) -> None:
     """Past ``_MEASURED_MACS`` multiply-adds both ways run on the first rows of A (and of a bias of
-    A's rows), the rest of the layouts as planned."""
+    A's rows), the rest of the layouts as planned, and the times kept are taken to all the rows:
+    ATen's in proportion (Note [half matmuls in float])."""
     calls = _given(monkeypatch, True)
     monkeypatch.setattr(half_matmul, "_MEASURED_MACS", 48 * 40 * 4)
+    monkeypatch.setattr(half_matmul, "_MIN_ROWS", 4)
     x, w, b = _inputs("conv1d", H, 2)  # 32 rows of A
     _program(lambda x, w, b2: torch.addmm(b2, x.reshape(-1, 48), w), [x, w, b.expand(32, 40).contiguous()])
     ((in_float, aten),) = calls
     assert in_float.shape == aten.shape == (4, 40)
+    (verdict,) = [v for k, v in autotune._MEMORY[autotune.verdict_path()].items() if k.startswith("half matmul")]
+    assert verdict.aten_us == pytest.approx(2.0 * 32 / 4)  # the given 2 us on 4 rows, for 32
+    assert 1.0 <= verdict.kernel_us <= 1.0 * 32 / 4  # the widening of B counted once, the rest in proportion
+
+
+def test_a_product_of_few_rows_is_measured_whole(cache, monkeypatch) -> None:
+    """Never fewer than ``_MIN_ROWS`` rows: a few rows may take another path in ATen."""
+    calls = _given(monkeypatch, True)
+    monkeypatch.setattr(half_matmul, "_MEASURED_MACS", 48 * 40 * 4)
+    x, w, b = _inputs("conv1d", H, 2)  # 32 rows, under _MIN_ROWS
+    _program(_conv1d, [x, w, b])
+    ((in_float, aten),) = calls
+    assert in_float.shape == aten.shape == (32, 40)
 
 
 def test_a_big_product_is_rounded_into_its_own_buffer(cache, monkeypatch) -> None:

@@ -15,8 +15,12 @@ slower, but no rule says which CPU has what, so each shape is measured: both way
 operands of its layouts, once per machine (the verdict kept with the kernels' verdicts, Note
 [choices by measurement] in runtime/autotune.py), on at most ``_MEASURED_MACS`` multiply-adds:
 a product with more is measured on its first rows of A (a slow half GEMM costs seconds a call at
-a vocabulary projection's size; both ways scale with the rows, and the widening of B, which does
-not, is charged in full to the float side). Not taken: with
+a vocabulary projection's size), at least 64, and both times are taken to the whole product's
+rows: in proportion, except the widening of B, which does not grow with the rows (timed apart;
+taken in proportion, it made a Llama projection's 11 measured rows say ATen, 2.0 ms against 5.2,
+where its 256 rows took 21 ms on ATen and 7 in float). A symbolic plan measures at its first
+sizes and keeps the way at every size (Note [a lookup measured at the plan's first sizes] in
+runtime/backends/measured.py). Not taken: with
 ``torch.use_deterministic_algorithms(True)`` (eager's op, eager's bits: Note [no choice by
 timing] in runtime/backends/im2col.py), under ``autotune.fixed`` (the tests of generated kernels
 and benchmarks of ATen's path), a product whose operands or output are not all one half dtype,
@@ -26,6 +30,8 @@ and a segment other than one ``mm``/``addmm``/``bmm`` among views.
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +51,11 @@ from .torch_backend import TorchLaunch, emit_node, emit_torch, op_entry, render_
 __all__ = ["HalfMatmulBackend", "in_float"]
 
 _HALVES = (torch.float16, torch.bfloat16)
-#: multiply-adds a measurement runs a product of at most (more: its first rows of A only)
+#: multiply-adds a measurement runs a product of at most (more: its first rows of A only) ...
 _MEASURED_MACS = 1 << 25
+#: ... but never fewer rows than this (a few rows may take another path: ATen's fp16 product of
+#: 11 rows took 0.18 ms a row, of 256 rows 0.08)
+_MIN_ROWS = 64
 
 
 def in_float(op: Callable[..., torch.Tensor], *args: Any, out: torch.Tensor | None = None,
@@ -145,16 +154,37 @@ class HalfMatmulBackend(Backend):
 
 
 def _measure(node: Node, metas: list[Any]) -> autotune.Verdict:
-    """Both ways on made-up operands (Note [half matmuls in float]): on the first rows of A where
-    the product has more than ``_MEASURED_MACS`` multiply-adds."""
+    """Both ways on made-up operands (Note [half matmuls in float]). Past ``_MEASURED_MACS``
+    multiply-adds, on the first rows of A (at least ``_MIN_ROWS``), and each way's time taken to
+    the product's rows: ATen's in proportion, the float way's in proportion less the widening of
+    the operands that do not have A's rows (B, a bias of one row), timed apart and counted once."""
     a, b = (metas[1], metas[2]) if node.op == "aten.addmm.default" else (metas[0], metas[1])
     batch = math.prod(size_hint(n) for n in a.shape[:-2])
     m, k, n = size_hint(a.shape[-2]), size_hint(a.shape[-1]), size_hint(b.shape[-1])
-    rows = max(1, _MEASURED_MACS // max(1, batch * k * n)) if batch * m * k * n > _MEASURED_MACS else None
-    made = []
+    rows = None
+    if batch * m * k * n > _MEASURED_MACS and m > _MIN_ROWS:
+        rows = min(m, max(_MIN_ROWS, _MEASURED_MACS // max(1, batch * k * n)))
+    made, whole = [], []
     for i, meta in enumerate(metas):
-        bias_rows = node.op == "aten.addmm.default" and i == 0 and len(meta.shape) == 2  # (a bias of m rows)
-        made.append(_made_up(meta, rows if (meta is a or bias_rows) else None))
+        bias_rows = node.op == "aten.addmm.default" and i == 0 and len(meta.shape) == 2 and size_hint(meta.shape[0]) > 1
+        sliced = meta is a or bias_rows
+        made.append(_made_up(meta, rows if sliced else None))
+        if not sliced:
+            whole.append(made[-1])
     op = op_entry(node)._op
     with torch.no_grad():
-        return autotune.measure(lambda: in_float(op, *made), lambda: op(*made))
+        v = autotune.measure(lambda: in_float(op, *made), lambda: op(*made))
+        if rows is None:
+            return v
+        widen = [statistics.median(_timed(lambda: [t.float() for t in whole]) for _ in range(3))]
+    scale = m / rows
+    fixed_us = min(widen[0] * 1e6, v.kernel_us)
+    in_float_us = fixed_us + (v.kernel_us - fixed_us) * scale
+    aten_us = v.aten_us * scale
+    return autotune.Verdict(in_float_us < aten_us, in_float_us, aten_us)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
