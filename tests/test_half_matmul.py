@@ -15,29 +15,10 @@ from alias import apply_aliases
 from runtime import autotune
 from runtime.backends import half_matmul
 from segmenter import SegmentKind, capture, segment
+from tests.test_autotune import _given, cache  # noqa: F401 - the fresh verdict file (a fixture), given verdicts
 
 H, BF = torch.float16, torch.bfloat16
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh verdict file, measuring on."""
-    monkeypatch.setenv("FUSEG_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(autotune, "_MEMORY", {})
-    with autotune.fixed("measure"):
-        yield tmp_path
-
-
-def _given(monkeypatch, in_float: bool) -> list:
-    """Measurements return this verdict; the list gets the made-up operands' products per measurement."""
-    calls: list = []
-
-    def fake(run_float, run_aten):
-        calls.append((run_float(), run_aten()))
-        return autotune.Verdict(in_float, 1.0, 2.0) if in_float else autotune.Verdict(False, 2.0, 1.0)
-
-    monkeypatch.setattr(autotune, "measure", fake)
-    return calls
+pytestmark = pytest.mark.usefixtures("cache")  # a fresh verdict file, measuring on, in every test
 
 
 def _program(fn, inputs):
@@ -83,7 +64,7 @@ def _error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("dtype", [H, BF])
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-def test_a_product_measured_faster_in_float_runs_in_float(cache, monkeypatch, name, dtype) -> None:
+def test_a_product_measured_faster_in_float_runs_in_float(monkeypatch, name, dtype) -> None:
     """Taken where the verdict says float: at two shapes, the values within eager's error against
     float64 (twice it plus one unit of the dtype), eager's dtype, shape and strides."""
     calls = _given(monkeypatch, True)
@@ -102,7 +83,7 @@ def test_a_product_measured_faster_in_float_runs_in_float(cache, monkeypatch, na
         assert in_float.dtype == aten.dtype == dtype and in_float.shape == aten.shape
 
 
-def test_the_product_is_what_float32_gives_rounded_once(cache, monkeypatch) -> None:
+def test_the_product_is_what_float32_gives_rounded_once(monkeypatch) -> None:
     """The product in float32 and one rounding: the same bits as ATen's float op on the widened
     operands (what ``in_float`` says it is), for an fp16 Conv1D."""
     _given(monkeypatch, True)
@@ -111,7 +92,7 @@ def test_the_product_is_what_float32_gives_rounded_once(cache, monkeypatch) -> N
     assert torch.equal(got, _conv1d(x.float(), w.float(), b.float()).to(H))
 
 
-def test_a_product_aten_is_faster_at_stays_atens_with_the_reason(cache, monkeypatch) -> None:
+def test_a_product_aten_is_faster_at_stays_atens_with_the_reason(monkeypatch) -> None:
     _given(monkeypatch, False)
     inputs = _inputs("conv1d", BF, 1)
     prog = _program(_conv1d, inputs)
@@ -121,7 +102,7 @@ def test_a_product_aten_is_faster_at_stays_atens_with_the_reason(cache, monkeypa
     assert torch.equal(prog(*inputs)[0], _conv1d(*inputs))  # eager's op, eager's bits
 
 
-def test_the_verdict_is_kept_and_a_second_compile_measures_nothing(cache, monkeypatch) -> None:
+def test_the_verdict_is_kept_and_a_second_compile_measures_nothing(monkeypatch) -> None:
     calls = _given(monkeypatch, True)
     inputs = _inputs("linear", H, 1)
     _program(_linear, inputs)
@@ -132,7 +113,7 @@ def test_the_verdict_is_kept_and_a_second_compile_measures_nothing(cache, monkey
     assert [prog.backend_of[i] for i in _products(prog)] == ["half-matmul"]
 
 
-def test_not_taken_with_deterministic_algorithms_or_fixed_choices(cache, monkeypatch) -> None:
+def test_not_taken_with_deterministic_algorithms_or_fixed_choices(monkeypatch) -> None:
     calls = _given(monkeypatch, True)
     inputs = _inputs("conv1d", H, 1)
     torch.use_deterministic_algorithms(True)
@@ -149,7 +130,7 @@ def test_not_taken_with_deterministic_algorithms_or_fixed_choices(cache, monkeyp
     assert torch.equal(prog(*inputs)[0], _conv1d(*inputs))
 
 
-def test_float32_products_are_not_asked(cache, monkeypatch) -> None:
+def test_float32_products_are_not_asked(monkeypatch) -> None:
     calls = _given(monkeypatch, True)
     inputs = _inputs("conv1d", torch.float32, 1)
     prog = _program(_conv1d, inputs)
@@ -160,7 +141,7 @@ def test_float32_products_are_not_asked(cache, monkeypatch) -> None:
                for t in (side if isinstance(side, (list, tuple)) else [side]))
 
 
-def test_a_big_product_is_measured_on_its_first_rows(cache, monkeypatch) -> None:
+def test_a_big_product_is_measured_on_its_first_rows(monkeypatch) -> None:
     """Past ``_MEASURED_MACS`` multiply-adds both ways run on the first rows of A (and of a bias of
     A's rows), the rest of the layouts as planned, and the times kept are taken to all the rows:
     ATen's in proportion (Note [half matmuls in float])."""
@@ -176,7 +157,7 @@ def test_a_big_product_is_measured_on_its_first_rows(cache, monkeypatch) -> None
     assert 1.0 <= verdict.kernel_us <= 1.0 * 32 / 4  # the widening of B counted once, the rest in proportion
 
 
-def test_a_product_of_few_rows_is_measured_whole(cache, monkeypatch) -> None:
+def test_a_product_of_few_rows_is_measured_whole(monkeypatch) -> None:
     """Never fewer than ``_MIN_ROWS`` rows: a few rows may take another path in ATen."""
     calls = _given(monkeypatch, True)
     monkeypatch.setattr(half_matmul, "_MEASURED_MACS", 48 * 40 * 4)
@@ -186,7 +167,7 @@ def test_a_product_of_few_rows_is_measured_whole(cache, monkeypatch) -> None:
     assert in_float.shape == aten.shape == (32, 40)
 
 
-def test_a_big_product_is_rounded_into_its_own_buffer(cache, monkeypatch) -> None:
+def test_a_big_product_is_rounded_into_its_own_buffer(monkeypatch) -> None:
     """A product of at least ``pages.HUGE_MIN`` bytes goes into a buffer the program allocates
     (Note [huge pages for big buffers]): rounded as it is copied there, the same values."""
     from runtime.storage import pages
@@ -200,7 +181,7 @@ def test_a_big_product_is_rounded_into_its_own_buffer(cache, monkeypatch) -> Non
     assert got.dtype == H and torch.equal(got, (a.float() @ b.float()).to(H))
 
 
-def test_an_fp16_gpt2_runs_its_products_in_float_within_eagers_error(cache, monkeypatch) -> None:
+def test_an_fp16_gpt2_runs_its_products_in_float_within_eagers_error(monkeypatch) -> None:
     """A whole fp16 model (GPT-2's Conv1D projections, tiny): every product in float, the logits
     within eager's error against the float64 model plus one fp16 unit."""
     from perf.models import MODELS

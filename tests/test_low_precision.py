@@ -104,32 +104,19 @@ def _probe_values(dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     return torch.cat([halves, mids, up, down, special, torch.randn(10000) * 1e4, torch.randn(10000) * 1e-5])
 
 
-def test_bf16_round_in_float_is_bit_exact() -> None:
-    """See Note [bf16 rounding in float]: a float rounded to bf16 inside a kernel (``fuseg_bf_round``)
-    has eager's bits for every probe value, ties and NaNs included (a NaN stays a NaN)."""
+@pytest.mark.parametrize(("dtype", "rounds", "narrows"), [(torch.bfloat16, "fuseg_bf_round(", "fuseg_f2bf("),
+                                                     (torch.float16, "fuseg_h_round(", "fuseg_f2h(")])
+def test_round_in_float_is_bit_exact(dtype, rounds, narrows) -> None:
+    """See Note [bf16 rounding in float] and Note [fp16 rounding in float]: a float rounded to bf16
+    or fp16 inside a kernel (``fuseg_bf_round``, ``fuseg_h_round``: no narrowing) has eager's bits
+    for every probe value: ties, subnormals, overflow to inf, NaNs (a NaN stays a NaN)."""
     from tests.util import compiled_post
 
-    xs = _probe_values(torch.bfloat16)
-    fn = lambda x: x.to(torch.bfloat16).to(torch.float32) * 1.0  # noqa: E731
+    xs = _probe_values(dtype)
+    fn = lambda x: x.to(dtype).to(torch.float32) * 1.0  # noqa: E731
     prog = compiled_post(fn, [xs], backend="cpp")
     body = "".join(k.body for k in prog.kernels.values())
-    assert "fuseg_bf_round(" in body and "fuseg_f2bf(" not in body, body
-    got, want = prog(xs)[0], fn(xs)
-    nan = want.isnan()
-    assert torch.equal(got.isnan(), nan)
-    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
-
-
-def test_fp16_round_in_float_is_bit_exact() -> None:
-    """See Note [fp16 rounding in float]: a float rounded to fp16 inside a kernel (``fuseg_h_round``)
-    has eager's bits for every probe value: ties, subnormals, overflow to inf, NaNs (a NaN stays one)."""
-    from tests.util import compiled_post
-
-    xs = _probe_values(torch.float16)
-    fn = lambda x: x.to(torch.float16).to(torch.float32) * 1.0  # noqa: E731
-    prog = compiled_post(fn, [xs], backend="cpp")
-    body = "".join(k.body for k in prog.kernels.values())
-    assert "fuseg_h_round(" in body and "fuseg_f2h(" not in body, body
+    assert rounds in body and narrows not in body, body
     got, want = prog(xs)[0], fn(xs)
     nan = want.isnan()
     assert torch.equal(got.isnan(), nan)

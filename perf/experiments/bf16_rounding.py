@@ -66,11 +66,10 @@ def _before() -> Iterator[None]:
             m.store_output = f
 
 
-def _ops() -> list[tuple[str, Callable[[], tuple[Callable[..., Any], list[torch.Tensor]]]]]:
-    bf = torch.bfloat16
-
+def _ops(dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, Callable[[], tuple[Callable[..., Any], list[torch.Tensor]]]]]:
+    """The lone fused ops at transformer sizes, their inputs in ``dtype`` (perf/experiments/half_vectors.py: fp16)."""
     def r(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape).to(bf)
+        return torch.randn(*shape).to(dtype)
 
     def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return w * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from .bf16_rounding import _args, _model_rows, _op_program, _row, _write
+from .bf16_rounding import _ops as _fused_ops
 
 
 @contextlib.contextmanager
@@ -48,34 +49,16 @@ def _at_once() -> Iterator[None]:
         yield
 
 
+def _layer_norm_float(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), w.float()).to(x.dtype)
+
+
 def _ops() -> list[tuple[str, Callable[..., Any], list[torch.Tensor]]]:
+    """bf16_rounding's lone ops in fp16, and a layer norm in float of fp16 rows (a float variance)."""
     h = torch.float16
-
-    def r(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape).to(h)
-
-    def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return w * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
-
-    def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.silu(a) * b
-
-    def gelu_bias(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.gelu(x + b, approximate="tanh")
-
-    def layer_norm_float(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), w.float()).to(x.dtype)
-
-    def softmax_scaled(x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(x * 0.125, -1)
-
-    return [
-        ("rms-norm 256x1024 fp16", rms, [r(256, 1024), r(1024)]),
-        ("silu*mul 256x2816 fp16", silu_mul, [r(256, 2816), r(256, 2816)]),
-        ("gelu(x+b) 128x3072 fp16", gelu_bias, [r(128, 3072), r(3072)]),
-        ("layer-norm in float 64x4096 fp16", layer_norm_float, [r(64, 4096), r(4096)]),
-        ("softmax 12x128x128 fp16", softmax_scaled, [r(12, 128, 128)]),
-    ]
+    ops = [(f"{name} fp16", *make()) for name, make in _fused_ops(h)]
+    return ops + [("layer-norm in float 64x4096 fp16", _layer_norm_float,
+                   [torch.randn(64, 4096).to(h), torch.randn(4096).to(h)])]
 
 
 def main(argv: list[str] | None = None) -> int:
