@@ -43,9 +43,11 @@ from segmenter.ir.symbolic import is_symbolic, size_hint
 
 from .. import autotune
 from ..codegen import Declined
+from ..codegen.kernel import bind
 from ..codegen.opaque.gemm import MATMULS
 from ..emit.wrapper import Code
 from .base import Backend, BuildContext, SegmentLaunch
+from .measured import made_up
 from .torch_backend import TorchLaunch, emit_node, emit_torch, op_entry, render_args
 
 __all__ = ["HalfMatmulBackend", "in_float"]
@@ -84,41 +86,30 @@ class HalfMatmulLaunch(TorchLaunch):
         emit_torch(code, self.ctx, self.segment, dying, _emit)
 
 
-def _operands(ctx: BuildContext, node: Node) -> list[ValueRef]:
-    a = node.args
+def _operands(node: Node) -> dict[str, ValueRef]:
+    """The product's operands in the op's order, by role: X (addmm's bias), A, B."""
+    a = bind(node)
     if node.op == "aten.addmm.default":
-        refs = list(a[:3])
-        if any(k in ("beta", "alpha") and v != 1 for k, v in node.kwargs) or any(v != 1 for v in a[3:]):
+        if any(not (isinstance(a.get(k), (int, float)) and not isinstance(a.get(k), bool) and a.get(k) == 1)
+               for k in ("beta", "alpha")):
             raise Declined("addmm with beta or alpha other than 1")
+        refs = {"X": a.get("self"), "A": a.get("mat1"), "B": a.get("mat2")}
     else:
-        refs = list(a[:2])
-    if len(refs) != (3 if node.op == "aten.addmm.default" else 2) or not all(isinstance(v, ValueRef) for v in refs):
+        refs = {"A": a.get("self"), "B": a.get("mat2")}
+    if not all(isinstance(v, ValueRef) for v in refs.values()):
         raise Declined("a matmul of something other than tensor values")
     return refs
-
-
-def _made_up(meta: Any, rows: int | None = None, row_dim: int = -2) -> torch.Tensor:
-    """Random values of ``meta``'s layout at its first call's sizes; ``rows``: that many of ``row_dim`` only."""
-    shape = [size_hint(n) for n in meta.shape]
-    stride = [size_hint(s) for s in meta.stride]
-    if rows is not None and len(shape) >= -row_dim and shape[row_dim] > rows:
-        shape[row_dim] = rows
-    extent = sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if 0 not in shape else 1
-    return torch.randn(extent, dtype=meta.dtype).as_strided(shape, stride)
 
 
 def _key(node: Node, metas: list[Any]) -> str:
     """The verdict's key: the op, its operands' layouts (a symbolic size by its class at the first
     call's sizes, as a measured kernel's key names it) and torch's threads."""
-    parts = []
-    for m in metas:
-        shape = [f"{autotune.class_of_bits(max(size_hint(n), 0).bit_length())}" if is_symbolic(n) else str(n)
-                 for n in m.shape]
-        stride = [f"{autotune.class_of_bits(max(size_hint(s), 0).bit_length())}" if is_symbolic(s) else str(s)
-                  for s in m.stride]
-        parts.append(f"{'x'.join(shape)}/{','.join(stride)}")
-    return f"half matmul in float: {node.op} {str(metas[0].dtype).removeprefix('torch.')} {' '.join(parts)}; " \
-           f"threads {torch.get_num_threads()}"
+    def dim(n: Any) -> str:
+        return str(autotune.class_of_bits(max(size_hint(n), 0).bit_length())) if is_symbolic(n) else str(n)
+
+    parts = " ".join(f"{'x'.join(map(dim, m.shape))}/{','.join(map(dim, m.stride))}" for m in metas)
+    return (f"half matmul in float: {node.op} {str(metas[0].dtype).removeprefix('torch.')} {parts}; "
+            f"threads {torch.get_num_threads()}")
 
 
 class HalfMatmulBackend(Backend):
@@ -130,8 +121,8 @@ class HalfMatmulBackend(Backend):
         if len(products) != 1 or any(op_info(n.op).kind != OpKind.VIEW for n in seg.nodes if n.op not in MATMULS):
             raise Declined("not one mm/addmm/bmm among views")
         node = products[0]
-        refs = _operands(ctx, node)
-        metas = [ctx.graph.metas[v.name] for v in refs]
+        refs = _operands(node)
+        metas = [ctx.graph.metas[v.name] for v in refs.values()]
         out = node.outputs[0] if len(node.outputs) == 1 else None
         dtypes = {m.dtype for m in metas} | ({ctx.graph.metas[out].dtype} if out is not None else set())
         if out is None or len(dtypes) != 1 or metas[0].dtype not in _HALVES:
@@ -144,7 +135,7 @@ class HalfMatmulBackend(Backend):
         key = _key(node, metas)
         verdict = autotune.lookup(key)
         if verdict is None:
-            verdict = _measure(node, metas)
+            verdict = _measure(node, {role: ctx.graph.metas[v.name] for role, v in refs.items()})
             autotune.record(key, verdict)
         if not verdict.kernel:
             raise Declined(f"ATen's {str(metas[0].dtype).removeprefix('torch.')} op measured faster on this CPU "
@@ -153,22 +144,25 @@ class HalfMatmulBackend(Backend):
         return HalfMatmulLaunch(ctx, seg)
 
 
-def _measure(node: Node, metas: list[Any]) -> autotune.Verdict:
-    """Both ways on made-up operands (Note [half matmuls in float]). Past ``_MEASURED_MACS``
-    multiply-adds, on the first rows of A (at least ``_MIN_ROWS``), and each way's time taken to
-    the product's rows: ATen's in proportion, the float way's in proportion less the widening of
-    the operands that do not have A's rows (B, a bias of one row), timed apart and counted once."""
-    a, b = (metas[1], metas[2]) if node.op == "aten.addmm.default" else (metas[0], metas[1])
+def _measure(node: Node, metas: dict[str, Any]) -> autotune.Verdict:
+    """Both ways on made-up operands (``metas``: by role, in the op's order; Note [half matmuls in
+    float]). Past ``_MEASURED_MACS`` multiply-adds, on the first rows of A (at least ``_MIN_ROWS``),
+    and each way's time taken to the product's rows: ATen's in proportion, the float way's in
+    proportion less the widening of the operands that do not have A's rows (B, a bias of one row),
+    timed apart and counted once."""
+    a, b = metas["A"], metas["B"]
     batch = math.prod(size_hint(n) for n in a.shape[:-2])
     m, k, n = size_hint(a.shape[-2]), size_hint(a.shape[-1]), size_hint(b.shape[-1])
     rows = None
     if batch * m * k * n > _MEASURED_MACS and m > _MIN_ROWS:
         rows = min(m, max(_MIN_ROWS, _MEASURED_MACS // max(1, batch * k * n)))
     made, whole = [], []
-    for i, meta in enumerate(metas):
-        bias_rows = node.op == "aten.addmm.default" and i == 0 and len(meta.shape) == 2 and size_hint(meta.shape[0]) > 1
-        sliced = meta is a or bias_rows
-        made.append(_made_up(meta, rows if sliced else None))
+    for role, meta in metas.items():
+        shape = [size_hint(d) for d in meta.shape]
+        sliced = rows is not None and (role == "A" or role == "X" and len(shape) == 2 and shape[0] > 1)  # (a bias of m rows)
+        if sliced:
+            shape[-2] = rows
+        made.append(made_up(tuple(shape), tuple(size_hint(st) for st in meta.stride), meta.dtype))
         if not sliced:
             whole.append(made[-1])
     op = op_entry(node)._op
@@ -176,9 +170,9 @@ def _measure(node: Node, metas: list[Any]) -> autotune.Verdict:
         v = autotune.measure(lambda: in_float(op, *made), lambda: op(*made))
         if rows is None:
             return v
-        widen = [statistics.median(_timed(lambda: [t.float() for t in whole]) for _ in range(3))]
+        widen_s = statistics.median(_timed(lambda: [t.float() for t in whole]) for _ in range(3))
     scale = m / rows
-    fixed_us = min(widen[0] * 1e6, v.kernel_us)
+    fixed_us = min(widen_s * 1e6, v.kernel_us)
     in_float_us = fixed_us + (v.kernel_us - fixed_us) * scale
     aten_us = v.aten_us * scale
     return autotune.Verdict(in_float_us < aten_us, in_float_us, aten_us)

@@ -29,11 +29,11 @@ from .base import BuildContext, SegmentLaunch
 from .kernels import KernelLaunch, layouts
 from .torch_backend import TorchLaunch
 
-__all__ = ["MEASURED_KINDS", "MEASURED_ALONE", "choose", "measure_pending"]
+__all__ = ["MEASURED_KINDS", "MEASURED_ALONE", "choose", "made_up", "measure_pending"]
 
 #: kernels whose segment is one op ATen has a kernel of its own for: matmuls, attention, convolutions,
 #: cumulative sums (of floats: an integer one, a mask's, is not measured), embedding lookups and
-#: their backward, the nll loss and its backward (these two on made-up indices: ``_made_up``)
+#: their backward, the nll loss and its backward (these two on made-up indices: ``made_up``)
 MEASURED_KINDS = frozenset({"matmul", "attention", "conv", "scan", "embedding", "nll_loss"})
 #: kinds whose integer inputs are indices (rows of a weight, classes of a loss)
 _INDEXED_KINDS = frozenset({"embedding", "nll_loss"})
@@ -111,7 +111,7 @@ def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
         raise Declined(verdict.reason())
 
 
-def _made_up(shape: tuple, stride: tuple, dtype: torch.dtype, index: bool = False) -> torch.Tensor:
+def made_up(shape: tuple, stride: tuple, dtype: torch.dtype, index: bool = False) -> torch.Tensor:
     """Made-up values of a planned layout: random floats, or for the indices of an embedding or
     an nll loss zeros, the one index every table of rows and every loss of classes holds (the
     same work per index either way, on one row)."""
@@ -147,7 +147,7 @@ def _verdict(ctx: BuildContext, launch: KernelLaunch) -> autotune.Verdict | None
         if not dtype.is_floating_point and not index:
             return None
         shape, stride = planned[v]
-        inputs.append(_made_up(tuple(size_hint(n) for n in shape), tuple(size_hint(n) for n in stride), dtype, index))
+        inputs.append(made_up(tuple(size_hint(n) for n in shape), tuple(size_hint(n) for n in stride), dtype, index))
     symbols: list = []
     if sizes is not None:  # the made-up inputs have the first call's sizes: so do the symbols
         values = [sizes.hints[s] for s in sizes.sources]
