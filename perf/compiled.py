@@ -74,7 +74,7 @@ from runtime.codegen.build import wait_for_background_builds
 
 from .bench import environment
 
-__all__ = ["CONTESTANTS", "GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "bench_protocol", "compile_alone",
+__all__ = ["CONTESTANTS", "EAGER_EVERY", "GPU", "HELD_OUT", "MODELS", "UNSEEN", "VARIANTS", "bench_compiled", "bench_protocol", "compile_alone",
            "load_model",
            "main", "protocol_model", "protocol_record", "protocol_summary", "timed_window"]
 
@@ -110,13 +110,15 @@ def _max_diff(got: Any, want: Any) -> float:
 # Inductor and fuseg caches, eager first, Inductor and fuseg swapping places from one model to
 # the next): (1) the first call (trace, compile, the builds it waits for); (2) the window: calls
 # back to back for ``--window`` seconds right after it (what the first 30 s of a loop cost a call;
-# fuseg's kernels build in the background there, so its calls may run torch's ops), its mean and
-# median per call, and the mean against eager's settled time (``window_vs_eager_settled``); (3)
-# settled: once every contestant's window is done and fuseg's background builds are finished,
-# the median of interleaved timed calls (as the steady state above). The ratios fuseg/eager and
-# fuseg/Inductor of each phase compare like with like: first call with first call, window mean
-# with window mean (fuseg/eager's window: fuseg's mean over eager's settled time, the goal being
-# "at least eager's speed while kernels build"), settled median with settled median. A contestant
+# fuseg's kernels build in the background there, so its calls may run torch's ops; a compiled
+# contestant's window has eager calls among its own: Note [eager at the same moments]), its mean
+# and median per call, and the mean against eager's settled time (``window_vs_eager_settled``) and
+# against the eager calls among it (``window_vs_eager_same_moments``); (3) settled: once every
+# contestant's window is done and fuseg's background builds are finished, the median of
+# interleaved timed calls (as the steady state above). The ratios fuseg/eager and fuseg/Inductor
+# of each phase compare like with like: first call with first call, window mean with window mean
+# (fuseg/eager's window: fuseg's mean over eager's at the same moments, the goal being "at least
+# eager's speed while kernels build"), settled median with settled median. A contestant
 # that fails is recorded with its error and left out of the ratios. Every time is in seconds.
 # perf.train_step (a window of steps) and perf.dynamic_shapes (generates over new prompt
 # lengths) record the same fields through ``protocol_record``.
@@ -154,22 +156,63 @@ def compile_alone(fn: Any, **kw: Any) -> Any:
     return torch.compile(fn, **kw)
 
 
-def timed_window(call: Callable[[], Any], seconds: float) -> list[float]:
+def timed_window(call: Callable[[], Any], seconds: float, reference: Callable[[], Any] | None = None,
+                 every: int = 0, reference_times: list[float] | None = None) -> list[float]:
     """``call()`` back to back from now until ``seconds`` have passed (at least once; the last call
-    may end after): each call's seconds."""
+    may end after): each call's seconds. With ``reference`` and ``every``: every ``every``-th call
+    of the window is ``reference()`` instead (eager's, at the same moment: Note [eager at the same
+    moments]), with fuseg's background compilers stopped for it; its seconds go to
+    ``reference_times``."""
+    if reference is not None and every < 2:
+        raise ValueError(f"every={every}: a window with a reference needs every >= 2 (a call of its own between two of eager's)")
     times: list[float] = []
     start = time.perf_counter()
+    made = 0
     while not times or time.perf_counter() - start < seconds:
+        if reference is not None and made % every == every - 1:
+            from runtime.machine import pause
+
+            with pause.held():
+                t0 = time.perf_counter()
+                reference()
+                dt = time.perf_counter() - t0
+            if reference_times is not None:
+                reference_times.append(dt)
+            made += 1
+            continue
         t0 = time.perf_counter()
         call()
         times.append(time.perf_counter() - t0)
+        made += 1
     return times
 
 
+# Note [eager at the same moments]: the window's ratios once compared a contestant's window with
+# eager's settled time (fuseg/eager) or with the other's window (fuseg/Inductor), each measured at
+# another moment of the run, minutes apart. On the two-vCPU VMs of these sessions the machine's
+# own speed moves more than that between minutes: in the realistic records of 2026-12-07 (AMD
+# EPYC family 25 model 17) eager's own window took 0.84-1.36x eager's settled time in float32 and
+# 0.85-1.20x in bf16, where nothing of eager's changes in between. So a window of a compiled
+# contestant makes every ``EAGER_EVERY``-th call an eager one (the same model and inputs; fuseg's
+# compilers stopped for it, as for fuseg's own calls: Note [calls first while kernels build] in
+# runtime/machine/threads.py, so the builds get none of its time), and the window's ratios are
+# taken against those calls: fuseg/eager is the mean of fuseg's calls over the mean of the eager
+# calls among them; fuseg/Inductor is that over Inductor's same ratio in its own window. The
+# window then holds a fifth fewer of the contestant's calls, and its builds get the gaps of four
+# calls in five; eager's calls between fuseg's are what eager-then-fuseg callers run anyway.
+# ``--eager-every 0`` measures as before (no eager call in a window; the ratios against eager's
+# settled time and the other window).
+#: every this many calls of a compiled contestant's window, one is eager's (0: none)
+EAGER_EVERY = 5
+
+
 def protocol_record(window_s: float, order: list[str], first: dict[str, float], windows: dict[str, list[float]],
-                    settled: dict[str, float], extra: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                    settled: dict[str, float], extra: dict[str, dict[str, Any]] | None = None,
+                    references: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """The protocol's fields (Note [the protocol]) from each contestant's first call (s), window
-    (each call's s) and settled time (s); ``extra``: more fields per contestant (errors, builds)."""
+    (each call's s) and settled time (s); ``extra``: more fields per contestant (errors, builds);
+    ``references``: per contestant, the eager calls made among its window's (Note [eager at the
+    same moments]), against which its window's ratios are then taken."""
     out: dict[str, Any] = {"window_s": window_s, "order": list(order)}
     eager = settled.get("eager")
     for c in order:
@@ -180,6 +223,10 @@ def protocol_record(window_s: float, order: list[str], first: dict[str, float], 
         if ts:
             entry["window"] = {"calls": len(ts), "elapsed_s": sum(ts), "mean_s": sum(ts) / len(ts),
                                "median_s": statistics.median(ts), "max_s": max(ts)}
+            ref = (references or {}).get(c)
+            if ref:
+                entry["window"].update(eager_calls=len(ref), eager_mean_s=sum(ref) / len(ref))
+                entry["window_vs_eager_same_moments"] = entry["window"]["mean_s"] / entry["window"]["eager_mean_s"]
             if eager:
                 entry["window_vs_eager_settled"] = entry["window"]["mean_s"] / eager
         if c in settled:
@@ -191,9 +238,15 @@ def protocol_record(window_s: float, order: list[str], first: dict[str, float], 
         if "first_call_s" in ours and them.get("first_call_s"):
             ratios["first_call"] = ours["first_call_s"] / them["first_call_s"]
         if "window" in ours:
-            base = eager if theirs == "eager" else them.get("window", {}).get("mean_s")
-            if base:
-                ratios["window"] = ours["window"]["mean_s"] / base
+            same = ours.get("window_vs_eager_same_moments")
+            if same is not None and theirs == "eager":
+                ratios["window"] = same
+            elif same is not None and them.get("window_vs_eager_same_moments"):
+                ratios["window"] = same / them["window_vs_eager_same_moments"]
+            else:
+                base = eager if theirs == "eager" else them.get("window", {}).get("mean_s")
+                if base:
+                    ratios["window"] = ours["window"]["mean_s"] / base
         if "settled_s" in ours and them.get("settled_s"):
             ratios["settled"] = ours["settled_s"] / them["settled_s"]
         if ratios:
@@ -439,9 +492,11 @@ def bench_compiled(names: list[str], rounds: int = 5, calls: int = 20, first_cal
 
 
 def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
-                   order: tuple[str, ...] = CONTESTANTS, dtype: str = "float32") -> dict[str, Any]:
+                   order: tuple[str, ...] = CONTESTANTS, dtype: str = "float32",
+                   eager_every: int = EAGER_EVERY) -> dict[str, Any]:
     """Note [the protocol] for one model, in this process (``protocol_child``: in a fresh one with
-    empty caches): a row with the settled keys of ``bench_compiled``'s rows and ``protocol``."""
+    empty caches): a row with the settled keys of ``bench_compiled``'s rows and ``protocol``;
+    ``eager_every``: Note [eager at the same moments] (0: no eager call in a window)."""
     from runtime.dynamo import registered_by_name
 
     registered_by_name()
@@ -450,6 +505,7 @@ def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
                            "device": "cpu", **({"dtype": dtype} if dtype != "float32" else {})}
     first: dict[str, float] = {}
     windows: dict[str, list[float]] = {}
+    references: dict[str, list[float]] = {}
     extra: dict[str, dict[str, Any]] = {}
     timed: dict[str, Callable[[], Any]] = {}
     with torch.no_grad(), warnings.catch_warnings():
@@ -467,7 +523,11 @@ def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
                     want = got
                 row[f"{c}_max_abs_diff"] = _max_diff(got, want)
                 timed[c] = lambda f=call, a=inputs: f(*a)
-                windows[c] = timed_window(timed[c], window)
+                if c != "eager" and eager_every:
+                    references[c] = []
+                    windows[c] = timed_window(timed[c], window, lambda: fn(*inputs), eager_every, references[c])
+                else:
+                    windows[c] = timed_window(timed[c], window)
                 if c == "fuseg":  # its builds end before the next contestant starts (they would slow it)
                     from runtime.codegen.build import background_builds_under_way
 
@@ -501,7 +561,8 @@ def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
     for theirs in ("eager", "inductor"):
         if "fuseg_ms" in row and f"{theirs}_ms" in row:
             row[f"fuseg_vs_{theirs}"] = row["fuseg_ms"] / row[f"{theirs}_ms"]
-    row["protocol"] = protocol_record(window, list(order), first, windows, settled, extra)
+    row["protocol"] = protocol_record(window, list(order), first, windows, settled, extra, references)
+    row["protocol"]["eager_every"] = eager_every
     first_ratio = row["protocol"].get("fuseg_vs_inductor", {}).get("first_call")
     if first_ratio is not None:  # (the summary's and the table's first call: this process's, cold caches)
         row["first_call_vs_inductor"] = first_ratio
@@ -509,7 +570,7 @@ def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
 
 
 def protocol_child(name: str, window: float, rounds: int, calls: int, order: tuple[str, ...],
-                   dtype: str = "float32") -> dict[str, Any]:
+                   dtype: str = "float32", eager_every: int = EAGER_EVERY) -> dict[str, Any]:
     """``protocol_model`` in a fresh process with empty Inductor and fuseg caches (fuseg's
     background builds as a user has them, whatever the caller's environment says)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -518,8 +579,9 @@ def protocol_child(name: str, window: float, rounds: int, calls: int, order: tup
         env.pop("FUSEG_BACKGROUND_BUILDS", None)
         code = ("import json, sys; from perf.compiled import protocol_model;"
                 "print(json.dumps(protocol_model(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),"
-                " tuple(sys.argv[5].split(',')), sys.argv[6])))")
-        r = subprocess.run([sys.executable, "-c", code, name, str(window), str(rounds), str(calls), ",".join(order), dtype],
+                " tuple(sys.argv[5].split(',')), sys.argv[6], int(sys.argv[7]))))")
+        r = subprocess.run([sys.executable, "-c", code, name, str(window), str(rounds), str(calls), ",".join(order), dtype,
+                            str(eager_every)],
                            capture_output=True, text=True, env=env, timeout=3600)
         if r.returncode != 0:
             tail = r.stderr.strip().splitlines()
@@ -530,12 +592,12 @@ def protocol_child(name: str, window: float, rounds: int, calls: int, order: tup
 
 def bench_protocol(names: list[str], window: float, rounds: int = 5, calls: int = 20, first_call: int = 0,
                    progress: bool = True, on_row: Callable[[list[dict[str, Any]]], None] | None = None,
-                   dtype: str = "float32") -> list[dict[str, Any]]:
+                   dtype: str = "float32", eager_every: int = EAGER_EVERY) -> list[dict[str, Any]]:
     """Note [the protocol] per model, each in a fresh process; with ``first_call``, the
     fresh-process first calls of ``bench_compiled`` added to each row."""
     rows: list[dict[str, Any]] = []
     for name, order in zip(names, protocol_orders(len(names))):
-        row = protocol_child(name, window, rounds, calls, order, dtype)
+        row = protocol_child(name, window, rounds, calls, order, dtype, eager_every)
         if first_call and "error" not in row:
             row.update(first_call_fields(name, first_call))
         rows.append(row)
@@ -666,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --protocol: seconds of calls after each contestant's first call (per model)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                    help="the models' parameters and floating inputs in this dtype (with --protocol; default float32)")
+    p.add_argument("--eager-every", type=int, default=EAGER_EVERY,
+                   help=f"with --protocol: every N-th call of a compiled contestant's window is eager's, the window's "
+                        f"ratios taken against those (Note [eager at the same moments]; default {EAGER_EVERY}, 0: none)")
     p.add_argument("--out", help="the record, written again after every model")
     p.add_argument("--plot")
     a = p.parse_args(argv)
@@ -677,6 +742,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--dtype: with --protocol")
     if a.window <= 0:
         p.error("--window must be positive")
+    if a.eager_every < 0 or a.eager_every == 1:
+        p.error("--eager-every: 0 (none) or at least 2 (a call of the contestant's own between two of eager's)")
     first_calls = 0 if a.no_first_call or a.device == "cuda" else (
         a.first_calls if a.first_calls is not None else 0 if a.protocol else 3)
     if a.dtype != "float32":  # (the fresh-process first calls are float32's; the protocol times its own)
@@ -692,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": torch.get_num_threads(), "rounds": a.rounds, "calls": a.calls, "first_calls": first_calls,
             "variants": ["eager", *variants], **({"protocol_window_s": a.window} if a.protocol else {}),
             **({"dtype": a.dtype} if a.dtype != "float32" else {}),
+            **({"eager_every": a.eager_every} if a.protocol else {}),
             "command": "python -m perf.compiled " + " ".join(argv if argv is not None else sys.argv[1:])}
 
     def record(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -703,7 +771,8 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     if a.protocol:
-        rows = bench_protocol(names, a.window, a.rounds, a.calls, first_calls, on_row=record, dtype=a.dtype)
+        rows = bench_protocol(names, a.window, a.rounds, a.calls, first_calls, on_row=record, dtype=a.dtype,
+                              eager_every=a.eager_every)
     else:
         rows = bench_compiled(names, a.rounds, a.calls, first_calls, device=a.device, variants=variants, on_row=record)
     result = record(rows)

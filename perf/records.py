@@ -282,6 +282,7 @@ def _headlines(records: list[Record]) -> list[Record]:
 # perf.dynamic_shapes (training on changing lengths, generation). A cell holds fuseg/eager and
 # fuseg/Inductor once settled and, where the record has Note [the protocol] in perf/compiled.py,
 # the same two for the window of calls after the first (fuseg/eager there: the window's mean over
+# the eager calls made among it, Note [eager at the same moments], or, in older records, over
 # eager's settled time). Where two headline records of one machine hold a model of the same
 # workload, the later one's figures stand. Older records without some ratio show "-".
 
@@ -393,8 +394,9 @@ def speed_table(records: list[Record]) -> str:
     if not cells:
         return ""
     machines = sorted({r.machine for rs in used.values() for r in rs}, key=lambda m: m.name)
-    lines = ["Speed per CPU kind: fuseg/eager / fuseg/Inductor once settled; \"first N s\": the same over the N "
-             "seconds of calls after the first call (Note [the protocol] in `perf/compiled.py`).", "",
+    lines = ["Speed per CPU kind: fuseg/eager / fuseg/Inductor once settled; \"first N s\": the same for the mean "
+             "call of the N seconds after the first call, against eager's calls made among them where the record "
+             "has them (Note [the protocol] in `perf/compiled.py`).", "",
              "| Workload | Model | " + " | ".join(m.name for m in machines) + " |",
              "|---|---|" + "---|" * len(machines)]
     for (workload, model), per in sorted(cells.items(), key=lambda kv: (WORKLOADS.index(kv[0][0]), kv[0][1])):
@@ -425,8 +427,9 @@ def speed_summary(records: list[Record]) -> str:
         return ""
     machines = sorted({r.machine for rs in used.values() for r in rs}, key=lambda m: m.name)
     lines = ["Speed per CPU kind: fuseg/eager / fuseg/Inductor once settled, the median and the worst of a "
-             "workload's models; \"first N s\": the median over the N seconds of calls after the first call "
-             "(Note [the protocol] in `perf/compiled.py`). Each model's figures: "
+             "workload's models; \"first N s\": the same for the mean call of the N seconds after the first call, "
+             "against eager's calls made among them where the record has them (Note [the protocol] in "
+             "`perf/compiled.py`). Each model's figures: "
              "[perf/results/README.md](perf/results/README.md).", "",
              "| Workload | " + " | ".join(m.name for m in machines) + " |", "|---|" + "---|" * len(machines)]
     for workload in WORKLOADS:

@@ -29,7 +29,9 @@ first in each, the variant second), PAIRS of each, alternated: fuseg/Inductor is
 their median ratios to eager (Note [the variant made first]). With ``--protocol``, each
 variant's first step is followed by ``--window`` seconds of steps before the next variant is made,
 and each row gets ``protocol`` (Note [the protocol] in perf/compiled.py: the first step, the
-window's steps, the settled step; fuseg/eager and fuseg/Inductor of each). The record names the CPU, its flags and the compiler.
+window's steps, the settled step; fuseg/eager and fuseg/Inductor of each; every ``--eager-every``-th step
+of a compiled variant's window is an eager copy's, the window's ratios taken against those: Note
+[eager at the same moments] there). The record names the CPU, its flags and the compiler.
 """
 
 from __future__ import annotations
@@ -88,11 +90,13 @@ def _model(name: str) -> tuple[Any, Any]:
 
 
 def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
-              window: float | None = None) -> dict[str, Any]:
+              window: float | None = None, eager_every: int = 5) -> dict[str, Any]:
     """In this process: compile, check against eager, then time every variant's steps. With
     ``window`` (seconds; Note [the protocol] in perf/compiled.py), each variant's first step is
     followed by steps back to back for that long before the next variant is made, and the row
-    gets ``protocol``: the first step, the window's steps, the settled step."""
+    gets ``protocol``: the first step, the window's steps, the settled step; ``eager_every``: every
+    that many steps of a compiled variant's window, one is an eager copy's (Note [eager at the same
+    moments] in perf/compiled.py; 0: none)."""
     import copy
     import warnings
 
@@ -112,7 +116,9 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
     variants: dict[str, tuple[Any, Any, Any]] = {}
     first: dict[str, float] = {}
     windows: dict[str, list[float]] = {}
+    references: dict[str, list[float]] = {}
     extra: dict[str, dict[str, Any]] = {}
+    reference: list[Any] = []  # an eager copy of its own (its updates touch no variant's weights)
     for v, backend in backends.items():
         model = copy.deepcopy(base)
         # a backend per variant: dynamo would otherwise reuse one variant's graphs for another's copy
@@ -126,7 +132,15 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
         fn(input_ids=ids, labels=ids).loss.backward()
         first[v] = time.perf_counter() - t0
         if window is not None:  # steps as a training loop makes them, right after the first
-            windows[v] = timed_window(lambda fn=fn, opt=opt: _step(fn, opt, ids), window)
+            if backend is not None and eager_every:
+                if not reference:
+                    ref = copy.deepcopy(base)
+                    reference.append((ref, torch.optim.SGD(ref.parameters(), lr=1e-3)))
+                references[v] = []
+                windows[v] = timed_window(lambda fn=fn, opt=opt: _step(fn, opt, ids), window,
+                                          lambda: _step(*reference[0], ids), eager_every, references[v])
+            else:
+                windows[v] = timed_window(lambda fn=fn, opt=opt: _step(fn, opt, ids), window)
             if v == "fuseg":  # (its builds end before the next variant is made: they would slow it)
                 extra[v] = {"builds_under_way_after_window": background_builds_under_way()}
                 t1 = time.perf_counter()
@@ -163,7 +177,8 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
                            "check_against_eager": check}
     if window is not None:
         row["protocol"] = protocol_record(window, list(variants), first, windows,
-                                          {v: statistics.median(t) for v, t in times.items()}, extra)
+                                          {v: statistics.median(t) for v, t in times.items()}, extra, references)
+        row["protocol"]["eager_every"] = eager_every
     if "fuseg" in ms:
         row["fuseg_over_eager"] = ms["fuseg"] / ms["eager"]
         row["fuseg_trials"] = _trials()
@@ -224,7 +239,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _child(name: str, rounds: int, steps: int, variants: list[str], tree: str = _HERE,
-           window: float | None = None) -> dict[str, Any]:
+           window: float | None = None, eager_every: int = 5) -> dict[str, Any]:
     """``run_model`` in a fresh process with empty caches, importing fuseg from ``tree`` (this
     checkout, or ``--before``'s); this file is loaded by its path, so an older tree runs the same
     models and protocol."""
@@ -236,9 +251,11 @@ def _child(name: str, rounds: int, steps: int, variants: list[str], tree: str = 
                 "spec = importlib.util.spec_from_file_location('fuseg_train_step', sys.argv[2]);"
                 "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod);"
                 "w = float(sys.argv[7]) if len(sys.argv) > 7 else None;"
-                "print(json.dumps(mod.run_model(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(','), w)))")
+                "kw = {'eager_every': int(sys.argv[8])} if len(sys.argv) > 8 else {};"
+                "print(json.dumps(mod.run_model(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(','), w,"
+                " **kw)))")
         cmd = [sys.executable, "-c", code, tree, os.path.abspath(__file__), name, str(rounds), str(steps),
-               ",".join(variants), *([str(window)] if window is not None else [])]
+               ",".join(variants), *([str(window), str(eager_every)] if window is not None else [])]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, cwd=tmp)
         if done.returncode != 0:
             return {"model": name, "tree": tree, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
@@ -247,7 +264,8 @@ def _child(name: str, rounds: int, steps: int, variants: list[str], tree: str = 
         return row
 
 
-def _processes(name: str, rounds: int, steps: int, processes: int, window: float | None = None) -> dict[str, Any]:
+def _processes(name: str, rounds: int, steps: int, processes: int, window: float | None = None,
+               eager_every: int = 5) -> dict[str, Any]:
     """``_child`` in ``processes`` fresh processes, one after another: with more than one, the
     row holds each (``processes``), each variant's median step over them and the median of their
     ratios (the step of a tiny model moved by a third between processes doing the same work:
@@ -255,7 +273,7 @@ def _processes(name: str, rounds: int, steps: int, processes: int, window: float
     # Inductor and fuseg swap places from one process to the next (the one made first ran slower
     # in an A/A trial: perf.experiments.embedding_backward); eager, the yardstick, always first
     orders = (["eager", "inductor", "fuseg"], ["eager", "fuseg", "inductor"])
-    runs = [_child(name, rounds, steps, orders[j % 2], window=window) if window is not None
+    runs = [_child(name, rounds, steps, orders[j % 2], window=window, eager_every=eager_every) if window is not None
             else _child(name, rounds, steps, orders[j % 2]) for j in range(processes)]
     ok = [r for r in runs if "error" not in r]
     if processes == 1 or len(ok) < len(runs):
@@ -358,12 +376,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="each variant's first step, the --window of steps after it, the settled step "
                         "(Note [the protocol] in perf/compiled.py)")
     p.add_argument("--window", type=float, default=30.0, help="with --protocol: seconds of steps after each first step")
+    p.add_argument("--eager-every", type=int, default=5,
+                   help="with --protocol: every N-th step of a compiled variant's window is an eager copy's, the "
+                        "window's ratios taken against those (Note [eager at the same moments] in perf/compiled.py; "
+                        "default 5, 0: none)")
     p.add_argument("--out", help="write the record (JSON) here")
     args = p.parse_args(argv)
     if args.protocol and (args.before or args.separate):
         p.error("--protocol: not with --before or --separate")
     if args.window <= 0:
         p.error("--window must be positive")
+    if args.eager_every < 0 or args.eager_every == 1:
+        p.error("--eager-every: 0 (none) or at least 2 (a step of the variant's own between two of eager's)")
     window = args.window if args.protocol else None
     unknown = [m for m in args.models if m not in TRAIN_MODELS]
     if unknown:
@@ -389,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: fuseg/eager {row['fuseg_over_eager']:.3f}, Inductor/eager {row['inductor_over_eager']:.3f}:"
                       f" fuseg/Inductor {row['fuseg_over_inductor']:.3f}", flush=True)
         else:
-            row = _processes(name, args.rounds, args.steps, args.processes, window)
+            row = _processes(name, args.rounds, args.steps, args.processes, window, args.eager_every)
             rows.append(row)
             if "error" not in row:
                 ms, c = row["step_ms"], row["check_against_eager"]["fuseg"]
@@ -405,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: failed: {row['error']}", flush=True)
     record = {"environment": environment("cpu"), "method": __doc__, "command": " ".join(["python -m perf.train_step", *(argv if argv is not None else sys.argv[1:])]),
               "rounds": args.rounds, "steps": args.steps, "processes": args.processes, "separate": args.separate,
-              **({"protocol_window_s": window} if window is not None else {}),
+              **({"protocol_window_s": window, "eager_every": args.eager_every} if window is not None else {}),
               "before": before, "results": rows}
     if before:
         ok = [r for r in rows if "error" not in r]

@@ -31,13 +31,22 @@ def _check_protocol(p: dict[str, Any], contestants: list[str], window: float) ->
         assert w["mean_s"] == pytest.approx(w["elapsed_s"] / w["calls"])
         assert 0 < w["median_s"] <= w["max_s"] and w["mean_s"] <= w["max_s"]
         assert e["window_vs_eager_settled"] == pytest.approx(w["mean_s"] / p["eager"]["settled_s"])
+        every = p.get("eager_every") if c != "eager" else 0
+        if "eager_calls" in w:  # Note [eager at the same moments]
+            assert every and w["eager_calls"] >= 1 and w["eager_mean_s"] > 0
+            assert e["window_vs_eager_same_moments"] == pytest.approx(w["mean_s"] / w["eager_mean_s"])
+        else:  # (one in every calls is eager's: a window of that many calls or more has one)
+            assert "window_vs_eager_same_moments" not in e and (not every or w["calls"] < every)
     f, eager, ind = p["fuseg"], p["eager"], p["inductor"]
+    fs, is_ = f.get("window_vs_eager_same_moments"), ind.get("window_vs_eager_same_moments")
     assert p["fuseg_vs_eager"] == pytest.approx({
-        "first_call": f["first_call_s"] / eager["first_call_s"], "window": f["window"]["mean_s"] / eager["settled_s"],
+        "first_call": f["first_call_s"] / eager["first_call_s"],
+        "window": fs if fs is not None else f["window"]["mean_s"] / eager["settled_s"],
         "settled": f["settled_s"] / eager["settled_s"]})
     assert p["fuseg_vs_inductor"] == pytest.approx({
         "first_call": f["first_call_s"] / ind["first_call_s"],
-        "window": f["window"]["mean_s"] / ind["window"]["mean_s"], "settled": f["settled_s"] / ind["settled_s"]})
+        "window": fs / is_ if fs is not None and is_ is not None else f["window"]["mean_s"] / ind["window"]["mean_s"],
+        "settled": f["settled_s"] / ind["settled_s"]})
 
 
 def test_a_window_counts_every_call_it_times() -> None:
@@ -45,6 +54,39 @@ def test_a_window_counts_every_call_it_times() -> None:
     times = compiled.timed_window(lambda: calls.append(1), 0.05)
     assert len(times) == len(calls) >= 1 and all(t >= 0 for t in times)
     assert len(compiled.timed_window(lambda: None, 1e-9)) == 1  # at least one call, however short the window
+
+
+def test_a_window_with_a_reference_makes_every_nth_call_the_references() -> None:
+    """With ``every`` 3, calls 3, 6, 9, ... are the reference's, each timed apart; the window's own
+    calls are the others (Note [eager at the same moments])."""
+    made: list[str] = []
+    ref_times: list[float] = []
+    times = compiled.timed_window(lambda: made.append("c"), 0.05, lambda: made.append("e"), 3, ref_times)
+    assert len(times) == made.count("c") and len(ref_times) == made.count("e") >= 1
+    assert all(m == ("e" if k % 3 == 2 else "c") for k, m in enumerate(made))
+    with pytest.raises(ValueError, match="every"):
+        compiled.timed_window(lambda: None, 0.01, lambda: None, 1)
+
+
+def test_window_ratios_are_taken_against_eager_at_the_same_moments() -> None:
+    """fuseg/eager's window: fuseg's mean over the eager calls among its window (not eager's
+    settled time, measured minutes later); fuseg/Inductor's: that over Inductor's same ratio. A
+    contestant whose window has no eager call falls back to the plain ratio of the means."""
+    order = ["eager", "inductor", "fuseg"]
+    first = {"eager": 0.1, "inductor": 20.0, "fuseg": 2.0}
+    windows = {"eager": [0.1] * 4, "inductor": [0.3] * 4, "fuseg": [0.2] * 4}
+    settled = {"eager": 0.1, "inductor": 0.09, "fuseg": 0.08}
+    p = compiled.protocol_record(30.0, order, first, windows, settled, None,
+                                 {"inductor": [0.2, 0.2], "fuseg": [0.25, 0.25]})
+    assert p["fuseg"]["window"]["eager_calls"] == 2 and p["fuseg"]["window"]["eager_mean_s"] == pytest.approx(0.25)
+    assert p["fuseg"]["window_vs_eager_same_moments"] == pytest.approx(0.8)
+    assert p["inductor"]["window_vs_eager_same_moments"] == pytest.approx(1.5)
+    assert p["fuseg_vs_eager"]["window"] == pytest.approx(0.8)  # not 0.2 / 0.1 (eager settled)
+    assert p["fuseg_vs_inductor"]["window"] == pytest.approx(0.8 / 1.5)  # not 0.2 / 0.3
+    assert "window_vs_eager_same_moments" not in p["eager"]
+    plain = compiled.protocol_record(30.0, order, first, windows, settled, None, {"fuseg": [0.25]})
+    assert plain["fuseg_vs_inductor"]["window"] == pytest.approx(0.2 / 0.3)
+    assert plain["fuseg_vs_eager"]["window"] == pytest.approx(0.8)
 
 
 def test_the_record_of_a_contestant_that_failed_has_no_ratio_to_it() -> None:
@@ -91,21 +133,31 @@ def test_compiled_main_writes_a_protocol_record(stand_ins, monkeypatch, tmp_path
     swapping places from one model to the next; the record names the machine and the window."""
     seen = []
 
-    def child(name, window, rounds, calls, order, dtype="float32"):
-        seen.append(order)
-        return compiled.protocol_model(name, window, rounds, calls, order, dtype)
+    def child(name, window, rounds, calls, order, dtype="float32", eager_every=compiled.EAGER_EVERY):
+        seen.append((order, eager_every))
+        return compiled.protocol_model(name, window, rounds, calls, order, dtype, eager_every)
 
     monkeypatch.setattr(compiled, "protocol_child", child)
     out = tmp_path / "r.json"
     assert compiled.main(["mlp", "softmax", "--protocol", "--window", "0.1", "--rounds", "1", "--calls", "2",
                           "--out", str(out)]) == 0
     d = json.loads(out.read_text())
-    assert seen == [("eager", "inductor", "fuseg"), ("eager", "fuseg", "inductor")]
-    assert d["protocol_window_s"] == 0.1 and d["first_calls"] == 0
+    assert seen == [(("eager", "inductor", "fuseg"), 5), (("eager", "fuseg", "inductor"), 5)]
+    assert d["protocol_window_s"] == 0.1 and d["first_calls"] == 0 and d["eager_every"] == 5
     assert {"cpu", "cpu_flags", "compiler", "torch_threads"} <= set(d["environment"])
-    for row, order in zip(d["rows"], seen):
+    for row, (order, _) in zip(d["rows"], seen):
         _check_protocol(row["protocol"], list(order), 0.1)
+        assert row["protocol"]["eager_every"] == 5
     assert set(d["summary"]["all"]["protocol"]["median_fuseg_vs_eager"]) == set(PHASES)
+    seen.clear()  # --eager-every 0: no eager call in a window, the ratios against eager's settled time
+    assert compiled.main(["mlp", "--protocol", "--window", "0.1", "--rounds", "1", "--calls", "2",
+                          "--eager-every", "0", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert seen == [(("eager", "inductor", "fuseg"), 0)] and d["eager_every"] == 0
+    _check_protocol(d["rows"][0]["protocol"], ["eager", "inductor", "fuseg"], 0.1)
+    assert "eager_calls" not in d["rows"][0]["protocol"]["fuseg"]["window"]
+    with pytest.raises(SystemExit):
+        compiled.main(["mlp", "--protocol", "--eager-every", "1"])
 
 
 def test_compiled_protocol_in_bfloat16_casts_the_model_and_says_so(stand_ins, monkeypatch, tmp_path) -> None:
@@ -115,8 +167,8 @@ def test_compiled_protocol_in_bfloat16_casts_the_model_and_says_so(stand_ins, mo
     assert {p.dtype for p in fn.parameters()} == {torch.bfloat16}
     assert all(t.dtype == torch.bfloat16 for t in inputs if t.is_floating_point())
     monkeypatch.setattr(compiled, "protocol_child",
-                        lambda name, window, rounds, calls, order, dtype: compiled.protocol_model(
-                            name, window, rounds, calls, order, dtype))
+                        lambda name, window, rounds, calls, order, dtype, eager_every: compiled.protocol_model(
+                            name, window, rounds, calls, order, dtype, eager_every))
     out = tmp_path / "r.json"
     assert compiled.main(["mlp", "--protocol", "--window", "0.1", "--rounds", "1", "--calls", "2",
                           "--dtype", "bfloat16", "--out", str(out)]) == 0
@@ -129,12 +181,17 @@ def test_compiled_protocol_in_bfloat16_casts_the_model_and_says_so(stand_ins, mo
 
 def test_a_train_step_protocol_undoes_the_windows_updates_before_the_check() -> None:
     """With a window each variant takes more steps than the others before the check; their
-    updates are undone, so fuseg's step still matches eager's from the same weights."""
+    updates are undone, so fuseg's step still matches eager's from the same weights (and the eager
+    steps among fuseg's window are a copy's of their own)."""
     from perf.train_step import run_model, summary
 
-    row = run_model("llama-tiny", rounds=1, steps=2, variants_wanted=["eager", "fuseg"], window=0.3)
+    row = run_model("llama-tiny", rounds=1, steps=2, variants_wanted=["eager", "fuseg"], window=0.3, eager_every=2)
     p = row["protocol"]
-    assert p["order"] == ["eager", "fuseg"] and p["window_s"] == 0.3
+    assert p["order"] == ["eager", "fuseg"] and p["window_s"] == 0.3 and p["eager_every"] == 2
+    # every second step of fuseg's window an eager copy's (Note [eager at the same moments]), none in eager's
+    w = p["fuseg"]["window"]
+    assert w["eager_calls"] >= 1 and p["fuseg_vs_eager"]["window"] == pytest.approx(w["mean_s"] / w["eager_mean_s"])
+    assert "eager_calls" not in p["eager"]["window"]
     for v in ("eager", "fuseg"):
         assert p[v]["window"]["calls"] >= 1 and p[v]["first_call_s"] == row["first_step_s"][v]
         assert p[v]["settled_s"] == pytest.approx(row["step_ms"][v] / 1e3)
