@@ -202,3 +202,90 @@ def test_an_fp16_gpt2_runs_its_products_in_float_within_eagers_error(monkeypatch
     want = want.logits if hasattr(want, "logits") else want[0]
     assert got.dtype == H and got.shape == want.shape
     assert _error(got, ref) <= 2 * _error(want, ref) + torch.finfo(H).eps
+
+
+def _in_turn(monkeypatch, verdicts: list[bool]) -> list:
+    """Measurements return these verdicts in turn (float way or ATen); the list gets the shapes of
+    A each measurement made up."""
+    calls: list = []
+
+    def fake(run_kernel, run_aten):
+        calls.append(tuple(run_aten().shape))
+        kernel = verdicts[len(calls) - 1]
+        return autotune.Verdict(kernel, 1.0, 2.0) if kernel else autotune.Verdict(False, 2.0, 1.0)
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    return calls
+
+
+def _symbolic_product(compiler):
+    from runtime.dynamo import compile_with_aot
+
+    torch._dynamo.reset()
+    return torch.compile(lambda x, w: x @ w, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+
+
+def test_a_symbolic_plans_product_is_chosen_again_for_each_size_class(monkeypatch) -> None:
+    """The plan's first sizes (40 rows) measured faster in float; the class of 2-3 rows is
+    measured at its first call (ATen here) and runs eager's op, eager's bits; 50 and 60 rows share
+    40's class (float32's product rounded once). One plan, two measurements; another process
+    measures nothing (Note [half matmuls chosen by class])."""
+    from runtime.dynamo import FusegCompiler
+
+    calls = _in_turn(monkeypatch, [True, False])
+    compiler = FusegCompiler()
+    fn = _symbolic_product(compiler)
+    w = torch.randn(32, 24).to(H)
+    with torch.no_grad():
+        for n in (40, 3, 50, 2, 60):
+            x = torch.randn(n, 32).to(H)
+            got = fn(x, w)
+            want = (x.float() @ w.float()).to(H) if n >= 32 else x @ w
+            assert torch.equal(got, want) and got.stride() == (x @ w).stride(), n
+    assert calls == [(40, 24), (3, 24)]
+    (program,) = compiler.compiled
+    assert program.sizes is not None
+    (i,) = _products(program)
+    assert program.backend_of[i] == "half-matmul"
+    by_class = program._chosen[i].by_class
+    assert len(by_class.measured) == 1 and by_class.measured[0].startswith("half matmul in float: aten.mm.default float16 (2, 4)x")
+    assert sorted(by_class.table.values(), key=lambda f: f.__name__) == [half_matmul.in_float, half_matmul.on_aten]
+    monkeypatch.setattr(autotune, "_MEMORY", {})  # a new process: the verdicts come from the file
+    compiler = FusegCompiler()
+    fn = _symbolic_product(compiler)
+    with torch.no_grad():
+        for n in (40, 3):
+            x = torch.randn(n, 32).to(H)
+            assert torch.equal(fn(x, w), (x.float() @ w.float()).to(H) if n >= 32 else x @ w)
+    assert len(calls) == 2
+    torch._dynamo.reset()
+
+
+def test_a_class_chosen_at_the_call_runs_atens_op_under_deterministic_algorithms(monkeypatch) -> None:
+    """Deterministic algorithms on at a call of a product chosen by class (dynamo compiles again
+    when they change; a program called as it is still gets here): ATen's op, eager's bits, in a
+    class the table holds as float too, and nothing measured or kept."""
+    from runtime.dynamo import FusegCompiler
+
+    calls = _in_turn(monkeypatch, [True])
+    compiler = FusegCompiler()
+    fn = _symbolic_product(compiler)
+    w = torch.randn(32, 24).to(H)
+    x = torch.randn(40, 32).to(H)
+    with torch.no_grad():
+        for _ in range(2):  # (the first call runs under a dispatch mode of AOTAutograd's: the float way, nothing kept)
+            assert torch.equal(fn(x, w), (x.float() @ w.float()).to(H))
+    (program,) = compiler.compiled
+    (i,) = _products(program)
+    by_class = program._chosen[i].by_class
+    table = dict(by_class.table)
+    assert list(table.values()) == [half_matmul.in_float]
+    torch.use_deterministic_algorithms(True)
+    try:
+        for n in (40, 5):
+            x = torch.randn(n, 32).to(H)
+            assert torch.equal(by_class(torch.ops.aten.mm.default, x, w), x @ w)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert calls == [(40, 24)] and by_class.measured == [] and by_class.table == table
+    torch._dynamo.reset()

@@ -19,8 +19,8 @@ a vocabulary projection's size), at least 64, and both times are taken to the wh
 rows: in proportion, except the widening of B, which does not grow with the rows (timed apart;
 taken in proportion, it made a Llama projection's 11 measured rows say ATen, 2.0 ms against 5.2,
 where its 256 rows took 21 ms on ATen and 7 in float). A symbolic plan measures at its first
-sizes and keeps the way at every size (Note [a lookup measured at the plan's first sizes] in
-runtime/backends/measured.py). Not taken: with
+sizes; where the float way won there, each size class is chosen again at its first call (Note
+[half matmuls chosen by class]). Not taken: with
 ``torch.use_deterministic_algorithms(True)`` (eager's op, eager's bits: Note [no choice by
 timing] in runtime/backends/im2col.py), under ``autotune.fixed`` (the tests of generated kernels
 and benchmarks of ATen's path), a product whose operands or output are not all one half dtype,
@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from segmenter import Node, OpKind, Segment, op_info
 from segmenter.ir.graph import ValueRef
@@ -50,7 +51,7 @@ from .base import Backend, BuildContext, SegmentLaunch
 from .measured import made_up
 from .torch_backend import TorchLaunch, emit_node, emit_torch, op_entry, render_args
 
-__all__ = ["HalfMatmulBackend", "in_float"]
+__all__ = ["ByClass", "HalfMatmulBackend", "in_float", "on_aten"]
 
 _HALVES = (torch.float16, torch.bfloat16)
 #: multiply-adds a measurement runs a product of at most (more: its first rows of A only) ...
@@ -69,21 +70,33 @@ def in_float(op: Callable[..., torch.Tensor], *args: Any, out: torch.Tensor | No
     return r.to(half) if out is None else out.copy_(r)
 
 
-def _emit(code: Code, node: Node, out: str | None) -> None:
-    """The product in float (``in_float``), every other node as torch runs it."""
-    if node.op not in MATMULS:
-        emit_node(code, node, out)
-        return
-    (o,) = node.outputs
-    args = [code.const(op_entry(node)._op), *render_args(code, node)] + ([f"out={code.var(out)}"] if out else [])
-    code.line(f"{code.var(o)} = {code.const(in_float)}({', '.join(args)})")
+def on_aten(op: Callable[..., torch.Tensor], *args: Any, out: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+    """``op`` as eager runs it, in the half dtype (``in_float``'s signature; into ``out`` where given)."""
+    r = op(*args, **kwargs)
+    return r if out is None else out.copy_(r)
 
 
 class HalfMatmulLaunch(TorchLaunch):
     backend = "half-matmul"
 
+    def __init__(self, ctx: BuildContext, seg: Segment, by_class: ByClass | None = None) -> None:
+        super().__init__(ctx, seg)
+        #: a symbolic plan's product, its way chosen per size class (Note [half matmuls chosen by class])
+        self.by_class = by_class
+
     def emit(self, code: Code, dying: frozenset[str], guard: bool) -> None:
-        emit_torch(code, self.ctx, self.segment, dying, _emit)
+        way: Callable[..., torch.Tensor] = self.by_class if self.by_class is not None else in_float
+
+        def emit(code: Code, node: Node, out: str | None) -> None:
+            """The product in float (or as chosen by class), every other node as torch runs it."""
+            if node.op not in MATMULS:
+                emit_node(code, node, out)
+                return
+            (o,) = node.outputs
+            args = [code.const(op_entry(node)._op), *render_args(code, node)] + ([f"out={code.var(out)}"] if out else [])
+            code.line(f"{code.var(o)} = {code.const(way)}({', '.join(args)})")
+
+        emit_torch(code, self.ctx, self.segment, dying, emit)
 
 
 def _operands(node: Node) -> dict[str, ValueRef]:
@@ -101,15 +114,82 @@ def _operands(node: Node) -> dict[str, ValueRef]:
     return refs
 
 
+def _dim(n: int, symbolic: bool) -> str:
+    """A size in a verdict's key: a symbolic one by its class (as a measured kernel's key names it)."""
+    return str(autotune.class_of_bits(max(n, 0).bit_length())) if symbolic else str(n)
+
+
+def _key_of(op: str, dtype: torch.dtype, layouts: list[tuple[list[str], list[str]]]) -> str:
+    parts = " ".join(f"{'x'.join(shape)}/{','.join(stride)}" for shape, stride in layouts)
+    return f"half matmul in float: {op} {str(dtype).removeprefix('torch.')} {parts}; threads {torch.get_num_threads()}"
+
+
 def _key(node: Node, metas: list[Any]) -> str:
     """The verdict's key: the op, its operands' layouts (a symbolic size by its class at the first
-    call's sizes, as a measured kernel's key names it) and torch's threads."""
-    def dim(n: Any) -> str:
-        return str(autotune.class_of_bits(max(size_hint(n), 0).bit_length())) if is_symbolic(n) else str(n)
+    call's sizes) and torch's threads."""
+    return _key_of(node.op, metas[0].dtype, [([_dim(size_hint(n), is_symbolic(n)) for n in m.shape],
+                                              [_dim(size_hint(n), is_symbolic(n)) for n in m.stride]) for m in metas])
 
-    parts = " ".join(f"{'x'.join(map(dim, m.shape))}/{','.join(map(dim, m.stride))}" for m in metas)
-    return (f"half matmul in float: {node.op} {str(metas[0].dtype).removeprefix('torch.')} {parts}; "
-            f"threads {torch.get_num_threads()}")
+
+class _Layout:
+    """A call's operand as ``_measure`` reads a meta: its shape, strides and dtype."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.stride, self.dtype = tuple(t.shape), t.stride(), t.dtype
+
+
+# Note [half matmuls chosen by class]: a symbolic plan's product is measured at the plan's first
+# sizes (a prompt: many rows). Other sizes can choose the other way: on the AMD EPYC family 25
+# model 17, an fp16 product of one row (a decode step) by a 1024x2816 weight took 2.5-3.7 ms on
+# ATen and 4.3-5.6 ms in float (the widening of the weight is most of it; scratch, 2026-12-07),
+# where a prompt's 256 rows took 21 ms on ATen and 7 in float. So where the float way won at the
+# first sizes, the launch calls a ``ByClass``, which picks the way by the class of the call's sizes
+# (every size's and stride's bit length, and torch's threads) from a table it fills at each
+# class's first call: the verdict kept for that class (the key written as at the plan, the
+# symbolic sizes by their class, each as the call has it), else both ways measured on made-up
+# operands of the call's layouts (``_measure``, as at the plan) and the verdict kept. Where ATen
+# won at the first sizes the segment stays on torch at every size, as before (bf16 on a CPU with
+# avx512_bf16: oneDNN's product won there by 2.5-6x, and no class would be worth its measurement).
+# With deterministic algorithms on at a call (whatever the table holds), or fixed choices at a
+# class's first call, ATen's op runs (nothing kept); under a dispatch mode of the caller's, the
+# float way (as the plan was made; nothing measured).
+class ByClass:
+    """A symbolic plan's half product, run the way measured faster for the class of each call's
+    sizes (Note [half matmuls chosen by class]); called as ``in_float`` is."""
+
+    def __init__(self, node: Node, metas: dict[str, Any]) -> None:
+        self.node, self.dtype = node, metas["A"].dtype
+        self.symbolic = [([is_symbolic(n) for n in m.shape], [is_symbolic(n) for n in m.stride]) for m in metas.values()]
+        self.roles = list(metas)
+        #: class (torch's threads, every size's and stride's bit length) -> ``in_float`` or ``on_aten``
+        self.table: dict[tuple[int, ...], Callable[..., torch.Tensor]] = {}
+        #: the verdict keys this launch measured at its calls, in this process
+        self.measured: list[str] = []
+
+    def __call__(self, op: Callable[..., torch.Tensor], *args: Any, out: torch.Tensor | None = None,
+                 **kwargs: Any) -> torch.Tensor:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        cls = (torch.get_num_threads(), *[n.bit_length() for t in tensors for n in (*t.shape, *t.stride())])
+        way = self.table.get(cls)
+        if way is None or torch.are_deterministic_algorithms_enabled():
+            way = self._choose(cls, tensors)
+        return way(op, *args, out=out, **kwargs)
+
+    def _choose(self, cls: tuple[int, ...], tensors: list[torch.Tensor]) -> Callable[..., torch.Tensor]:
+        if torch.are_deterministic_algorithms_enabled() or autotune.policy() != "measure":
+            return on_aten  # (Note [no choice by timing]; not kept: the next call looks again)
+        if _get_current_dispatch_mode() is not None or len(tensors) != len(self.roles):
+            return in_float  # as the plan was made, untimed
+        layouts = [([_dim(n, s) for n, s in zip(t.shape, shape)], [_dim(n, s) for n, s in zip(t.stride(), stride)])
+                   for t, (shape, stride) in zip(tensors, self.symbolic)]
+        key = _key_of(self.node.op, self.dtype, layouts)
+        verdict = autotune.lookup(key)
+        if verdict is None:
+            verdict = _measure(self.node, {role: _Layout(t) for role, t in zip(self.roles, tensors)})
+            autotune.record(key, verdict)
+            self.measured.append(key)
+        way = self.table[cls] = in_float if verdict.kernel else on_aten
+        return way
 
 
 class HalfMatmulBackend(Backend):
@@ -141,6 +221,8 @@ class HalfMatmulBackend(Backend):
             raise Declined(f"ATen's {str(metas[0].dtype).removeprefix('torch.')} op measured faster on this CPU "
                            f"({verdict.aten_us:.1f} us a call against {verdict.kernel_us:.1f} us in float32; "
                            "Note [half matmuls in float])")
+        if any(is_symbolic(m) for m in metas) and all(v in node.args for v in refs.values()):
+            return HalfMatmulLaunch(ctx, seg, ByClass(node, {role: ctx.graph.metas[v.name] for role, v in refs.items()}))
         return HalfMatmulLaunch(ctx, seg)
 
 
