@@ -58,9 +58,10 @@ of its CUDA kernels.
 Protocol (``--protocol [--window 30]``): every backend (default eager, Inductor, fuseg) in one
 fresh process per model, a copy of the model each, compiled afresh: the first generate, the
 generates of the ``--window`` seconds after it over the other prompt lengths in turn (each new
-the first time round), and the settled generate at a seen length, interleaved (``--repeats``
-rounds); the record's ``protocol`` per model has the fields of Note [the protocol] in
-perf/compiled.py.
+the first time round; every fifth generate of a compiled backend's window an eager copy's, the
+window's ratios taken against those), and the settled generate at a seen length, interleaved
+(``--repeats`` rounds); the record's ``protocol`` per model has the fields of Note [the protocol]
+in perf/compiled.py.
 
 Each backend runs in its own process, one after the other (except ``--interleaved`` and
 ``--protocol``): compare ratios within one record.
@@ -364,7 +365,8 @@ def run_generate(name: str, backend: str, repeats: int) -> dict[str, Any]:
     return out
 
 
-def run_generate_protocol(name: str, backends: list[str], window: float, repeats: int) -> dict[str, Any]:
+def run_generate_protocol(name: str, backends: list[str], window: float, repeats: int,
+                          eager_every: int = 5) -> dict[str, Any]:
     """Note [the protocol] in perf/compiled.py for generation, in this process: per backend (a copy
     of the model each, compiled afresh, in the order given) the first generate (the first prompt
     length), then generates back to back for ``window`` seconds over the other prompt lengths in
@@ -373,7 +375,9 @@ def run_generate_protocol(name: str, backends: list[str], window: float, repeats
     one untimed pass over every length per backend (every length seen, whatever the window
     reached), the builds finished, and ``repeats`` rounds of one generate per backend at a seen
     length, the order reversed every other round (the median). Tokens are checked against an
-    eager copy at the first generate and the settled one."""
+    eager copy at the first generate and the settled one; that copy also makes every
+    ``eager_every``-th generate of a compiled backend's window (Note [eager at the same moments] in
+    perf/compiled.py; 0: none)."""
     import torch
 
     from perf.compiled import protocol_record, timed_window
@@ -383,6 +387,7 @@ def run_generate_protocol(name: str, backends: list[str], window: float, repeats
     models: dict[str, Any] = {}
     first: dict[str, float] = {}
     windows: dict[str, list[float]] = {}
+    references: dict[str, list[float]] = {}  # eager's generates among a compiled backend's window
     extra: dict[str, dict[str, Any]] = {}
     equal: dict[str, list[bool]] = {}
 
@@ -407,7 +412,12 @@ def run_generate_protocol(name: str, backends: list[str], window: float, repeats
                 _generate(model, prompts[1 + next(turn) % (len(prompts) - 1)])
             _synchronized()
 
-        windows[b] = timed_window(one, window)
+        if b != "eager" and eager_every:  # Note [eager at the same moments] (perf/compiled.py)
+            references[b] = []
+            windows[b] = timed_window(one, window, lambda turn=iter(range(10**9)): one(ref, turn), eager_every,
+                                      references[b])
+        else:
+            windows[b] = timed_window(one, window)
         extra[b] = {"window_lengths_new": min(len(windows[b]), len(prompts) - 1)}
         if b == "fuseg":
             from runtime.codegen.build import background_builds_under_way, wait_for_background_builds
@@ -438,7 +448,8 @@ def run_generate_protocol(name: str, backends: list[str], window: float, repeats
     settled = {b: statistics.median(ts) for b, ts in times.items() if ts}
     return {"model": name, "backends": list(backends), "lengths": list(LENGTHS), "tokens_equal_eager": equal,
             "settled_seconds": times, **_plans("fuseg" if "fuseg" in backends else ""),
-            "protocol": protocol_record(window, list(backends), first, windows, settled, extra)}
+            "protocol": {**protocol_record(window, list(backends), first, windows, settled, extra, references),
+                         "eager_every": eager_every}}
 
 
 def _timed_step(step: Any, opt: Any, ids: Any) -> tuple[float, Any]:

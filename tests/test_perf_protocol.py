@@ -263,8 +263,9 @@ def test_a_generate_protocol_times_new_lengths_in_its_window(monkeypatch) -> Non
     monkeypatch.setattr(ds, "_compiled_forward", lambda model, backend: real(
         model, _graphs_seen_by(backend, seen) if backend != "eager" else backend))
     torch._dynamo.reset()
-    row = ds.run_generate_protocol("qwen2", ["eager", "inductor", "fuseg"], 0.2, 2)
+    row = ds.run_generate_protocol("qwen2", ["eager", "inductor", "fuseg"], 0.2, 2, eager_every=2)
     p = row["protocol"]
+    assert p["eager_every"] == 2  # (an eager copy's generates among a compiled backend's: _check_protocol)
     _check_protocol(p, ["eager", "inductor", "fuseg"], 0.2)
     for b in ("eager", "inductor", "fuseg"):
         assert 1 <= p[b]["window_lengths_new"] <= 2 and len(row["settled_seconds"][b]) == 2
