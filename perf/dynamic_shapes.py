@@ -414,8 +414,8 @@ def run_generate_protocol(name: str, backends: list[str], window: float, repeats
 
         if b != "eager" and eager_every:  # Note [eager at the same moments] (perf/compiled.py)
             references[b] = []
-            windows[b] = timed_window(one, window, lambda turn=iter(range(10**9)): one(ref, turn), eager_every,
-                                      references[b])
+            ref_turn = iter(range(10**9))
+            windows[b] = timed_window(one, window, lambda t=ref_turn: one(ref, t), eager_every, references[b])
         else:
             windows[b] = timed_window(one, window)
         extra[b] = {"window_lengths_new": min(len(windows[b]), len(prompts) - 1)}
