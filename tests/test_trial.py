@@ -130,6 +130,24 @@ def test_a_way_far_slower_ends_the_trial_early(cache, monkeypatch) -> None:
     assert len(ran) == 6
 
 
+def test_a_close_trial_is_timed_longer(cache, monkeypatch) -> None:
+    """Note [a close trial is timed longer]: ways 2% apart are not decided at ``CALLS`` timed calls
+    each; the trial goes on to ``CLOSE_CALLS`` each, then the faster (the kernels here) keeps the
+    program. Every call gives eager's values meanwhile."""
+    inputs = _inputs()
+    ran = _ways(monkeypatch, aten_s=1.02e-3, kernel_s=1e-3)
+    prog = _program(inputs)
+    for _ in range(2 + 2 * trial.CALLS):
+        _exact(prog, inputs)
+    assert prog.trial is not None  # (close: not decided yet)
+    for _ in range(2 * (trial.CLOSE_CALLS - trial.CALLS)):
+        _exact(prog, inputs)
+    assert prog.trial is None and len(ran) == 2 + 2 * trial.CLOSE_CALLS
+    assert prog.trial_result["kernels"] and prog.trial_result["calls"] == {"aten": trial.CLOSE_CALLS,
+                                                                            "kernel": trial.CLOSE_CALLS}
+    assert trial.close([1.0, 1.04, 0.98], [1.0]) and not trial.close([1.06], [1.0])
+
+
 def test_calls_beside_background_builds_or_off_the_fast_entry_are_not_timed(cache, monkeypatch) -> None:
     inputs = _inputs()
     ran = _ways(monkeypatch, aten_s=2e-3, kernel_s=1e-3)

@@ -14,7 +14,8 @@ chooses at each call by the class of the call's sizes: the power-of-two class of
 A class is chosen once: a verdict kept for it (the key of the fixed program's, ``program_key``,
 with the class of each symbol, as ``autotune.class_key`` writes a kernel's) takes its way at once;
 else its own calls alternate the two ways (``trial.Trial``: the first of each untimed, then
-``CALLS`` each, or fewer where one way is ``GIVE_UP`` times the other), the faster keeps the
+``CALLS`` each, or fewer where one way is ``GIVE_UP`` times the other, more where the two are
+close: Note [a close trial is timed longer]), the faster keeps the
 class and its verdict is recorded. A decided class stays watched (Note [a verdict checked where
 timings drift] in runtime/compiled/trial.py). A class's calls differ in size (a prompt or a KV cache that
 grows), and the trial alternates pair by pair in either order, so neither way gets the larger
