@@ -131,9 +131,9 @@ def test_a_way_far_slower_ends_the_trial_early(cache, monkeypatch) -> None:
 
 
 def test_a_close_trial_is_timed_longer(cache, monkeypatch) -> None:
-    """Note [a close trial is timed longer]: ways 2% apart are not decided at ``CALLS`` timed calls
-    each; the trial goes on to ``CLOSE_CALLS`` each, then the faster (the kernels here) keeps the
-    program. Every call gives eager's values meanwhile."""
+    """Ways 2% apart are not decided at ``CALLS`` timed calls each; the trial goes on to
+    ``CLOSE_CALLS`` each, then the faster (the kernels here) keeps the program (Note [a close trial
+    is timed longer]). Every call gives eager's values meanwhile."""
     inputs = _inputs()
     ran = _ways(monkeypatch, aten_s=1.02e-3, kernel_s=1e-3)
     prog = _program(inputs)
