@@ -130,7 +130,11 @@ def test_inner_loops_vectorize(name, tmp_path):
     inputs = make()
     prog = compiled_post(fn, inputs, backend="cpp")
     for got, want in zip(prog(*inputs), fn(*inputs) if isinstance(fn(*inputs), tuple) else [fn(*inputs)]):
-        torch.testing.assert_close(got, want)
+        # a half intermediate may be one unit of its dtype off eager's where exp is ours (Note
+        # [vectorizable exp]: within 1 ulp in float) and the float lands near a rounding boundary; a
+        # product of it then up to two (fp16 SiLU times a value: 2 units at most over 30 seeds)
+        half = got.dtype in (torch.float16, torch.bfloat16)
+        torch.testing.assert_close(got, want, **({"rtol": 4 * torch.finfo(got.dtype).eps, "atol": 1e-5} if half else {}))
     assert prog.kernels, "no generated kernel to read"
     for index, kernel in prog.kernels.items():
         src = kernel.source("cpu")
