@@ -208,12 +208,13 @@ EAGER_EVERY = 5
 
 def protocol_record(window_s: float, order: list[str], first: dict[str, float], windows: dict[str, list[float]],
                     settled: dict[str, float], extra: dict[str, dict[str, Any]] | None = None,
-                    references: dict[str, list[float]] | None = None) -> dict[str, Any]:
+                    references: dict[str, list[float]] | None = None, eager_every: int | None = None) -> dict[str, Any]:
     """The protocol's fields (Note [the protocol]) from each contestant's first call (s), window
     (each call's s) and settled time (s); ``extra``: more fields per contestant (errors, builds);
     ``references``: per contestant, the eager calls made among its window's (Note [eager at the
-    same moments]), against which its window's ratios are then taken."""
-    out: dict[str, Any] = {"window_s": window_s, "order": list(order)}
+    same moments]; one in ``eager_every``), against which its window's ratios are then taken."""
+    out: dict[str, Any] = {"window_s": window_s, "order": list(order),
+                           **({"eager_every": eager_every} if eager_every is not None else {})}
     eager = settled.get("eager")
     for c in order:
         entry: dict[str, Any] = dict((extra or {}).get(c, {}))
@@ -523,11 +524,9 @@ def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
                     want = got
                 row[f"{c}_max_abs_diff"] = _max_diff(got, want)
                 timed[c] = lambda f=call, a=inputs: f(*a)
-                if c != "eager" and eager_every:
-                    references[c] = []
-                    windows[c] = timed_window(timed[c], window, lambda: fn(*inputs), eager_every, references[c])
-                else:
-                    windows[c] = timed_window(timed[c], window)
+                references[c] = []
+                windows[c] = timed_window(timed[c], window, (lambda: fn(*inputs)) if c != "eager" and eager_every else None,
+                                          eager_every, references[c])
                 if c == "fuseg":  # its builds end before the next contestant starts (they would slow it)
                     from runtime.codegen.build import background_builds_under_way
 
@@ -561,8 +560,7 @@ def protocol_model(name: str, window: float, rounds: int = 5, calls: int = 20,
     for theirs in ("eager", "inductor"):
         if "fuseg_ms" in row and f"{theirs}_ms" in row:
             row[f"fuseg_vs_{theirs}"] = row["fuseg_ms"] / row[f"{theirs}_ms"]
-    row["protocol"] = protocol_record(window, list(order), first, windows, settled, extra, references)
-    row["protocol"]["eager_every"] = eager_every
+    row["protocol"] = protocol_record(window, list(order), first, windows, settled, extra, references, eager_every)
     first_ratio = row["protocol"].get("fuseg_vs_inductor", {}).get("first_call")
     if first_ratio is not None:  # (the summary's and the table's first call: this process's, cold caches)
         row["first_call_vs_inductor"] = first_ratio

@@ -412,12 +412,10 @@ def run_generate_protocol(name: str, backends: list[str], window: float, repeats
                 _generate(model, prompts[1 + next(turn) % (len(prompts) - 1)])
             _synchronized()
 
-        if b != "eager" and eager_every:  # Note [eager at the same moments] (perf/compiled.py)
-            references[b] = []
-            ref_turn = iter(range(10**9))
-            windows[b] = timed_window(one, window, lambda t=ref_turn: one(ref, t), eager_every, references[b])
-        else:
-            windows[b] = timed_window(one, window)
+        references[b] = []  # Note [eager at the same moments] (perf/compiled.py)
+        ref_turn = iter(range(10**9))
+        windows[b] = timed_window(one, window, (lambda t=ref_turn: one(ref, t)) if b != "eager" and eager_every else None,
+                                  eager_every, references[b])
         extra[b] = {"window_lengths_new": min(len(windows[b]), len(prompts) - 1)}
         if b == "fuseg":
             from runtime.codegen.build import background_builds_under_way, wait_for_background_builds
@@ -448,8 +446,7 @@ def run_generate_protocol(name: str, backends: list[str], window: float, repeats
     settled = {b: statistics.median(ts) for b, ts in times.items() if ts}
     return {"model": name, "backends": list(backends), "lengths": list(LENGTHS), "tokens_equal_eager": equal,
             "settled_seconds": times, **_plans("fuseg" if "fuseg" in backends else ""),
-            "protocol": {**protocol_record(window, list(backends), first, windows, settled, extra, references),
-                         "eager_every": eager_every}}
+            "protocol": protocol_record(window, list(backends), first, windows, settled, extra, references, eager_every)}
 
 
 def _timed_step(step: Any, opt: Any, ids: Any) -> tuple[float, Any]:

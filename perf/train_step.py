@@ -96,7 +96,8 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
     followed by steps back to back for that long before the next variant is made, and the row
     gets ``protocol``: the first step, the window's steps, the settled step; ``eager_every``: every
     that many steps of a compiled variant's window, one is an eager copy's (Note [eager at the same
-    moments] in perf/compiled.py; 0: none)."""
+    moments] in perf/compiled.py, whose EAGER_EVERY the default is: not imported at the top, as
+    --before loads this file against older trees; 0: none)."""
     import copy
     import warnings
 
@@ -132,15 +133,13 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
         fn(input_ids=ids, labels=ids).loss.backward()
         first[v] = time.perf_counter() - t0
         if window is not None:  # steps as a training loop makes them, right after the first
-            if backend is not None and eager_every:
-                if not reference:
-                    ref = copy.deepcopy(base)
-                    reference.append((ref, torch.optim.SGD(ref.parameters(), lr=1e-3)))
-                references[v] = []
-                windows[v] = timed_window(lambda fn=fn, opt=opt: _step(fn, opt, ids), window,
-                                          lambda: _step(*reference[0], ids), eager_every, references[v])
-            else:
-                windows[v] = timed_window(lambda fn=fn, opt=opt: _step(fn, opt, ids), window)
+            if backend is not None and eager_every and not reference:
+                ref = copy.deepcopy(base)
+                reference.append((ref, torch.optim.SGD(ref.parameters(), lr=1e-3)))
+            references[v] = []
+            windows[v] = timed_window(lambda fn=fn, opt=opt: _step(fn, opt, ids), window,
+                                      (lambda: _step(*reference[0], ids)) if backend is not None and eager_every else None,
+                                      eager_every, references[v])
             if v == "fuseg":  # (its builds end before the next variant is made: they would slow it)
                 extra[v] = {"builds_under_way_after_window": background_builds_under_way()}
                 t1 = time.perf_counter()
@@ -177,8 +176,8 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
                            "check_against_eager": check}
     if window is not None:
         row["protocol"] = protocol_record(window, list(variants), first, windows,
-                                          {v: statistics.median(t) for v, t in times.items()}, extra, references)
-        row["protocol"]["eager_every"] = eager_every
+                                          {v: statistics.median(t) for v, t in times.items()}, extra, references,
+                                          eager_every)
     if "fuseg" in ms:
         row["fuseg_over_eager"] = ms["fuseg"] / ms["eager"]
         row["fuseg_trials"] = _trials()
