@@ -139,10 +139,12 @@ class _Layout:
 
 
 # Note [half matmuls chosen by class]: a symbolic plan's product is measured at the plan's first
-# sizes (a prompt: many rows). Other sizes can choose the other way: on the AMD EPYC family 25
-# model 17, an fp16 product of one row (a decode step) by a 1024x2816 weight took 2.5-3.7 ms on
-# ATen and 4.3-5.6 ms in float (the widening of the weight is most of it; scratch, 2026-12-07),
-# where a prompt's 256 rows took 21 ms on ATen and 7 in float. So where the float way won at the
+# sizes (a prompt: many rows). Other sizes can choose the other way: ATen's fp16 loop takes time
+# in proportion to the rows, the float way pays the widening of the weight whatever the rows. On
+# the AMD EPYC family 25 model 17, one row by a 1024x2816 weight took 2.5-3.7 ms on ATen and
+# 4.3-5.6 ms in float (scratch, 2026-12-07), 256 rows 21 ms and 7: a prompt of a few tokens is
+# such a product (a generate's decode step is a graph of fixed sizes of its own, measured at its
+# one row when it is made). So where the float way won at the
 # first sizes, the launch calls a ``ByClass``, which picks the way by the class of the call's sizes
 # (every size's and stride's bit length, and torch's threads) from a table it fills at each
 # class's first call: the verdict kept for that class (the key written as at the plan, the
