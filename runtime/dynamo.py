@@ -617,9 +617,10 @@ def decompositions() -> dict:
 # thresholds are not kept yet, their library starts building when dynamo first looks this backend
 # up, so its second of compiling runs while dynamo traces the first graph, not after it.
 def _prepare_thresholds() -> None:
-    from .codegen import calibrate
+    from .codegen import calibrate, gemm_library
 
     calibrate.prepare()
+    gemm_library.prepare()  # built while dynamo traces the first graph (Note [one matmul library])
 
 
 _prepare_thresholds()

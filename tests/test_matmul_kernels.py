@@ -258,14 +258,6 @@ def test_random_products_match_eager(drawn) -> None:
         assert "contiguous along" in dict(prog.passed_over[i])["cpp"], prog.passed_over[i]
 
 
-_TILE_WRAPPERS = r'''
-extern "C" void nn(long M, long N, long K, const float* A, long sam, long sak, const float* B, long sbk, float* C,
-                   long ldc, const float* X, long sxm, long sxn) { fuseg_mm_nn(M, N, K, A, sam, sak, B, sbk, C, ldc, X, sxm, sxn); }
-extern "C" void nt(long M, long N, long K, const float* A, long sam, const float* B, long sbn, float* C, long ldc,
-                   const float* X, long sxm, long sxn) { fuseg_mm_nt(M, N, K, A, sam, B, sbn, C, ldc, X, sxm, sxn); }
-'''
-
-
 def _innermost_loops(function: list[str]) -> list[list[str]]:
     """The innermost loops of a disassembled function: the instructions from a backward branch's
     target to the branch, where no other backward branch lies in between."""
@@ -282,26 +274,22 @@ def _innermost_loops(function: list[str]) -> list[list[str]]:
     return [function[s:e + 1] for s, e in loops if not any(s < s2 and e2 < e or s <= s2 and e2 < e for s2, e2 in loops)]
 
 
-def test_the_register_tiles_keep_their_accumulators_in_registers(tmp_path) -> None:
-    """Note [register tiles] (runtime/codegen/source/gemm_prelude.py): built for this machine with sizes
-    only known at run time, every tile routine's inner loop of multiply-adds reads and writes no
-    stack memory (the old 16-float tiles, on an AVX2 machine, moved their accumulators through the
-    stack on every step of k)."""
+def test_the_register_tiles_keep_their_accumulators_in_registers() -> None:
+    """Note [register tiles] (runtime/codegen/source/gemm_prelude.py): in the matmul library built for
+    this machine (Note [one matmul library]), where sizes are only known at run time, every tile
+    routine's inner loop of multiply-adds reads and writes no stack memory (the old 16-float tiles,
+    on an AVX2 machine, moved their accumulators through the stack on every step of k)."""
     import platform
     import shutil
     import subprocess
 
-    from runtime.codegen.kernel import routine_defines
-    from runtime.codegen.source.ctypes_ import prelude
-    from runtime.machine.compiler import CPU_FLAGS, cpu_compiler
+    from runtime.codegen import gemm_library
+    from runtime.machine.compiler import cpu_compiler
 
     objdump = shutil.which("objdump")
     if objdump is None or cpu_compiler() is None or platform.machine() != "x86_64":
         pytest.skip("needs objdump, a C++ compiler and an x86-64 CPU")
-    src = tmp_path / "tiles.cpp"
-    src.write_text("#define FUSEG_I long long\n" + routine_defines([], "cpu") + prelude("cpu") + _TILE_WRAPPERS)
-    subprocess.run([cpu_compiler(), *CPU_FLAGS, "-o", str(tmp_path / "tiles.so"), str(src)], check=True)
-    dis = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", str(tmp_path / "tiles.so")], capture_output=True,
+    dis = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", gemm_library.ensure()], capture_output=True,
                          text=True, check=True).stdout
     tiles = {}
     for block in dis.split("\n\n"):

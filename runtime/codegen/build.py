@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextvars
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -35,6 +36,7 @@ from ..machine.compiler import (
     cpu_compiler,
     write_whole,
 )
+from . import gemm_library
 from .kernel import routine_settings, translation_unit
 from .lowering.lower import Kernel
 from .source.ctypes_ import Declined
@@ -104,6 +106,8 @@ def _build_cpu(kernel: Kernel, src: str, digest: str, low_priority: bool = False
         except OSError as e:  # the cache dir failed under us (removed, full, read-only): bypass it
             lib_path = os.path.join(_fall_back(_configured_dir(), e), os.path.basename(lib_path))
             _compile_into(lib_path, cxx, src, kernel.name, low_priority)
+    if gemm_library.calls_library(kernel.function("cpu")):  # Note [one matmul library]: loaded first
+        gemm_library.load(low_priority)
     try:
         lib = ctypes.CDLL(lib_path)
     except OSError as e:  # sound by its record, yet not loadable: built again, once
@@ -221,7 +225,10 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
     cxx = cpu_compiler()
     if cxx is not None:
         missing = [(digest, k, src, _lib_path(k, digest)) for digest, (k, src) in todo.items() if _unbuilt(k, digest)]
-        if len(missing) > 1:
+        # Note [one matmul library] (gemm_library.py): where a kernel to build calls it and this process
+        # has not loaded it, it is built beside the kernels (a build under way elsewhere: waited for)
+        library = not gemm_library.loaded() and any(gemm_library.calls_library(m[1].function("cpu")) for m in missing)
+        if len(missing) > 1 or library:
             def build_group(group: list[_Missing]) -> None:
                 try:
                     if len(group) == 1:
@@ -242,11 +249,19 @@ def build_cpu_many(kernels: list[Kernel], jobs: int | None = None, low_priority:
                     # a kernel of symbolic sizes the compiler refuses: each on its own below, where
                     # it declines (Note [kernel sizes as arguments] in runtime/codegen/source/symsizes.py)
 
+            def build_library() -> None:
+                try:
+                    gemm_library.ensure(low_priority)
+                except (Declined, OSError, CompileError):
+                    pass  # the first kernel loaded that calls it builds it again, where the error shows
+
             groups = _groups(missing, min(len(missing), jobs or os.cpu_count() or 1))
             # (each in a copy of this context: the runtime options a source is made with, Note [options in one place])
             context = contextvars.copy_context()
-            with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:  # the compilers run as processes
-                list(pool.map(lambda group: context.copy().run(build_group, group), groups))
+            builds = [build_library] if library else []
+            builds += [functools.partial(build_group, group) for group in groups]
+            with concurrent.futures.ThreadPoolExecutor(len(builds)) as pool:  # the compilers run as processes
+                list(pool.map(lambda build: context.copy().run(build), builds))
 
     def build(digest: str, k: Kernel, src: str) -> Callable[..., None] | Declined:
         if digest in declined:

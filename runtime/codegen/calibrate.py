@@ -330,7 +330,9 @@ def _measure_ladders(threads: int) -> dict[str, Any]:
     """Note [how the thresholds are measured], on ``threads`` of torch's: ``_ladders_of`` the
     library's loops and products."""
     from ..machine import pause
+    from . import gemm_library
 
+    gemm_library.load()  # (its products call the matmul library: Note [one matmul library])
     lib = ctypes.CDLL(_built())
     ptr, n_ = ctypes.c_void_p, ctypes.c_long
     out = torch.empty(2 * CALLS, dtype=torch.float64)

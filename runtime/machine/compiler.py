@@ -51,8 +51,9 @@ class CompileError(RuntimeError):
     """Generated source that the compiler refused (a generator bug): the message holds its log."""
 
 
-#: number of compilations run in this process (tests read it to see that the cache works)
-compilations = {"cpu": 0, "cuda": 0}
+#: number of compilations run in this process (tests read it to see that the cache works): kernels'
+#: ("cpu", "cuda") and the matmul library's ("library": Note [one matmul library] in runtime/codegen/gemm_library.py)
+compilations = {"cpu": 0, "cuda": 0, "library": 0}
 _COUNTING = threading.Lock()  # builds may run on a thread of their own (build_cpu_later)
 #: configured cache dir -> the dir used (itself, or the per-process fallback)
 _USABLE: dict[str, str] = {}
@@ -186,7 +187,7 @@ def _idle_in_child() -> None:
             pass
 
 
-def _compile(cxx: str, src: str, what: str, tmp: str, low_priority: bool = False) -> tuple[str, bytes]:
+def _compile(cxx: str, src: str, what: str, tmp: str, low_priority: bool = False, count: str = "cpu") -> tuple[str, bytes]:
     """Compile ``src`` in the build dir ``tmp``: the library's path there and its bytes.
     ``low_priority``: the compiler runs only where a core would be idle (Note [kernels built in
     the background] in runtime/compiled/background.py)."""
@@ -203,7 +204,7 @@ def _compile(cxx: str, src: str, what: str, tmp: str, low_priority: bool = False
     r = (pause.run_compiler(cmd, _idle_in_child if os.name == "posix" else None) if low_priority
          else subprocess.run(cmd, capture_output=True, text=True))
     with _COUNTING:
-        compilations["cpu"] += 1
+        compilations[count] += 1
     if r.returncode < 0:
         try:
             sig = signal.Signals(-r.returncode).name
@@ -235,11 +236,12 @@ def _install(tmp: str, built: str, data: bytes, lib_path: str) -> None:
         pass  # some filesystems cannot fsync a directory: the renames are still atomic
 
 
-def _compile_into(lib_path: str, cxx: str, src: str, name: str, low_priority: bool = False) -> None:
-    """Compile ``src`` and put the library and its record at ``lib_path`` (Note [kernel cache safety])."""
+def _compile_into(lib_path: str, cxx: str, src: str, name: str, low_priority: bool = False, count: str = "cpu") -> None:
+    """Compile ``src`` and put the library and its record at ``lib_path`` (Note [kernel cache
+    safety]); ``count``: the key of ``compilations`` it counts under."""
     tmp = tempfile.mkdtemp(dir=os.path.dirname(lib_path), prefix=".build-")
     try:
-        out, data = _compile(cxx, src, f"kernel {name}", tmp, low_priority)
+        out, data = _compile(cxx, src, f"kernel {name}", tmp, low_priority, count)
         _install(tmp, out, data, lib_path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,9 +13,9 @@ import math
 import torch
 
 from ...machine.compiler import Declined
-from .gemm_prelude import GEMM_PRELUDE
+from .gemm_prelude import ATTENTION_ROUTINES, GEMM_COMMON, gemm_texts
 
-__all__ = ["COMPUTE", "STORAGE", "Declined", "compute_type", "literal", "prelude", "storage_type"]
+__all__ = ["COMPUTE", "GEMM_LIBRARY", "GEMM_TAG", "STORAGE", "Declined", "compute_type", "literal", "prelude", "storage_type"]
 
 
 STORAGE: dict[torch.dtype, str] = {
@@ -328,8 +328,11 @@ static inline double fuseg_erf(double x) { return erf(x); }
 #pragma omp declare reduction(fuseg_min : long long : omp_out = fuseg_min<long long>(omp_out, omp_in)) initializer(omp_priv = 9223372036854775807LL)
 // One thread per block on the CPU: the block's value is the thread's.
 template <class T, T (*OP)(T, T)> static inline T fuseg_block_reduce(T v, T) { return v; }
-""" + GEMM_PRELUDE + r"""
 """
+#: Note [one matmul library] (runtime/codegen/gemm_library.py): the library's source, and what the
+#: kernels' prelude holds in its routines' place
+GEMM_LIBRARY, _GEMM_CALLS, GEMM_TAG = gemm_texts(_CPU)
+_CPU = _CPU + GEMM_COMMON + _GEMM_CALLS + ATTENTION_ROUTINES + "\n"
 
 
 def prelude(target: str) -> str:

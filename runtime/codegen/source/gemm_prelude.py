@@ -35,7 +35,10 @@ the inner loops.
 
 from __future__ import annotations
 
-__all__ = ["ATTENTION_SCORES", "GEMM_PRELUDE", "NN_PACK_ROWS", "PACK_ROWS"]
+import hashlib
+
+__all__ = ["ATTENTION_ROUTINES", "ATTENTION_SCORES", "GEMM_COMMON", "GEMM_ROUTINES", "NN_PACK_ROWS", "PACK_ROWS",
+           "gemm_texts"]
 
 #: rows of C from which B contiguous along k is first copied contiguous along n, and from which B
 #: contiguous along n is copied panel by panel (Note [register tiles]); tests in the kernel, so
@@ -90,7 +93,8 @@ def _shuffles() -> str:
     return "\n".join(parts) + "\n#endif\n"
 
 
-GEMM_PRELUDE = r"""
+#: the types, tile shapes and vector helpers: in the matmul library and in every kernel's prelude
+GEMM_COMMON = r"""
 // ---- Note [matmul kernels] (runtime/codegen/gemm.py), Note [register tiles] (gemm_prelude.py) ----
 // Multiply-adds contracted to FMA here only (FUSEG_CONTRACT): every other kernel rounds a * b first.
 #if defined(__clang__)
@@ -210,6 +214,10 @@ static inline fuseg_v fuseg_hsum(const fuseg_v* a) {
 #undef FUSEG_HSUM_LEVEL
   return t[0];
 }
+""".replace("@SHUFFLES@", _shuffles()).replace("@ATTENTION_SCORES@", str(ATTENTION_SCORES))
+
+#: the matmul routines (Note [register tiles]), compiled once, in the matmul library (Note [one matmul library])
+GEMM_ROUTINES = r"""
 // C = A @ B (+ X): what every tile reads. X broadcasts by strides 0; null: no bias.
 struct fuseg_mm {
   long K;
@@ -481,6 +489,10 @@ static void fuseg_mm_nt(long M, long N, long K, const float* A, long sam, const 
     }
   }
 }
+"""
+
+#: the attention routines, in every kernel's prelude: their products call the matmul library
+ATTENTION_ROUTINES = r"""
 // Note [attention kernels] (runtime/codegen/attention.py): one head of a small float32 attention,
 // blocks of query rows whose scores fit FUSEG_ATTENTION_SCORES floats on the stack (S <= that: a
 // condition of the plan). Per block: the scores Q K^T (the keys any row of the block sees: with
@@ -592,4 +604,53 @@ static void fuseg_attention_head_backward(long L, long S, long E, const float* G
     fuseg_mm_nn(rows, E, keys, D, keys, 1, K, ksn, DQ + i0 * dqsm, dqsm, nullptr, 0, 0);
   }
 }
-""".replace("@SHUFFLES@", _shuffles()).replace("@ATTENTION_SCORES@", str(ATTENTION_SCORES))
+"""
+
+# Note [one matmul library] (runtime/codegen/gemm_library.py): the library holds the routines, the
+# settings of the call under way on the calling thread (every routine reads them there, before its
+# parallel region), and one entry point per routine, named for the library's source
+_LIBRARY_SETTINGS = r"""
+static thread_local long long fuseg_lib_macs = 0;
+static thread_local long fuseg_lib_pack = 0, fuseg_lib_nn_pack = 0;
+#define FUSEG_PARALLEL_MACS fuseg_lib_macs
+#define FUSEG_PACK_ROWS fuseg_lib_pack
+#define FUSEG_NN_PACK_ROWS fuseg_lib_nn_pack
+"""
+_NN = ("long M, long N, long K, const float* A, long sam, long sak, const float* B, long sbk, float* C, long ldc, "
+       "const float* X, long sxm, long sxn", "M, N, K, A, sam, sak, B, sbk, C, ldc, X, sxm, sxn")
+_NT = ("long M, long N, long K, const float* A, long sam, const float* B, long sbn, float* C, long ldc, "
+       "const float* X, long sxm, long sxn", "M, N, K, A, sam, B, sbn, C, ldc, X, sxm, sxn")
+_ENTRIES = f"""
+extern "C" void fuseg_gemm_nn_@TAG@(long long macs, long nn_pack, {_NN[0]}) {{
+  fuseg_lib_macs = macs;
+  fuseg_lib_nn_pack = nn_pack;
+  fuseg_mm_nn({_NN[1]});
+}}
+extern "C" void fuseg_gemm_nt_@TAG@(long long macs, long pack, {_NT[0]}) {{
+  fuseg_lib_macs = macs;
+  fuseg_lib_pack = pack;
+  fuseg_mm_nt({_NT[1]});
+}}
+"""
+# in a kernel's prelude: the routines' names call the library with the settings defined before the
+# prelude (Note [thread thresholds measured here])
+_CALLS = f"""// Note [one matmul library] (runtime/codegen/gemm_library.py): the routines are the matmul library's
+extern "C" void fuseg_gemm_nn_@TAG@(long long macs, long nn_pack, {_NN[0]});
+extern "C" void fuseg_gemm_nt_@TAG@(long long macs, long pack, {_NT[0]});
+static inline void fuseg_mm_nn({_NN[0]}) {{
+  fuseg_gemm_nn_@TAG@(FUSEG_PARALLEL_MACS, FUSEG_NN_PACK_ROWS, {_NN[1]});
+}}
+static inline void fuseg_mm_nt({_NT[0]}) {{
+  fuseg_gemm_nt_@TAG@(FUSEG_PARALLEL_MACS, FUSEG_PACK_ROWS, {_NT[1]});
+}}
+"""
+
+
+def gemm_texts(base: str) -> tuple[str, str, str]:
+    """The library's source of Note [one matmul library] (the CPU prelude ``base``, the common part,
+    the routines and their entry points), what a kernel's prelude has in the routines' place, and
+    the tag both name the entry points by (the library source's digest: a kernel calls the library
+    its own source names, and its cache key holds that name)."""
+    template = "#define FUSEG_I long long\n" + base + GEMM_COMMON + _LIBRARY_SETTINGS + GEMM_ROUTINES + _ENTRIES
+    tag = hashlib.sha256(template.encode()).hexdigest()[:16]
+    return template.replace("@TAG@", tag), _CALLS.replace("@TAG@", tag), tag
