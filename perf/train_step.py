@@ -2,7 +2,7 @@
 shape: issue 42's goal 4.
 
     python -m perf.train_step [MODEL ...] [--rounds 5] [--steps 10] [--processes 1] [--protocol [--window 30]]
-                              [--before /path/to/checkout [--repeats 2]] [--separate PAIRS]
+                              [--before /path/to/checkout [--repeats 2]] [--separate PAIRS [--floor]]
                               [--out perf/results/<machine>/train_step_cpu.json]
 
 Models (``TRAIN_MODELS``): tiny causal LMs (hidden 64, 2 layers, batch 2, 32 tokens), mid-size
@@ -26,7 +26,11 @@ checkout and one from DIR, alternated (``--repeats`` pairs): after/before is the
 sides' median fuseg/eager (eager is the yardstick both share, so drift between processes
 cancels). With ``--separate PAIRS``, Inductor and fuseg run in processes of their own (eager
 first in each, the variant second), PAIRS of each, alternated: fuseg/Inductor is the ratio of
-their median ratios to eager (Note [the variant made first]). With ``--protocol``, each
+their median ratios to eager (Note [the variant made first]), and each first step is its
+process's first compile, dynamo's first use included, as in a user's fresh process (the other
+modes, in their first process, make Inductor first, so its first step pays that use and fuseg's does not);
+``--floor`` adds as many processes of dynamo's ``aot_eager`` (its trace and AOTAutograd's, no
+compiler), whose first step neither compiler's can be under. With ``--protocol``, each
 variant's first step is followed by ``--window`` seconds of steps before the next variant is made,
 and each row gets ``protocol`` (Note [the protocol] in perf/compiled.py: the first step, the
 window's steps, the settled step; fuseg/eager and fuseg/Inductor of each; every ``--eager-every``-th step
@@ -112,7 +116,7 @@ def run_model(name: str, rounds: int, steps: int, variants_wanted: list[str],
         from runtime.codegen.build import background_builds_under_way, wait_for_background_builds
 
     base, ids = _model(name)
-    known = {"eager": None, "inductor": "inductor", "fuseg": fuseg_backend}
+    known = {"eager": None, "inductor": "inductor", "fuseg": fuseg_backend, "aot_eager": "aot_eager"}
     backends = {v: known[v] for v in variants_wanted}  # made (compiled, first step) in this order
     variants: dict[str, tuple[Any, Any, Any]] = {}
     first: dict[str, float] = {}
@@ -316,23 +320,32 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def separate(name: str, rounds: int, steps: int, pairs: int) -> dict[str, Any]:
+def separate(name: str, rounds: int, steps: int, pairs: int, floor: bool = False) -> dict[str, Any]:
     """Inductor and fuseg each in ``pairs`` processes of their own, alternated (which goes first
     swaps from pair to pair), eager first in every one: each is the second variant made in its
     process, so neither gains from the order (Note [the variant made first]); fuseg/Inductor is
-    the ratio of their median ratios to eager (the yardstick every process has)."""
-    runs: dict[str, list[dict[str, Any]]] = {"inductor": [], "fuseg": []}
+    the ratio of their median ratios to eager (the yardstick every process has). ``floor``: as
+    many processes of dynamo's ``aot_eager`` (its trace and AOTAutograd's, no compiler), whose
+    first step is what neither compiler's can be under."""
+    names = ("inductor", "fuseg", *(("aot_eager",) if floor else ()))
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
     for k in range(pairs):
-        for v in (("inductor", "fuseg") if k % 2 == 0 else ("fuseg", "inductor")):
+        for v in (names if k % 2 == 0 else names[::-1]):
             runs[v].append(_child(name, rounds, steps, ["eager", v]))
     failed = [r for rs in runs.values() for r in rs if "error" in r]
     if failed:
         return failed[0]
     med = {v: statistics.median(r["step_ms"][v] / r["step_ms"]["eager"] for r in rs) for v, rs in runs.items()}
+    floor_row = {"aot_eager_over_eager": med["aot_eager"]} if floor else {}
+    # each first step the first compile of its process (eager's steps use no compiler): what a
+    # user's fresh process pays, dynamo's first use included for both
+    first = {v: statistics.median(r["first_step_s"][v] for r in rs) for v, rs in runs.items()}
     worst = max(runs["fuseg"], key=lambda r: r["check_against_eager"]["fuseg"]["max_grad_diff"])
     return {"model": name, "separate": True, "check_against_eager": worst["check_against_eager"],
             "fuseg_over_eager": med["fuseg"], "inductor_over_eager": med["inductor"],
-            "fuseg_over_inductor": med["fuseg"] / med["inductor"], "runs": runs}
+            "fuseg_over_inductor": med["fuseg"] / med["inductor"], "first_step_s": first,
+            "first_step_fuseg_over_inductor": first["fuseg"] / first["inductor"], **floor_row,
+            **({"first_step_floor_over_inductor": first["aot_eager"] / first["inductor"]} if floor else {}), "runs": runs}
 
 
 # Note [the variant made first]: in one process, two identical fuseg variants of a model
@@ -371,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
                         "median of their fuseg/Inductor ratios)")
     p.add_argument("--separate", type=int, default=0, metavar="PAIRS",
                    help="Inductor and fuseg in processes of their own, PAIRS of each, eager the yardstick in every one")
+    p.add_argument("--floor", action="store_true",
+                   help="with --separate: as many processes of dynamo's aot_eager (trace and AOTAutograd, no "
+                        "compiler), whose first step neither compiler's can be under")
     p.add_argument("--protocol", action="store_true",
                    help="each variant's first step, the --window of steps after it, the settled step "
                         "(Note [the protocol] in perf/compiled.py)")
@@ -381,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                         "default 5, 0: none)")
     p.add_argument("--out", help="write the record (JSON) here")
     args = p.parse_args(argv)
+    if args.floor and not args.separate:
+        p.error("--floor: only with --separate")
     if args.protocol and (args.before or args.separate):
         p.error("--protocol: not with --before or --separate")
     if args.window <= 0:
@@ -406,11 +424,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: fuseg/eager after {f['after']:.3f}, before {f['before']:.3f}: "
                       f"after/before {row['after_over_before']:.3f}", flush=True)
         elif args.separate:
-            row = separate(name, args.rounds, args.steps, args.separate)
+            row = separate(name, args.rounds, args.steps, args.separate, args.floor)
             rows.append(row)
             if "error" not in row:
                 print(f"  {name}: fuseg/eager {row['fuseg_over_eager']:.3f}, Inductor/eager {row['inductor_over_eager']:.3f}:"
-                      f" fuseg/Inductor {row['fuseg_over_inductor']:.3f}", flush=True)
+                      f" fuseg/Inductor {row['fuseg_over_inductor']:.3f}; first step (each the first compile of its"
+                      f" process) fuseg {row['first_step_s']['fuseg']:.1f} s, Inductor {row['first_step_s']['inductor']:.1f}"
+                      f" s: {row['first_step_fuseg_over_inductor']:.3f}"
+                      + (f"; aot_eager {row['first_step_s']['aot_eager']:.1f} s" if args.floor else ""), flush=True)
         else:
             row = _processes(name, args.rounds, args.steps, args.processes, window, args.eager_every)
             rows.append(row)

@@ -98,17 +98,19 @@ def test_variants_are_made_in_the_order_asked(monkeypatch) -> None:
 def test_separate_processes_time_each_compiled_variant_alone_against_eager(monkeypatch) -> None:
     """``--separate N``: Inductor and fuseg each in processes of their own (eager first in every
     one, the yardstick), N of each, alternated; fuseg/Inductor is the ratio of their median
-    ratios to eager."""
+    ratios to eager; the first steps, each its process's first compile, their medians' ratio."""
     import perf.train_step as ts
 
     seen = []
     ratios = iter([0.5, 0.6, 0.55, 0.45])  # inductor, fuseg, fuseg, inductor (the second pair swapped)
+    firsts = iter([20.0, 5.0, 7.0, 30.0])
 
     def child(name, rounds, steps_, variants):
         seen.append(list(variants))
         r = next(ratios)
         v = variants[1]
-        row = {"model": name, "order": list(variants), "step_ms": {"eager": 4.0, v: 4.0 * r}}
+        row = {"model": name, "order": list(variants), "step_ms": {"eager": 4.0, v: 4.0 * r},
+               "first_step_s": {"eager": 0.01, v: next(firsts)}}
         if v == "fuseg":
             row["check_against_eager"] = {"fuseg": {"max_grad_diff": 1e-8}}
         return row
@@ -119,6 +121,34 @@ def test_separate_processes_time_each_compiled_variant_alone_against_eager(monke
     assert row["inductor_over_eager"] == pytest.approx(0.475) and row["fuseg_over_eager"] == pytest.approx(0.575)
     assert row["fuseg_over_inductor"] == pytest.approx(0.575 / 0.475)
     assert len(row["runs"]["fuseg"]) == 2 and row["check_against_eager"]["fuseg"]["max_grad_diff"] == 1e-8
+    assert row["first_step_s"] == {"inductor": 25.0, "fuseg": 6.0}
+    assert row["first_step_fuseg_over_inductor"] == pytest.approx(6.0 / 25.0)
+
+
+def test_separate_with_the_floor_times_aot_eager_in_processes_of_its_own(monkeypatch) -> None:
+    """``--separate N --floor``: aot_eager (dynamo's trace and AOTAutograd's, no compiler) in N
+    processes too, its order swapped with the others'; its first step over Inductor's is the floor."""
+    import perf.train_step as ts
+
+    seen = []
+    firsts = {"inductor": iter([20.0, 30.0]), "fuseg": iter([5.0, 7.0]), "aot_eager": iter([4.0, 6.0])}
+
+    def child(name, rounds, steps_, variants):
+        seen.append(variants[1])
+        v = variants[1]
+        row = {"model": name, "order": list(variants), "step_ms": {"eager": 4.0, v: 2.0},
+               "first_step_s": {"eager": 0.01, v: next(firsts[v])}}
+        if v != "inductor":
+            row["check_against_eager"] = {v: {"max_grad_diff": 1e-8}}
+        return row
+
+    monkeypatch.setattr(ts, "_child", child)
+    row = ts.separate("llama-tiny", 1, 1, 2, floor=True)
+    assert seen == ["inductor", "fuseg", "aot_eager", "aot_eager", "fuseg", "inductor"]
+    assert row["first_step_s"] == {"inductor": 25.0, "fuseg": 6.0, "aot_eager": 5.0}
+    assert row["first_step_floor_over_inductor"] == pytest.approx(0.2) and row["aot_eager_over_eager"] == 0.5
+    with pytest.raises(SystemExit):
+        ts.main(["--floor", "llama-tiny"])
 
 
 def test_a_step_without_fuseg_has_no_fuseg_ratio() -> None:
