@@ -60,8 +60,8 @@ import torch
 
 from .machine.compiler import cache_dir, machine, write_whole
 
-__all__ = ["CLOSE", "Verdict", "class_key", "class_of_bits", "close", "fixed", "lookup", "machine", "measure", "policy",
-           "record", "set_policy", "size_class", "verdict_of", "verdict_path"]
+__all__ = ["Verdict", "class_key", "class_of_bits", "fixed", "lookup", "machine", "measure", "policy", "record",
+           "set_policy", "size_class", "verdict_of", "verdict_path"]
 
 _POLICY: contextvars.ContextVar[str] = contextvars.ContextVar("fuseg_autotune_policy", default="measure")
 _POLICIES = ("measure", "kernel", "aten")
@@ -241,16 +241,6 @@ def record(key: str, verdict: Verdict) -> None:
         _APPENDABLE.add(path)
     except OSError:
         pass  # an unwritable cache: the verdict holds for this process
-
-
-#: two ways whose medians are within this fraction of the faster one's are close: a trial of them on
-#: their calls goes on longer (Note [a close trial is timed longer] in runtime/compiled/trial.py)
-CLOSE = 0.05
-
-
-def close(a: float, b: float) -> bool:
-    """Whether two medians are within ``CLOSE`` of the faster one."""
-    return abs(a - b) < CLOSE * min(a, b)
 
 
 def verdict_of(kernel_us: list[float], aten_us: list[float]) -> Verdict:

@@ -242,37 +242,6 @@ def test_a_symbolic_plans_verdict_is_one_per_size_class_chosen_at_the_call(cache
     torch._dynamo.reset()
 
 
-def test_a_close_class_is_timed_longer_before_it_decides(cache, monkeypatch) -> None:
-    """Note [a close trial is timed longer] for a class measured on its calls: two ways within 5%
-    after ``SAMPLES`` timed calls each go on, alternating, to ``CLOSE_SAMPLES`` each; then the
-    verdict is kept once, and later calls run the winner, every value eager's."""
-    from runtime.backends import at_call
-    from runtime.dynamo import FusegCompiler, compile_with_aot
-
-    seen: list[tuple[int, int]] = []
-
-    def fake(kernel_us, aten_us):
-        seen.append((len(kernel_us), len(aten_us)))
-        return autotune.Verdict(True, 1.0, 1.02)  # (2% apart: close)
-
-    monkeypatch.setattr(autotune, "verdict_of", fake)
-    monkeypatch.setattr(at_call, "SAMPLES", 1)
-    monkeypatch.setattr(at_call, "CLOSE_SAMPLES", 3)
-    monkeypatch.setattr(at_call, "_TRIALS", {})
-    torch._dynamo.reset()
-    compiler = FusegCompiler()
-    fn = torch.compile(lambda x, w: x @ w.t(), backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
-    w = torch.randn(24, 32)
-    with torch.no_grad():
-        for n in (9, 13):
-            x = torch.randn(n, 32)
-            for _ in range(12):
-                torch.testing.assert_close(fn(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
-    assert seen == [(1, 1), (2, 1), (2, 2), (3, 2), (3, 3)], seen  # decided at three each, not at one
-    assert [v["kernel"] for v in _verdicts().values()] == [True]
-    torch._dynamo.reset()
-
-
 def test_a_choice_at_the_call_keeps_aliasing_and_runs_under_grad(cache, monkeypatch) -> None:
     """A measured kernel chosen at the call in a symbolic program whose output is viewed and
     returned with its view, at three sizes in three classes, against eager: values, strides and

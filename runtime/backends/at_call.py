@@ -32,8 +32,7 @@ run once untimed, and 0.8 ms for the verdict file): a prompt of a length never s
 kernel was built, cost 1.85-3.2x the same length seen (phi3-tiny, five kernels measured at its
 first call, issue 41's notes), where it compiled nothing. Now the class's calls are the
 measurement: each runs one way, the kernel and ATen in turn, the first of each untimed (first
-calls allocate and set up), the next ``SAMPLES`` of each timed (``CLOSE_SAMPLES`` where the two are
-within 5%: Note [a close trial is timed longer] in runtime/compiled/trial.py); then the medians decide
+calls allocate and set up), the next ``SAMPLES`` of each timed; then the medians decide
 (``autotune.verdict_of``), the verdict is recorded and every program's table holding the trial
 (launches of one kernel source share it: a model's layers) takes the winner. No call runs twice,
 so a class's first calls cost what the slower way costs, at most, and nothing more. The calls are
@@ -58,13 +57,10 @@ from ..machine import threads
 from .base import BuildContext, SegmentLaunch
 from .torch_backend import TorchLaunch
 
-__all__ = ["CLOSE_SAMPLES", "SAMPLES", "ChosenAtCall", "at_call_eligible", "wrap_at_call"]
+__all__ = ["SAMPLES", "ChosenAtCall", "at_call_eligible", "wrap_at_call"]
 
-#: timed calls of each way before a class's verdict (Note [a class measured on its calls]) ...
+#: timed calls of each way before a class's verdict (Note [a class measured on its calls])
 SAMPLES = 3
-#: ... and where the two medians are then within ``autotune.CLOSE`` of each other, this many (Note
-#: [a close trial is timed longer] in runtime/compiled/trial.py)
-CLOSE_SAMPLES = 9
 
 
 def at_call_eligible(ctx: BuildContext, launch: Any) -> bool:
@@ -193,11 +189,7 @@ class _Trial:
         out = way(*args)
         self.times[side].append((time.perf_counter() - t) * 1e6)
         if len(self.times[True]) >= SAMPLES and len(self.times[False]) >= SAMPLES:
-            verdict = autotune.verdict_of(self.times[True], self.times[False])
-            if (min(len(self.times[True]), len(self.times[False])) < CLOSE_SAMPLES
-                    and autotune.close(verdict.kernel_us, verdict.aten_us)):
-                return out  # (a near tie: more calls each first, Note [a close trial is timed longer])
-            self.verdict = verdict
+            self.verdict = autotune.verdict_of(self.times[True], self.times[False])
             autotune.record(self.key, self.verdict)
             _TRIALS.pop(self.key, None)
             owner.measured.append(bits)

@@ -50,9 +50,9 @@ __all__ = ["CALLS", "CLOSE", "CLOSE_CALLS", "DRIFT", "DRIFT_CALLS", "GIVE_UP", "
 
 #: calls timed each way
 CALLS = 6
-#: where the two ways' medians are then within ``CLOSE`` of the faster one, the trial goes on to
-#: ``CLOSE_CALLS`` timed calls each way (Note [a close trial is timed longer])
-CLOSE = autotune.CLOSE
+#: where the two ways' medians are then within this fraction of the faster one, the trial goes on
+#: to ``CLOSE_CALLS`` timed calls each way (Note [a close trial is timed longer])
+CLOSE = 0.05
 CLOSE_CALLS = 18
 #: a way whose first two timed calls both took more than this many times the other's slowest
 #: ends the trial (a bound on its cost, not a choice: the slower way loses either way)
@@ -83,14 +83,11 @@ def alternating(call: int, ways: tuple[str, str]) -> str:
 # ``CLOSE_CALLS`` (18) timed calls each way and then decides on those medians. The longer trial
 # costs little by its own condition: its ways are within 5% of each other, and only its extra
 # calls of the slower way pay that. (The median's spread falls with the square root of the calls:
-# 18 calls each tell apart about 1.7x closer ways than 6.) A kernel chosen at the call per size
-# class (Note [a class measured on its calls] in runtime/backends/at_call.py) decides on ``SAMPLES``
-# (3) timed calls each way, and a close one goes on to ``CLOSE_SAMPLES`` (9) each, by the same rule:
-# a training step on changing lengths runs every such choice on its checked path, where the
-# program's own check against its ATen path does not run.
+# 18 calls each tell apart about 1.7x closer ways than 6.)
 def close(a: list[float], k: list[float]) -> bool:
     """Whether the medians of two ways' timed calls are within ``CLOSE`` of the faster one's."""
-    return autotune.close(statistics.median(a), statistics.median(k))
+    ma, mk = statistics.median(a), statistics.median(k)
+    return abs(ma - mk) < CLOSE * min(ma, mk)
 
 
 def _timed(way: str, fn: Callable[..., Any], inputs: tuple) -> tuple[Any, float]:
