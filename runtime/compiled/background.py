@@ -80,7 +80,8 @@ with the builds on the caller's thread, perf/results/amd-epyc-zen3/train_backgro
 generation the README's dynamic shapes section and perf/results/amd-epyc-zen3/dynamic_shapes_generate_cpu.json
 and second_length_background_rounds_cpu.json time both. Measured again under calls first with the
 wait that follows the builds' share (perf/results/amd-epyc-zen4/train_step_background_builds_cpu.json,
-three models whose first step took 0.29-0.39x Inductor's with the builds on the caller's thread):
+three models whose first step took 0.29-0.39x Inductor's with the builds on the caller's thread,
+before Note [one matmul library] in runtime/codegen/gemm_library.py brought them to 0.23-0.30x):
 the first step took 0.16-0.21x Inductor's, but the steps run the ATen path until a step waits for
 the builds, so the first 30 s of steps took 0.93-1.16x Inductor's against 0.81-0.89x, and
 gpt2-256 had made fewer steps by the end of them. A training step's first call stays the longer.
