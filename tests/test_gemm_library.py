@@ -64,15 +64,17 @@ def _product(lib: ctypes.CDLL, name: str, macs: int, pack: int, a: torch.Tensor,
 
 
 @pytest.mark.parametrize("name", ["nt", "nn"])
-def test_the_entry_points_take_the_settings_they_are_given(name: str) -> None:
+@pytest.mark.parametrize("shape", [(37, 70, 300), (6, 131, 129)])
+def test_the_entry_points_take_the_settings_they_are_given(name: str, shape: tuple[int, int, int]) -> None:
     """Each setting a kernel passes reaches the routine: on threads or on one, a product makes the
     same sums; with B copied first (pack rows 1) or read in place, both ways are within float32's
     error of torch's product, and in "nt" they sum in different orders (k in order against lanes
-    of dot products), so some of the 2590 sums of 300 products differ in their last bits."""
+    of dot products), so some of the sums differ in their last bits. Two shapes: whole and partial
+    register tiles, k past a block of ``FUSEG_KC``, columns past the last whole vector."""
     gemm_library.load()
     lib = ctypes.CDLL(gemm_library.ensure())
     g = torch.Generator().manual_seed(0)
-    M, N, K = 37, 70, 300
+    M, N, K = shape
     a = torch.randn(M, K, generator=g)
     b = torch.randn(N, K, generator=g) if name == "nt" else torch.randn(K, N, generator=g)
     want = a @ (b.t() if name == "nt" else b)
