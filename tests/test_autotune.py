@@ -559,3 +559,32 @@ def test_one_disturbed_call_of_a_slow_op_decides_no_verdict(monkeypatch) -> None
     clock = _Clock()
     monkeypatch.setattr(autotune.time, "perf_counter", clock)
     assert not autotune.measure(clock.way([], 2e-4), clock.way([], 1e-4)).kernel
+
+
+def test_a_close_measurement_is_timed_longer(monkeypatch) -> None:
+    """See Note [a close measurement is timed longer]. A slow op's three calls each can put the
+    slower way ahead where the two are a few percent apart (here the kernel's calls 1.00 ms but
+    one of ATen's three 1.02 ms and two 0.97 ms, then ATen 1.05 ms steady): the measurement goes on
+    to ``CLOSE_CALLS`` calls each, and the steady difference decides."""
+    clock = _Clock()
+    monkeypatch.setattr(autotune.time, "perf_counter", clock)
+    calls = {"kernel": 0, "aten": 0}
+
+    def counted(name, way):
+        def call() -> None:
+            calls[name] += 1
+            way()
+        return call
+
+    kernel = counted("kernel", clock.way([], 1.0e-3))
+    aten = counted("aten", clock.way([1.05e-3, 0.97e-3, 1.02e-3, 0.97e-3], 1.05e-3))
+    v = autotune.measure(kernel, aten)
+    assert v.kernel and v.kernel_us == pytest.approx(1000.0) and v.aten_us == pytest.approx(1050.0)
+    # the untimed first call and CLOSE_CALLS timed ones each way
+    assert calls == {"kernel": autotune.CLOSE_CALLS + 1, "aten": autotune.CLOSE_CALLS + 1}
+    # ways far apart stop at three timed calls each
+    clock = _Clock()
+    monkeypatch.setattr(autotune.time, "perf_counter", clock)
+    calls.update(kernel=0, aten=0)
+    v = autotune.measure(counted("kernel", clock.way([], 1.0e-3)), counted("aten", clock.way([], 1.5e-3)))
+    assert v.kernel and calls == {"kernel": 4, "aten": 4}
