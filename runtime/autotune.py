@@ -10,7 +10,8 @@ a hundred. So no constant decides; the cpp backend asks this module, once per sh
     lookup(key)                 -> the verdict cached for this machine, if any (a hit: no timing)
     measure(kernel, aten)       -> both run on made-up inputs of the segment's planned layouts,
                                    alternated: about a millisecond where a call is fast (rounds of
-                                   a few calls), three calls each where a call is slow
+                                   a few calls), three calls each where a call is slow; more
+                                   where the two are close (Note [a close measurement is timed longer])
     verdict_of(kernel_us, aten_us) -> the verdict of timed calls of each way (their medians)
     record(key, verdict)        -> kept in memory and appended to the machine's verdict file,
                                    next to the kernel cache (Note [the verdict file is a log])

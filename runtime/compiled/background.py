@@ -77,8 +77,8 @@ during the builds: 24-74 / 43-86 ms against 88-333 / 58-239 before).
 Why it is on for inference graphs only: a training step keeps every core busy, so idle-only
 compilers got no time and its steps ran the interim program (6.5-16.3 ms against 4.0-7.1 ms
 with the builds on the caller's thread, perf/results/amd-epyc-zen3/train_background_builds_cpu.json); for
-generation the README's dynamic shapes section and perf/results/amd-epyc-zen3/dynamic_shapes_generate_cpu.json
-and second_length_background_rounds_cpu.json time both. Measured again under calls first with the
+generation the README's dynamic shapes section and
+perf/results/amd-epyc-zen3/second_length_background_rounds_cpu.json time both. Measured again under calls first with the
 wait that follows the builds' share (perf/results/amd-epyc-zen4/train_step_background_builds_cpu.json,
 three models whose first step took 0.29-0.39x Inductor's with the builds on the caller's thread,
 before Note [one matmul library] in runtime/codegen/gemm_library.py brought them to 0.23-0.30x):
