@@ -130,3 +130,26 @@ def test_a_second_process_builds_neither_the_library_nor_the_kernels(tmp_path: P
     second = _process(tmp_path)
     assert second["library"] == 0 and second["kernels"] == 0 and second["loaded"], second
     assert second["bits"] == first["bits"] and first["eager"] < 1e-4, (first, second)
+
+
+def test_a_binary_whose_group_mate_calls_the_library_loads_it(tmp_path: Path) -> None:
+    """A kernel built in a group (Note [one build per group of kernels]) shares its binary with the
+    group's other kernels: where one of those calls the library and this one does not, loading
+    this one's binary in a process without the library loads the library first, instead of
+    failing on the undefined symbol (and building the kernel again)."""
+    src = tmp_path / "mate.cpp"
+    src.write_text(f'extern "C" void fuseg_gemm_nn_{GEMM_TAG}(long long, long, long, long, long, const float*, long, '
+                   'long, const float*, long, float*, long, const float*, long, long);\n'
+                   'extern "C" void plain(float* y) { y[0] = 1.0f; }\n'
+                   f'extern "C" void mate(float* y) {{ fuseg_gemm_nn_{GEMM_TAG}(1, 1, 1, 1, 1, y, 1, 1, y, 1, y, 1, '
+                   'nullptr, 0, 0); }\n')
+    so = tmp_path / "mate.so"
+    subprocess.run([cpu_compiler(), "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    code = ("import ctypes, sys\nfrom runtime.codegen import build, gemm_library\n"
+            "assert not gemm_library.loaded()\n"
+            "try:\n    ctypes.CDLL(sys.argv[1])\nexcept OSError as e:\n    assert 'undefined symbol' in str(e), e\n"
+            "else:\n    raise AssertionError('loaded without the library')\n"
+            "lib = build._load_kernel(sys.argv[1], False)\nassert gemm_library.loaded() and lib.plain\n")
+    env = dict(os.environ, FUSEG_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code, str(so)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -74,6 +74,19 @@ def _compile_group(entries: list[tuple[Kernel, str]], cxx: str, low_priority: bo
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _load_kernel(lib_path: str, low_priority: bool) -> ctypes.CDLL:
+    """The kernel's binary loaded. One built in a group (Note [one build per group of kernels]) holds
+    its group's other kernels too, and those may call the matmul library where this one does not:
+    a symbol left undefined loads the library, then the binary again. Raises ``OSError``."""
+    try:
+        return ctypes.CDLL(lib_path)
+    except OSError as e:
+        if "undefined symbol" not in str(e) or gemm_library.loaded():
+            raise
+    gemm_library.load(low_priority)
+    return ctypes.CDLL(lib_path)
+
+
 def _entry(kernel: Kernel) -> tuple[str, str]:
     """The kernel's source and its key in the caches (the source and what else decides the binary)."""
     src = kernel.source("cpu")
@@ -109,7 +122,7 @@ def _build_cpu(kernel: Kernel, src: str, digest: str, low_priority: bool = False
     if gemm_library.calls_library(kernel.function("cpu")):  # Note [one matmul library]: loaded first
         gemm_library.load(low_priority)
     try:
-        lib = ctypes.CDLL(lib_path)
+        lib = _load_kernel(lib_path, low_priority)
     except OSError as e:  # sound by its record, yet not loadable: built again, once
         _compile_into(lib_path, cxx, src, kernel.name)
         try:
