@@ -481,7 +481,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             lines.append(f"    {acc_ct} {comp} = ({acc_ct})0;")
             lines.extend(cascade.row_chunk_open(R, head[0] == "#ifdef __CUDACC__", length))
             lines.append(f"    {acc_ct} {part} = ({acc_ct})0;")
-            lines.extend(simd(head, f" reduction(+:{part})"))
+            lines.extend(simd(head, f" reduction(+:{part}) simdlen({cascade.CHUNK_LANES})"))
             lines.extend(b.lines)
             lines.append(f"      {part} = fuseg_sum<{acc_ct}>({part}, ({acc_ct})({e}));")
             lines.append("    }")
