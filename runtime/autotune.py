@@ -61,7 +61,7 @@ import torch
 
 from .machine.compiler import cache_dir, machine, write_whole
 
-__all__ = ["CLOSE", "CLOSE_CALLS", "Verdict", "class_key", "class_of_bits", "fixed", "lookup", "machine", "measure", "policy", "record",
+__all__ = ["CLOSE", "CLOSE_CALLS", "Verdict", "class_key", "close", "class_of_bits", "fixed", "lookup", "machine", "measure", "policy", "record",
            "set_policy", "size_class", "verdict_of", "verdict_path"]
 
 _POLICY: contextvars.ContextVar[str] = contextvars.ContextVar("fuseg_autotune_policy", default="measure")
@@ -292,7 +292,7 @@ def measure(kernel: Callable[[], object], aten: Callable[[], object]) -> Verdict
         del times["kernel"][0], times["aten"][0]  # (one call: a round of the others' length)
     # Note [a close measurement is timed longer]
     until = time.perf_counter() + _CLOSE_BUDGET_S
-    while _close(times["kernel"], times["aten"]) and len(times["kernel"]) < CLOSE_CALLS \
+    while close(times["kernel"], times["aten"]) and len(times["kernel"]) < CLOSE_CALLS \
             and time.perf_counter() < until:
         round_of(calls, runs if len(times["kernel"]) % 2 == 0 else runs[::-1])
     return verdict_of(times["kernel"], times["aten"])
@@ -309,6 +309,8 @@ def measure(kernel: Callable[[], object], aten: Callable[[], object]) -> Verdict
 # the faster one the rounds go on, still alternating, to ``CLOSE_CALLS`` a side (or while
 # ``_CLOSE_BUDGET_S`` lasts: an op of tens of milliseconds stops earlier), and the verdict is of
 # those medians. It costs only where the two are close, and then at most the budget.
-def _close(kernel_us: list[float], aten_us: list[float]) -> bool:
-    k, a = statistics.median(kernel_us), statistics.median(aten_us)
-    return abs(k - a) < CLOSE * min(k, a)
+def close(a: list[float], k: list[float]) -> bool:
+    """Whether the medians of two ways' timed calls are within ``CLOSE`` of the faster one's (here
+    and in a trial in a program: Note [a close trial is timed longer] in runtime/compiled/trial.py)."""
+    ma, mk = statistics.median(a), statistics.median(k)
+    return abs(ma - mk) < CLOSE * min(ma, mk)

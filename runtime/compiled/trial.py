@@ -50,10 +50,10 @@ __all__ = ["CALLS", "CLOSE", "CLOSE_CALLS", "DRIFT", "DRIFT_CALLS", "GIVE_UP", "
 
 #: calls timed each way
 CALLS = 6
-#: where the two ways' medians are then within this fraction of the faster one, the trial goes on
-#: to ``CLOSE_CALLS`` timed calls each way (Note [a close trial is timed longer])
-CLOSE = 0.05
-CLOSE_CALLS = 18
+#: where the two ways' medians are then within ``CLOSE`` of the faster one, the trial goes on to
+#: ``CLOSE_CALLS`` timed calls each way (Note [a close trial is timed longer]): the same rule as a
+#: kernel's measurement alone (Note [a close measurement is timed longer] in runtime/autotune.py)
+CLOSE, CLOSE_CALLS, close = autotune.CLOSE, autotune.CLOSE_CALLS, autotune.close
 #: a way whose first two timed calls both took more than this many times the other's slowest
 #: ends the trial (a bound on its cost, not a choice: the slower way loses either way)
 GIVE_UP = 2.0
@@ -84,10 +84,6 @@ def alternating(call: int, ways: tuple[str, str]) -> str:
 # costs little by its own condition: its ways are within 5% of each other, and only its extra
 # calls of the slower way pay that. (The median's spread falls with the square root of the calls:
 # 18 calls each tell apart about 1.7x closer ways than 6.)
-def close(a: list[float], k: list[float]) -> bool:
-    """Whether the medians of two ways' timed calls are within ``CLOSE`` of the faster one's."""
-    ma, mk = statistics.median(a), statistics.median(k)
-    return abs(ma - mk) < CLOSE * min(ma, mk)
 
 
 def _timed(way: str, fn: Callable[..., Any], inputs: tuple) -> tuple[Any, float]:
