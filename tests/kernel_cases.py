@@ -71,6 +71,23 @@ def _scatter_like(x, y):
     return z
 
 
+def _t5_guard(h, y, w):
+    """T5's fp16 layer end: a residual add, a bound that depends on whether any value of it is
+    infinite (a reduction over all), the clamp to it and the RMS norm in float."""
+    x = h + y
+    big = torch.where(x.isinf().any(), torch.finfo(x.dtype).max - 1000, torch.finfo(x.dtype).max)
+    x = x.clamp(min=-big, max=big)
+    v = x.float().pow(2).mean(-1, keepdim=True)
+    return w * (x.float() * torch.rsqrt(v + 1e-6)).to(x.dtype)
+
+
+def _t5_inputs(inf: bool):
+    h = torch.randn(4, 16, 64, dtype=torch.float16) * 100
+    if inf:
+        h[1, 3, 5], h[2, 0, 0] = float("inf"), -float("inf")
+    return [h, torch.randn(4, 16, 64, dtype=torch.float16), torch.randn(64, dtype=torch.float16)]
+
+
 CASES: dict[str, tuple] = {
     # elementwise math and broadcasting
     "unary": (lambda x: (x.exp() + x.sin() * x.cos() - x.tanh() + x.abs().sqrt() + x.sigmoid(), torch.relu(x)),
@@ -79,6 +96,17 @@ CASES: dict[str, tuple] = {
                          [torch.randn(4, 1, 6), torch.randn(3, 1)]),
     "compare-where": (lambda x, y: (torch.where(x > y, x, y * 2), (x <= 0.5) & (y != 0), x.masked_fill(x < 0, -1.0)),
                       [torch.randn(6, 5), torch.randn(6, 5)]),
+    # isinf and a clamp to tensor bounds: T5's fp16 guard (inf, NaN and bounds that are NaN or cross)
+    "isinf-clamp-tensor": (lambda x, lo, hi: (x.isinf(), (x * 2).clamp(lo, hi), x.clamp(min=lo), x.clamp(max=hi),
+                                              x.clamp(min=lo) - x.clamp(max=lo)),
+                           [torch.tensor([[0.5, float("inf"), -float("inf"), float("nan"), 3.0, -2.0, 1e30, -0.0]] * 2),
+                            torch.tensor([-1.0, 0.0, float("nan"), 2.0, 1.0, -3.0, 0.0, 0.0]),
+                            torch.tensor([1.0, 0.0, 1.0, float("nan"), -1.0, -2.5, 1.0, 2.0])]),
+    "isinf-clamp-fp16": (lambda x, lo: (x.isinf(), x.clamp(lo, -lo) + 1),
+                         [torch.tensor([65504.0, float("inf"), -float("inf"), 1.0, float("nan"), -7.0], dtype=torch.float16),
+                          torch.tensor(-64000.0, dtype=torch.float16)]),
+    "t5-guard-fp16": (_t5_guard, _t5_inputs(False)),
+    "t5-guard-fp16-inf": (_t5_guard, _t5_inputs(True)),
     "clamp-pow-gelu": (lambda x: (x.clamp(-0.5, 0.7), x.pow(2) + x.pow(3), F.gelu(x), F.gelu(x, approximate="tanh"),
                                   F.silu(x), x.reciprocal()), [torch.randn(33)]),
     "int-math": (lambda a, b: (a + b * 3, a - b, a * b, (a > b), -a), [torch.randint(-50, 50, (4, 5), dtype=torch.int32),
@@ -246,6 +274,8 @@ def _op_case(name: str) -> tuple | None:
         return (lambda x: op(x, 2.5)), [a]
     if op_name == "pow" and overload == "Scalar":  # a scalar base (ALiBi's slopes: 2 ** -(8 * i / n))
         return (lambda x: (op(2, x * -8), op(0.7, x * 4 - 2), op(1, x))), [a]
+    if op_name == "clamp" and overload == "Tensor":  # bounds that are tensors (broadcast rows), then one absent
+        return (lambda x, lo: (op(x, lo, lo + 0.5), op(x, None, lo), op(x, lo))), [a, b - 0.5]
     if op_name in _EXTRA:
         return (lambda x: op(x, *_EXTRA[op_name])), [a]
     if overload == "Scalar" and op_name not in ("logical_not",):

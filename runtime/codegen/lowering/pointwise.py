@@ -101,6 +101,27 @@ def _clamp(a: dict, ct: str) -> str:
     return x
 
 
+def _clamp_tensor(a: dict, ct: str) -> str:
+    """``clamp.Tensor``: bounds that are tensors (or absent), NaN where the value or a bound is NaN
+    (ATen's vectorized clamp: maximum, then minimum, each passing a NaN on), the upper bound where
+    the bounds cross."""
+    x = a["self"]
+    for name, fn in (("min", "fuseg_max"), ("max", "fuseg_min")):
+        bound = a.get(name)
+        if bound is not None:
+            x = f"{fn}<{ct}>({x}, {bound if isinstance(bound, str) else literal(bound, ct)})"
+    return x
+
+
+def _isinf(a: dict, ct: str) -> str:
+    """Infinite: finite values give x - x == 0, and a NaN fails x == x (no constant for infinity,
+    so one form holds on either target); never for integers."""
+    x = a["self"]
+    if ct not in ("float", "double"):
+        return "false"
+    return f"({x} == {x} && {x} - {x} != {x} - {x})"
+
+
 def _gelu(a: dict, ct: str) -> str:
     x = a["self"]
     if ct not in ("float", "double"):
@@ -187,6 +208,7 @@ ELEMENTWISE["aten.bitwise_not.default"] = Rule(
 ELEMENTWISE["aten.maximum.default"] = _binary("fuseg_max<{ct}>({a}, {b})")
 ELEMENTWISE["aten.minimum.default"] = _binary("fuseg_min<{ct}>({a}, {b})")
 ELEMENTWISE["aten.clamp.default"] = Rule(("self",), "out", _clamp)
+ELEMENTWISE["aten.clamp.Tensor"] = Rule(("self", "min", "max"), "out", _clamp_tensor)
 ELEMENTWISE["aten.clamp_min.default"] = Rule(("self",), "out", lambda a, ct: f"fuseg_max<{ct}>({a['self']}, {literal(a['min'], ct)})")
 ELEMENTWISE["aten.clamp_max.default"] = Rule(("self",), "out", lambda a, ct: f"fuseg_min<{ct}>({a['self']}, {literal(a['max'], ct)})")
 # hardtanh (ReLU6 is hardtanh(x, 0, 6)): a clamp whose bounds default to -1 and 1
@@ -202,6 +224,7 @@ ELEMENTWISE["aten.where.self"] = Rule(("condition", "self", "other"), "out",
 ELEMENTWISE["aten.masked_fill.Scalar"] = Rule(("self", "mask"), "out",
                                               lambda a, ct: f"({a['mask']} ? {literal(a['value'], ct)} : {a['self']})")
 ELEMENTWISE["aten.isnan.default"] = Rule(("self",), "cmp", lambda a, ct: f"({a['self']} != {a['self']})")
+ELEMENTWISE["aten.isinf.default"] = Rule(("self",), "cmp", _isinf)
 # copies and casts: the value itself, converted to the output's type
 for _n in ("aten._to_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default",
            "aten.alias.default", "aten.detach.default", "aten.lift_fresh.default"):
