@@ -66,6 +66,12 @@ def _rope_inputs(dtype):
                     torch.randn(1, 1, 64, 64).to(dtype), torch.randn(1, 1, 64, 64).to(dtype)]
 
 
+def _t5_guard(h, y, w):  # Note [no partial redundancy elimination around inlined math]: bounds selected once
+    x = h + y
+    big = torch.where(x.isinf().any(), torch.finfo(x.dtype).max - 1000, torch.finfo(x.dtype).max)
+    return _rms_norm(x.clamp(min=-big, max=big), w)
+
+
 CASES = {
     "masked softmax": (_masked_softmax, lambda: [torch.randn(64, 1024), torch.randn(1024), torch.rand(64, 1024) > 0.8]),
     "masked_fill": (_masked_fill, lambda: [torch.randn(64, 1024), torch.rand(64, 1024) > 0.5]),
@@ -84,6 +90,11 @@ CASES = {
                                             torch.randn(64, 1024, dtype=torch.float16)]),
     "fp16 RMS norm": (_rms_norm, lambda: [torch.randn(64, 1024, dtype=torch.float16),
                                           torch.randn(1024, dtype=torch.float16)]),
+    "fp16 clamp to bounds T5 selects": (_t5_guard, lambda: [torch.randn(64, 1024, dtype=torch.float16),
+                                                            torch.randn(64, 1024, dtype=torch.float16),
+                                                            torch.randn(1024, dtype=torch.float16)]),
+    "float clamp to bounds T5 selects": (_t5_guard, lambda: [torch.randn(64, 1024), torch.randn(64, 1024),
+                                                             torch.randn(1024)]),
     "float layer norm of fp16 rows": (
         lambda x: torch.nn.functional.layer_norm(x.float(), (x.shape[-1],)),
         lambda: [torch.randn(64, 4096, dtype=torch.float16)]),

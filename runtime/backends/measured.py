@@ -54,6 +54,34 @@ _MEASURED_AT_FIRST_SIZES = frozenset({"scan", "embedding", "nll_loss"})
 # cumsum went to ATen only at [64, 4096].
 #: ops measured where a segment is that op alone (a fused one is ours: nothing to compare with)
 MEASURED_ALONE = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
+#: the dtypes whose kernels convert every value they read or write in software on the CPU (Note
+#: [kernels of 16-bit floats measured])
+HALVES = frozenset({torch.float16, torch.bfloat16})
+
+# Note [kernels of 16-bit floats measured]: a fused kernel of float32 values beat its segment's
+# ATen ops alone wherever it was measured (every fused kernel of the five realistic models, on an
+# Intel Xeon with AMX: 0.11-0.55x ATen's time), so fused kernels run unmeasured. Not so with fp16
+# and bf16 values: the CPU's kernels convert each value in software (Note [fp16 on the CPU] in
+# runtime/codegen/source/ctypes_.py: GCC 12 vectorizes no hardware conversion) and round after
+# each op as eager does, while ATen's kernels convert with the CPU's vector instructions. On that
+# Xeon (avx512_fp16, F16C) a fp16 relu of 128 x 2048 took 241 us against ATen's 37-46 us, a
+# residual add of 256 x 768 174 us against 27-35 us, a bf16 erf gelu 239 us against 109 us;
+# and such kernels ran unmeasured, so only the whole program's check (Note [a program against
+# its ATen path] in runtime/compiled/trial.py) could save the program, by giving up every kernel:
+# t5-encoder-512 in fp16 ran its ATen path at 9.0 ms a call, and with its kernels 9.9 ms. So a CPU
+# kernel that reads or writes 16-bit floats is measured against its segment's ATen ops, as a
+# matmul is (the same made-up inputs, key and verdict file), and runs only where it wins on the
+# machine at hand: a fused fp16 erf or norm may win on one CPU and lose on another. Under
+# ``torch.use_deterministic_algorithms(True)`` such a kernel runs, as before, unmeasured: its bits
+# do not depend on a timing either way (unlike a matmul's, which ATen runs there).
+
+
+def _halves(launch: SegmentLaunch) -> bool:
+    """Whether the launch's segment reads or writes fp16 or bf16 values (Note [kernels of 16-bit
+    floats measured])."""
+    metas = launch.ctx.graph.metas
+    seg = launch.segment
+    return any(metas[v].dtype in HALVES for v in (*seg.inputs, *seg.outputs) if v in metas)
 
 
 def _measured(launch: SegmentLaunch) -> bool:
@@ -63,7 +91,7 @@ def _measured(launch: SegmentLaunch) -> bool:
     if kernel.kind in MEASURED_KINDS:
         return True
     compute = [n for n in launch.segment.nodes if op_info(n.op).kind != OpKind.VIEW]
-    return len(compute) == 1 and compute[0].op in MEASURED_ALONE
+    return (len(compute) == 1 and compute[0].op in MEASURED_ALONE) or _halves(launch)
 
 
 def _key(ctx: BuildContext, launch: KernelLaunch, first_sizes: bool = False) -> str:
@@ -94,6 +122,8 @@ def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
     if chosen == "aten":
         raise Declined("ATen's op chosen (autotune.fixed('aten'))")
     if torch.are_deterministic_algorithms_enabled():  # Note [no choice by timing] (runtime/backends/im2col.py)
+        if _halves(launch) and launch.kernel.kind not in MEASURED_KINDS:
+            return  # Note [kernels of 16-bit floats measured]: runs, unmeasured
         raise Declined("deterministic algorithms are on (torch.use_deterministic_algorithms): no choice by "
                        "timing, ATen's op as in eager")
     assert isinstance(launch, KernelLaunch)
@@ -114,7 +144,7 @@ def choose(ctx: BuildContext, launch: SegmentLaunch) -> None:
 def made_up(shape: tuple, stride: tuple, dtype: torch.dtype, index: bool = False) -> torch.Tensor:
     """Made-up values of a planned layout: random floats, or for the indices of an embedding or
     an nll loss zeros, the one index every table of rows and every loss of classes holds (the
-    same work per index either way, on one row)."""
+    same work per index either way, on one row), and for a mask all False (``index``)."""
     extent = sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if 0 not in shape else 1
     values = torch.zeros(extent, dtype=dtype) if index else torch.randn(extent, dtype=dtype)
     return values.as_strided(shape, stride)
@@ -135,15 +165,17 @@ def _timed(ctx: BuildContext, launch: SegmentLaunch, sizes: SymbolicSizes | None
 
 def _verdict(ctx: BuildContext, launch: KernelLaunch) -> autotune.Verdict | None:
     """The kernel's launch against the segment on ATen, or None where it cannot be measured (an
-    input that is not floating point, except the indices of an embedding or a loss: made-up
-    values would be no mask)."""
+    input that is not floating point, except the indices of an embedding or a loss, and the
+    masks of a kernel of 16-bit floats, made up as zeros: other made-up values would be no
+    mask)."""
     graph, seg = ctx.graph, launch.segment
     sizes = sizes_of(graph)
     planned = layouts(graph, seg, ctx.materialize, {})
     inputs = []
     for v in seg.inputs:
         dtype = graph.metas[v].dtype
-        index = launch.kernel.kind in _INDEXED_KINDS and dtype in (torch.int64, torch.int32)
+        index = (launch.kernel.kind in _INDEXED_KINDS and dtype in (torch.int64, torch.int32)) or (
+            dtype == torch.bool and launch.kernel.kind not in MEASURED_KINDS)  # (a mask: all False)
         if not dtype.is_floating_point and not index:
             return None
         shape, stride = planned[v]

@@ -21,7 +21,7 @@ from .source.ctypes_ import Declined, prelude, storage_type, store
 from .source.gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 from .source.symsizes import sizes_active
 
-__all__ = ["CONST", "HALF_HELPERS", "H_HELPERS", "cuda_ept", "cuda_tuning", "half_exact", "half_helpers", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
+__all__ = ["CONST", "HALF_HELPERS", "cpu_attributes", "H_HELPERS", "cuda_ept", "cuda_tuning", "half_exact", "half_helpers", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
 
 
@@ -87,11 +87,7 @@ class Kernel:
         elif symbols:
             args += ", const long long* __restrict__ fuseg_S"
             body = "".join(f"  const long long fuseg_s{k} = fuseg_S[{k}];\n" for k in symbols) + body
-        qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"'
-        if target == "cpu" and branches_with_loads(self.body):
-            qual += " FUSEG_NO_IF_CONVERT"
-        if target == "cpu" and calls_inlined_math(self.body):
-            qual += " FUSEG_NO_PRE"
+        qual = 'extern "C" __global__' if target == "cuda" else 'extern "C"' + cpu_attributes(self.body)
         # Note [CUDA launch shapes]; a kernel of symbolic sizes keeps blockDim.x: its block comes from
         # the first call's sizes, and a plan made for other sizes must find the same source
         if target == "cuda" and isinstance(self.block, int) and not symbols and cuda_tuning():
@@ -156,13 +152,27 @@ def branches_with_loads(body: str) -> bool:
 # pass stayed scalar: 52.2 us a call, 8.2 us built without PRE, outputs bit for bit the same
 # (its source built both ways, called alternately; scratch). Dropping any one statement of that
 # pass, or PRE, let it vectorize. So a CPU kernel that calls them is built without PRE (a
-# function attribute, as Note [no if-conversion of branches]); other kernels keep it.
-_INLINED_MATH = re.compile(r"\bfuseg_(?:exp|erf|tanh)\(")
+# function attribute, as Note [no if-conversion of branches]); other kernels keep it. The same
+# holds for fuseg_max and fuseg_min (a NaN test and a choice, both ternaries): T5's fp16 guard
+# clamps each value between bounds selected once by a bool (whether any value was infinite) and
+# then normalizes the row; PRE moved that selection into control flow and the row's passes
+# stayed scalar: 786 us a call in t5-encoder-512's fp16 program (launch by launch, an Intel Xeon)
+# where ATen's ops took 233 us; built without PRE, 235 us alone against ATen's 535-695 us (the
+# measured choice, made-up rows). tests/test_vectorized_loops.py has its shape.
+_INLINED_MATH = re.compile(r"\bfuseg_(?:exp\(|erf\(|tanh\(|max<|min<)")
+
+
+def cpu_attributes(body: str) -> str:
+    """The attributes a CPU build of a kernel body is compiled with (Note [no if-conversion of
+    branches], Note [no partial redundancy elimination around inlined math]): part of the
+    kernel's name, so a kernel built otherwise is measured afresh (its verdicts are keyed by name)."""
+    return (" FUSEG_NO_IF_CONVERT" if branches_with_loads(body) else "") + (
+        " FUSEG_NO_PRE" if calls_inlined_math(body) else "")
 
 
 def calls_inlined_math(body: str) -> bool:
-    """Whether a CPU build of a kernel body calls fuseg_exp, fuseg_erf or fuseg_tanh (Note [no
-    partial redundancy elimination around inlined math])."""
+    """Whether a CPU build of a kernel body calls fuseg_exp, fuseg_erf, fuseg_tanh, fuseg_max or
+    fuseg_min (Note [no partial redundancy elimination around inlined math])."""
     return any(_INLINED_MATH.search(line) for line in cpu_lines(body))
 
 

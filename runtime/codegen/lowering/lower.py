@@ -40,6 +40,7 @@ from ..kernel import (
     Param,
     bind,
     branches_with_loads,
+    cpu_attributes,
     cuda_ept,
     cuda_tuning,
     half_exact,
@@ -662,7 +663,8 @@ def lower_segment(graph: FusionGraph, seg: Segment, layouts: dict[str, tuple[tup
     # (symbolic extents: 64-bit indices, no condition of the plan on how far they reach)
     index_type = "long long" if is_symbolic(extents) or max(extents) >= 2 ** 30 else "int"
     params = (*lw.params.values(), *outs)
-    digest = hashlib.sha1((body + index_type + repr([(p.name, p.dtype, p.target) for p in params])).encode()).hexdigest()[:12]
+    named = body + index_type + repr([(p.name, p.dtype, p.target) for p in params]) + cpu_attributes(body)
+    digest = hashlib.sha1(named.encode()).hexdigest()[:12]
     return Kernel(f"fuseg_{kind}_{digest}", params, body, block, grid, kind, index_type)
 
 
