@@ -148,14 +148,15 @@ _FORM = "kernels ATen beat alone tried in their programs"
 
 
 @functools.cache
-def _file_name(settings: tuple[int, ...]) -> str:
+def _file_name(settings: tuple[int, ...], width: str) -> str:
     from .codegen.source.ctypes_ import prelude
 
     # (_FORM: a verdict file of before Note [a kernel tried in its program] holds ATen verdicts
     # never tried in a program; a new name measures them again, once. The thresholds the kernels
-    # were generated with: Note [thread thresholds measured here] in codegen/thresholds.py)
+    # were generated with: Note [thread thresholds measured here] in codegen/thresholds.py; the
+    # width their loops prefer, where not the compiler's own: Note [a vector width measured here])
     what = (json.dumps(machine(), sort_keys=True) + hashlib.sha256(prelude("cpu").encode()).hexdigest() + _FORM
-            + " thresholds " + " ".join(map(str, settings)))
+            + " thresholds " + " ".join(map(str, settings)) + width)
     return f"autotune-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
 
 
@@ -163,10 +164,11 @@ def verdict_path() -> str:
     """This machine's verdict file for the thread thresholds kernels are generated with now, in
     the kernel cache dir (``FUSEG_CACHE_DIR``)."""
     from .codegen import thresholds
+    from .codegen.vector_width import pragma
 
     t = thresholds.current()
     return os.path.join(cache_dir(), _file_name((t.loop, t.macs, t.costly_call, t.beside_loop, t.beside_macs,
-                                                 t.pack_rows, t.nn_pack_rows)))
+                                                 t.pack_rows, t.nn_pack_rows), pragma("cpu")))
 
 
 # -- the verdicts ----------------------------------------------------------------------------

@@ -78,6 +78,8 @@ class RuntimeOptions:
     bcast_ept: bool = _opt(True, env="FUSEG_BCAST_EPT", doc="Note [elements along a broadcast dim]")
     #: a small broadcast dim that 4 does not divide taken whole by a thread (a before/after switch)
     bcast_whole: bool = _opt(True, env="FUSEG_BCAST_WHOLE", doc="Note [elements along a broadcast dim]")
+    #: the vector width CPU kernels prefer: "measure" (once per machine), "native" (the compiler's) or "512"
+    vector_width: str = _opt("measure", env="FUSEG_VECTOR_WIDTH", doc="Note [a vector width measured here]")
     #: the software fp16/bf16 conversions on CUDA too (the CPU always runs them: Note [fp16 on the CPU]; tests)
     soft_half: bool = _opt(False, env=None, doc="Note [fp16 on the CPU]")
 
@@ -100,7 +102,8 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RuntimeOption
 #: the fields that change a generated kernel's source (hence its cache key)
 SOURCE_FIELDS = frozenset({"cuda_tuning", "row_regs", "bcast_ept", "bcast_whole", "soft_half"})
 #: the fields of machinery every program shares (refused by torch.compile's options)
-PROCESS_FIELDS = frozenset({"build_threads", "pause_builds", "thread_thresholds", "cache_dir", "cxx"})
+PROCESS_FIELDS = frozenset({"build_threads", "pause_builds", "thread_thresholds", "cache_dir", "cxx", "vector_width"})
+_WIDTHS = ("measure", "native", "512")
 _ENV_NAMES: dict[str, str] = {f.name: f.metadata["env"] for f in dataclasses.fields(RuntimeOptions)
                               if f.metadata["env"]}
 
@@ -137,6 +140,10 @@ def _check(name: str, value: Any) -> Any:
         if value is None or (isinstance(value, str) and value):
             return value
         raise _bad(name, value, "a non-empty path or None")
+    if name == "vector_width":
+        if value in _WIDTHS:
+            return value
+        raise _bad(name, value, " or ".join(repr(w) for w in _WIDTHS))
     if not isinstance(value, bool):
         raise _bad(name, value, "True or False")
     return value
@@ -167,6 +174,10 @@ def _parse(field: str, text: str) -> Any:
         return text
     if field in ("cache_dir", "cxx"):
         return text
+    if field == "vector_width":
+        if low in _WIDTHS:
+            return low
+        raise ValueError(f"{name}={text!r}: expected measure, native or 512")
     if field == "background_builds" and low == "inference":
         return "inference"
     if field == "bias_after_matmul":

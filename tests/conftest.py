@@ -12,6 +12,9 @@ import pytest
 # depend on a timing, so the suite (and the processes it starts) generates them with the
 # thresholds fixed here, unless the caller sets its own; tests/test_thresholds.py measures.
 os.environ.setdefault("FUSEG_THREAD_THRESHOLDS", f"{1 << 15},{1 << 22}")
+# Note [a vector width measured here] (runtime/codegen/vector_width.py): the compiler's own width,
+# unless the caller sets one; tests/test_vector_width.py measures
+os.environ.setdefault("FUSEG_VECTOR_WIDTH", "native")
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,7 @@ DEFAULTS = {
     "background_builds": "inference", "build_threads": False, "pause_builds": True, "thread_thresholds": None,
     "disable": frozenset(), "huge_pages": True, "bias_after_matmul": None, "cache_dir": None, "cxx": None,
     "cuda_tuning": True, "row_regs": True, "bcast_ept": True, "bcast_whole": True, "soft_half": False,
+    "vector_width": "measure",
 }
 
 
@@ -43,6 +44,8 @@ PARSED = [
     ("FUSEG_DISABLE", "cpp,cupy", "disable", frozenset({"cpp", "cupy"})),
     ("FUSEG_DISABLE", "cpp,,", "disable", frozenset({"cpp"})),
     ("FUSEG_HUGE_PAGES", "0", "huge_pages", False),
+    ("FUSEG_VECTOR_WIDTH", "512", "vector_width", "512"),
+    ("FUSEG_VECTOR_WIDTH", " Native ", "vector_width", "native"),
     ("FUSEG_HUGE_PAGES", "1", "huge_pages", True),
     ("FUSEG_BIAS_AFTER_MATMUL", "0", "bias_after_matmul", False),
     ("FUSEG_BIAS_AFTER_MATMUL", "1", "bias_after_matmul", None),

@@ -190,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
 def _threads(measure: bool, as_json: bool) -> int:
     import torch
 
-    from runtime.codegen import calibrate, thresholds
+    from runtime.codegen import calibrate, thresholds, vector_width
 
     n = torch.get_num_threads()
     try:
@@ -205,9 +205,10 @@ def _threads(measure: bool, as_json: bool) -> int:
         detail = calibrate.last_detail(n)
     else:
         detail = calibrate.kept_detail(n) if t.how in ("kept", "measured") else {}
+    width = vector_width.describe()  # (Note [a vector width measured here])
     if as_json:
         print(json.dumps({"threads": n, **{k: getattr(t, k) for k in calibrate.FIELDS}, "how": t.how,
-                          "path": calibrate.thresholds_path(n), "measured": detail}, indent=1))
+                          "path": calibrate.thresholds_path(n), "measured": detail, "vector_width": width}, indent=1))
         return 0
     where = {"set": "set by FUSEG_THREAD_THRESHOLDS", "unmeasured": "not measured (one thread)",
              "disturbed": f"disturbed (not kept): another process took the cores while they were measured "
@@ -220,6 +221,9 @@ def _threads(measure: bool, as_json: bool) -> int:
     print(f"  a product copies B first from {t.pack_rows} rows (B along k), {t.nn_pack_rows} rows (B along n)")
     for line in detail.get("disturbed", []) if t.how == "disturbed" else []:
         print(f"  disturbed: {line}")
+    ratio = f", the wide build {width['wide_over_native']:.2f}x the other's time" if "wide_over_native" in width else ""
+    prefer = "512-bit vectors" if width["width"] == 512 else "the compiler's own vector width"
+    print(f"kernels' loops prefer {prefer} ({width['how']}{ratio})")
     return 0
 
 

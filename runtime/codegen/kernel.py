@@ -20,6 +20,7 @@ from .source.checks import dim_arg
 from .source.ctypes_ import Declined, prelude, storage_type, store
 from .source.gemm_prelude import NN_PACK_ROWS, PACK_ROWS
 from .source.symsizes import sizes_active
+from .vector_width import pragma
 
 __all__ = ["CONST", "HALF_HELPERS", "cpu_attributes", "H_HELPERS", "cuda_ept", "cuda_tuning", "half_exact", "half_helpers", "soft_half", "translation_unit", "LINEAR_VIEWS", "loop_kernel", "loop_work", "beside", "BESIDE_MARK", "parallel_if", "routine_defines", "routine_settings", "RESHAPE", "VIEW_IDENTITY", "Body", "Kernel", "Param", "bind", "norm_dim",
            "store_output"]
@@ -62,7 +63,8 @@ class Kernel:
 
     def source(self, target: str) -> str:
         soft = soft_half(target)
-        return f"#define FUSEG_I {self.index_type}\n{soft}{routine_defines([self], target)}{prelude(target)}\n{self.function(target)}"
+        return (f"{pragma(target)}#define FUSEG_I {self.index_type}\n{soft}{routine_defines([self], target)}"
+                f"{prelude(target)}\n{self.function(target)}")
 
     @property
     def symbols(self) -> tuple[int, ...]:
@@ -238,7 +240,7 @@ def routine_defines(kernels: list[Kernel], target: str) -> str:
 
 def translation_unit(kernels: list[Kernel], target: str) -> str:
     """One source holding every kernel of ``kernels`` (distinct names), the prelude once."""
-    return soft_half(target) + routine_defines(kernels, target) + prelude(target) + "\n" + "".join(
+    return pragma(target) + soft_half(target) + routine_defines(kernels, target) + prelude(target) + "\n" + "".join(
         f"#undef FUSEG_I\n#define FUSEG_I {k.index_type}\n{k.function(target)}" for k in kernels)
 
 
