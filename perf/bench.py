@@ -72,6 +72,11 @@ def environment(device: str) -> dict[str, Any]:
                            "cpu_flags": cpu["cpu_flags"], "compiler": cpu["compiler"],
                            "compiler_flags": cpu["compiler_flags"], "torch_threads": torch.get_num_threads(),
                            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    if device == "cpu":  # Note [a vector width measured here]: what the kernels' loops were built for
+        from runtime.codegen.vector_width import describe
+
+        width = describe()
+        env["kernel_vector_width"] = {k: width[k] for k in ("width", "how", "wide_over_native") if k in width}
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         env.update(gpu=p.name, sm_count=p.multi_processor_count, cuda=torch.version.cuda,
