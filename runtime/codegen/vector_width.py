@@ -22,7 +22,8 @@ the test suite sets ``native``. Built for 512 bits on that Xeon, tests/test_redu
 tests/test_codegen.py and tests/test_low_precision.py pass with ``--run-slow``; the peer suite's
 slow reduction programs give the same verdicts at both widths: two of them miss eager's accuracy
 at either (a sum over dim 0 of 50^3 values, 2.9e-7 off float64 against eager's 1.1e-7, which
-failed the same way at 98dd8a4, before this width existed; and a sum of 2^20 + 3 zeros and ones,
+failed the same way at 98dd8a4, before this width existed; and the row sum of 2^20 + 3 normal
+values that the zeros-and-ones program is called on at its second size, under a symbolic plan,
 4.2e-6 against 6.2e-7), left for issue 64's exactness work. A
 measured width is a choice by timing made once per machine:
 later processes keep it (reductions that vectorize along a row add in the lanes of that width,
