@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.machine.once import once
 from runtime.options import current as current_options
 from runtime.options import parse_thread_thresholds
 
@@ -120,14 +121,7 @@ def current() -> Thresholds:
     if pin is not None:
         return pin
     threads = torch.get_num_threads()
-    got = _RESOLVED.get(threads)
-    if got is not None:
-        return got
-    with _LOCK:
-        got = _RESOLVED.get(threads)
-        if got is None:
-            got = _RESOLVED[threads] = resolve(threads)
-    return got
+    return once(_RESOLVED, threads, _LOCK, lambda: resolve(threads))
 
 
 def resolve(threads: int) -> Thresholds:

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from runtime.machine.compiler import _compile_into, _sound, _version, cache_dir, cpu_compiler, machine, write_whole
+from runtime.machine.once import once
 from runtime.options import current
 
 from .source.ctypes_ import prelude
@@ -193,15 +194,7 @@ def resolve() -> int:
         return 0
     if setting == "512":
         return 512
-    key = current().cache_dir or ""
-    got = _RESOLVED.get(key)
-    if got is not None:
-        return got
-    with _LOCK:
-        got = _RESOLVED.get(key)
-        if got is None:
-            got = _RESOLVED[key] = _decide()
-    return got
+    return int(once(_RESOLVED, current().cache_dir or "", _LOCK, _decide))
 
 
 def _decide() -> int:
