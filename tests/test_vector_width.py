@@ -141,9 +141,11 @@ def test_kernels_built_for_a_width_give_eagers_results(measuring, monkeypatch, w
             want = fn(*inputs)
             if got.dtype in (torch.float16, torch.bfloat16):
                 torch.testing.assert_close(got, want, rtol=4 * torch.finfo(got.dtype).eps, atol=1e-5)
-            elif got.shape[-1] == 4 and got.ndim == 1:  # the long sums: against float64, within eager's error
+            elif got.shape[-1] == 4 and got.ndim == 1:  # the long sums: against float64, a few units of
+                # float32's epsilon times the sum of magnitudes (what a sum in any order of lanes keeps)
                 exact = fn(*[t.double() for t in inputs])
-                assert ((got.double() - exact).abs() <= 4 * (want.double() - exact).abs() + 1e-4).all()
+                bound = 8 * torch.finfo(torch.float32).eps * inputs[0].double().abs().sum(-1)
+                assert ((got.double() - exact).abs() <= bound).all(), (got, exact)
             else:
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
