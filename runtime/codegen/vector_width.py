@@ -198,13 +198,13 @@ def resolve() -> int:
 
 
 def _decide() -> int:
-    cxx = cpu_compiler()
-    why = _why_not(cxx)
-    if why is not None:
-        return 0
+    # (a kept decision first: it was measured on this machine and compiler, which name its file, so
+    # a later process asks the compiler nothing)
     kept = _kept()
     if kept is not None:
         return int(kept["width"])
+    if _why_not(cpu_compiler()) is not None:
+        return 0
     try:
         decision = measure()
     except (OSError, AttributeError, RuntimeError):  # (a probe that fails to build or load: the compiler's width, not kept)
