@@ -165,33 +165,38 @@ def test_a_lone_softmax_and_an_attention_are_measured_too(cache, monkeypatch) ->
 
 # (name, program, inputs, measured): fused kernels of 16-bit floats are measured against their
 # ATen ops, those of float32 values are not (Note [kernels of 16-bit floats measured])
-HALF_KERNELS = [
-    ("fp16-add", lambda x, y: x + y, [torch.randn(8, 64, dtype=torch.float16)] * 2, True),
-    ("bf16-gelu", lambda x: F.gelu(x * 2), [torch.randn(8, 64, dtype=torch.bfloat16)], True),
-    ("fp16-rows-to-float", lambda x: F.layer_norm(x.float(), (64,)),
-     [torch.randn(8, 64, dtype=torch.float16)], True),
-    ("float-to-bf16", lambda x: (x * 3).to(torch.bfloat16), [torch.randn(8, 64)], True),
-    ("fp16-masked-fill", lambda x, m: x.masked_fill(m, 0.0) * 2, [torch.randn(8, 64, dtype=torch.float16),
-                                                                  torch.rand(8, 64) > 0.5], True),
-    ("float32-add", lambda x, y: x + y, [torch.randn(8, 64)] * 2, False),
+def _h(*shape, dtype=torch.float16):
+    return torch.randn(*shape, dtype=dtype)
+
+
+HALF_KERNELS = [  # (name, program, its inputs of a shape, measured)
+    ("fp16-add", lambda x, y: x + y, lambda r, c: [_h(r, c), _h(r, c)], True),
+    ("bf16-gelu", lambda x: F.gelu(x * 2), lambda r, c: [_h(r, c, dtype=torch.bfloat16)], True),
+    ("fp16-rows-to-float", lambda x: F.layer_norm(x.float(), (x.shape[-1],)), lambda r, c: [_h(r, c)], True),
+    ("float-to-bf16", lambda x: (x * 3).to(torch.bfloat16), lambda r, c: [torch.randn(r, c)], True),
+    ("fp16-masked-fill", lambda x, m: x.masked_fill(m, 0.0) * 2, lambda r, c: [_h(r, c), torch.rand(r, c) > 0.5], True),
+    ("float32-add", lambda x, y: x + y, lambda r, c: [torch.randn(r, c), torch.randn(r, c)], False),
 ]
 
 
-@pytest.mark.parametrize("name,fn,inputs,measured", HALF_KERNELS, ids=[t[0] for t in HALF_KERNELS])
+@pytest.mark.parametrize("name,fn,make,measured", HALF_KERNELS, ids=[t[0] for t in HALF_KERNELS])
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel-faster", "aten-faster"])
-def test_kernels_of_16_bit_floats_are_measured(name, fn, inputs, measured, kernel, cache, monkeypatch) -> None:
+def test_kernels_of_16_bit_floats_are_measured(name, fn, make, measured, kernel, cache, monkeypatch) -> None:
     calls = _given(monkeypatch, kernel=kernel)
-    prog = _program(fn, inputs)
-    computed = [s.index for s in prog.plan.segments if s.kind != SegmentKind.METADATA]
-    assert len(calls) == (len(computed) if measured else 0)
-    ran = "cpp" if kernel or not measured else "torch"
-    assert all(prog.backend_of[i] == ran for i in computed), (prog.backend_of, prog.passed_over)
-    want = fn(*inputs)
-    (got,) = prog(*inputs)
-    if ran == "torch":
-        assert torch.equal(got, want)  # ATen's ops, as eager runs them
-    else:  # (a generated erf may round a bf16 value the other way)
-        torch.testing.assert_close(got, want)
+    for shape in ((8, 64), (5, 1000)):  # (a program of other sizes: other kernels, measured afresh)
+        inputs = make(*shape)
+        before = len(calls)
+        prog = _program(fn, inputs)
+        computed = [s.index for s in prog.plan.segments if s.kind != SegmentKind.METADATA]
+        assert len(calls) - before == (len(computed) if measured else 0)
+        ran = "cpp" if kernel or not measured else "torch"
+        assert all(prog.backend_of[i] == ran for i in computed), (prog.backend_of, prog.passed_over)
+        want = fn(*inputs)
+        (got,) = prog(*inputs)
+        if ran == "torch":
+            assert torch.equal(got, want)  # ATen's ops, as eager runs them
+        else:  # (a generated erf may round a bf16 value the other way)
+            torch.testing.assert_close(got, want)
 
 
 def test_kernels_of_16_bit_floats_run_unmeasured_under_deterministic_algorithms(cache, monkeypatch) -> None:

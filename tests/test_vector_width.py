@@ -122,32 +122,37 @@ def test_verdicts_of_each_width_are_kept_apart(measuring, monkeypatch) -> None:
 @pytest.mark.parametrize("width", ["512", "native"])
 def test_kernels_built_for_a_width_give_eagers_results(measuring, monkeypatch, width: str) -> None:
     """The pragma heads every kernel's source (a softmax, a layer norm, fp16 and bf16 math, a row
-    sum), and what they compute is eager's, within the usual bounds."""
+    sum), and what they compute is eager's, within the usual bounds, each at two shapes (the sum
+    over a row of 2^25 + 3 values too: the lanes of a long sum follow the width)."""
     monkeypatch.setenv("FUSEG_VECTOR_WIDTH", width)
-    cases = [
-        (lambda x: torch.softmax(x * 0.5, -1), [torch.randn(6, 300)]),
-        (lambda x, w: torch.nn.functional.layer_norm(x, (96,), w), [torch.randn(5, 96), torch.randn(96)]),
-        (lambda x: torch.nn.functional.gelu(x) * 2, [torch.randn(33, 17, dtype=torch.float16)]),
-        (lambda x, y: (x * y).exp() - y, [torch.randn(8, 40, dtype=torch.bfloat16), torch.randn(40, dtype=torch.bfloat16)]),
-        (lambda x: x.sum(-1), [torch.randn(4, 100003)]),
+    h, bf = torch.float16, torch.bfloat16
+    cases = [  # (program, its inputs at two shapes, whether it is the long sum)
+        (lambda x: torch.softmax(x * 0.5, -1), [[torch.randn(6, 300)], [torch.randn(3, 1031)]], False),
+        (lambda x, w: torch.nn.functional.layer_norm(x, (96,), w),
+         [[torch.randn(5, 96), torch.randn(96)], [torch.randn(2, 7, 96), torch.randn(96)]], False),
+        (lambda x: torch.nn.functional.gelu(x) * 2, [[torch.randn(33, 17, dtype=h)], [torch.randn(4, 1000, dtype=h)]], False),
+        (lambda x, y: (x * y).exp() - y, [[torch.randn(8, 40, dtype=bf), torch.randn(40, dtype=bf)],
+                                          [torch.randn(3, 5, 129, dtype=bf), torch.randn(129, dtype=bf)]], False),
+        (lambda x: x.sum(-1), [[torch.randn(4, 100003)], [torch.randn(1, (1 << 25) + 3)]], True),
     ]
     with autotune.fixed("kernel"):
-        for fn, inputs in cases:
-            prog = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
-            assert prog.kernels, "no kernel built"
-            for kernel in prog.kernels.values():
-                assert kernel.source("cpu").startswith(vector_width.PRAGMA) == (width == "512")
-            (got,) = prog(*inputs)
-            want = fn(*inputs)
-            if got.dtype in (torch.float16, torch.bfloat16):
-                torch.testing.assert_close(got, want, rtol=4 * torch.finfo(got.dtype).eps, atol=1e-5)
-            elif got.shape[-1] == 4 and got.ndim == 1:  # the long sums: against float64, a few units of
-                # float32's epsilon times the sum of magnitudes (what a sum in any order of lanes keeps)
-                exact = fn(*[t.double() for t in inputs])
-                bound = 8 * torch.finfo(torch.float32).eps * inputs[0].double().abs().sum(-1)
-                assert ((got.double() - exact).abs() <= bound).all(), (got, exact)
-            else:
-                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for fn, shapes, long_sum in cases:
+            for inputs in shapes:
+                prog = runtime.compile(apply_aliases(segment(capture(fn, inputs)), "post"), backend="cpp")
+                assert prog.kernels, "no kernel built"
+                for kernel in prog.kernels.values():
+                    assert kernel.source("cpu").startswith(vector_width.PRAGMA) == (width == "512")
+                (got,) = prog(*inputs)
+                want = fn(*inputs)
+                if got.dtype in (torch.float16, torch.bfloat16):
+                    torch.testing.assert_close(got, want, rtol=4 * torch.finfo(got.dtype).eps, atol=1e-5)
+                elif long_sum:  # against float64, a few units of float32's epsilon times the sum of
+                    # magnitudes (what a sum in any order of lanes keeps)
+                    exact = fn(*[t.double() for t in inputs])
+                    bound = 8 * torch.finfo(torch.float32).eps * inputs[0].double().abs().sum(-1)
+                    assert ((got.double() - exact).abs() <= bound).all(), (got, exact)
+                else:
+                    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the probe's pragma is GCC's for x86-64")
