@@ -228,11 +228,17 @@ def _profile(d: dict[str, Any]) -> tuple[str, str, str, str]:
 
 
 def _reductions(d: dict[str, Any]) -> tuple[str, str, str, str]:
+    s = d.get("summary", {})
+    if "as_built_over_chunked" in s:  # (the three ways of perf.reductions, both tables)
+        acc = d.get("accuracy_summary", {})
+        return (f"{len(d.get('accuracy', []))} reductions (error), {len(d['speed'])} (time)", "-", "-",
+                f"error against float64: {acc.get('as built', '-')}; as built over chunked "
+                f"{_span(s['as_built_over_chunked']['range'])} where the source differs, "
+                f"{_span(s['as_built_over_chunked_same_source']['range'])} where it is the same (noise)")
     if d.get("accuracy"):
         return (f"{len(d['accuracy'])} reductions, 2^12..2^26 elements", "-", "-",
                 f"error against float64: {d['accuracy_summary']['chunked']}")
     rows = d["speed"]
-    s = d["summary"]
     return (f"{len(rows)} row and column reductions", "-", "-",  # (kernels forced: no choice against ATen here)
             f"chunked over one loop {_span(s['chunked_over_one_loop_range'])} where the source differs, "
             f"{_span(s['same_source_control_range'])} where it is the same (noise)")

@@ -1,19 +1,26 @@
-"""Reductions: error against float64 and time, chunked sums against one loop, in one run.
+"""Reductions: error against float64 and time of the ways a long sum is generated, in one run.
 
     python -m perf.reductions [--out perf/results/<machine>/reductions_cpu.json] [--large]
 
-Note [sums in chunks] (runtime/codegen/lowering/cascade.py) cuts a float sum over a long row into chunks
-whose partials are added with a compensation. This measures what that costs and buys, on the
-machine at hand: each program is generated twice in this process, ``chunked`` (the kernels as
-they are) and ``one loop`` (the chunk lengths set past every size here: the source is then the
-one a sum had before chunks), and the two are called alternately with eager beside them.
+Each program is generated three times in this process and the three are called alternately with
+eager beside them:
+
+- ``as built``: the kernels as they are: a float sum or mean over a long, symbolic-length or
+  outer-dim row in ATen's order (Note [sums in ATen's order, streamed], runtime/codegen/lowering/cascade.py),
+  other long sums in compensated chunks (Note [sums in chunks]);
+- ``chunked``: every long sum in chunks (``cascade.STREAMED`` off: the kernels before ATen's order
+  was streamed);
+- ``one loop``: no chunks either (the chunk lengths set past every size here: the source a sum had
+  before chunks).
+
+Tables:
 
 - ``accuracy``: whole-tensor, row and column reductions at 2^16..2^24 elements (``--large``:
   up to 2^26): each way's and eager's error against the program in float64 (the largest absolute
   difference relative to the largest magnitude of the float64 result).
 - ``speed``: the row sizes of real models (hidden sizes, vocabularies) and column sums of bias
-  gradients: the median time of each way and eager's, and chunked over one loop. Rows of up to
-  ``ROW_CHUNK`` elements get the same source either way (listed as a control).
+  gradients: the median time of each way and eager's, and their ratios. A case whose kernels are
+  the same source in two ways says so (a control).
 """
 
 from __future__ import annotations
@@ -57,7 +64,8 @@ LARGE = [(p, ((1 << 26) + 1,), d) for p in ("sum", "var") for d in (torch.float3
 SPEED = [(p, (rows, n)) for p in ("softmax", "layer_norm", "rms_norm", "sum")
          for rows, n in ((256, 768), (256, 4096), (256, 8192), (16, 32000), (16, 50257), (8, 152064))]
 SPEED += [("log_softmax", (16, 50257)), ("column_sum", (512, 768)), ("column_sum", (2048, 1024)),
-          ("column_sum", (8192, 4096)), ("column_var", (2048, 1024))]
+          ("column_sum", (8192, 4096)), ("column_var", (2048, 1024)), ("column_sum", (50, 2500)),
+          ("sum", (1, 1 << 22)), ("mean", (4, 100003))]
 
 
 def _input(shape: tuple[int, ...], dtype: torch.dtype, offset: float = 0.0) -> torch.Tensor:
@@ -82,8 +90,11 @@ def _fmt(e: float | None) -> str:
     return "overflow" if e is None else f"{e:.2e}"
 
 
-def _programs(fn: Callable, x: torch.Tensor) -> dict[str, Callable]:
-    """The program built chunked and as one loop (Note [sums in chunks]), every segment a kernel."""
+WAYS = ("as built", "chunked", "one loop")
+
+
+def _programs(fn: Callable, x: torch.Tensor) -> dict[str, Any]:
+    """The program built each of the three ways (``WAYS``), every segment a kernel."""
     import runtime
     from alias import apply_aliases
     from runtime.autotune import fixed
@@ -92,15 +103,25 @@ def _programs(fn: Callable, x: torch.Tensor) -> dict[str, Callable]:
 
     plan = apply_aliases(segment(capture(fn, [x])), "post")
     ways = {}
-    saved = cascade.ROW_CHUNK, cascade.COLUMN_CHUNK, cascade.SCALAR_CHUNK
+    saved = cascade.ROW_CHUNK, cascade.COLUMN_CHUNK, cascade.SCALAR_CHUNK, cascade.STREAMED, cascade.aten_order_applies
     try:
         with fixed("kernel"):
+            ways["as built"] = runtime.compile(plan, backend="cpp")
+            cascade.STREAMED = False
             ways["chunked"] = runtime.compile(plan, backend="cpp")
             cascade.ROW_CHUNK = cascade.COLUMN_CHUNK = cascade.SCALAR_CHUNK = 1 << 62
+            # (and no row laid out in ATen's order, Note [sums in ATen's order]: its source grows
+            # with the row's length)
+            cascade.aten_order_applies = lambda *a: False
             ways["one loop"] = runtime.compile(plan, backend="cpp")
     finally:
-        cascade.ROW_CHUNK, cascade.COLUMN_CHUNK, cascade.SCALAR_CHUNK = saved
+        (cascade.ROW_CHUNK, cascade.COLUMN_CHUNK, cascade.SCALAR_CHUNK, cascade.STREAMED,
+         cascade.aten_order_applies) = saved
     return ways
+
+
+def _sources(prog: Any) -> list[str]:
+    return sorted(k.body for k in prog.kernels.values())
 
 
 def _first(r: Any) -> torch.Tensor:
@@ -119,18 +140,17 @@ def accuracy(cases: list) -> list[dict[str, Any]]:
             row[way] = _error(_first(prog(x)), ref)
         rows.append(row)
         print(f"[{k + 1}/{len(cases)}] {name} {shape} {row['dtype']}: eager {_fmt(row['eager'])}, "
-              f"chunked {_fmt(row['chunked'])}, one loop {_fmt(row['one loop'])}", file=sys.stderr, flush=True)
+              + ", ".join(f"{w} {_fmt(row[w])}" for w in WAYS), file=sys.stderr, flush=True)
     return rows
 
 
 def speed(cases: list, calls: int) -> list[dict[str, Any]]:
-    from runtime.codegen.lowering import cascade
-
     rows = []
     for k, (name, shape) in enumerate(cases):
         fn = PROGRAMS[name]
         x = _input(shape, torch.float32, _offset(name))
-        ways = {"eager": fn, **_programs(fn, x)}
+        built = _programs(fn, x)
+        ways = {"eager": fn, **built}
         for f in ways.values():  # first touches
             f(x)
         times: dict[str, list[float]] = {w: [] for w in ways}
@@ -141,16 +161,23 @@ def speed(cases: list, calls: int) -> list[dict[str, Any]]:
                 ways[w](x)
                 times[w].append(time.perf_counter() - t0)
         med = {w: statistics.median(t) * 1e6 for w, t in times.items()}
-        reduced = shape[-1] if not name.startswith("column") else shape[0]
-        chunk = cascade.COLUMN_CHUNK if name.startswith("column") else cascade.ROW_CHUNK
-        row = {"program": name, "shape": list(shape), "same_source": reduced <= chunk,
-               **{f"{w}_us": round(m, 2) for w, m in med.items()},
+        src = {w: _sources(p) for w, p in built.items()}
+        row = {"program": name, "shape": list(shape),
+               "same_source": {"as built, chunked": src["as built"] == src["chunked"],
+                               "chunked, one loop": src["chunked"] == src["one loop"]},
+               **{f"{w.replace(' ', '_')}_us": round(m, 2) for w, m in med.items()},
+               "as_built_over_chunked": round(med["as built"] / med["chunked"], 4),
                "chunked_over_one_loop": round(med["chunked"] / med["one loop"], 4),
-               "chunked_over_eager": round(med["chunked"] / med["eager"], 4)}
+               "as_built_over_eager": round(med["as built"] / med["eager"], 4)}
         rows.append(row)
-        print(f"[{k + 1}/{len(cases)}] {name} {shape}: chunked/one loop {row['chunked_over_one_loop']:.3f}, "
-              f"chunked/eager {row['chunked_over_eager']:.3f}", file=sys.stderr, flush=True)
+        print(f"[{k + 1}/{len(cases)}] {name} {shape}: as built/chunked {row['as_built_over_chunked']:.3f}"
+              f"{' (same source)' if row['same_source']['as built, chunked'] else ''}, "
+              f"as built/eager {row['as_built_over_eager']:.3f}", file=sys.stderr, flush=True)
     return rows
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "range": [min(values), max(values)]} if values else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,14 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         def within(r: dict[str, Any], way: str) -> bool:  # the rule of tests/test_reduction_accuracy.py
             return r[way] is None or r["eager"] is None or r[way] <= 2 * r["eager"] + 2 * eps[r["dtype"]]
         result["accuracy_summary"] = {w: f"{sum(within(r, w) for r in rows)} of {len(rows)} within 2x eager's error + 2 eps"
-                                      for w in ("chunked", "one loop")}
+                                      for w in WAYS}
     if args.only != "accuracy":
-        result["speed"] = speed(SPEED, args.calls)
-        changed = [r["chunked_over_one_loop"] for r in result["speed"] if not r["same_source"]]
-        control = [r["chunked_over_one_loop"] for r in result["speed"] if r["same_source"]]
-        result["summary"] = {"chunked_over_one_loop_median": statistics.median(changed) if changed else None,
-                             "chunked_over_one_loop_range": [min(changed), max(changed)] if changed else None,
-                             "same_source_control_range": [min(control), max(control)] if control else None}
+        result["speed"] = sp = speed(SPEED, args.calls)
+        result["summary"] = {
+            "as_built_over_chunked": _spread([r["as_built_over_chunked"] for r in sp if not r["same_source"]["as built, chunked"]]),
+            "as_built_over_chunked_same_source": _spread([r["as_built_over_chunked"] for r in sp if r["same_source"]["as built, chunked"]]),
+            "chunked_over_one_loop": _spread([r["chunked_over_one_loop"] for r in sp if not r["same_source"]["chunked, one loop"]]),
+            "as_built_over_eager": _spread([r["as_built_over_eager"] for r in sp])}
     text = json.dumps(result, indent=1)
     if args.out:
         with open(args.out, "w") as f:

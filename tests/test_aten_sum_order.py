@@ -58,12 +58,100 @@ def test_the_sum_is_laid_out_with_no_branch() -> None:
     assert not branches_with_loads(kernel.body)
 
 
-def test_other_rows_keep_their_sums() -> None:
-    """Not in ATen's order: a row reduced over an outer dim (a column pass), and a row longer than
-    ROW_CHUNK (chunked, Note [sums in chunks]): still within eager's error, not its bits."""
+def test_only_known_rows_are_laid_out_whole() -> None:
+    """The row laid out element by element (Note [sums in ATen's order]) is one of a known length
+    from a vector to ROW_CHUNK reduced along the innermost dim; longer and symbolic ones stream
+    (Note [sums in ATen's order, streamed])."""
     from runtime.codegen.lowering import cascade
 
     assert cascade.aten_order_applies(512, "float", True) and cascade.aten_order_applies(4096, "double", True)
     assert not cascade.aten_order_applies(512, "float", False)
     assert not cascade.aten_order_applies(4097, "float", True) and not cascade.aten_order_applies(7, "float", True)
     assert not cascade.aten_order_applies(512, "int", True)
+
+
+# Note [sums in ATen's order, streamed] (cascade.py): rows longer than ROW_CHUNK, rows of a symbolic length and
+# column passes add in ATen's order as well. Normal values (sums that cancel: where an order's
+# error shows). Eager's order is a row's own where one of its threads takes the row whole: more
+# than one row (two rows and more are shared among threads by rows, a single one is cut between
+# them), and, for columns, a multiple of 32 of them (ATen's column vectors of four; the others it
+# sums another way).
+LONG = (4097, 8192, 100003, (1 << 20) + 3)
+
+
+def _normal(shape: tuple, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+def _sums(t: torch.Tensor) -> tuple:
+    return t.sum(-1), t.mean(-1), (t * t).sum(-1)
+
+
+def _column_sums(t: torch.Tensor) -> tuple:
+    return t.sum(0), t.mean(0), (t * 3).sum(0)
+
+
+def _assert_bits(got: tuple, want: tuple, what: str) -> None:
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), (what, i, int((g != w).sum()), float((g.double() - w.double()).abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_long_rows_are_eagers_bits(dtype) -> None:
+    for n in LONG:
+        x = _normal((3, n), dtype, n)
+        prog = compiled_post(_sums, [x], backend="cpp")
+        _kernel_only(prog)
+        _assert_bits(prog(x), _sums(x), f"3 x {n}")
+        y = _normal((3, n), dtype, n + 1)  # a second input, the same kernel
+        _assert_bits(prog(y), _sums(y), f"3 x {n}, second input")
+
+
+def _symbolic(fn):  # noqa: ANN001, ANN202
+    from runtime.dynamo import FusegCompiler, compile_with_aot
+
+    compiler = FusegCompiler()
+    return compiler, torch.compile(fn, backend=lambda gm, ex: compile_with_aot(compiler, gm, ex), dynamic=True)
+
+
+def _symbolic_kernels_only(compiler) -> None:  # noqa: ANN001
+    assert compiler.compiled
+    for program in compiler.compiled:
+        assert program.kernels and all(program.backend_of[i] == "cpp" for i in program.kernels), program.passed_over
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_rows_of_a_symbolic_length_are_eagers_bits(dtype) -> None:
+    """One plan for every length (its kernel built once): short rows, rows around a cascade step,
+    and long ones."""
+    torch._dynamo.reset()
+    compiler, compiled = _symbolic(_sums)
+    for n in (9, 100, 513, 4097, 100003, (1 << 20) + 3):
+        x = _normal((3, n), dtype, n)
+        _assert_bits(compiled(x), _sums(x), f"3 x {n}")
+    _symbolic_kernels_only(compiler)
+    assert len(compiler.compiled) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_column_sums_are_eagers_bits(dtype) -> None:
+    """Columns reduced over 16 to 4099 rows (a cascade step and past it), at fixed sizes and
+    through one symbolic plan."""
+    torch._dynamo.reset()
+    compiler, compiled = _symbolic(_column_sums)
+    for r in (16, 50, 257, 4099):
+        x = _normal((r, 64), dtype, r)
+        prog = compiled_post(_column_sums, [x], backend="cpp")
+        _kernel_only(prog)
+        _assert_bits(prog(x), _column_sums(x), f"{r} x 64")
+        _assert_bits(compiled(x), _column_sums(x), f"{r} x 64, symbolic")
+    _symbolic_kernels_only(compiler)
+
+
+def test_streamed_sums_are_laid_out_with_no_branch() -> None:
+    """The cascade's levels are chosen without an ``if`` (Note [no if-conversion of branches])."""
+    for fn, shape in ((_sums, (3, 100003)), (_column_sums, (257, 64))):
+        x = _normal(shape, torch.float32, 0)
+        prog = compiled_post(fn, [x], backend="cpp")
+        for kernel in prog.kernels.values():
+            assert not branches_with_loads(kernel.body), fn

@@ -137,7 +137,11 @@ def test_full_values_independent_of_the_reduction_are_stored_in_its_first_pass()
         prog = _program(fn, inputs)
         (body,) = [k.body for k in prog.kernels.values() if k.body.startswith("#ifdef __CUDACC__")]
         cpu = _top_level_branches(body)[1]
-        assert cpu.count("for (FUSEG_I j = 0;") == passes, (case, cpu)
+        # (a pass: a loop from the first element, or the blocks of a sum in ATen's order and the
+        # elements past them, Note [sums in ATen's order, streamed])
+        streamed = len(re.findall(r"for \(; jc\d+ \+ fuseg_cs <=", cpu))
+        assert cpu.count("for (FUSEG_I j = 0;") + streamed == passes, (case, cpu)
+        assert cpu.count("for (FUSEG_I j = jc") == 2 * streamed, (case, cpu)
         want = fn(*inputs)
         for got, w in zip(prog(*inputs), want if isinstance(want, tuple) else (want,)):
             torch.testing.assert_close(got, w)

@@ -271,16 +271,15 @@ def test_symbolic_variance_over_two_dims_as_accurate_as_eager(shape: tuple[int, 
     assert bad is None, bad
 
 
-# Found by the slow peer suite on an Intel Xeon with AMX (2026-12-07; the first also at 98dd8a4),
-# not fixed yet: our sum over dim 0 of 50^3 values in [-100, 100] is 2.9e-7 off float64 (relative
-# to the largest output) where eager's is 1.1e-7, and the row sum of 2^20 + 3 normal values at a
-# plan's second size 4.2e-6 where eager's is 6.2e-7. Strict: each fails until it is fixed.
-@pytest.mark.xfail(strict=True, reason="a column sum of 50 values less accurate than eager's (issue 64)")
+# Found by the slow peer suite on an Intel Xeon with AMX (the first also at 98dd8a4): our sum over
+# dim 0 of 50^3 values in [-100, 100] was 2.9e-7 off float64 (relative to the largest output)
+# where eager's is 1.1e-7, and the row sum of 2^20 + 3 normal values at a plan's second size
+# 4.2e-6 where eager's is 6.2e-7. Fixed by Note [sums in ATen's order, streamed]
+# (runtime/codegen/lowering/cascade.py).
 def test_a_sum_over_dim_0_of_50_cubed_values_as_accurate_as_eager() -> None:
     _check(_sweep(peer_reductions.cases([torch.float32], ["sum-mean/50^3-dims"]), "sum-mean/50^3-dims"), least_kernels=1)
 
 
-@pytest.mark.xfail(strict=True, reason="a symbolic row sum of 2^20 + 3 values less accurate than eager's (issue 64)")
 def test_a_row_sum_at_a_second_size_as_accurate_as_eager() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

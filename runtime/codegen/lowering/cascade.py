@@ -169,3 +169,104 @@ def aten_row_sum(R: int, ct: str, acc: str, body: list[str], element: str, fresh
     lines += [f"    {acc} += {v}[{x}];" for x in range(n_vec * lanes, R)]
     lines += [f"    {acc} += {a}[0][{x}];" for x in range(lanes)]
     return lines
+
+
+# Note [sums in ATen's order, streamed]: a float sum or mean (what ATen computes with its
+# ``cascade_sum``) over a row longer than ``ROW_CHUNK``, of a symbolic length, or over outer dims
+# (a column pass) adds in ATen's order as well, its elements
+# computed as it reads them (no array of the row). Rows: the four accumulators of
+# ``ATEN_SUM_LANES`` lanes of Note [sums in ATen's order] (``w`` values read a step), in blocks of
+# 2^p steps, p = max(4, CeilLog2(steps) / 4) computed at the call (``fuseg_cascade_power``), each
+# block cascading up to four levels: ATen's ``row_sum`` and ``multi_row_sum``
+# (aten/src/ATen/native/cpu/SumKernel.cpp). Columns: one accumulator per column of a tile, in
+# blocks of 2^p reduced elements cascading the same way (ATen's ``vectorized_outer_sum``, which
+# sums every column in groups of 32 so; a thread's last columns under 32 it sums another way).
+# The chunked sums of Note [sums in chunks] added 256 values into each accumulator before
+# compensating, where ATen's cascade adds at most 16 to 32: on normal values their error was 2-7x
+# eager's (a row of 2^20 + 3 through a symbolic plan: 4.2e-6 against 6.2e-7 relative to the
+# largest sum; a sum over dim 0 of 50^3: 2.9e-7 against 1.1e-7; tests/test_peer_suite.py), and
+# the error of a long row sum grows with its length as ATen's does (log-like), not as a chunk's.
+# A row's bits are eager's where one of eager's threads takes the row whole and the kernel reads
+# it along the innermost dim; a column's where eager sums it in a group of 32
+# (tests/test_aten_sum_order.py). The level to cascade to is chosen by a ternary, not an ``if``
+# (Note [no if-conversion of branches]). CUDA keeps the chunks (its order is a block's), and so
+# do the other sums (a variance's, a norm's, a softmax's): ATen's variance accumulates in double
+# (Welford), and a column variance over 2^22 + 1 values cascaded was 5.5e-7 off where eager's was
+# 4.3e-8 (tests/test_reduction_accuracy.py), within it with the compensated chunks.
+# ``STREAMED`` False gives the CPU the chunks again: perf/reductions.py measures one against the
+# other in one process.
+STREAMED = True
+
+
+def streams(R: object, acc_ct: str) -> bool:  # noqa: N803
+    """Whether a column pass's float sum (or mean) over ``R`` elements cascades (at least a step
+    of 16; a shorter one is the cascade's first block)."""
+    return STREAMED and acc_ct in ("float", "double") and (not isinstance(R, int) or R >= 16)
+
+
+def _levels(a: str, n: str, when: str, up: str, lv: str, t: str, ct: str) -> list[str]:
+    """A block's cascade: level ``lv`` takes level ``lv - 1`` for lv up to 1, 2 or 3, where the
+    count ``when`` of steps done is a multiple of 2^p, 2^2p or 2^3p (ATen's masks)."""
+    return [f"    const int {up} = ({when} & (fuseg_cm << fuseg_cp)) ? 1 : (({when} & (fuseg_cm << (2 * fuseg_cp))) ? 2 : 3);",
+            f"    for (int {lv} = 1; {lv} <= {up}; ++{lv})",
+            f"      for (FUSEG_I {t} = 0; {t} < {n}; ++{t}) {{ {a}[{lv}][{t}] += {a}[{lv} - 1][{t}]; {a}[{lv} - 1][{t}] = ({ct})0; }}"]
+
+
+def streamed_row_sum(R: object, ct: str, acc: str, body: list[str], element: str, fresh) -> list[str]:  # noqa: N803, ANN001
+    """The CPU lines (a block of their own but for ``acc``, declared by the caller) that set
+    ``acc`` to the sum of ``element`` over ``j`` in [0, R) in ATen's order (Note [sums in ATen's
+    order, streamed]); ``body`` computes ``element`` from ``j``, and is written once per loop."""
+    lanes = ATEN_SUM_LANES[ct]
+    w = 4 * lanes
+    a, i, t, up, lv, nv, ilp, ie = (fresh(p) for p in ("sa", "si", "st", "su", "sl", "snv", "silp", "sie"))
+
+    def reads(j: str, n: int, into: str) -> list[str]:
+        return ["#pragma omp simd", f"      for (FUSEG_I {t} = 0; {t} < {n}; ++{t}) {{", f"      const FUSEG_I j = {j};",
+                *body, f"      {into} += ({ct})({element});", "      }"]
+
+    lines = ["    {",
+             f"    {ct} {a}[4][{w}] = {{}};",
+             f"    const FUSEG_I {nv} = ({R}) / {lanes}, {ilp} = {nv} / 4;",
+             f"    const int fuseg_cp = fuseg_cascade_power({ilp});",
+             "    const FUSEG_I fuseg_cs = (FUSEG_I)1 << fuseg_cp, fuseg_cm = fuseg_cs - 1;",
+             f"    FUSEG_I {i} = 0;",
+             f"    for (; {i} + fuseg_cs <= {ilp};) {{",
+             f"      for (FUSEG_I {ie} = {i} + fuseg_cs; {i} < {ie}; ++{i}) {{",
+             *reads(f"{i} * {w} + {t}", w, f"{a}[0][{t}]"),
+             "      }",
+             *_levels(a, str(w), i, up, lv, t, ct),
+             "    }",
+             f"    for (; {i} < {ilp}; ++{i}) {{",
+             *reads(f"{i} * {w} + {t}", w, f"{a}[0][{t}]"),
+             "    }",
+             f"    for (FUSEG_I {t} = 0; {t} < {w}; ++{t}) {{ {a}[0][{t}] += {a}[1][{t}]; {a}[0][{t}] += {a}[2][{t}]; {a}[0][{t}] += {a}[3][{t}]; }}",
+             # the (at most three) vectors past the last four: the first accumulator
+             f"    for (FUSEG_I {i} = {ilp} * 4; {i} < {nv}; ++{i}) {{",
+             *reads(f"{i} * {lanes} + {t}", lanes, f"{a}[0][{t}]"),
+             "    }",
+             f"    for (int {lv} = 1; {lv} < 4; ++{lv})",
+             f"      for (FUSEG_I {t} = 0; {t} < {lanes}; ++{t}) {a}[0][{t}] += {a}[0][{lv} * {lanes} + {t}];",
+             f"    {acc} = ({ct})0;",
+             f"    for (FUSEG_I j = {nv} * {lanes}; j < ({R}); ++j) {{", *body, f"      {acc} += ({ct})({element});", "    }",
+             f"    for (FUSEG_I {t} = 0; {t} < {lanes}; ++{t}) {acc} += {a}[0][{t}];",
+             "    }"]
+    return lines
+
+
+def column_cascade_open(R: object, a: str, n: str, ct: str, tile: int) -> list[str]:  # noqa: N803
+    """Before a column pass's blocks: the four levels ``a`` of ``tile`` accumulators each."""
+    return [f"    {ct} {a}[4][{tile}];",
+            f"    for (int fuseg_cl = 0; fuseg_cl < 4; ++fuseg_cl) for (FUSEG_I t = 0; t < {n}; ++t) {a}[fuseg_cl][t] = ({ct})0;",
+            "    {",
+            f"    const int fuseg_cp = fuseg_cascade_power({R});",
+            "    const FUSEG_I fuseg_cs = (FUSEG_I)1 << fuseg_cp, fuseg_cm = fuseg_cs - 1;"]
+
+
+def column_block_close(a: str, n: str, done: str, fresh, ct: str) -> list[str]:  # noqa: ANN001
+    """After a column pass's block of 2^p elements (``done`` of them read so far): its cascade."""
+    return _levels(a, n, done, fresh("su"), fresh("sl"), "t", ct)
+
+
+def column_cascade_close(a: str, n: str, acc: str) -> list[str]:
+    """The levels added into the first, in ATen's order, as the pass's sums ``acc``."""
+    return [f"    for (FUSEG_I t = 0; t < {n}; ++t) {acc}[t] = (({a}[0][t] + {a}[1][t]) + {a}[2][t]) + {a}[3][t];", "    }"]

@@ -70,11 +70,13 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
                 js.append(f"j_{d}")
         return decls, js
 
-    def element_pass(loop: str, each, chunk: bool = False) -> None:  # noqa: ANN001 - each(body, idx) -> the lines after the body's
+    def element_pass(loop: str, each, chunk: bool = False, span: tuple[str, str] | None = None) -> None:  # noqa: ANN001 - each(body, idx) -> the lines after the body's
         decls, js = j_terms()
         b = Body(lw, loop, "        ")  # run per row of the tile (t); ``outer`` indexes its kept dims
         after = each(b, row.index(outer, js))
         start, end = ("fuseg_jc", "fuseg_je") if chunk else ("0", f"{R}")  # Note [sums in chunks]
+        if span is not None:  # (Note [sums in ATen's order, streamed]: a block, or the elements past the last)
+            start, end = span
         lines.append(f"    for (FUSEG_I j = {start}; j < {end}; ++j) {{")
         lines.extend(decls)
         lines.extend(["#pragma omp simd", "      for (FUSEG_I t = 0; t < tn; ++t) {"])
@@ -98,13 +100,34 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
     written = [False]  # (set by the pass that stored them)
 
     def reduce_pass(ct: str, combine: str, element, aten: bool = False) -> str:  # noqa: ANN001 - element(body, idx) -> expr
-        # (``aten``: a sum in ATen's order where it can be, Note [sums in ATen's order]: a column
-        # pass's order is ATen's outer sum's, not this one; not taken here)
+        # (``aten``: a sum ATen computes with its cascade, added in that order: Note [sums in
+        # ATen's order, streamed])
         acc_ct = "int" if ct == "bool" else ct
         acc = lw.fresh("acc")
         lines.append(f"    {acc_ct} {acc}[{tile}];")
         lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {acc}[t] = ({acc_ct})({_identity(combine, ct)});")
         stored = early and not written[0]
+
+        def each(b: Body, idx: list[str]) -> list[str]:
+            update = f"        {into}[t] = {combine}<{acc_ct}>({into}[t], ({acc_ct})({element(b, idx)}));"
+            if stored:
+                write(b, idx)
+            return [update]
+        if combine == "fuseg_sum" and aten and cascade.streams(R, acc_ct):
+            # (Note [sums in ATen's order, streamed]) blocks of 2^p elements, cascading; the rest
+            lv, done = lw.fresh("lv"), lw.fresh("jc")
+            into = f"{lv}[0]"
+            lines.extend(cascade.column_cascade_open(R, lv, "tn", acc_ct, tile))
+            lines.append(f"    FUSEG_I {done} = 0;")
+            lines.append(f"    for (; {done} + fuseg_cs <= ({R}); {done} += fuseg_cs) {{")
+            element_pass(lw.fresh("P"), each, span=(done, f"{done} + fuseg_cs"))
+            lines.extend(cascade.column_block_close(lv, "tn", f"({done} + fuseg_cs)", lw.fresh, acc_ct))
+            lines.append("    }")
+            element_pass(lw.fresh("P"), each, span=(done, f"{R}"))
+            lines.extend(cascade.column_cascade_close(lv, "tn", acc))
+            if stored:
+                written[0] = True
+            return f"{acc}[t]"
         # (Note [sums in chunks]) each accumulator adds one value per reduced element, so a float
         # sum over many adds partials of COLUMN_CHUNK elements, compensated
         chunk = combine == "fuseg_sum" and acc_ct in ("float", "double") and cascade.chunked(R, cascade.COLUMN_CHUNK)
@@ -115,12 +138,6 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
             lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {comp}[t] = ({acc_ct})0;")
             lines.extend(cascade.column_chunk_open(R))
             lines.append(f"    for (FUSEG_I t = 0; t < tn; ++t) {into}[t] = ({acc_ct})0;")
-
-        def each(b: Body, idx: list[str]) -> list[str]:
-            update = f"        {into}[t] = {combine}<{acc_ct}>({into}[t], ({acc_ct})({element(b, idx)}));"
-            if stored:
-                write(b, idx)
-            return [update]
         element_pass(lw.fresh("P"), each, chunk)
         if chunk:
             lines.extend(["    for (FUSEG_I t = 0; t < tn; ++t) {", *cascade.chunk_close(acc_ct, f"{acc}[t]", f"{comp}[t]", f"{into}[t]")])

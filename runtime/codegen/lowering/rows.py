@@ -476,6 +476,11 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             lines.append("#ifndef __CUDACC__")
             lines.extend(cascade.aten_row_sum(R, acc_ct, acc, b.lines, e, lw.fresh))
             lines.append("#else")
+        streamed = chunk and aten and cascade.STREAMED
+        if streamed:  # Note [sums in ATen's order, streamed]: the CPU's lines
+            lines.append("#ifndef __CUDACC__")
+            lines.extend(cascade.streamed_row_sum(R, acc_ct, acc, b.lines, e, lw.fresh))
+            lines.append("#else")
         if chunk:
             comp, part = lw.fresh("comp"), lw.fresh("part")
             lines.append(f"    {acc_ct} {comp} = ({acc_ct})0;")
@@ -487,6 +492,8 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             lines.append("    }")
             lines.extend(cascade.chunk_close(acc_ct, acc, comp, part))
             lines.append(f"    {acc} = fuseg_sum_total<{acc_ct}>({acc}, {comp});")
+            if streamed:
+                lines.append("#endif")
             lines.append(f"    const {acc_ct} {res} = fuseg_block_reduce<{acc_ct}, {combine}<{acc_ct}>>({acc}, ({acc_ct})({ident}));")
             return res
         flagged = acc_ct in ("float", "double") and combine in ("fuseg_max", "fuseg_min")

@@ -163,6 +163,9 @@ template <class T> FUSEG_FN void fuseg_sum_into(T& s, T& c, T x) {
   s = t;
 }
 template <class T> FUSEG_FN T fuseg_sum_total(T s, T c) { return s - s == 0 ? (T)(s + c) : s; }
+// Note [sums in ATen's order, streamed] (cascade.py): the power of two of ATen's cascade step for n
+// additions per accumulator, max(4, CeilLog2(n) / 4) (a loop: no branch in the kernel's source)
+FUSEG_FN int fuseg_cascade_power(long long n) { int c = 1; while (c < 62 && (1LL << c) < n) ++c; return c / 4 > 4 ? c / 4 : 4; }
 template <class T> FUSEG_FN T fuseg_all(T a, T b) { return (T)(a && b); }
 // Note [kernel sizes as arguments] (symsizes.py): a symbolic size divided as Python divides
 FUSEG_FN long long fuseg_fdiv(long long a, long long b) { long long q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
