@@ -50,6 +50,7 @@ PROGRAMS: dict[str, Callable[[torch.Tensor], Any]] = {
     "rms_norm": lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
     "column_sum": lambda x: x.sum(0),
     "column_var": lambda x: x.var(0),
+    "total": lambda x: x.sum(),
 }
 
 #: (program, shape, dtype) of the accuracy table
@@ -65,7 +66,7 @@ SPEED = [(p, (rows, n)) for p in ("softmax", "layer_norm", "rms_norm", "sum")
          for rows, n in ((256, 768), (256, 4096), (256, 8192), (16, 32000), (16, 50257), (8, 152064))]
 SPEED += [("log_softmax", (16, 50257)), ("column_sum", (512, 768)), ("column_sum", (2048, 1024)),
           ("column_sum", (8192, 4096)), ("column_var", (2048, 1024)), ("column_sum", (50, 2500)),
-          ("sum", (1, 1 << 22)), ("mean", (4, 100003))]
+          ("sum", (1, 1 << 22)), ("mean", (4, 100003)), ("total", (256, 768)), ("total", (4096, 1024))]
 
 
 def _input(shape: tuple[int, ...], dtype: torch.dtype, offset: float = 0.0) -> torch.Tensor:

@@ -155,3 +155,32 @@ def test_streamed_sums_are_laid_out_with_no_branch() -> None:
         prog = compiled_post(fn, [x], backend="cpp")
         for kernel in prog.kernels.values():
             assert not branches_with_loads(kernel.body), fn
+
+
+# Note [a long row's sum shared among threads] (cascade.py): a sum into one value is cut between
+# the pool's threads from 32768 elements on, as eager cuts it, so its bits are eager's at every
+# thread count (one thread: the whole row in one cascade).
+def _whole_sums(t: torch.Tensor) -> tuple:
+    return t.sum(), t.mean(), (t * t).sum()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_sums_into_one_value_are_eagers_bits(threads) -> None:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch._dynamo.reset()
+        compiler, compiled = _symbolic(_whole_sums)
+        for n in (5, 100, 32767, 32768, 100003, (1 << 20) + 3):  # under the grain, at it, past it
+            x = _normal((n,), torch.float32, n)
+            prog = compiled_post(_whole_sums, [x], backend="cpp")
+            _kernel_only(prog)
+            _assert_bits(prog(x), _whole_sums(x), f"{n} on {threads} threads")
+            _assert_bits(compiled(x), _whole_sums(x), f"{n} on {threads} threads, symbolic")
+        _symbolic_kernels_only(compiler)
+        x = _normal((300, 1001), torch.float64, 1)  # two dims into one value
+        prog = compiled_post(_whole_sums, [x], backend="cpp")
+        _kernel_only(prog)
+        _assert_bits(prog(x), _whole_sums(x), f"300 x 1001 on {threads} threads")
+    finally:
+        torch.set_num_threads(saved)

@@ -212,16 +212,16 @@ def _levels(a: str, n: str, when: str, up: str, lv: str, t: str, ct: str) -> lis
             f"      for (FUSEG_I {t} = 0; {t} < {n}; ++{t}) {{ {a}[{lv}][{t}] += {a}[{lv} - 1][{t}]; {a}[{lv} - 1][{t}] = ({ct})0; }}"]
 
 
-def streamed_row_sum(R: object, ct: str, acc: str, body: list[str], element: str, fresh) -> list[str]:  # noqa: N803, ANN001
+def streamed_row_sum(R: object, ct: str, acc: str, body: list[str], element: str, fresh, lo: str = "0") -> list[str]:  # noqa: N803, ANN001
     """The CPU lines (a block of their own but for ``acc``, declared by the caller) that set
-    ``acc`` to the sum of ``element`` over ``j`` in [0, R) in ATen's order (Note [sums in ATen's
-    order, streamed]); ``body`` computes ``element`` from ``j``, and is written once per loop."""
+    ``acc`` to the sum of ``element`` over ``j`` in [lo, lo + R) in ATen's order (Note [sums in
+    ATen's order, streamed]); ``body`` computes ``element`` from ``j``, and is written once per loop."""
     lanes = ATEN_SUM_LANES[ct]
     w = 4 * lanes
-    a, i, t, up, lv, nv, ilp, ie = (fresh(p) for p in ("sa", "si", "st", "su", "sl", "snv", "silp", "sie"))
+    a, i, t, up, lv, nv, ilp, ie, q, p4 = (fresh(p) for p in ("sa", "si", "st", "su", "sl", "snv", "silp", "sie", "sq", "sfour"))
 
     def reads(j: str, n: int, into: str) -> list[str]:
-        return ["#pragma omp simd", f"      for (FUSEG_I {t} = 0; {t} < {n}; ++{t}) {{", f"      const FUSEG_I j = {j};",
+        return ["#pragma omp simd", f"      for (FUSEG_I {t} = 0; {t} < {n}; ++{t}) {{", f"      const FUSEG_I j = {lo} + {j};",
                 *body, f"      {into} += ({ct})({element});", "      }"]
 
     lines = ["    {",
@@ -246,9 +246,19 @@ def streamed_row_sum(R: object, ct: str, acc: str, body: list[str], element: str
              "    }",
              f"    for (int {lv} = 1; {lv} < 4; ++{lv})",
              f"      for (FUSEG_I {t} = 0; {t} < {lanes}; ++{t}) {a}[0][{t}] += {a}[0][{lv} * {lanes} + {t}];",
-             f"    {acc} = ({ct})0;",
-             f"    for (FUSEG_I j = {nv} * {lanes}; j < ({R}); ++j) {{", *body, f"      {acc} += ({ct})({element});", "    }",
+             # a row shorter than a vector: ATen's four interleaved scalar accumulators, the
+             # elements past them into the first (``row_sum``), the four added in order; a longer
+             # one: the scalars past the last vector summed from 0, then the lanes (the unused
+             # side's values are +0, which changes no sum)
+             f"    const FUSEG_I {q} = ({R}) < {lanes} ? ({R}) / 4 : 0;",
+             f"    {ct} {p4}[4] = {{}};",
+             f"    for (FUSEG_I {t} = 0; {t} < 4 * {q}; ++{t}) {{", f"      const FUSEG_I j = {lo} + {t};", *body,
+             f"      {p4}[{t}] += ({ct})({element});", "    }",
+             f"    {acc} = {p4}[0];",
+             f"    for (FUSEG_I j = {lo} + (({R}) < {lanes} ? 4 * {q} : {nv} * {lanes}); j < {lo} + ({R}); ++j) {{", *body,
+             f"      {acc} += ({ct})({element});", "    }",
              f"    for (FUSEG_I {t} = 0; {t} < {lanes}; ++{t}) {acc} += {a}[0][{t}];",
+             f"    {acc} = (({acc} + {p4}[1]) + {p4}[2]) + {p4}[3];",
              "    }"]
     return lines
 
@@ -270,3 +280,46 @@ def column_block_close(a: str, n: str, done: str, fresh, ct: str) -> list[str]: 
 def column_cascade_close(a: str, n: str, acc: str) -> list[str]:
     """The levels added into the first, in ATen's order, as the pass's sums ``acc``."""
     return [f"    for (FUSEG_I t = 0; t < {n}; ++t) {acc}[t] = (({a}[0][t] + {a}[1][t]) + {a}[2][t]) + {a}[3][t];", "    }"]
+
+
+# Note [a long row's sum shared among threads]: ATen sums a tensor into one value (a row that is the
+# whole output) in two passes (``parallel_reduce``'s ``two_pass_reduction``,
+# aten/src/ATen/native/TensorIteratorReduce.cpp): from ``GRAIN`` elements and with more than one
+# thread, ``at::parallel_for`` cuts the row into one chunk per thread (ceil(n / threads) elements,
+# no more chunks than n / GRAIN rounded up), each chunk's cascade sum goes into its thread's slot of
+# a buffer of zeros (one slot per thread of the pool), and the buffer is then summed in ATen's
+# order. A kernel of one row did the whole row on one thread: a sum of 2^22 floats took 1.8x
+# eager's time on two threads of the Intel Xeon of perf/results/intel-xeon-amx/reductions_cpu.json
+# (0.97x with the threads, that record), and a single row was the one case where the streamed sum
+# could not give eager's bits. Such a pass (one row of the
+# kernel, a float sum or mean streamed) now does the same in an OpenMP region of the pool's
+# threads: eager's bits with the same thread count, where eager's threads are OpenMP's (torch's
+# libgomp is the one the kernels load). A kernel that runs beside others (Note [kernels side by
+# side]) runs on one thread: one chunk, within eager's error, not its bits.
+GRAIN = 32768
+
+
+def split_row_sum(R: object, ct: str, acc: str, body: list[str], element: str, fresh) -> list[str]:  # noqa: N803, ANN001
+    """The CPU lines that set ``acc`` (declared by the caller) to the sum of ``element`` over
+    ``j`` in [0, R) as ATen sums one row into one value (Note [a long row's sum shared among
+    threads]): the chunks' sums into the pool's slots, then the slots summed as a row."""
+    n, m, parts, th, grains, nth, chunk, lo, ln, part, k = (fresh(x) for x in (
+        "sn", "sm", "sp", "sth", "sg", "snt", "sch", "slo", "sln", "spt", "sk"))
+    return ["    {",
+            f"    const long long {n} = ({R});",
+            f"    const int {m} = omp_get_max_threads();",
+            f"    {ct} {parts}[{m}];",
+            f"    for (int {k} = 0; {k} < {m}; ++{k}) {parts}[{k}] = ({ct})0;",
+            f"#pragma omp parallel if({n} >= {GRAIN} && {m} > 1)",
+            "    {",
+            f"    const long long {th} = omp_get_num_threads(), {grains} = ({n} + {GRAIN - 1}) / {GRAIN};",
+            f"    const long long {nth} = {th} < {grains} ? {th} : ({grains} > 0 ? {grains} : 1);",
+            f"    const long long {chunk} = ({n} + {nth} - 1) / {nth};",
+            f"    const long long {lo} = (long long)omp_get_thread_num() * {chunk};",
+            f"    const long long {ln} = {lo} >= {n} ? 0 : ({n} - {lo} < {chunk} ? {n} - {lo} : {chunk});",
+            f"    {ct} {part};",
+            *streamed_row_sum(ln, ct, part, body, element, fresh, f"(FUSEG_I){lo}"),
+            f"    {parts}[omp_get_thread_num()] += {part};",
+            "    }",
+            *streamed_row_sum(m, ct, acc, [], f"{parts}[j]", fresh),
+            "    }"]

@@ -479,7 +479,8 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         streamed = chunk and aten and cascade.STREAMED
         if streamed:  # Note [sums in ATen's order, streamed]: the CPU's lines
             lines.append("#ifndef __CUDACC__")
-            lines.extend(cascade.streamed_row_sum(R, acc_ct, acc, b.lines, e, lw.fresh))
+            one_row = all(isinstance(n, int) for n in O) and math.prod(O) == 1  # (Note [a long row's sum shared among threads])
+            lines.extend((cascade.split_row_sum if one_row else cascade.streamed_row_sum)(R, acc_ct, acc, b.lines, e, lw.fresh))
             lines.append("#else")
         if chunk:
             comp, part = lw.fresh("comp"), lw.fresh("part")

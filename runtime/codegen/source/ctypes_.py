@@ -230,6 +230,11 @@ namespace fuseg_math {
 FUSEG_MATH2(copysign)
 }
 using namespace fuseg_math;
+// OpenMP's thread count and number (Note [a long row's sum shared among threads] in cascade.py),
+// declared: the prelude includes nothing
+extern "C" int omp_get_max_threads(void);
+extern "C" int omp_get_num_threads(void);
+extern "C" int omp_get_thread_num(void);
 #define FUSEG_FN static inline
 #define FUSEG_UNROLL
 #define FUSEG_ON_CPU(cpu, cuda) (cpu)
