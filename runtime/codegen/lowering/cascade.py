@@ -290,7 +290,7 @@ def column_cascade_close(a: str, n: str, acc: str) -> list[str]:
 # a buffer of zeros (one slot per thread of the pool), and the buffer is then summed in ATen's
 # order. A kernel of one row did the whole row on one thread: a sum of 2^22 floats took 1.8x
 # eager's time on two threads of the Intel Xeon of perf/results/intel-xeon-amx/reductions_cpu.json
-# (0.97x with the threads, that record), and a single row was the one case where the streamed sum
+# (0.99x with the threads, that record), and a single row was the one case where the streamed sum
 # could not give eager's bits. Such a pass (one row of the
 # kernel, a float sum or mean streamed) now does the same in an OpenMP region of the pool's
 # threads: eager's bits with the same thread count, where eager's threads are OpenMP's (torch's
