@@ -261,6 +261,16 @@ static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 // libm's): Cody-Waite reduction by ln 2, a degree-6 polynomial, 2^n applied in two factors (so
 // results down to the denormals are right); within 1 ulp of the exact value over [-103.97, 88.72]
 // (tests/test_codegen.py checks it), inf/0 beyond, NaN kept.
+// Note [exp's range by its argument]: the argument is clamped to [-104, 89] before the reduction,
+// and the result's range follows from it: past 88.72 the product overflows to inf, under -103.97
+// it rounds to 0, so the selects of inf and 0 for arguments beyond them, and the clamp of n (three
+// compares and blends each way, as g++ 12.2 compiled the nested ternary) went; 2^n's split takes
+// n >> 1 (n in [-150, 129]: both factors normal) where n / 2 needed a sign fix. Bit for bit the
+// results of before for all 2^32 floats (NaNs too; a scratch program), the loop of a lone exp
+// 46 -> 34 instructions a vector of 16 (g++ 12.2, AVX-512), 1.13-1.27x its throughput on one
+// thread of the Intel Xeon with AMX (three rounds), an exp kernel over 256 x 4096 floats on two
+// threads 1.60x eager's time before, 1.28x after, a softmax 1.28x before, 1.10x after (one run
+// each, interleaved with eager).
 // Note [fused multiply-adds in the math functions]: the kernels are built with -ffp-contract=off
 // (an op's a * b + c rounds twice, as eager's does), but inside exp, tanh and erf, whose results
 // are approximations anyway, the polynomials and the reduction are written as fused multiply-adds
@@ -275,9 +285,10 @@ static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 #define FUSEG_MAD(a, b, c) ((a) * (b) + (c))
 #endif
 static inline float fuseg_exp(float x) {
-  float n = __builtin_rintf(x * 1.44269504088896341f);
-  n = n < -152.f ? -152.f : (n > 129.f ? 129.f : n);
-  float r = FUSEG_MAD(n, -0.693359375f, x);
+  float c = x > -104.0f ? x : -104.0f;  // (Note [exp's range by its argument])
+  c = c < 89.0f ? c : 89.0f;
+  const float n = __builtin_rintf(c * 1.44269504088896341f);
+  float r = FUSEG_MAD(n, -0.693359375f, c);
   r = FUSEG_MAD(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
   p = FUSEG_MAD(p, r, 1.3981999507e-3f);
@@ -286,10 +297,8 @@ static inline float fuseg_exp(float x) {
   p = FUSEG_MAD(p, r, 1.6666665459e-1f);
   p = FUSEG_MAD(p, r, 5.0000001201e-1f);
   p = FUSEG_MAD(p * r, r, r) + 1.0f;
-  const int ni = (int)n, h = ni / 2;
-  float y = p * fuseg_bits2f((unsigned int)(h + 127) << 23) * fuseg_bits2f((unsigned int)(ni - h + 127) << 23);
-  y = x > 88.72283935546875f ? FUSEG_INF : y;
-  y = x < -103.97208404541015625f ? 0.0f : y;
+  const int ni = (int)n, h = ni >> 1;
+  const float y = p * fuseg_bits2f((unsigned int)(h + 127) << 23) * fuseg_bits2f((unsigned int)(ni - h + 127) << 23);
   return x != x ? x : y;
 }
 static inline double fuseg_exp(double x) { return exp(x); }
