@@ -121,10 +121,10 @@ def column_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: d
             lines.append(f"    FUSEG_I {done} = 0;")
             lines.append(f"    for (; {done} + fuseg_cs <= ({R}); {done} += fuseg_cs) {{")
             element_pass(lw.fresh("P"), each, span=(done, f"{done} + fuseg_cs"))
-            lines.extend(cascade.column_block_close(lv, "tn", f"({done} + fuseg_cs)", lw.fresh, acc_ct))
+            lines.extend(cascade.column_block_close(R, lv, "tn", f"({done} + fuseg_cs)", lw.fresh, acc_ct))
             lines.append("    }")
             element_pass(lw.fresh("P"), each, span=(done, f"{R}"))
-            lines.extend(cascade.column_cascade_close(lv, "tn", acc))
+            lines.extend(cascade.column_cascade_close(R, lv, "tn", acc))
             if stored:
                 written[0] = True
             return f"{acc}[t]"
