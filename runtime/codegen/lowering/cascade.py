@@ -4,8 +4,10 @@ Note [sums in chunks]: a float accumulator that adds values one by one loses the
 each as it grows, and past 2^24 additions of similar values it stops growing at all: a row kernel
 that summed a 2^25-element row into one accumulator per vector lane gave a float16 variance 2-5%
 off and a float32 sum of 0.3s 2e-4 off (issue 63), where ATen's ``cascade_sum``
-(aten/src/ATen/native/cpu/SumKernel.cpp) is within 1e-7. A sum pass over a row longer than
-``ROW_CHUNK`` elements (or of a symbolic length) is therefore cut into chunks of
+(aten/src/ATen/native/cpu/SumKernel.cpp) is within 1e-7. A float sum or mean now adds in ATen's
+own order on the CPU (Note [sums in ATen's order, streamed], below); the other sums (a variance's,
+a norm's, a softmax's, and every long sum on CUDA) over a row longer than
+``ROW_CHUNK`` elements (or of a symbolic length) are cut into chunks of
 ``ROW_CHUNK_LENGTH``: each chunk is the same vectorized loop as before into a fresh partial
 (``ROW_CHUNK_LENGTH`` / ``CHUNK_LANES`` additions per lane on the CPU, ``ROW_CHUNK_LENGTH`` per
 thread on CUDA), and the partials are added into the row's sum
@@ -20,8 +22,9 @@ variance over two dims was 50x eager's error with 2500 values in one accumulator
 ``COLUMN_CHUNK`` elements the same way. Rows of a known length up to the chunk are emitted as
 before: the row sizes of real models' norms and softmaxes get the same loops and the same speed.
 The chunks are visited in order and a CUDA block's threads are combined in a fixed tree, so a
-sum is the same on every call. Not at ATen's error: a long row of one repeated value, whose
-roundings all lean one way (~4x eager's error against the exact sum over 2^22 copies of 0.7);
+sum is the same on every call. Not at ATen's error, chunked: a long row of one repeated value,
+whose roundings all lean one way (a sum of 2^22 copies of 0.7 was ~4x eager's error against the
+exact sum; in ATen's order it is 1.0-1.5x, eager's order on its threads being another);
 chunks of 1024 bring it to ~4x less but cost plain row sums 8-16% on the AMD EPYC of the records
 (perf/results/amd-epyc-zen4/reductions_speed_chunk1024_cpu.json), so they were not taken. Max, min, any, all and integer sums are exact and not chunked.
 The lanes are fixed (``simdlen``), not left to the compiler: g++ 12.2 with -march=native on an
