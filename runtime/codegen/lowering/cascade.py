@@ -210,11 +210,10 @@ def streams(R: object, acc_ct: str) -> bool:  # noqa: N803
 def _levels(a: str, n: str, when: str, up: str, lv: str, t: str, ct: str, top: int = 3) -> list[str]:
     """A block's cascade: level ``lv`` takes level ``lv - 1`` for lv up to 1, 2 or 3, where the
     count ``when`` of steps done is a multiple of 2^p, 2^2p or 2^3p (ATen's masks); ``top``: the
-    highest level filled (the cascade goes no further)."""
+    highest level filled, 1 or 3 (the cascade goes no further)."""
     if top == 1:
         return [f"    for (FUSEG_I {t} = 0; {t} < {n}; ++{t}) {{ {a}[1][{t}] += {a}[0][{t}]; {a}[0][{t}] = ({ct})0; }}"]
-    pick = "2" if top == 2 else f"(({when} & (fuseg_cm << (2 * fuseg_cp))) ? 2 : 3)"
-    return [f"    const int {up} = ({when} & (fuseg_cm << fuseg_cp)) ? 1 : {pick};",
+    return [f"    const int {up} = ({when} & (fuseg_cm << fuseg_cp)) ? 1 : (({when} & (fuseg_cm << (2 * fuseg_cp))) ? 2 : 3);",
             f"    for (int {lv} = 1; {lv} <= {up}; ++{lv})",
             f"      for (FUSEG_I {t} = 0; {t} < {n}; ++{t}) {{ {a}[{lv}][{t}] += {a}[{lv} - 1][{t}]; {a}[{lv} - 1][{t}] = ({ct})0; }}"]
 

@@ -849,7 +849,8 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
 # its bytes: each element read x, its rotated partner, cos and sin. FUSEG_BCAST_EPT=0 turns it off.
 # A dim of at most 2 * ept that ept does not divide is taken whole, all of it a thread: Qwen2-7B's
 # 7 query heads per KV group, along which the copy of the expanded V is broadcast. H100 run 5
-# (perf/results/nvidia-h100/issue44_run5, one run): rope-qwen2-7b 1.68x -> 1.49x the copy (kernel
+# (perf/results/nvidia-h100/issue44_run5 at 465fcab, one run; its "before" file,
+# gpu_bandwidth_whole_h100.json, is in git history): rope-qwen2-7b 1.68x -> 1.49x the copy (kernel
 # 0.067 -> 0.057 ms), the other blocks within 0.96-1.02x, the GPU tests of the cases it changes
 # passing; so it is on. FUSEG_BCAST_WHOLE=0 turns it off (the before of that measurement).
 def _broadcast_dim(lw: _Lowerer, loop: str, shape: tuple[int, ...], idx_vars: list[str],
