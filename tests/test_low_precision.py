@@ -93,7 +93,8 @@ def test_rope_rounds_only_what_eager_rounds(dtype, shape) -> None:
 def _probe_values(dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Floats at every value of the half ``dtype``, halfway between neighbours (ties both ways),
     one ulp either side of those halfway points, subnormals, the largest floats (some round to
-    inf), NaNs."""
+    inf), NaNs, and every float exponent with mantissas at and around the half's rounding bits
+    (both signs): the rounding of Note [fp16 rounding in float] picks its step by the exponent."""
     halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).float()
     finite = halves[halves.isfinite()].double().unique()
     mids = ((finite[1:] + finite[:-1]) / 2).float()
@@ -101,7 +102,13 @@ def _probe_values(dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     special = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1.17e-38, 3.3895e38, 3.3961e38, 3.4028e38, -3.4028e38,
                             65504.0, 65519.99, 65520.0, -65520.0, 2.9802322e-08, 2.98023259e-08, -5.96e-08,
                             float("inf"), -float("inf"), float("nan"), -float("nan")])
-    return torch.cat([halves, mids, up, down, special, torch.randn(10000) * 1e4, torch.randn(10000) * 1e-5])
+    exponents = torch.arange(256, dtype=torch.int64) << 23
+    mantissas = torch.tensor([0, 1, 0xfff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000, 0xffff, 0x10000,
+                              0x17fff, 0x18000, 0x7fffff], dtype=torch.int64)
+    bits = (exponents[:, None] | mantissas[None, :]).flatten()
+    sweep = torch.cat([bits, bits | (1 << 31)]).to(torch.int64)
+    sweep = torch.where(sweep >= 1 << 31, sweep - (1 << 32), sweep).to(torch.int32).view(torch.float32)
+    return torch.cat([halves, mids, up, down, special, sweep, torch.randn(10000) * 1e4, torch.randn(10000) * 1e-5])
 
 
 @pytest.mark.parametrize(("dtype", "rounds", "narrows"), [(torch.bfloat16, "fuseg_bf_round(", "fuseg_f2bf("),

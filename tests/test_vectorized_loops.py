@@ -72,6 +72,11 @@ def _t5_guard(h, y, w):  # Note [no partial redundancy elimination around inline
     return _rms_norm(x.clamp(min=-big, max=big), w)
 
 
+def _t5_check(h, y):  # T5's overflow check on its own: a sum kept, and whether it holds an inf
+    x = h + y
+    return x, x.isinf().any()
+
+
 CASES = {
     "masked softmax": (_masked_softmax, lambda: [torch.randn(64, 1024), torch.randn(1024), torch.rand(64, 1024) > 0.8]),
     "masked_fill": (_masked_fill, lambda: [torch.randn(64, 1024), torch.rand(64, 1024) > 0.5]),
@@ -93,6 +98,9 @@ CASES = {
     "fp16 clamp to bounds T5 selects": (_t5_guard, lambda: [torch.randn(64, 1024, dtype=torch.float16),
                                                             torch.randn(64, 1024, dtype=torch.float16),
                                                             torch.randn(1024, dtype=torch.float16)]),
+    "fp16 sum and whether it holds an inf (T5's check)": (_t5_check, lambda: [
+        torch.randn(128, 512, dtype=torch.float16), torch.randn(128, 512, dtype=torch.float16)]),
+    "all of a comparison": (lambda x: (x > -4).all(-1), lambda: [torch.randn(64, 1024)]),
     "float clamp to bounds T5 selects": (_t5_guard, lambda: [torch.randn(64, 1024), torch.randn(64, 1024),
                                                              torch.randn(1024)]),
     "float layer norm of fp16 rows": (
