@@ -125,10 +125,28 @@ def _cpu_only(lines: list[str]) -> list[str]:
     return out
 
 
+def _without_row_conversions(lines: list[str]) -> list[str]:
+    """``lines`` with the helpers of Note [fp16 rows converted by the row] blanked: F16C's
+    conversions written as vectors already, and their tails of fewer than eight values."""
+    out, depth = [], 0  # the #if nesting within the helpers' block (0: outside it)
+    for line in lines:
+        d = line.strip()
+        if depth == 0 and d == "#ifndef FUSEG_H_ROWS":
+            depth = 1
+        elif depth and d.startswith("#if"):
+            depth += 1
+        elif depth and d.startswith("#endif"):
+            depth -= 1
+            out.append("")
+            continue
+        out.append("" if depth else line)
+    return out
+
+
 def _inner_loops(function: str) -> list[tuple[int, int]]:
     """(first, last) 1-based line numbers (in ``function``) of each loop that contains no other
     loop: GCC reports a vectorized loop at a line of its body, not always at the ``for``."""
-    lines = _cpu_only(function.splitlines())
+    lines = _without_row_conversions(_cpu_only(function.splitlines()))
     inner = []
     for i in [i for i, line in enumerate(lines) if re.match(r"\s*for \(", line)]:
         depth, opened = 0, False

@@ -364,7 +364,7 @@ class Body:
 # value is exactly a half (the result of ``fuseg_bf2f``/``fuseg_h2f``, whatever its argument), and
 # ``Body.let`` records the variables bound to one, so ``rounded`` returns them as they are.
 _HALF_CALLS = (("fuseg_bf2f(", torch.bfloat16), ("fuseg_bf_round(", torch.bfloat16), ("fuseg_h2f(", torch.float16),
-               ("fuseg_h_round(", torch.float16))
+               ("fuseg_h_round(", torch.float16), ("fuseg_h_kept(", torch.float16))
 
 
 def half_exact(expr: str) -> torch.dtype | None:
@@ -450,9 +450,49 @@ FUSEG_FN float fuseg_h_round(float f) {
 #endif
 """
 
+# Note [fp16 rows converted by the row] (runtime/codegen/lowering/half_rows.py): a row of fp16
+# values converted to floats, and back, eight at a time with F16C's instructions (GCC's and
+# clang's builtins for them: no header to parse), the rest (and every value on a CPU without
+# F16C) by the software conversions; ``fuseg_h_kept`` marks a value read from such a row (it is
+# an fp16 value: Note [values already rounded]).
+H_ROWS = r"""#ifndef FUSEG_H_ROWS
+#define FUSEG_H_ROWS
+FUSEG_FN float fuseg_h_kept(float f) { return f; }
+#ifndef __CUDACC__
+#if defined(__F16C__)
+typedef short fuseg_v8hi __attribute__((vector_size(16)));
+typedef float fuseg_v8sf __attribute__((vector_size(32)));
+#endif
+static inline void fuseg_h2f_run(float* __restrict__ d, const unsigned short* __restrict__ s, long n) {
+  long i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    fuseg_v8hi h; __builtin_memcpy(&h, s + i, 16);
+    const fuseg_v8sf f = __builtin_ia32_vcvtph2ps256(h);
+    __builtin_memcpy(d + i, &f, 32);
+  }
+#endif
+  for (; i < n; ++i) d[i] = fuseg_h2f(s[i]);
+}
+static inline void fuseg_f2h_run(unsigned short* __restrict__ d, const float* __restrict__ s, long n) {
+  long i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    fuseg_v8sf f; __builtin_memcpy(&f, s + i, 32);
+    const fuseg_v8hi h = __builtin_ia32_vcvtps2ph256(f, 0);
+    __builtin_memcpy(d + i, &h, 16);
+  }
+#endif
+  for (; i < n; ++i) d[i] = fuseg_f2h(s[i]);
+}
+#endif
+#endif
+"""
+
 
 def half_helpers(body: str) -> str:
     """``HALF_HELPERS`` and ``H_HELPERS`` where ``body`` calls them (Note [bf16 rounding in float],
     Note [fp16 rounding in float]), else nothing."""
     return ((HALF_HELPERS if "fuseg_bf_round(" in body or "fuseg_bf_bits(" in body else "")
-            + (H_HELPERS if "fuseg_h_round(" in body else ""))
+            + (H_HELPERS if "fuseg_h_round(" in body else "")
+            + (H_ROWS if "fuseg_h_kept(" in body or "fuseg_f2h_run(" in body else ""))

@@ -87,6 +87,9 @@ class _Lowerer:
         self.cache_fill = False  # whether a load not cached yet is added to it (reduction passes)
         self.row_cache: dict[tuple[str, str], str] = {}
         self.cache_decls: list[str] = []
+        #: a row kernel's fp16 rows converted a row at a time on the CPU (Note [fp16 rows
+        #: converted by the row] in half_rows.py), set by row_loop
+        self.row_half = None
         #: a CUDA thread's iterations per pass where Note [row registers] (rows.py) holds: its
         #: arrays are this long, indexed by ``it``, and on CUDA only; 0 elsewhere
         self.slots = 0
@@ -137,6 +140,12 @@ class _Lowerer:
         off = ix.linear(idx, p.shape, p.stride)
         self.loads.append((v, off, b.loop))
         expr = load(p.dtype, f"{p.name}[{off}]")
+        row_array = self.row_half.input_array(b.loop, idx, p) if self.row_half is not None else None
+        if row_array is not None:  # Note [fp16 rows converted by the row]: the CPU reads the row's floats
+            return f"fuseg_h_kept(FUSEG_ON_CPU({row_array}[j], {self._cached(b, p, off, expr)}))"
+        return self._cached(b, p, off, expr)
+
+    def _cached(self, b: Body, p: Param, off: str, expr: str) -> str:
         if b is not self.cache_body:
             return expr
         # a row kernel's pass at the top of its body: each CUDA thread keeps the elements it reads

@@ -31,6 +31,7 @@ from ..source import index as ix
 from ..source.checks import MAX_EXTENT, dims_arg, float_arg, permutation_arg, shape_ints
 from ..source.ctypes_ import Declined, compute_type, literal
 from . import cascade
+from .half_rows import RowHalf, fill_lines, flush_lines
 from .pointwise import ELEMENTWISE
 
 __all__ = ["REDUCTIONS", "Chain", "Row", "emit_reductions", "exact", "full_index", "plan_row", "row_levels", "row_loop"]
@@ -415,6 +416,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             lines.append(f"    const FUSEG_I o_{d} = {term};")
             outer.append(f"o_{d}")
     decl_at = len(lines)
+    half = lw.row_half = RowHalf(row, lw.fresh)  # Note [fp16 rows converted by the row]
 
     def j_loop(loop: str, chunk: bool = False) -> tuple[Body, list[str], list[str]]:
         # (Note [sums in chunks]) a chunked pass's CPU (and generic CUDA) loop covers its chunk
@@ -429,6 +431,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
                 b.lines.append(f"      const FUSEG_I j_{d} = {term};")
                 js.append(f"j_{d}")
         idx = row.index(outer, js)
+        half.passes[loop] = [(name, n) for name, n in zip(js, inner) if name != "0"]
         if lw.slots:  # Note [row registers]: no guard, the loads of reduction passes kept
             head.extend(["#ifdef __CUDACC__",
                          f"    FUSEG_UNROLL for (int it = 0; it < {lw.slots}; ++it) {{",
@@ -542,11 +545,21 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     if full:
         b, idx, head = j_loop(lw.fresh("W"))
         for p in full:
-            for at in full_index(lw, p, idx):
+            ats = full_index(lw, p, idx)
+            arr = half.output_array(b.loop, ats[0], p) if len(ats) == 1 else None
+            if arr is not None:  # Note [fp16 rows converted by the row]: the CPU writes the row's floats
+                v = lw.value(b, p.value, ats[0])
+                off = ix.linear(ats[0], p.shape, p.stride)
+                stores[p.value] = (off, b.loop)
+                b.lines.extend(["#ifndef __CUDACC__", f"{b.indent}{arr}[j] = (float)({v});", "#else",
+                                f"{b.indent}{p.name}[{off}] = fuseg_f2h((float)({v}));", "#endif"])
+                continue
+            for at in ats:
                 store_output(lw, b, p, at, stores)
         lines.extend(simd(head))
         lines.extend(b.lines)
         lines.append("    }")
+        lines.extend(flush_lines(half))
     if rowouts:
         b = Body(lw, lw.fresh("T"), "      ")
         for p in rowouts:
@@ -562,10 +575,13 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     lines.append("  }")
     lw.cache_body = None
     head = []  # what stands before the row loop
+    lines[decl_at:decl_at] = fill_lines(half, shared=False)
+    lw.row_half = None
     if lw.cache_decls:  # (Note [row registers]: only with ``lw.slots``)
         lines[decl_at:decl_at] = lw.cache_decls
     lw.slots = 0
     threads = parallel_if(math.prod(row.F), lines)
+    head += fill_lines(half, shared=True)  # (before the threads: they share them)
     if threads is not None and math.prod(O) > 1:  # rows shared among CPU threads
         head += ["#ifndef __CUDACC__", f"#pragma omp parallel for schedule(static){threads}", "#endif"]
     return "\n".join(head + lines) + "\n"
