@@ -41,6 +41,27 @@ def _rms_of_transposed(x, w):  # the rows are strided in x: read as before (its 
     return _rms(x.transpose(0, 1), w)
 
 
+def _gelu_tanh(x):  # eight fp16 rounds an element
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _bias_add(x, b):  # the bias's row (no outer index) and x's
+    return x * 2.0 + b
+
+
+def _add_transposed(x, y):  # y read with a stride along the inner loop: read as before
+    return x + y.t()
+
+
+def _add_flat(x, y):  # one loop (no outer loop to hold the arrays): as before
+    return x + y
+
+
+def _in_place(x, y):  # an in-place update: the kernel writes an output of its own, copied into x
+    x.mul_(2.0).add_(y)
+    return x
+
+
 def _special(t: torch.Tensor) -> torch.Tensor:
     """``t`` with infs, NaNs, subnormals, zeros of both signs and the largest fp16 in it."""
     t = t.clone()
@@ -65,6 +86,21 @@ CASES = {  # name: (fn, inputs at two shapes, whether the CPU source converts ro
                                                                    torch.randn(n, dtype=H)], (True, False)),
     "RMS norm of rows past the arrays' budget": (
         _rms, lambda r, n: [torch.randn(2, 32768, dtype=H), torch.randn(32768, dtype=H)], (False, False)),
+}
+
+
+POINTWISE = {  # name: (fn, inputs at two shapes, whether converted in and out, eager's bits)
+    "tanh GELU": (_gelu_tanh, lambda r, n: [_special(torch.randn(r, n, dtype=H))], (True, True), True),
+    "a bias added": (_bias_add, lambda r, n: [_special(torch.randn(r, n, dtype=H)), torch.randn(n, dtype=H)],
+                     (True, True), True),
+    "SiLU times": (lambda a, b: torch.nn.functional.silu(a) * b,
+                   lambda r, n: [torch.randn(r, n, dtype=H), torch.randn(r, n, dtype=H)], (True, True), False),
+    "an add of a transposed input": (_add_transposed, lambda r, n: [torch.randn(r, n, dtype=H),
+                                                                    torch.randn(n, r, dtype=H)], (True, True), True),
+    "an add of 1-d inputs": (_add_flat, lambda r, n: [torch.randn(r * n, dtype=H), torch.randn(r * n, dtype=H)],
+                             (False, False), True),
+    "an in-place update": (_in_place, lambda r, n: [torch.randn(r, n, dtype=H), torch.randn(r, n, dtype=H)],
+                           (True, True), True),
 }
 
 
@@ -122,14 +158,36 @@ def test_a_weight_every_row_reads_is_converted_once() -> None:
     assert before.count("fuseg_h2f_run(hrow") == 1 and inside.count("fuseg_h2f_run(hrow") == 1, cpu
 
 
+@pytest.mark.parametrize("shape", [(64, 1024), (37, 200)], ids=["64x1024", "37x200"])
+@pytest.mark.parametrize("name", sorted(POINTWISE))
+def test_pointwise_rows_converted_by_the_row(name, shape) -> None:
+    """The innermost loop of a pointwise kernel (below an outer loop, marked simd) reads its fp16
+    inputs at a unit step from float arrays filled before it and writes its fp16 outputs through
+    one; the values are eager's (SiLU's exp is ours: within one fp16 unit), as before."""
+    fn, make, converted, exact = POINTWISE[name]
+    torch.manual_seed(0)
+    inputs = make(*shape)
+    want = fn(*[t.clone() for t in inputs])
+    args = [t.clone() for t in inputs]
+    half_rows.ROWS = True
+    with autotune.fixed("kernel"):
+        prog = compiled_post(fn, [t.clone() for t in inputs], backend="cpp")
+    assert prog.kernels, "no generated kernel"
+    cpu = "".join(k.function("cpu") for k in prog.kernels.values())
+    assert ("fuseg_h2f_run(hrow" in cpu, "fuseg_f2h_run(out" in cpu) == converted, cpu
+    got = prog(*args)[0]
+    _same(got, want, exact)
+    if name == "an in-place update":
+        _same(args[0], want, exact)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
 def test_row_kernels_with_row_arrays_compile_for_cuda() -> None:
-    """The arrays are the CPU's: the same source compiles for CUDA, whose loads are as before."""
+    """The arrays are the CPU's: the same sources compile for CUDA, whose loads are as before."""
     from runtime.codegen.build import nvcc_check_many
 
     kernels = []
-    for name in ("RMS norm", "add, then layer norm in float"):
-        fn, make, _ = CASES[name]
+    for fn, make in (CASES["RMS norm"][:2], CASES["add, then layer norm in float"][:2], POINTWISE["tanh GELU"][:2]):
         with autotune.fixed("kernel"):
             prog = compiled_post(fn, make(64, 1024), backend="cpp")
         kernels += list(prog.kernels.values())

@@ -495,4 +495,4 @@ def half_helpers(body: str) -> str:
     Note [fp16 rounding in float]), else nothing."""
     return ((HALF_HELPERS if "fuseg_bf_round(" in body or "fuseg_bf_bits(" in body else "")
             + (H_HELPERS if "fuseg_h_round(" in body else "")
-            + (H_ROWS if "fuseg_h_kept(" in body or "fuseg_f2h_run(" in body else ""))
+            + (H_ROWS if any(f in body for f in ("fuseg_h_kept(", "fuseg_h2f_run(", "fuseg_f2h_run(")) else ""))

@@ -64,6 +64,7 @@ from ..source.ctypes_ import COMPUTE, Declined, compute_type, literal, load, sto
 from ..source.symsizes import sizes_active, smax, smin
 from .columns import column_loop, takes_columns
 from .fission import fission
+from .half_rows import pointwise_rows
 from .pointwise import ELEMENTWISE, pow_as_eager
 from .rows import REDUCTIONS, ROW_REGISTERS, Chain, Row, exact, plan_row, reduced_dims, row_levels, row_loop
 from .tables import tabulate
@@ -815,6 +816,13 @@ def _pointwise_loop(lw: _Lowerer, shape: tuple[int, ...], ps: list[Param], store
         if fill:
             return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *fill, *cpu,
                               f"{indent}{{", *lines, f"{indent}}}", "#endif"]) + "\n"
+        rows = pointwise_rows(lw, loop, lines, ps, loop_vars[-1], shape[int(loop_vars[-1][2:])], indent) \
+            if simd and len(nest) >= 2 and cpu[-2] == "#pragma omp simd" else None
+        if rows is not None:  # Note [fp16 rows converted by the row]: the CPU's body of its own
+            body, fill_rows, flush = rows
+            return "\n".join(["#ifdef __CUDACC__", *cuda, *b.lines, f"{indent}}}", "#else", *cpu[:-2], f"{indent}{{",
+                              *fill_rows, *cpu[-2:], f"{indent}{{", *body, f"{indent}}}", *flush,
+                              f"{indent}}}", "#endif"]) + "\n"
         cpu.append(f"{indent}{{")
         return "\n".join(["#ifdef __CUDACC__", *cuda, "#else", *cpu, "#endif", *b.lines, f"{indent}}}"]) + "\n"
     # Note [hoisted per-loop values]: a value that depends only on outer loop counters (batch
