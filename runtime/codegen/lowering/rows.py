@@ -452,11 +452,27 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
             head.append(f"    for (FUSEG_I j = {start}; j < {end}; j += FUSEG_BLOCK_DIM) {{")
         return b, idx, head
 
-    def simd(head: list[str], clause: str = "") -> list[str]:
+    def simd(head: list[str], clause: str = "", threads: str | None = None) -> list[str]:
         """Note [vectorized row passes]: on the CPU a pass over a row is one loop with no dependence
         between iterations but its reduction, so it is marked ``omp simd`` (the sums reassociate
-        into vector lanes, as ATen's vectorized CPU reductions do; max/min keep their NaN rule)."""
-        return ["#ifndef __CUDACC__", f"#pragma omp simd{clause}", "#endif", *head]
+        into vector lanes, as ATen's vectorized CPU reductions do; max/min keep their NaN rule).
+        ``threads``: the pass of a kernel of one row shared among threads (Note [one row's passes
+        shared among threads])."""
+        pragma = (f"#pragma omp simd{clause}" if threads is None
+                  else f"#pragma omp parallel for simd{clause} schedule(static){threads}")
+        return ["#ifndef __CUDACC__", pragma, "#endif", *head]
+
+    # Note [one row's passes shared among threads]: a kernel of one row (a reduction into one
+    # value: T5's check whether a sum of 2^16 fp16 values holds an inf) ran every pass on one
+    # thread, where its rows would have been shared; the passes whose result does not depend on
+    # the order of the elements (any, all, a max or min with its NaN flag) and the last pass,
+    # which writes each element on its own, are shared among the threads where the row's work is
+    # worth it (``parallel_if``). A float sum has its own split (Note [a long row's sum shared
+    # among threads]); the others (variances, softmax) keep one thread.
+    one_row = all(isinstance(n, int) for n in O) and math.prod(O) == 1
+
+    def shared(b: Body) -> str | None:
+        return parallel_if(R, b.lines) if one_row and isinstance(R, int) else None
 
     def reduce_pass(ct: str, combine: str, element, aten: bool = False) -> str:
         """One block-wide pass; ``element(body, idx)`` is the value combined. The row variable.
@@ -482,7 +498,6 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         streamed = chunk and aten and cascade.STREAMED
         if streamed:  # Note [sums in ATen's order, streamed]: the CPU's lines
             lines.append("#ifndef __CUDACC__")
-            one_row = all(isinstance(n, int) for n in O) and math.prod(O) == 1  # (Note [a long row's sum shared among threads])
             lines.extend((cascade.split_row_sum if one_row else cascade.streamed_row_sum)(R, acc_ct, acc, b.lines, e, lw.fresh))
             lines.append("#else")
         if chunk:
@@ -504,10 +519,12 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
         if flagged:  # Note [max without a NaN chain]
             nan, x = lw.fresh("nan"), lw.fresh("x")
             lines.extend(["#ifndef __CUDACC__", f"    int {nan} = 0;", "#endif"])
-            head = simd(head, f" reduction({combine}_ordered:{acc}) reduction(|:{nan})")
+            head = simd(head, f" reduction({combine}_ordered:{acc}) reduction(|:{nan})", shared(b))
         elif acc_ct in ("float", "double", "long long") and combine in ("fuseg_sum", "fuseg_max", "fuseg_min"):
             op = "+" if combine == "fuseg_sum" else combine
             head = simd(head, f" reduction({op}:{acc})")
+        elif acc_ct == "int" and combine in ("fuseg_any", "fuseg_all"):  # (values 0 and 1)
+            head = simd(head, f" reduction({'|' if combine == 'fuseg_any' else '&'}:{acc})", shared(b))
         lines.extend(head)
         lines.extend(b.lines)
         if flagged:
@@ -556,7 +573,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
                 continue
             for at in ats:
                 store_output(lw, b, p, at, stores)
-        lines.extend(simd(head))
+        lines.extend(simd(head, threads=shared(b)))
         lines.extend(b.lines)
         lines.append("    }")
         lines.extend(flush_lines(half))
