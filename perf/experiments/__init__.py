@@ -30,6 +30,8 @@ One line each: what it measured, and its record (its file name, under perf/resul
   aten_sum_order    row sums in ATen's order against lane-parallel sums, in one process: aten_sum_order_cpu.json
   half_vectors      fp16 kernels with branchless conversions against F16C's one-value ones, in one process:
                     half_vectors_cpu.json
+  half_rows         fp16 kernels with rows converted by F16C, one row's passes on threads and the cheaper
+                    round, against none of them, in one process: half_rows_cpu.json
 
 The size caps the first three chose (``conv.MAX_MACS``, ``onetap.MAX_WORK``, ``patches.MAX_WORK``) are
 gone: kernel or ATen is measured on each machine (Note [choices by measurement] in runtime/autotune.py).

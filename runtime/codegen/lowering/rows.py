@@ -334,6 +334,9 @@ _IDENTITY = {"fuseg_sum": "0", "fuseg_any": "0", "fuseg_all": "1"}
 # sum's reciprocal, as ATen does, where it used to divide: that rounding (at most an ulp) is the
 # one change in the values.
 EXP_SCRATCH_BYTES = 64 * 1024
+#: off: a kernel of one row runs its passes on one thread (the before of perf/experiments/half_rows.py;
+#: Note [one row's passes shared among threads])
+ONE_ROW_THREADS = True
 
 # Note [max without a NaN chain]: a max pass combined ``fuseg_max`` (NaN wins, else the larger),
 # which g++ vectorizes as two compares, a mask or and two blends, all on the accumulator: each
@@ -472,7 +475,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
     one_row = all(isinstance(n, int) for n in O) and math.prod(O) == 1
 
     def shared(b: Body) -> str | None:
-        return parallel_if(R, b.lines) if one_row and isinstance(R, int) else None
+        return parallel_if(R, b.lines) if ONE_ROW_THREADS and one_row and isinstance(R, int) else None
 
     def reduce_pass(ct: str, combine: str, element, aten: bool = False) -> str:
         """One block-wide pass; ``element(body, idx)`` is the value combined. The row variable.
