@@ -216,6 +216,23 @@ def _write(benchmark: str, module: str, argv: list[str], a: Any, rows: list[dict
                       "calls": a.calls, "rows": rows}, a.out)
 
 
+def fp16_main(doc: str, argv: list[str] | None, models: str, ops: Callable[[], list[tuple[str, Callable[..., Any], list[torch.Tensor]]]],
+              before_of: Callable[[], Any], benchmark: str, module: str) -> int:
+    """The main of an fp16 experiment built on ``_row`` (perf/experiments/half_vectors.py,
+    half_rows.py): ``ops()``'s lone ops, then ``--models`` in fp16, their "before" side built
+    within ``before_of()``, kernels built at once; the record written with ``_write``."""
+    from runtime import options
+
+    a, argv = _args(doc, argv, models)
+    rows: list[dict[str, Any]] = []
+    with options.use(background_builds=False):
+        for name, fn, inputs in ops():
+            rows.append(_row(name, fn, inputs, _op_program, a.rounds, a.calls, before_of))
+        rows += _model_rows(a.models, lambda name: (torch.float16,), a.rounds, a.calls, before_of)
+    _write(benchmark, module, argv, a, rows)
+    return 0
+
+
 def measure(rounds: int, calls: int, models: list[str]) -> list[dict[str, Any]]:
     rows = []
     for name, make in _ops():

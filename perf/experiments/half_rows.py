@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from .bf16_rounding import _args, _model_rows, _op_program, _row, _write
 from .bf16_rounding import _ops as _fused_ops
+from .bf16_rounding import fp16_main
 
 #: the rounding of Note [fp16 rounding in float] before it added and took away a power of two
 _OLD_ROUND = r"""FUSEG_FN float fuseg_h_round(float f) {
@@ -56,14 +56,6 @@ def _before() -> Iterator[None]:
         half_rows.ROWS, rows.ONE_ROW_THREADS = True, True
 
 
-@contextlib.contextmanager
-def _at_once() -> Iterator[None]:
-    from runtime import options
-
-    with options.use(background_builds=False):
-        yield
-
-
 def _ops() -> list[tuple[str, Callable[..., Any], list[torch.Tensor]]]:
     """bf16_rounding's lone ops in fp16, an add, GPT-2's tanh GELU and T5's check of a sum for an inf."""
     h = torch.float16
@@ -85,15 +77,8 @@ def _ops() -> list[tuple[str, Callable[..., Any], list[torch.Tensor]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a, argv = _args(__doc__, argv, "gpt2-768,t5-encoder-512,llama-1024")
-    rows: list[dict[str, Any]] = []
-    with _at_once():
-        for name, fn, inputs in _ops():
-            rows.append(_row(name, fn, inputs, _op_program, a.rounds, a.calls, _before))
-        rows += _model_rows(a.models, lambda name: (torch.float16,), a.rounds, a.calls, _before)
-    _write("fp16 kernels: rows converted by F16C, one row's passes on threads, the cheaper round; before and after, CPU",
-           "half_rows", argv, a, rows)
-    return 0
+    return fp16_main(__doc__, argv, "gpt2-768,t5-encoder-512,llama-1024", _ops, _before,
+                     "fp16 kernels: rows converted by F16C, one row's passes on threads, the cheaper round; before and after, CPU", "half_rows")
 
 
 if __name__ == "__main__":

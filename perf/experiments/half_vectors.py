@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from .bf16_rounding import _args, _model_rows, _op_program, _row, _write
 from .bf16_rounding import _ops as _fused_ops
+from .bf16_rounding import fp16_main
 
 
 @contextlib.contextmanager
@@ -41,14 +41,6 @@ def _f16c() -> Iterator[None]:
         kernel.soft_half = soft_half
 
 
-@contextlib.contextmanager
-def _at_once() -> Iterator[None]:
-    from runtime import options
-
-    with options.use(background_builds=False):
-        yield
-
-
 def _layer_norm_float(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), w.float()).to(x.dtype)
 
@@ -62,15 +54,8 @@ def _ops() -> list[tuple[str, Callable[..., Any], list[torch.Tensor]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a, argv = _args(__doc__, argv, "llama-1024,gpt2-768")
-    rows: list[dict[str, Any]] = []
-    with _at_once():
-        for name, fn, inputs in _ops():
-            rows.append(_row(name, fn, inputs, _op_program, a.rounds, a.calls, _f16c))
-        rows += _model_rows(a.models, lambda name: (torch.float16,), a.rounds, a.calls, _f16c)
-    _write("fp16 kernels with branchless conversions against F16C's one-value ones (Note [fp16 on the CPU]), CPU",
-           "half_vectors", argv, a, rows)
-    return 0
+    return fp16_main(__doc__, argv, "llama-1024,gpt2-768", _ops, _f16c,
+                     "fp16 kernels with branchless conversions against F16C's one-value ones (Note [fp16 on the CPU]), CPU", "half_vectors")
 
 
 if __name__ == "__main__":

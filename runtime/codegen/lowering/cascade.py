@@ -26,7 +26,7 @@ sum is the same on every call. Not at ATen's error, chunked: a long row of one r
 whose roundings all lean one way (a sum of 2^22 copies of 0.7 was ~4x eager's error against the
 exact sum; in ATen's order it is 1.0-1.5x, eager's order on its threads being another);
 chunks of 1024 bring it to ~4x less but cost plain row sums 8-16% on the AMD EPYC of the records
-(perf/results/amd-epyc-zen4/reductions_speed_chunk1024_cpu.json at bb1e4af, in git history), so they were not taken. Max, min, any, all and integer sums are exact and not chunked.
+(the record reductions_speed_chunk1024_cpu.json of the AMD EPYC Zen 4, in git history at bb1e4af), so they were not taken. Max, min, any, all and integer sums are exact and not chunked.
 The lanes are fixed (``simdlen``), not left to the compiler: g++ 12.2 with -march=native on an
 Intel Xeon with AVX-512 (tuned as rocketlake: 256-bit vectors preferred) summed each chunk in 8
 lanes, and a float32 sum of 100000 values in [-100, 100] was 10x eager's error (0.012 against
