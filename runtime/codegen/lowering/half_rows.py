@@ -33,6 +33,7 @@ import re
 import torch
 
 from ..kernel import Param
+from ..source import index as ix
 
 __all__ = ["SCRATCH_BYTES", "RowHalf", "fill_lines", "flush_lines"]
 
@@ -76,8 +77,6 @@ class RowHalf:
             if n != size or s != expect:
                 return None
             expect *= n
-        from ..source import index as ix
-
         return ix.linear([t[0] for t in others], tuple(t[1] for t in others), tuple(t[2] for t in others))
 
     def _room(self) -> bool:

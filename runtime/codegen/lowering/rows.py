@@ -29,7 +29,7 @@ from segmenter import Node
 from ..kernel import CONST, LINEAR_VIEWS, Body, Param, bind, cuda_tuning, norm_dim, parallel_if, store_output
 from ..source import index as ix
 from ..source.checks import MAX_EXTENT, dims_arg, float_arg, permutation_arg, shape_ints
-from ..source.ctypes_ import Declined, compute_type, literal
+from ..source.ctypes_ import Declined, compute_type, literal, store
 from . import cascade
 from .half_rows import RowHalf, fill_lines, flush_lines
 from .pointwise import ELEMENTWISE
@@ -572,7 +572,7 @@ def row_loop(lw, row: Row, full: list[Param], rowouts: list[Param], stores: dict
                 off = ix.linear(ats[0], p.shape, p.stride)
                 stores[p.value] = (off, b.loop)
                 b.lines.extend(["#ifndef __CUDACC__", f"{b.indent}{arr}[j] = (float)({v});", "#else",
-                                f"{b.indent}{p.name}[{off}] = fuseg_f2h((float)({v}));", "#endif"])
+                                f"{b.indent}{p.name}[{off}] = {store(p.dtype, v)};", "#endif"])
                 continue
             for at in ats:
                 store_output(lw, b, p, at, stores)
