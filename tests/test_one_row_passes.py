@@ -57,3 +57,25 @@ def test_one_rows_passes_shared_among_threads_keep_eagers_values(threads) -> Non
                         assert torch.equal(got[~want.isnan()], want[~want.isnan()]), (rows, dtype, with_nan)
     finally:
         torch.set_num_threads(saved)
+
+
+def test_one_rows_passes_at_two_to_the_25() -> None:
+    """The shared passes at the size a real reduction reaches: 2^25 floats into one max, min and
+    all (and the doubled values written), with and without a NaN, at two threads and one."""
+    saved = torch.get_num_threads()
+    torch.manual_seed(0)
+    x = torch.randn(1 << 25)
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            for with_nan in (False, True):
+                if with_nan:
+                    x[(1 << 24) + 12345] = float("nan")
+                with autotune.fixed("kernel"):
+                    prog = compiled_post(_extremes, [x], backend="cpp")
+                assert prog.kernels
+                for got, want in zip(prog(x), _extremes(x)):
+                    assert torch.equal(got.isnan(), want.isnan())
+                    assert torch.equal(got[~want.isnan()], want[~want.isnan()]), (threads, with_nan)
+    finally:
+        torch.set_num_threads(saved)
